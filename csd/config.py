@@ -1,0 +1,81 @@
+"""Decoding configuration with the defaults of Calibrated Speculative Decoding.
+
+Paper: "Calibrated Speculative Decoding: Frequency-Guided Candidate Selection for
+Efficient Inference", arXiv 2604.13634. Variations are made with ``dataclasses.replace``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only")
+METHOD_HELP = {
+    "ar": "the target alone, autoregressive (baseline)",
+    "sd": "standard speculative decoding (lossless verification)",
+    "csd": "SD + Online Correction Memory + Semantic Consistency Gate",
+    "ocm-only": "ablation: memory without gate (rescue any pattern with count >= lambda)",
+    "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
+}
+GAMMA_RANGE = (1, 32)
+
+
+class ConfigError(ValueError):
+    """A decoding parameter is out of range; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class CSDConfig:
+    method: str = "csd"          # one of METHODS
+    gamma: int = 6               # draft block length (paper default 6)
+    lam: float = 6               # OCM threshold: a pattern is a candidate once its count reaches lam (paper: 6)
+    tau: float = 0.01            # SCG threshold: rescue iff z(x~) - z(t*) >= log tau (paper: 0.01)
+    temperature: float = 0.0     # 0 = greedy; > 0 = sampling with rejection-sampling verification
+    max_new_tokens: int = 128    # new tokens to generate at most
+    seed: int | None = None      # seeds the one torch.Generator of a run (sampling only)
+    explain: bool = False        # attach draft/target top-k probabilities to events (teach mode)
+    explain_top_k: int = 5       # how many target candidates an explained event carries
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.method != "ar"
+
+    @property
+    def use_ocm(self) -> bool:
+        return self.method in ("csd", "ocm-only")
+
+    @property
+    def use_scg(self) -> bool:
+        return self.method in ("csd", "scg-only")
+
+    @property
+    def log_tau(self) -> float:
+        return math.log(self.tau)
+
+    def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> "CSDConfig":
+        """Return self if every field is in range, else raise ConfigError with a clear message."""
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]:
+            raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, got {self.gamma!r}")
+        if not _finite(self.lam) or self.lam < 0:
+            raise ConfigError(f"lambda must be a count >= 0, got {self.lam!r}")
+        if not _finite(self.tau) or not 0 < self.tau <= 1:
+            raise ConfigError(f"tau must be in (0, 1], got {self.tau!r}")
+        if not _finite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if context_limit is not None and prompt_tokens + self.max_new_tokens > context_limit:
+            raise ConfigError(
+                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds the "
+                f"model's context of {context_limit} tokens")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        return self
+
+    def with_(self, **changes) -> "CSDConfig":
+        return replace(self, **changes)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,116 @@
+"""The one event type shared by the engine, the store and the UI.
+
+One ``TokenEvent`` per token decision of the decode loop; ``RunMetrics`` at the end of a run.
+Both are plain dataclasses of JSON-friendly values (no tensors) so that ``db/`` and ``ui/``
+use them without importing torch.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# Status of a token decision.
+ACCEPTED = "accepted"    # draft token equal to the target's choice (kept)
+RESCUED = "rescued"      # draft token differed from the target's top-1 but CSD kept it
+REJECTED = "rejected"    # draft token discarded (not part of the output)
+CORRECTED = "corrected"  # the target's token emitted in place of a rejected draft token
+BONUS = "bonus"          # the target's token after a fully kept block
+TARGET = "target"        # a token of the target alone (autoregressive method)
+STATUSES = (ACCEPTED, RESCUED, REJECTED, CORRECTED, BONUS, TARGET)
+OUTPUT_STATUSES = frozenset({ACCEPTED, RESCUED, CORRECTED, BONUS, TARGET})  # those that enter the text
+DIVERGENCE_STATUSES = frozenset({RESCUED, REJECTED})  # draft != target top-1
+
+# Which rule decided a draft position (for the teach view and the what-if analysis).
+RULE_MATCH = "match"               # x~ == t*
+RULE_MEMORY_RARE = "memory<lambda"  # pattern count below lambda
+RULE_GAP_LOW = "gap<log tau"        # gate refused
+RULE_RESCUE = "rescue"              # memory and gate passed
+RULE_SAMPLED = "sampled"            # rejection sampling accepted (temperature > 0)
+RULE_NO_RESCUE = "no rescue"        # SD: no rescue mechanism
+
+
+@dataclass
+class TokenEvent:
+    position: int                 # index among the new tokens (for REJECTED: the index it would have had)
+    token_id: int                 # the token this event is about
+    text: str                     # its text in the output (for REJECTED: the draft token's text)
+    status: str                   # one of STATUSES
+    block: int                    # verify step (target pass) index, from 0
+    index_in_block: int           # draft position within the block, from 0 (gamma for a bonus)
+    draft_id: int | None = None   # x~: the draft's proposal at this position
+    draft_text: str | None = None
+    target_id: int | None = None  # t*: the target's top-1 at this position
+    target_text: str | None = None
+    draft_logit: float | None = None   # z(x~): target logit of the draft token
+    target_logit: float | None = None  # z(t*): target logit of its top-1
+    gap: float | None = None           # z(x~) - z(t*) (<= 0), compared with log tau
+    memory_count: int | None = None    # count(x~ -> t*) at decision time, compared with lambda
+    rule: str | None = None            # which rule decided (RULE_*)
+    draft_prob: float | None = None    # q(x~) under the draft (at the run's temperature, or greedy softmax)
+    target_prob: float | None = None   # p(x~) under the target
+    draft_top: list | None = None      # teach mode: [[token text, prob], ...] of the draft
+    target_top: list | None = None     # teach mode: [[token text, prob], ...] of the target
+
+    @property
+    def in_output(self) -> bool:
+        return self.status in OUTPUT_STATUSES
+
+    @property
+    def is_divergence(self) -> bool:
+        return self.status in DIVERGENCE_STATUSES
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TokenEvent":
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class RunMetrics:
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    drafted: int = 0                 # draft tokens proposed
+    accepted: int = 0                # draft tokens kept by exact match / rejection sampling
+    rescued: int = 0                 # draft tokens kept by CSD although they diverged
+    divergences: int = 0             # decided draft positions where x~ != t* (rescued + rejected)
+    wall_s: float = 0.0
+    bookkeeping_s: float = 0.0       # time spent in memory lookups, the gate and memory updates
+    per_position_drafted: list = field(default_factory=list)   # per draft position: times it was decided
+    per_position_kept: list = field(default_factory=list)      # per draft position: times it was kept
+    stopped_by: str = ""             # "eos", "max_new_tokens" or "cancelled"
+
+    @property
+    def acceptance_rate(self) -> float:
+        return (self.accepted + self.rescued) / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per target pass (vLLM's mean acceptance length)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list:
+        return [k / d if d else 0.0 for k, d in zip(self.per_position_kept, self.per_position_drafted)]
+
+    @property
+    def bookkeeping_share(self) -> float:
+        return self.bookkeeping_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
+                 tokens_per_s=self.tokens_per_s, per_position_acceptance=self.per_position_acceptance,
+                 bookkeeping_share=self.bookkeeping_share)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunMetrics":
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
