@@ -1,0 +1,329 @@
+"""The divergence-event store: runs, token events and memory snapshots in any SQLAlchemy database.
+
+``Store.open(url)`` picks the database (argument, else $CSD_DB_URL, else a SQLite file in the user's
+data directory) and upgrades its schema to the newest Alembic revision. Token events are written
+off the decode loop's path: ``RunRecorder.add`` only appends to a queue, a background thread writes
+batches, each batch its own transaction, so a killed process loses at most the uncommitted batch.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+import threading
+import time
+import traceback
+import zlib
+from collections import deque
+from collections.abc import Callable
+from itertools import islice
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, insert, make_url, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from csd.events import OUTPUT_STATUSES, TokenEvent
+from csd.memory import CorrectionMemory
+from db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, Run, TokenEventRow, utcnow
+
+ENV_URL = "CSD_DB_URL"
+MIGRATIONS = Path(__file__).with_name("migrations")
+CONTEXT_CHARS = 40            # output text kept before each token as its context
+SQLITE_BUSY_MS = 30_000       # how long a SQLite writer waits for the write lock
+_RUN_FIELDS = frozenset(Run.__table__.columns.keys()) - {"id"}
+
+
+class StoreError(RuntimeError):
+    """The store could not write what it was given (the message says what is lost)."""
+
+
+def default_url() -> str:
+    from platformdirs import user_data_dir
+    return f"sqlite:///{Path(user_data_dir('csd-explorer')) / 'csd.sqlite3'}"
+
+
+def resolve_url(url: str | None = None) -> str:
+    return url or os.environ.get(ENV_URL) or default_url()
+
+
+def alembic_config(url: str | None = None, connection=None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _clean(s: str | None) -> str | None:
+    """Text every engine stores: PostgreSQL refuses NUL, UTF-8 refuses lone surrogates."""
+    if s is None:
+        return None
+    if "\x00" in s:
+        s = s.replace("\x00", "\u2400")
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        s = s.encode("utf-8", "replace").decode()
+    return s
+
+
+def _make_engine(url: str) -> tuple[Engine, str | None]:
+    """An engine for ``url``; in-memory SQLite becomes a private temp file (returned for deletion) so
+    that the writer threads and the readers see one database."""
+    u = make_url(url)
+    scratch = None
+    if u.get_backend_name() == "sqlite":
+        if u.database in (None, "", ":memory:"):
+            fd, scratch = tempfile.mkstemp(prefix="csd-", suffix=".sqlite3")
+            os.close(fd)
+            u = u.set(database=scratch)
+        else:
+            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(u)
+        _sqlite_setup(engine)
+    else:
+        engine = create_engine(u, pool_pre_ping=True)
+    return engine, scratch
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    # SQLAlchemy's recipe for real SQLite transactions (pysqlite's legacy mode does not BEGIN before
+    # DDL); writers BEGIN IMMEDIATE so that they queue on busy_timeout instead of failing on upgrade.
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")   # first: switching to WAL may wait too
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("csd_write") else "BEGIN")
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest revision; concurrent openers wait for each other."""
+    with engine.execution_options(csd_write=True).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({zlib.crc32(b'csd-explorer migrations')})")
+        command.upgrade(alembic_config(connection=conn), "head")
+
+
+class Store:
+    def __init__(self, engine: Engine, url: str, scratch: str | None = None):
+        self.engine = engine
+        self.url = url
+        self.session = sessionmaker(engine, expire_on_commit=False)       # reads: ``with store.session() as s``
+        self._write_engine = engine.execution_options(csd_write=True)
+        self._scratch = scratch
+        self.cache: dict = {}        # per-store memo of db.analytics (what-if arrays)
+
+    @classmethod
+    def open(cls, url: str | None = None) -> "Store":
+        """Open (creating if needed) the database at ``url``, else $CSD_DB_URL, else the default SQLite
+        file, and upgrade its schema to the newest migration."""
+        url = resolve_url(url)
+        engine, scratch = _make_engine(url)
+        try:
+            upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, url, scratch)
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self._scratch:
+            for suffix in ("", "-wal", "-shm"):
+                Path(self._scratch + suffix).unlink(missing_ok=True)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    def write_session(self) -> Session:
+        """A session whose transactions take the write lock at BEGIN (SQLite) — use for read-modify-write."""
+        return Session(self._write_engine, expire_on_commit=False)
+
+    # -- runs ------------------------------------------------------------------------------
+    def start_run(self, **fields) -> int:
+        """Record a new run (status running); ``fields`` are Run columns. Returns its id."""
+        unknown = set(fields) - _RUN_FIELDS
+        if unknown:
+            raise TypeError(f"unknown run fields: {sorted(unknown)}")
+        values = {k: _clean(v) if isinstance(v, str) else v for k, v in fields.items()}
+        with self._write_engine.begin() as conn:
+            return conn.execute(insert(Run).values(**values)).inserted_primary_key[0]
+
+    def finish_run(self, run_id: int, output_text: str | None = None, metrics=None,
+                   status: str = FINISHED, error: str | None = None) -> None:
+        values = dict(status=status, finished_at=utcnow(), error=_clean(error))
+        if output_text is not None:
+            values["output_text"] = _clean(output_text)
+        if metrics is not None:
+            values["metrics"] = metrics.to_dict() if hasattr(metrics, "to_dict") else dict(metrics)
+        with self._write_engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_id).values(**values))
+
+    def get_run(self, run_id: int) -> Run | None:
+        with self.session() as s:
+            return s.get(Run, run_id)
+
+    def recorder(self, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
+                 on_commit: Callable[[int], None] | None = None) -> "RunRecorder":
+        return RunRecorder(self, run_id, batch_size, flush_interval, on_commit)
+
+    # -- memory snapshots --------------------------------------------------------------------
+    def save_memory(self, memory: CorrectionMemory, run_id: int | None = None, label: str = "") -> int:
+        with self._write_engine.begin() as conn:
+            return conn.execute(insert(MemorySnapshot).values(
+                run_id=run_id, pair_id=_clean(memory.pair_id), label=_clean(label), n_patterns=len(memory),
+                total=memory.total, counts=memory.to_dict())).inserted_primary_key[0]
+
+    def load_memory(self, snapshot_id: int, expected_pair: str | None = None) -> CorrectionMemory:
+        with self.session() as s:
+            counts = s.scalar(select(MemorySnapshot.counts).where(MemorySnapshot.id == snapshot_id))
+        if counts is None:
+            raise KeyError(f"no memory snapshot {snapshot_id}")
+        return CorrectionMemory.from_dict(counts, expected_pair)
+
+    def memory_snapshots(self, pair_id: str | None = None) -> list[MemorySnapshot]:
+        q = select(MemorySnapshot).order_by(MemorySnapshot.id.desc())
+        if pair_id is not None:
+            q = q.where(MemorySnapshot.pair_id == pair_id)
+        with self.session() as s:
+            return list(s.scalars(q))
+
+
+class RunRecorder:
+    """Writes one run's token events in the background.
+
+    ``add`` costs a deque append: the events (not mutated after ``add``) are turned into rows and
+    inserted by a thread, every ``batch_size`` events or ``flush_interval`` seconds, one commit per
+    batch. As a context manager, leaving with an exception finishes the run as failed (with the
+    error text) or, for GeneratorExit / KeyboardInterrupt, as cancelled; the events so far are kept.
+    A recorder still open when the interpreter exits writes its events and marks the run cancelled.
+    """
+
+    MAX_BATCH = 2000   # rows per commit when the writer falls behind
+
+    def __init__(self, store: Store, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
+                 on_commit: Callable[[int], None] | None = None):
+        self.store, self.run_id = store, run_id
+        self.batch_size, self.flush_interval, self.on_commit = batch_size, flush_interval, on_commit
+        self.committed = 0                   # events committed so far (= the next seq)
+        self.error: Exception | None = None  # the last write failure, None once a write succeeds
+        self._pending: deque = deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._finished = False
+        self._tail = ""                      # last CONTEXT_CHARS of the output text so far
+        self._output: list[str] = []         # output text so far, for runs that end without one
+        self._thread = threading.Thread(target=self._run, name=f"csd-recorder-{run_id}", daemon=True)
+        self._thread.start()
+        atexit.register(self._at_exit)
+
+    def add(self, event: TokenEvent, context: str | None = None) -> None:
+        """Queue one event. ``context`` defaults to the output text of the events added before it."""
+        self._pending.append((event, context))
+        if len(self._pending) >= self.batch_size:
+            self._wake.set()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything added so far is committed (False on timeout or a failing database)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._pending and self._thread.is_alive() and self.error is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            self._wake.set()
+            time.sleep(0.005)
+        return not self._pending
+
+    def finish(self, output_text: str | None = None, metrics=None, status: str = FINISHED,
+               error: str | None = None) -> None:
+        """Write the remaining events, then the run's result. ``output_text`` None = the recorded text."""
+        if self._finished:
+            raise RuntimeError(f"run {self.run_id} already finished")
+        self._finished = True
+        atexit.unregister(self._at_exit)
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+        if self._pending:
+            raise StoreError(f"run {self.run_id}: {len(self._pending)} events not written: {self.error!r}")
+        if output_text is None:
+            output_text = "".join(self._output)
+        self.store.finish_run(self.run_id, output_text, metrics, status, error)
+
+    def __enter__(self) -> "RunRecorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._finished:
+            return False
+        if exc_type is None:
+            self.finish()
+        elif issubclass(exc_type, (GeneratorExit, KeyboardInterrupt)):
+            self.finish(status=CANCELLED)
+        else:
+            self.finish(status=FAILED, error="".join(traceback.format_exception_only(exc_type, exc)).strip())
+        return False
+
+    def _at_exit(self) -> None:
+        if not self._finished:
+            self.finish(status=CANCELLED, error="the process exited before the run finished")
+
+    # -- the writer thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        retries = 0
+        while True:
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            stopping = self._stop         # read before writing: all that finish() waits for is queued
+            ok = self._write_pending()
+            if stopping and (ok or retries == 3):
+                return
+            retries += stopping
+
+    def _write_pending(self) -> bool:
+        while self._pending:
+            items = list(islice(self._pending, self.MAX_BATCH))
+            tail, n_output = self._tail, len(self._output)
+            rows = [self._row(seq, e, context) for seq, (e, context) in enumerate(items, self.committed)]
+            try:
+                with self.store._write_engine.begin() as conn:
+                    conn.execute(insert(TokenEventRow), rows)
+            except Exception as e:        # keep the batch queued, retry at the next wake-up
+                self._tail = tail
+                del self._output[n_output:]
+                self.error = e
+                return False
+            self.error = None
+            for _ in items:
+                self._pending.popleft()
+            self.committed += len(rows)
+            if self.on_commit is not None:
+                self.on_commit(self.committed)
+        return True
+
+    def _row(self, seq: int, e: TokenEvent, context: str | None) -> dict:
+        row = vars(e).copy()
+        draft_top, target_top = row.pop("draft_top"), row.pop("target_top")
+        row.update(run_id=self.run_id, seq=seq, context=_clean(self._tail if context is None else context),
+                   text=_clean(e.text), draft_text=_clean(e.draft_text), target_text=_clean(e.target_text),
+                   explain=None if draft_top is None and target_top is None
+                   else {"draft_top": draft_top, "target_top": target_top})
+        if e.status in OUTPUT_STATUSES:
+            self._output.append(e.text)
+            self._tail = (self._tail + e.text)[-CONTEXT_CHARS:]
+        return row
