@@ -1,0 +1,79 @@
+"""CSD Explorer web app: ``python app.py`` serves it on http://127.0.0.1:7860.
+
+Parses the options, loads the model pair (the embedded one by default; the first start converts
+it, with progress), opens the store, builds the app and launches it. Nothing else happens here.
+"""
+from __future__ import annotations
+
+import os
+
+# Before gradio / huggingface_hub are imported: no telemetry, no update checks.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import argparse
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    ap.add_argument("--db", metavar="URL", default=None,
+                    help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
+                         "dir); 'none' runs without recording")
+    ap.add_argument("--draft", default="embedded", help="draft model: 'embedded', a Hugging Face id or a local path")
+    ap.add_argument("--target", default="embedded", help="target model: 'embedded', a Hugging Face id or a local path")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
+    ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        ap.error("--port must be in 1..65535")
+    if args.queue_size < 1 or args.concurrency < 1:
+        ap.error("--queue-size and --concurrency must be at least 1")
+    return args
+
+
+class ConsoleProgress:
+    """Model preparation progress on stderr, at most a line a second per stage."""
+
+    def __init__(self):
+        self.last = ("", 0.0)
+
+    def __call__(self, msg: str, frac: float) -> None:
+        now = time.monotonic()
+        if msg != self.last[0] or now - self.last[1] >= 1.0 or frac >= 1.0:
+            print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
+            self.last = (msg, now)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from csd.models import ModelLoadError, load_pair
+    from db.store import Store
+    from ui import Settings, build_demo, launch_kwargs, make_services
+
+    print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
+    try:
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, progress=ConsoleProgress())
+    except ModelLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    store = None if (args.db or "").lower() == "none" else Store.open(args.db)
+    services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency))
+    demo = build_demo(services)
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
+                **launch_kwargs())
+    print(f"CSD Explorer running at http://{args.host}:{args.port}", flush=True)
+    try:
+        demo.block_thread()
+    finally:
+        if store is not None:
+            store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Plotly figure builders: ``make_*_figure(data) -> go.Figure``, one per chart, pure functions of
+plain data (lists, dicts, arrays, or the dataclasses of ``db.analytics``), testable without a browser.
+
+Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of HTML in labels.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .render import show_token
+
+COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd"}
+LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=50, b=50), height=360,
+              font=dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12))
+
+
+def _get(row, name, default=None):
+    return row.get(name, default) if isinstance(row, Mapping) else getattr(row, name, default)
+
+
+def _tok(s) -> str:
+    return html.escape(show_token(s), quote=False)
+
+
+def empty_figure(message: str, title: str = "") -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=html.escape(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14))
+    fig.update_layout(**LAYOUT, title=title)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float = 0.2) -> go.Figure:
+    """Divergence patterns by count (bars) with the cumulative share (line) and the top-20% mark.
+
+    rows: most frequent first, each with draft_text, target_text, count, cumulative_share,
+    example_context (``db.analytics.ParetoRow`` or dicts). Shares are over all rows.
+    """
+    title = "Pareto chart of divergence patterns (draft x~ → target t*)"
+    if not rows:
+        return empty_figure("No divergences logged in this scope yet.", title)
+    total = sum(_get(r, "count") for r in rows)
+    shown = list(rows[:max_bars])
+    x = list(range(1, len(shown) + 1))
+    labels = [f"{_tok(_get(r, 'draft_text'))}→{_tok(_get(r, 'target_text'))}" for r in shown]
+    counts = [_get(r, "count") for r in shown]
+    cum, acc = [], 0
+    for r in shown:
+        acc += _get(r, "count")
+        cum.append(_get(r, "cumulative_share", acc / total))
+    hover = [f"<b>{_tok(_get(r, 'draft_text'))} → {_tok(_get(r, 'target_text'))}</b>"
+             f"<br>ids {_get(r, 'draft_id')} → {_get(r, 'target_id')}<br>count {_get(r, 'count')} "
+             f"({100 * _get(r, 'count') / total:.1f}%)<br>example: …{html.escape(str(_get(r, 'example_context') or '')[-40:])}"
+             for r in shown]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=x, y=counts, name="count", marker_color="#e07b00", hovertext=hover,
+                         hovertemplate="%{hovertext}<extra></extra>"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=cum, name="cumulative share", mode="lines+markers", line_color="#1f3b73",
+                             hovertemplate="cumulative %{y:.0%}<extra></extra>"), secondary_y=True)
+    k = max(1, round(len(rows) * top_fraction))
+    share = sum(_get(r, "count") for r in rows[:k]) / total
+    if k <= len(shown):
+        fig.add_vline(x=k + 0.5, line_dash="dash", line_color="#c62828")
+    fig.add_annotation(text=f"top {top_fraction:.0%} of patterns ({k} of {len(rows)}) = {share:.0%} of divergences",
+                       xref="paper", yref="paper", x=1, y=1.02, xanchor="right", yanchor="bottom",
+                       showarrow=False, font=dict(color="#c62828"))
+    fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), legend=dict(orientation="h", y=-0.3), bargap=0.15)
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=labels, tickangle=-45, title="")
+    fig.update_yaxes(title_text="count", secondary_y=False)
+    fig.update_yaxes(title_text="cumulative share", range=[0, 1.05], tickformat=".0%", secondary_y=True)
+    return fig
+
+
+def make_gap_figure(gaps: Sequence[float], counts: Sequence[float] | None, lam: float, tau: float,
+                    bins: int = 40) -> go.Figure:
+    """Histogram of the logit gaps z(x~) − z(t*) of divergences, split by memory count ≥ λ, with a
+    vertical line at log τ and the rescue region (gap ≥ log τ) shaded."""
+    title = "Logit gaps of divergences"
+    g = np.asarray(gaps, dtype=float)
+    c = np.asarray(counts if counts is not None else np.full(len(g), np.nan), dtype=float)
+    ok = np.isfinite(g)
+    g, c = g[ok], c[ok]
+    lt = math.log(tau)
+    if g.size == 0:
+        return empty_figure("No divergences with logged gaps in this scope yet.", title)
+    lo = float(min(g.min(), lt)) - 0.5
+    edges = dict(start=lo, end=0.0, size=max((0.0 - lo) / bins, 0.05))
+    known = c >= lam
+    fig = go.Figure()
+    fig.add_trace(go.Histogram(x=g[known], xbins=edges, name=f"memory count ≥ λ ({lam:g})", marker_color="#e07b00"))
+    fig.add_trace(go.Histogram(x=g[~known], xbins=edges, name="memory count < λ", marker_color="#9aa5b1"))
+    fig.add_vrect(x0=lt, x1=0.0, fillcolor="#2e7d32", opacity=0.12, line_width=0)
+    fig.add_vline(x=lt, line_color="#2e7d32", line_width=2)
+    n_rescue = int(np.sum(known & (g >= lt)))
+    fig.add_annotation(text=f"log τ = {lt:.2f} · rescue region: {n_rescue} of {g.size} divergences",
+                       x=lt, y=1.02, xref="x", yref="paper", showarrow=False, xanchor="left", yanchor="bottom",
+                       font=dict(color="#2e7d32"))
+    fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), barmode="stack",
+                      legend=dict(orientation="h", y=-0.25), xaxis_title="gap z(x~) − z(t*)  (≤ 0)",
+                      yaxis_title="divergences")
+    return fig
+
+
+def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
+    """Acceptance rate (kept / decided) by position in the draft block, one line per method.
+
+    by_method: method -> rows with index_in_block, kept, decided (``PositionRate`` or dicts)."""
+    title = "Acceptance by position in the draft block"
+    series = {m: rows for m, rows in by_method.items() if rows}
+    if not series:
+        return empty_figure("No speculative runs in this scope yet.", title)
+    fig = go.Figure()
+    for method, rows in sorted(series.items()):
+        rows = sorted(rows, key=lambda r: _get(r, "index_in_block"))
+        xs = [_get(r, "index_in_block") + 1 for r in rows]
+        ys = [(_get(r, "kept") / _get(r, "decided")) if _get(r, "decided") else 0.0 for r in rows]
+        hover = [f"{method} position {x}: {_get(r, 'kept')} kept of {_get(r, 'decided')}" for x, r in zip(xs, rows)]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=method, hovertext=hover,
+                                 hovertemplate="%{hovertext}<extra></extra>",
+                                 line_color=COLORS.get(method)))
+    fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), xaxis_title="draft position i in the block",
+                      yaxis_title="kept / decided", legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: float, tau: float,
+                       total: int | None = None) -> go.Figure:
+    """Heatmap of the what-if rescue rate over a λ × τ grid, the current thresholds marked.
+
+    rate: (len(lams), len(taus)) share of logged divergences the rule would rescue."""
+    title = "What-if: share of divergences rescued at λ × τ"
+    if total == 0:
+        return empty_figure("No divergences logged in this scope yet.", title)
+    z = np.asarray(rate, dtype=float)
+    x = [math.log10(t) for t in taus]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=[float(v) for v in lams], zmin=0, zmax=1, colorscale="YlOrBr",
+        colorbar=dict(title="rescued", tickformat=".0%"),
+        hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued %{z:.1%}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
+                             marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),
+                             hovertemplate="current λ = %{y:g}, log₁₀ τ = %{x:.2f}<extra></extra>"))
+    sub = f" ({total} divergences)" if total else ""
+    fig.update_layout(**LAYOUT, title=dict(text=title + sub, y=0.98), xaxis_title="log₁₀ τ",
+                      yaxis_title="λ (memory count threshold)", showlegend=False)
+    return fig
+
+
+def make_compare_figure(results: Mapping[str, Mapping]) -> go.Figure:
+    """Wall time, target passes and tokens per second for each method (bars side by side).
+
+    results: method -> metrics dict (``RunMetrics.to_dict()``)."""
+    title = "AR vs SD vs CSD on the same prompt"
+    if not results:
+        return empty_figure("Run a comparison to see the chart.", title)
+    methods = list(results)
+    panels = [("wall time (s)", "wall_s", ".2f"), ("target passes", "target_forwards", "d"),
+              ("tokens / s", "tokens_per_s", ".2f")]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels])
+    for col, (name, key, fmt) in enumerate(panels, start=1):
+        ys = [float(results[m].get(key) or 0) for m in methods]
+        fig.add_trace(go.Bar(x=methods, y=ys, name=name, marker_color=[COLORS.get(m, "#555") for m in methods],
+                             text=[format(int(y) if fmt == "d" else y, fmt) for y in ys], textposition="auto",
+                             hovertemplate="%{x}: %{y:.3g}<extra>" + name + "</extra>", showlegend=False),
+                      row=1, col=col)
+    fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98))
+    return fig
