@@ -7,6 +7,7 @@ prefix. One target forward pass per verify step.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Iterator
 
@@ -100,7 +101,7 @@ class Run:
     def _forward(self, model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
         """Feed ``ids`` after the cached prefix; logits of the last ``keep`` positions, (keep, V) fp32."""
         x = torch.tensor([ids], dtype=torch.long, device=model.device)
-        out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(model): cache})
         return out.logits[0].float()
 
     def _draft_forward(self, cache: DynamicCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -110,7 +111,7 @@ class Run:
         if d._draft_head is None:
             return self._forward(model, cache, ids, 1)[-1], None
         x = torch.tensor([ids], dtype=torch.long, device=model.device)
-        h = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1]  # (H,)
+        h = model.model(input_ids=x, use_cache=True, **{_cache_kwarg(model): cache}).last_hidden_state[0, -1]  # (H,)
         return (d._draft_head @ h).float(), d.draft_vocab                                          # (K,)
 
     @staticmethod
@@ -134,6 +135,7 @@ class Run:
         rescue = Rescue(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.log_tau)
         tcache = DynamicCache(config=pair.target.config)
         dcache = DynamicCache(config=pair.draft.config) if cfg.uses_draft else None
+        self.caches = (tcache, dcache)  # exposed for inspection (tests check them after rollbacks)
         t0 = time.perf_counter()
         m.stopped_by = "cancelled"
         block = 0
@@ -254,6 +256,16 @@ class Run:
             top = torch.topk(q, min(k, q.numel()))
             ids = top.indices if sub is None else sub[top.indices]
             ev.draft_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.2x names the KV-cache argument `cache`; older and remote-code models say
+    `past_key_values`."""
+    name = getattr(model, "_csd_cache_kwarg", None)
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._csd_cache_kwarg = name
+    return name
 
 
 def _sample_logits(logits: torch.Tensor, temp: float, gen: torch.Generator | None) -> int:

@@ -103,6 +103,7 @@ class CorrectionMemory:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a memory file is a shareable data file
         os.replace(tmp, path)
         return path
 

@@ -1,0 +1,56 @@
+"""Shared fixtures: the real embedded pair (float32, loaded once per session) and tiny
+randomly initialised Qwen2 models built in-process for fast, deterministic unit tests."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """The embedded Qwen2.5-Coder 0.5B/1.5B pair in float32 (the exact reference dtype)."""
+    from csd.models import load_pair
+    return load_pair(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from transformers import AutoTokenizer
+
+    from csd.models import prepare_embedded
+    return AutoTokenizer.from_pretrained(prepare_embedded("draft"))
+
+
+def tiny_model(seed: int, vocab: int = 32, hidden: int = 32, layers: int = 2):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharpen the output layer so the distributions are far from uniform
+        m.lm_head.weight.mul_(40.0)
+    return m
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(qwen_tokenizer):
+    """Two different tiny random models sharing a small vocabulary (ids < 32) and the Qwen tokenizer
+    for display text. They disagree often, which exercises rejections and cache rollback."""
+    import torch
+
+    from csd.models import ModelPair
+    return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer, pair_id="tiny-draft->tiny-target",
+                     draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
+                     dtype=torch.float32, eos_ids=(), context_limit=256)

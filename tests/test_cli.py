@@ -1,0 +1,49 @@
+"""The command line on the real embedded pair, recording to a real SQLite file."""
+import csv
+import io
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+from csd.memory import CorrectionMemory
+from csd.models import EMBEDDED_PAIR_ID
+
+
+def cli(*args, timeout=900):
+    r = subprocess.run([sys.executable, "-m", "csd", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_generate_json_records_and_exports(tmp_path):
+    db = f"sqlite:///{tmp_path / 'runs.sqlite3'}"
+    r = cli("generate", "--prompt", "Write a Python function that reverses a string.", "--method", "csd", "--json",
+            "--max-new-tokens", "16", "--db", db)
+    out = json.loads(r.stdout)
+    assert out["text"] and len(out["token_ids"]) == 16 == out["metrics"]["new_tokens"]
+    assert {"target_forwards", "mean_accepted_length", "rescued", "wall_s"} <= set(out["metrics"])
+    assert out["metrics"]["target_forwards"] < 16
+    statuses = [e["status"] for e in out["events"]]
+    assert set(statuses) <= {"accepted", "rescued", "rejected", "corrected", "bonus"}
+    assert [e["token_id"] for e in out["events"] if e["status"] != "rejected"] == out["token_ids"]
+
+    runs = cli("runs", "list", "--db", db).stdout
+    assert "csd" in runs and "finished" in runs
+    exported = cli("runs", "export", "1", "--format", "csv", "--db", db).stdout
+    rows = list(csv.DictReader(io.StringIO(exported)))
+    assert [r["status"] for r in rows] == statuses
+
+
+def test_calibrate_writes_a_memory_bound_to_the_pair(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in [
+        "The quick brown fox jumps over the lazy dog. " * 30,
+        "def add(a, b):\n    return a + b\n\n" * 30]))
+    out = tmp_path / "mem.json.gz"
+    r = cli("calibrate", "--corpus", str(corpus), "--out", str(out), "--max-positions", "400", "--chunk-tokens", "128",
+            "--no-db")
+    assert "calibrating" in r.stderr and "positions" in r.stderr
+    mem = CorrectionMemory.load(out, expected_pair=EMBEDDED_PAIR_ID)
+    info = mem.meta["calibration"][-1]
+    assert info["positions"] >= 400 and info["divergences"] == mem.total

@@ -1,0 +1,108 @@
+"""The engine on the real embedded Qwen2.5-Coder 0.5B/1.5B pair, in float32."""
+import pytest
+import torch
+
+from csd.config import CSDConfig
+from csd.decode import Decoder
+from csd.events import CORRECTED, REJECTED, RESCUED
+from csd.memory import CorrectionMemory
+
+PROMPTS = {
+    "prose": "In two sentences, explain why the sky looks blue.",
+    "code": "Write a Python function that checks whether a number is prime.",
+    "math": "A shop sells pencils at 3 for 1 dollar. How many dollars do 27 pencils cost? Answer briefly.",
+}
+STORY = "Write a long story about a lighthouse keeper and his cat."  # prose that runs past N tokens
+N = 40
+
+
+@pytest.fixture(scope="module")
+def decoder(real_pair):
+    return Decoder(real_pair)
+
+
+@pytest.mark.parametrize("kind", PROMPTS)
+def test_greedy_sd_equals_ar_equals_transformers_generate(real_pair, decoder, kind):
+    ids = real_pair.encode_prompt(PROMPTS[kind])
+    ar = decoder.run(ids, CSDConfig(method="ar", max_new_tokens=N))
+    sd = decoder.run(ids, CSDConfig(method="sd", max_new_tokens=N))
+    list(ar), list(sd)
+    with torch.inference_mode():
+        hf = real_pair.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=N,
+                                       eos_token_id=list(real_pair.eos_ids), pad_token_id=real_pair.eos_ids[0])
+    hf_ids = hf[0, len(ids):].tolist()
+    assert ar.token_ids == hf_ids
+    assert sd.token_ids == hf_ids
+    assert ar.metrics.target_forwards == len(ar.token_ids)
+    assert sd.metrics.target_forwards < len(sd.token_ids)  # speculation saved target passes
+    assert sd.metrics.rescued == 0
+
+
+def test_csd_with_unreachable_lambda_is_sd(real_pair, decoder):
+    ids = real_pair.encode_prompt(PROMPTS["prose"])
+    sd = decoder.run(ids, CSDConfig(method="sd", max_new_tokens=N))
+    memory = CorrectionMemory(real_pair.pair_id)
+    csd = decoder.run(ids, CSDConfig(method="csd", lam=10 ** 9, max_new_tokens=N), memory)
+    list(sd), list(csd)
+    assert csd.token_ids == sd.token_ids
+    assert csd.metrics.rescued == 0 and csd.metrics.target_forwards == sd.metrics.target_forwards
+    # every divergence was still counted online
+    assert memory.total == sum(e.status == REJECTED for e in csd.events) > 0
+
+
+def test_csd_rescues_frequent_patterns_and_saves_target_passes(real_pair, decoder):
+    """Seed the memory with the patterns SD stumbled on (and, over two more rounds, those CSD
+    still stumbled on), each at count lambda: CSD then rescues and needs fewer target passes."""
+    ids = real_pair.encode_prompt(STORY)
+    sd = decoder.run(ids, CSDConfig(method="sd", max_new_tokens=N))
+    list(sd)
+    counts = {(e.draft_id, e.target_id): 6 for e in sd.events if e.status == REJECTED}
+    assert counts, "the prose prompt should give divergences"
+    for _ in range(3):
+        csd = decoder.run(ids, CSDConfig(method="csd", max_new_tokens=N), CorrectionMemory(real_pair.pair_id, counts))
+        list(csd)
+        counts.update({(e.draft_id, e.target_id): 6 for e in csd.events if e.status == REJECTED})
+    rescued = [e for e in csd.events if e.status == RESCUED]
+    assert rescued and csd.metrics.rescued == len(rescued)
+    for e in rescued:  # each rescue satisfied both thresholds and kept the draft token
+        assert e.memory_count >= 6 and e.gap >= CSDConfig().log_tau and e.token_id == e.draft_id != e.target_id
+    assert csd.metrics.new_tokens == sd.metrics.new_tokens == N
+    assert csd.metrics.target_forwards < sd.metrics.target_forwards
+    # up to the first divergence the outputs agree
+    first = next(i for i, e in enumerate(sd.events) if e.status == REJECTED)
+    n_same = sum(e.in_output for e in sd.events[:first])
+    assert csd.token_ids[:n_same] == sd.token_ids[:n_same]
+
+
+def test_events_are_complete_and_consistent(real_pair, decoder):
+    ids = real_pair.encode_prompt(PROMPTS["code"])
+    run = decoder.run(ids, CSDConfig(method="csd", max_new_tokens=24, explain=True),
+                      CorrectionMemory(real_pair.pair_id))
+    evs = list(run)
+    out = [e for e in evs if e.in_output]
+    assert [e.token_id for e in out] == run.token_ids
+    assert [e.position for e in out] == list(range(len(out)))
+    assert "".join(e.text for e in out) == real_pair.tokenizer.decode(run.token_ids)
+    for e in evs:
+        assert e.target_top and len(e.target_top) == 5
+        if e.draft_id is not None:
+            assert e.draft_top and e.gap <= 1e-5 and e.target_logit >= e.draft_logit - 1e-5
+        if e.status == CORRECTED:
+            assert e.token_id == e.target_id
+    m = run.metrics
+    assert m.new_tokens == len(run.token_ids) == 24
+    assert m.target_forwards == len({e.block for e in evs})
+    assert 0 < m.mean_accepted_length <= CSDConfig().gamma + 1
+    assert m.bookkeeping_s < m.wall_s
+    assert len(m.per_position_acceptance) == CSDConfig().gamma
+
+
+def test_cancelled_run_keeps_what_it_made(real_pair, decoder):
+    run = decoder.run(real_pair.encode_prompt(PROMPTS["code"]), CSDConfig(method="sd", max_new_tokens=64))
+    for i, _ in enumerate(run):
+        if i == 5:
+            break
+    run.close()
+    assert run.metrics.stopped_by == "cancelled"
+    assert 0 < len(run.token_ids) < 64
+    assert run.token_ids == [e.token_id for e in run.events if e.in_output]

@@ -1,0 +1,114 @@
+"""Bad input gets a clear error: out-of-range parameters, unknown models, mismatched tokenizers,
+memory files that are not memories or belong to another pair, empty or too long prompts."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, tiny_model
+from csd.config import CSDConfig, ConfigError
+from csd.memory import CorrectionMemory, MemoryFileError
+from csd.models import ModelLoadError, compare_tokenizers, load_pair
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("gamma", 0, "gamma must be an integer in 1..32"),
+    ("gamma", 33, "gamma must be an integer in 1..32"),
+    ("gamma", 2.5, "gamma must be an integer"),
+    ("lam", -1, "lambda must be a count >= 0"),
+    ("tau", 0, "tau must be in (0, 1]"),
+    ("tau", 1.5, "tau must be in (0, 1]"),
+    ("tau", float("nan"), "tau must be in (0, 1]"),
+    ("temperature", -0.1, "temperature must be >= 0"),
+    ("max_new_tokens", 0, "max_new_tokens must be an integer >= 1"),
+    ("method", "fast", "unknown method 'fast'"),
+])
+def test_out_of_range_config_is_refused(field, value, needle):
+    with pytest.raises(ConfigError, match=None) as e:
+        CSDConfig(**{field: value}).validated()
+    assert needle in str(e.value)
+
+
+def test_defaults_are_the_papers_and_valid():
+    c = CSDConfig().validated()
+    assert (c.gamma, c.lam, c.tau, c.method) == (6, 6, 0.01, "csd")
+
+
+def test_context_overflow_is_refused():
+    with pytest.raises(ConfigError, match="exceeds the model's context of 256 tokens"):
+        CSDConfig(max_new_tokens=200).validated(context_limit=256, prompt_tokens=100)
+
+
+def test_decoder_refuses_overlong_prompt_and_foreign_memory(tiny_pair):
+    from csd.decode import Decoder
+    dec = Decoder(tiny_pair)
+    with pytest.raises(ConfigError, match="exceeds the model's context"):
+        dec.run([1] * 250, CSDConfig(max_new_tokens=10))
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        dec.run([], CSDConfig(max_new_tokens=10))
+    with pytest.raises(ValueError, match="belongs to 'other-pair'"):
+        dec.run([1, 2], CSDConfig(max_new_tokens=10), CorrectionMemory("other-pair"))
+
+
+def test_memory_files(tmp_path):
+    mem = CorrectionMemory("a->b", {(1, 2): 7, (3, 4): 1})
+    for name in ("m.json", "m.json.gz"):
+        mem.save(tmp_path / name)
+        back = CorrectionMemory.load(tmp_path / name, expected_pair="a->b")
+        assert back.count(1, 2) == 7 and back.count(3, 4) == 1 and back.count(2, 1) == 0
+    with pytest.raises(MemoryFileError, match="belongs to model pair 'a->b', not to 'c->d'"):
+        CorrectionMemory.load(tmp_path / "m.json", expected_pair="c->d")
+    (tmp_path / "x.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(MemoryFileError, match="not a CSD Explorer correction-memory file"):
+        CorrectionMemory.load(tmp_path / "x.json")
+    (tmp_path / "y.bin").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(MemoryFileError, match="not JSON"):
+        CorrectionMemory.load(tmp_path / "y.bin")
+    with pytest.raises(MemoryFileError, match="cannot read memory file"):
+        CorrectionMemory.load(tmp_path / "missing.json")
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="cannot load tokenizer"):
+        load_pair("no-such-org/no-such-model", "no-such-org/no-such-model-either")
+
+
+def test_mismatched_tokenizers_are_refused(tmp_path, qwen_tokenizer):
+    """Two real model directories whose tokenizers differ by one added token."""
+    a, b = tmp_path / "draft", tmp_path / "target"
+    tiny_model(1).save_pretrained(a)
+    qwen_tokenizer.save_pretrained(a)
+    tiny_model(2).save_pretrained(b)
+    tok_b = type(qwen_tokenizer).from_pretrained(a)
+    tok_b.add_tokens(["<csd-extra-token>"])
+    tok_b.save_pretrained(b)
+    assert "vocabulary sizes differ" in compare_tokenizers(qwen_tokenizer, tok_b)
+    with pytest.raises(ModelLoadError, match="do not share a tokenizer: vocabulary sizes differ"):
+        load_pair(str(a), str(b), dtype="float32")
+    # the same directory twice is accepted
+    pair = load_pair(str(a), str(a), dtype="float32")
+    assert pair.draft is not None and pair.pair_id == "draft->draft"
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "csd", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--prompt", "   "], "error: the prompt is empty"),
+    (["generate", "--prompt", "hi", "--gamma", "0"], "error: gamma must be an integer in 1..32"),
+    (["generate", "--prompt", "hi", "--lam", "-2"], "error: lambda must be a count >= 0"),
+    (["generate", "--prompt", "hi", "--tau", "0"], "error: tau must be in (0, 1]"),
+    (["generate", "--prompt", "hi", "--temperature", "-1"], "error: temperature must be >= 0"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "error: max_new_tokens must be an integer >= 1"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "40000", "--no-db"], "exceeds the model's context of 32768"),
+    (["generate", "--prompt", "hi", "--no-db", "--draft", "nobody/none", "--target", "nobody/none"],
+     "error: cannot load tokenizer"),
+])
+def test_cli_errors(args, needle):
+    r = cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,99 @@
+"""The acceptance rule as a pure function, on hand-made logits that make every branch certain."""
+import math
+
+import pytest
+import torch
+
+from csd.events import ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE, RULE_RESCUE
+from csd.rule import NO_RESCUE, Rescue, verify_greedy, verify_sampling
+
+V = 8
+LOG_TAU = math.log(0.01)
+CSD = Rescue(use_ocm=True, use_scg=True, lam=6, log_tau=LOG_TAU)
+
+
+def logits(*rows):
+    """rows: dicts {token: logit}; every other entry is -10."""
+    t = torch.full((len(rows), V), -10.0)
+    for i, r in enumerate(rows):
+        for k, v in r.items():
+            t[i, k] = v
+    return t
+
+
+def counts(table):
+    return lambda x, t: table.get((x, t), 0)
+
+
+def test_all_match_gives_bonus():
+    d = verify_greedy([1, 2], logits({1: 10}, {2: 10}, {3: 10}), counts({}), CSD)
+    assert [v.status for v in d.verdicts] == [ACCEPTED, ACCEPTED]
+    assert [v.rule for v in d.verdicts] == [RULE_MATCH, RULE_MATCH]
+    assert d.n_kept == 2 and d.bonus and d.next_token == 3 and d.observed == ()
+
+
+def test_rescue_when_memory_and_gate_pass_and_verification_goes_on():
+    # position 0: draft 4, target prefers 5 by a gap of 1 (>= log 0.01); pattern seen 6 times
+    d = verify_greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 6}), CSD)
+    assert [v.status for v in d.verdicts] == [RESCUED, ACCEPTED]
+    assert d.verdicts[0].rule == RULE_RESCUE and d.verdicts[0].count == 6
+    assert d.verdicts[0].gap == pytest.approx(-1.0)
+    assert d.n_kept == 2 and d.bonus and d.next_token == 7
+    assert d.observed == ((4, 5),)
+
+
+def test_memory_too_rare_rejects_and_emits_target_token():
+    d = verify_greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 5}), CSD)
+    assert [v.status for v in d.verdicts] == [REJECTED]
+    assert d.verdicts[0].rule == RULE_MEMORY_RARE
+    assert d.n_kept == 0 and not d.bonus and d.next_token == 5 and d.observed == ((4, 5),)
+
+
+def test_gap_below_log_tau_rejects():
+    # gap = -5 < log(0.01) = -4.6
+    d = verify_greedy([4], logits({5: 10, 4: 5}, {7: 10}), counts({(4, 5): 100}), CSD)
+    assert d.verdicts[0].status == REJECTED and d.verdicts[0].rule == RULE_GAP_LOW
+    assert d.next_token == 5
+
+
+def test_sd_never_rescues_and_ablations_switch_one_module_off():
+    lg = logits({5: 10, 4: 5}, {7: 10})
+    assert verify_greedy([4], lg, counts({(4, 5): 100}), NO_RESCUE).verdicts[0].rule == RULE_NO_RESCUE
+    ocm_only = Rescue(use_ocm=True, use_scg=False, lam=6, log_tau=LOG_TAU)
+    assert verify_greedy([4], lg, counts({(4, 5): 6}), ocm_only).verdicts[0].status == RESCUED  # gap ignored
+    scg_only = Rescue(use_ocm=False, use_scg=True, lam=6, log_tau=LOG_TAU)
+    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({}), scg_only).verdicts[0].status == RESCUED
+    assert verify_greedy([4], lg, counts({}), scg_only).verdicts[0].rule == RULE_GAP_LOW
+
+
+def test_divergence_counts_after_its_own_decision_within_a_block():
+    # the same pattern twice in one block; memory holds 5, lambda 6: the first is rejected...
+    lg = logits({5: 10, 4: 9}, {5: 10, 4: 9}, {7: 10})
+    d = verify_greedy([4, 4], lg, counts({(4, 5): 5}), CSD)
+    assert [v.status for v in d.verdicts] == [REJECTED]
+    # ...with lambda 6 and count 6 the first is rescued, and the second sees 6 + 1
+    d = verify_greedy([4, 4], lg, counts({(4, 5): 6}), CSD)
+    assert [v.count for v in d.verdicts] == [6, 7]
+    assert d.observed == ((4, 5), (4, 5))
+    # with lambda 7, count 6: first rejected (no self-vouching) even though it would make 7
+    d = verify_greedy([4, 4], lg, counts({(4, 5): 6}), Rescue(True, True, 7, LOG_TAU))
+    assert [v.status for v in d.verdicts] == [REJECTED]
+
+
+def test_sampling_accepts_when_draft_equals_target_and_bonus_comes_from_p():
+    p = torch.softmax(logits({1: 3, 2: 3}, {3: 5}), -1)
+    q = p[:1].clone()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        d = verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g)
+        assert d.verdicts[0].status == ACCEPTED and d.bonus
+
+
+def test_sampling_rejection_draws_from_residual():
+    # draft puts all mass on token 1, target has none there: always rejected, replacement from p
+    p = torch.softmax(logits({2: 10}, {3: 10}), -1)
+    q = torch.zeros(1, V)
+    q[0, 1] = 1.0
+    g = torch.Generator().manual_seed(0)
+    d = verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g)
+    assert d.verdicts[0].status == REJECTED and d.next_token == 2 and not d.bonus
