@@ -494,6 +494,7 @@ def _meta(pair, setup: BenchSetup, memory, bench_id: str) -> dict:
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
         "dtype": str(pair.dtype).removeprefix("torch."),
+        "draft_dtype": pair.draft_dtype,
         "config": {"datasets": setup.datasets, "limit": setup.limit, "methods": setup.methods,
                    "max_new_tokens": setup.max_new_tokens, "seed": setup.seed, "gamma": setup.gamma,
                    "lam": setup.lam, "tau": setup.tau, "temperature": 0.0, "chat": True,
@@ -531,7 +532,8 @@ def render_markdown(results: dict) -> str:
         f"{meta['machine']['torch_threads']} torch threads, torch {meta['machine']['torch']}, "
         f"transformers {meta['machine']['transformers']}; load average at start "
         f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
-        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}, dtype **{meta['dtype']}**, greedy, "
+        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}, target dtype **{meta['dtype']}**, "
+        f"draft dtype **{meta.get('draft_dtype') or '-'}**, greedy, "
         f"chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, lambda {cfg['lam']:g}, "
         f"tau {cfg['tau']:g}, seed {cfg['seed']}",
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda), "

@@ -44,6 +44,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights dtype (auto: bfloat16 on AMX CPUs and GPUs, else float32)")
+    p.add_argument("--draft-dtype", default="auto", choices=["auto", "same", "float32", "bfloat16", "float16", "int8"],
+                   help="draft dtype (auto: int8 dynamic quantisation on the CPU, the target's dtype on a GPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
@@ -54,7 +56,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def load_from_args(args, need_draft: bool = True):
     from .models import load_pair
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
-                     device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress())
+                     device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
+                     draft_dtype=args.draft_dtype)
 
 
 def open_store(args):

@@ -18,7 +18,7 @@ from .config import CSDConfig
 from .events import (BONUS, CORRECTED, REJECTED, RESCUED, TARGET, RunMetrics, TokenEvent)
 from .memory import CorrectionMemory
 from .models import ModelPair
-from .rule import Decision, Rescue, verify_greedy, verify_sampling
+from .rule import Decision, Rescue, decide_greedy, score_block, verify_sampling
 
 
 class Decoder:
@@ -182,10 +182,14 @@ class Run:
                 tl = self._forward(pair.target, tcache, seq[tcache.get_seq_length():] + drafts, len(drafts) + 1)
                 m.target_forwards += 1
                 # 3. Verify (pure rule), then 4. update the memory with this block's divergences.
-                tb = time.perf_counter()
+                #    Bookkeeping time = the decision walk (memory lookups, gate) + memory updates;
+                #    the argmax SD needs anyway is not counted.
                 if temp == 0:
-                    d: Decision = verify_greedy(drafts, tl, self.memory.count, rescue)
+                    scores = score_block(drafts, tl)
+                    tb = time.perf_counter()
+                    d: Decision = decide_greedy(drafts, scores, self.memory.count, rescue)
                 else:
+                    tb = time.perf_counter()
                     p = torch.softmax(tl / temp, -1)
                     q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
                     d = verify_sampling(drafts, q, p, tl, self.memory.count, rescue, gen)

@@ -74,6 +74,28 @@ def rescue_decision(x: int, t: int, z_x: float, z_t: float, count: int, rescue: 
     return True, RULE_RESCUE
 
 
+@dataclass(frozen=True)
+class BlockScores:
+    """What greedy SD itself computes from the target's logits: t* and the two logits."""
+    t_star: list[int]   # (g + 1,) the target's top-1 at each position, the last one the bonus
+    z_t: list[float]    # (g + 1,) its logit
+    z_x: list[float]    # (g,) the target logit of each draft token
+
+
+def score_block(x_tilde: list[int], target_logits: torch.Tensor) -> BlockScores:
+    g = len(x_tilde)
+    t_star = target_logits.argmax(-1)                                   # (g + 1,)
+    z_t = target_logits.gather(-1, t_star[:, None])[:, 0]               # (g + 1,)
+    z_x = target_logits[:g].gather(-1, torch.tensor(x_tilde, dtype=torch.long,
+                                                    device=target_logits.device)[:, None])[:, 0]  # (g,)
+    return BlockScores(t_star.tolist(), z_t.tolist(), z_x.tolist())
+
+
+def decide_greedy(x_tilde: list[int], s: BlockScores, count: CountFn, rescue: Rescue = NO_RESCUE) -> Decision:
+    """The decision walk over scored positions: memory lookups and the gate, no tensors."""
+    return _walk(x_tilde, s.t_star, s.z_x, s.z_t, count, rescue, accept=None)
+
+
 def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn,
                   rescue: Rescue = NO_RESCUE) -> Decision:
     """Greedy verification of a draft block.
@@ -81,13 +103,7 @@ def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountF
     x_tilde: the gamma draft tokens; target_logits: (gamma + 1, V) target logits where row i
     scores position i of the block and row gamma gives the bonus token; count: memory lookup.
     """
-    g = len(x_tilde)
-    t_star = target_logits.argmax(-1)                                   # (g + 1,)
-    z_t = target_logits.gather(-1, t_star[:, None])[:, 0]               # (g + 1,)
-    z_x = target_logits[:g].gather(-1, torch.tensor(x_tilde, dtype=torch.long,
-                                                    device=target_logits.device)[:, None])[:, 0]  # (g,)
-    t_star, z_t, z_x = t_star.tolist(), z_t.tolist(), z_x.tolist()
-    return _walk(x_tilde, t_star, z_x, z_t, count, rescue, accept=None)
+    return decide_greedy(x_tilde, score_block(x_tilde, target_logits), count, rescue)
 
 
 def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
