@@ -11,33 +11,25 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 XSS = "<img src=x onerror=alert(1)>"
-START_TIMEOUT_S = 300
 RUN_TIMEOUT_MS = 300_000
 
-sync_api = pytest.importorskip("playwright.sync_api")
 if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{CHROMIUM} is missing: .ci/run must install Debian's chromium")
     pytest.skip(f"{CHROMIUM} is not installed (Debian package chromium)", allow_module_level=True)
+from playwright import sync_api  # noqa: E402
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from appserver import running_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,36 +39,8 @@ def app_url(tmp_path_factory):
     if os.environ.get("CSD_TEST_APP_URL"):
         yield os.environ["CSD_TEST_APP_URL"].rstrip("/")
         return
-    tmp = tmp_path_factory.mktemp("browser-app")
-    port = _free_port()
-    log = open(tmp / "app.log", "w")
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_DISABLE_TELEMETRY="1")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", f"sqlite:///{tmp / 'ui.sqlite3'}"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/config", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"app did not start in {START_TIMEOUT_S} s:\n{(tmp / 'app.log').read_text()[-3000:]}")
-            time.sleep(1)
+    with running_app(tmp_path_factory.mktemp("browser-app")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,64 +6,24 @@ cancels, /recolour and /analyse answer without a model, /explore_events keeps se
 """
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client import Client, handle_file
 
-ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 300
+from appserver import running_app
 PROSE = "Write a short paragraph about why people enjoy walking in the mountains."
 ALL_STATUSES = ["accepted", "rescued", "rejected", "corrected", "bonus", "target"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     """``python app.py`` on a free port with its own SQLite file; stopped after the module."""
-    tmp = tmp_path_factory.mktemp("client-app")
-    port = _free_port()
-    log = open(tmp / "app.log", "w")
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_DISABLE_TELEMETRY="1")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--db", f"sqlite:///{tmp / 'ui.sqlite3'}",
-                             "--queue-size", "8", "--concurrency", "1"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
-            if f"running at {url}" in (tmp / "app.log").read_text():   # app.py prints it once launched
-                with urllib.request.urlopen(url + "/config", timeout=30) as r:
-                    assert r.status == 200
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"app did not start in {START_TIMEOUT_S} s:\n{(tmp / 'app.log').read_text()[-3000:]}")
-            time.sleep(1)
+    with running_app(tmp_path_factory.mktemp("client-app"), "--queue-size", "8", "--concurrency", "1") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
