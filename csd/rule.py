@@ -123,10 +123,8 @@ def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target
     q_x = q.gather(-1, xs[:, None])[:, 0]                                 # (g,)
     u = torch.rand(g, generator=generator).to(dev)                          # generator lives on the CPU
     accept = (u <= (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)).tolist()  # q >= p: always accept
-    t_star = target_logits.argmax(-1)
-    z_t = target_logits.gather(-1, t_star[:, None])[:, 0].tolist()
-    z_x = target_logits[:g].gather(-1, xs[:, None])[:, 0].tolist()
-    d = _walk(x_tilde, t_star.tolist(), z_x, z_t, count, rescue, accept=accept)
+    s = score_block(x_tilde, target_logits)
+    d = _walk(x_tilde, s.t_star, s.z_x, s.z_t, count, rescue, accept=accept)
     if d.bonus:
         nxt = _sample(p[g], generator)
     elif d.verdicts[-1].status == REJECTED:
