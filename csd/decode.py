@@ -25,23 +25,8 @@ class Decoder:
     """Runs generations on one loaded pair. The models are shared read-only; the memory and
     the random generator belong to each run."""
 
-    def __init__(self, pair: ModelPair, draft_vocab: torch.Tensor | None = None):
+    def __init__(self, pair: ModelPair):
         self.pair = pair
-        self.draft_vocab = None
-        self._draft_head = None
-        if draft_vocab is not None:
-            self.set_draft_vocab(draft_vocab)
-
-    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
-        """Let the draft score only these vocabulary rows (a cheaper output layer). In SD this
-        changes the speed only, never the output: verification is exact."""
-        if token_ids is None:
-            self.draft_vocab, self._draft_head = None, None
-            return
-        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()
-        w = self.pair.draft.get_output_embeddings().weight
-        self.draft_vocab = ids.to(w.device)
-        self._draft_head = w.detach()[self.draft_vocab].contiguous()   # (K, H)
 
     def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None) -> "Run":
         cfg.validated(self.pair.context_limit, len(prompt_ids))
@@ -104,16 +89,6 @@ class Run:
         out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(model): cache})
         return out.logits[0].float()
 
-    def _draft_forward(self, cache: DynamicCache, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft logits for the next token, (V,) or over the reduced vocabulary (K,) with its ids."""
-        d = self.decoder
-        model = self.pair.draft
-        if d._draft_head is None:
-            return self._forward(model, cache, ids, 1)[-1], None
-        x = torch.tensor([ids], dtype=torch.long, device=model.device)
-        h = model.model(input_ids=x, use_cache=True, **{_cache_kwarg(model): cache}).last_hidden_state[0, -1]  # (H,)
-        return (d._draft_head @ h).float(), d.draft_vocab                                          # (K,)
-
     @staticmethod
     def _crop(cache: DynamicCache, length: int) -> None:
         extra = cache.get_seq_length() - length
@@ -162,19 +137,17 @@ class Run:
                 drafts, q_rows, d_logits = [], [], []
                 feed = seq[dcache.get_seq_length():]
                 for _ in range(g):
-                    dl, sub = self._draft_forward(dcache, feed)
+                    dl = self._forward(pair.draft, dcache, feed, 1)[-1]     # (V,)
                     m.draft_forwards += 1
                     if temp == 0:
-                        j = int(dl.argmax())
+                        x = int(dl.argmax())
                     else:
-                        q_sub = torch.softmax(dl / temp, -1)
-                        j = int(torch.multinomial(q_sub, 1, generator=gen))
-                        q_rows.append(q_sub if sub is None else torch.zeros(
-                            pair.target.config.vocab_size, dtype=q_sub.dtype).index_put_((sub.cpu(),), q_sub.cpu()))
-                    x = j if sub is None else int(sub[j])
+                        q_row = torch.softmax(dl / temp, -1)
+                        x = int(torch.multinomial(q_row.cpu(), 1, generator=gen))
+                        q_rows.append(q_row)
                     drafts.append(x)
                     if cfg.explain:
-                        d_logits.append((dl, sub))
+                        d_logits.append(dl)
                     feed = [x]
                     if x in eos:
                         break
@@ -250,16 +223,14 @@ class Run:
             self.token_ids = seq[n_prompt:]
             m.wall_s = time.perf_counter() - t0
 
-    def _explain(self, ev: TokenEvent, p_target: torch.Tensor, draft: tuple | None) -> None:
+    def _explain(self, ev: TokenEvent, p_target: torch.Tensor, draft_logits: torch.Tensor | None) -> None:
         k = self.cfg.explain_top_k
         top = torch.topk(p_target, k)
         ev.target_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, top.indices)]
-        if draft is not None:
-            dl, sub = draft
-            q = torch.softmax(dl / (self.cfg.temperature or 1.0), -1)
-            top = torch.topk(q, min(k, q.numel()))
-            ids = top.indices if sub is None else sub[top.indices]
-            ev.draft_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
+        if draft_logits is not None:
+            q = torch.softmax(draft_logits / (self.cfg.temperature or 1.0), -1)
+            top = torch.topk(q, k)
+            ev.draft_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, top.indices)]
 
 
 def _cache_kwarg(model) -> str:
