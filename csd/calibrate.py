@@ -129,9 +129,10 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     prefix = chat_prefix(pair)
     per_chunk = chunk_tokens - skip_first
     max_chunks = None if max_positions is None else max(1, -(-max_positions // per_chunk))
-    texts = list(texts)
-    total_chunks = max_chunks or sum(len(pair.tokenizer(t, add_special_tokens=False)["input_ids"]) // chunk_tokens
-                                     for t in texts)
+    chunks = _chunks(pair, texts, chunk_tokens, max_chunks)
+    if max_chunks is None:  # the whole corpus: tokenize it once, and know the total for progress
+        chunks = list(chunks)
+    total_chunks = max_chunks or len(chunks)
     positions = divergences = done = 0
     batch: list[list[int]] = []
 
@@ -148,7 +149,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
         if progress:
             progress(f"calibrating: {positions} positions, {divergences} divergences", min(1.0, done / max(1, total_chunks)))
 
-    for chunk in _chunks(pair, texts, chunk_tokens, max_chunks):
+    for chunk in chunks:
         batch.append(chunk)
         if len(batch) == batch_size:
             flush()
