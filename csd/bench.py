@@ -333,9 +333,8 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
 
 def _record(store, pair, cfg: CSDConfig, method: str, item: Item, r: ItemResult, run, bench_id: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
-    fields = dict(kind="bench", pair_id=pair.pair_id, draft_name=pair.draft_name, target_name=pair.target_name,
-                  method=method, temperature=0.0, max_new_tokens=cfg.max_new_tokens, prompt=item.prompt,
-                  label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200])
+    fields = dict(kind="bench", **pair.run_fields(), method=method, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+                  prompt=item.prompt, label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200])
     if method != HF_ASSISTED and cfg.uses_draft:
         fields.update(gamma=cfg.gamma, lam=cfg.lam, tau=cfg.tau)
     run_id = store.start_run(**fields)

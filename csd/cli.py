@@ -134,10 +134,7 @@ def cmd_generate(args) -> int:
     run = Decoder(pair).run(prompt_ids, cfg, memory)
     recorder = None
     if store is not None:
-        run_id = store.start_run(kind="generate", pair_id=pair.pair_id, draft_name=pair.draft_name,
-                                 target_name=pair.target_name, method=cfg.method, gamma=cfg.gamma, lam=cfg.lam,
-                                 tau=cfg.tau, temperature=cfg.temperature, seed=cfg.seed,
-                                 max_new_tokens=cfg.max_new_tokens, prompt=args.prompt)
+        run_id = store.start_run(kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=args.prompt)
         recorder = store.recorder(run_id)
     status, error = "finished", None
     try:
@@ -194,8 +191,8 @@ def cmd_calibrate(args) -> int:
     memory.save(args.out)
     info = memory.meta["calibration"][-1]
     if store is not None:
-        run_id = store.start_run(kind="calibrate", pair_id=pair.pair_id, draft_name=pair.draft_name,
-                                 target_name=pair.target_name, method="calibrate", prompt=args.corpus or "default corpus")
+        run_id = store.start_run(kind="calibrate", **pair.run_fields(), method="calibrate",
+                                 prompt=args.corpus or "default corpus")
         store.save_memory(memory, run_id=run_id, label=f"calibration {args.corpus or 'default'}")
         store.recorder(run_id).finish("", info, status="finished")
     print(f"{info['positions']} positions, {info['divergences']} divergences (agreement {info['agreement']:.1%}), "

@@ -73,6 +73,11 @@ class CSDConfig:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         return self
 
+    def run_fields(self) -> dict:
+        """The parameters a stored run records."""
+        return dict(method=self.method, gamma=self.gamma, lam=self.lam, tau=self.tau, temperature=self.temperature,
+                    seed=self.seed, max_new_tokens=self.max_new_tokens)
+
     def with_(self, **changes) -> "CSDConfig":
         return replace(self, **changes)
 

@@ -189,6 +189,10 @@ class ModelPair:
     extras: dict = field(default_factory=dict)
     draft_dtype: str = ""      # "int8", "bfloat16", ... ("" when no draft is loaded)
 
+    def run_fields(self) -> dict:
+        """The model identity a stored run records."""
+        return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)
+
     @property
     def is_embedded(self) -> bool:
         return self.pair_id == EMBEDDED_PAIR_ID

@@ -111,11 +111,8 @@ class _Recorder:
             return
         p = services.pair
         try:
-            self.run_id = store.start_run(
-                kind="generate", pair_id=p.pair_id, draft_name=p.draft_name, target_name=p.target_name,
-                method=cfg.method, gamma=cfg.gamma, lam=cfg.lam, tau=cfg.tau, temperature=cfg.temperature,
-                seed=cfg.seed, max_new_tokens=cfg.max_new_tokens, prompt=prompt, session_id=sess.session_id,
-                label=label)
+            self.run_id = store.start_run(kind="generate", **p.run_fields(), **cfg.run_fields(), prompt=prompt,
+                                          session_id=sess.session_id, label=label)
             self.rec = store.recorder(self.run_id)
         except Exception as e:   # the database is down or full: generate anyway
             self.rec, self.run_id = None, None
