@@ -50,28 +50,45 @@ def test_csd_with_unreachable_lambda_is_sd(real_pair, decoder):
     assert memory.total == sum(e.status == REJECTED for e in csd.events) > 0
 
 
-def test_csd_rescues_frequent_patterns_and_saves_target_passes(real_pair, decoder):
-    """Seed the memory with the patterns SD stumbled on (and, over two more rounds, those CSD
-    still stumbled on), each at count lambda: CSD then rescues and needs fewer target passes."""
+def test_csd_rescues_exactly_where_memory_and_gate_allow(real_pair, decoder):
+    """What the method guarantees on one prompt, whatever CPU computes the draft: with every
+    pattern SD stumbled on seeded at count lambda, CSD follows SD's tokens up to SD's first
+    divergence and rescues it there if (and only if) the gate passes; every rescue meets both
+    thresholds and keeps the draft token. Whether CSD then needs fewer target passes is not
+    guaranteed on one prompt (a rescue changes the context of all that follows): the benchmark
+    measures that over many items."""
+    lam, tau = 6, 0.01
+    log_tau = CSDConfig(tau=tau).log_tau
     ids = real_pair.encode_prompt(STORY)
     sd = decoder.run(ids, CSDConfig(method="sd", max_new_tokens=N))
     list(sd)
-    counts = {(e.draft_id, e.target_id): 6 for e in sd.events if e.status == REJECTED}
-    assert counts, "the prose prompt should give divergences"
-    for _ in range(3):
-        csd = decoder.run(ids, CSDConfig(method="csd", max_new_tokens=N), CorrectionMemory(real_pair.pair_id, counts))
-        list(csd)
-        counts.update({(e.draft_id, e.target_id): 6 for e in csd.events if e.status == REJECTED})
-    rescued = [e for e in csd.events if e.status == RESCUED]
-    assert rescued and csd.metrics.rescued == len(rescued)
-    for e in rescued:  # each rescue satisfied both thresholds and kept the draft token
-        assert e.memory_count >= 6 and e.gap >= CSDConfig().log_tau and e.token_id == e.draft_id != e.target_id
-    assert csd.metrics.new_tokens == sd.metrics.new_tokens == N
-    assert csd.metrics.target_forwards < sd.metrics.target_forwards
-    # up to the first divergence the outputs agree
-    first = next(i for i, e in enumerate(sd.events) if e.status == REJECTED)
-    n_same = sum(e.in_output for e in sd.events[:first])
+    rejected = [e for e in sd.events if e.status == REJECTED]
+    assert rejected, "40 tokens of a story give the draft and the target something to disagree on"
+    first = rejected[0]
+    counts = {(e.draft_id, e.target_id): lam for e in rejected}
+    memory = CorrectionMemory(real_pair.pair_id, counts)
+    csd = decoder.run(ids, CSDConfig(method="csd", lam=lam, tau=tau, max_new_tokens=N), memory)
+    list(csd)
+
+    # identical up to SD's first divergence, then decided by the rule on the same logits
+    n_same = first.position
     assert csd.token_ids[:n_same] == sd.token_ids[:n_same]
+    at = next(e for e in csd.events if e.position == first.position and e.draft_id is not None
+              and e.status in (RESCUED, REJECTED))
+    assert (at.draft_id, at.target_id) == (first.draft_id, first.target_id)
+    assert at.memory_count >= lam
+    assert at.gap == pytest.approx(first.gap, abs=1e-4)
+    assert at.status == (RESCUED if first.gap >= log_tau else REJECTED)
+
+    rescued = [e for e in csd.events if e.status == RESCUED]
+    assert csd.metrics.rescued == len(rescued)
+    for e in rescued:  # each rescue satisfied both thresholds and kept the draft token
+        assert e.memory_count >= lam and e.gap >= log_tau and e.token_id == e.draft_id != e.target_id
+    for e in csd.events:  # and every refusal names the threshold it failed
+        if e.status == REJECTED:
+            assert e.memory_count < lam or e.gap < log_tau
+    # the memory learned every divergence of the run, after its own decision
+    assert memory.total == sum(counts.values()) + sum(e.is_divergence for e in csd.events)
 
 
 def test_events_are_complete_and_consistent(real_pair, decoder):
