@@ -1,5 +1,17 @@
-"""Graders of the benchmark: the final number of a math answer (GSM8K, user files), CHAMP's
-final answer, and HumanEval pass@1 (the program is assembled here and run by ``bench.sandbox``).
+"""Graders of the benchmark, shared by ``bench.harness`` and ``python -m csd grade``.
+
+- Numbers (GSM8K, user files): the model's FINAL STATED number (``extract_final_number``). The
+  last answer marker wins ("the answer is", "final answer:", "Answer:", "####", ``\\boxed{}``);
+  after a marker the answer is the expression that follows it, worked out to its result
+  ("9 * 2 = 18 dollars" -> 18), so a verification line after the answer ("Check: 12 / 4 = 3")
+  and an explanation after it ("18 eggs, which is 2 more than 16") do not replace it. Without a
+  marker, the last number (or expression result) of the text. Markdown, LaTeX (``\\( \\)``,
+  ``\\[ \\]``, ``\\frac``, ``\\text{}``, ``\\$``), currency, thousands separators and percent signs
+  are read through. Numbers compare exactly as fractions: 1250 == 1,250 == 1250.00, 3/4 == 0.75.
+- CHAMP: the text after the last "final answer", compared as a number or as yes/no; other
+  references are not checkable (``None``).
+- HumanEval pass@1: the program is assembled here (``humaneval_program``) and run by
+  ``bench.sandbox``, which passes it only when its tests ran to their end.
 """
 from __future__ import annotations
 
@@ -24,6 +36,7 @@ class Grade:
 
 
 def grade(item: Item, text: str) -> Grade:
+    """Grade one answer to one item (the benchmark and ``python -m csd grade`` both call this)."""
     if item.grader == "number":
         pred = extract_final_number(text)
         return Grade(None if item.reference is None else numbers_equal(pred, item.reference), pred)
@@ -36,32 +49,126 @@ def grade(item: Item, text: str) -> Grade:
     return Grade(None, None)
 
 
-_NUM = r"[-+−]?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s?/\s?\d+)?"
+# -- numbers -------------------------------------------------------------------------------------
+# A number as written: thousands separators only in groups of three, an optional decimal part.
+_NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+# One term of an expression: optional parentheses and sign, an optional percent sign. The
+# repetitions are bounded so that a scan stays linear in the text (no quadratic backtracking).
+_SP = r"[ \t]{0,4}"
+_TERM = r"(?:\(" + _SP + r"){0,4}-?" + _SP + _NUM + r"(?:" + _SP + r"%)?(?:" + _SP + r"\)){0,4}"
+_OP = _SP + r"[-+*/=≈]" + _SP
+# An expression as models write them in an answer: "18", "9 * 2 = 18", "6 + 12 = 18", "3/4".
+_EXPR = re.compile(r"(?<![\w.])" + _TERM + r"(?:" + _OP + _TERM + r")*")
+_SINGLE = re.compile(r"\(?(-?" + _NUM + r"(?:/" + _NUM + r")?)%?\)?")
+
+_MARKER = re.compile(
+    r"\banswer\s*(?:(?:is|was|would\s+be|will\s+be|should\s+be|equals)\b\s*:?|[:=])"
+    r"|####|\\boxed\s*\{", flags=re.IGNORECASE)
+# What may stand between a marker and its number: punctuation, markdown, an opening brace.
+_LEAD = re.compile(r"(?:[\s:=*_~>`{]|\\boxed\s*\{"
+                   r"|(?:therefore|thus|then|so|simply|just|exactly|approximately|about|roughly|now)\b[\s,:]*)*",
+                   flags=re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?;](?=\s|$)|\n")
+_ANSWER_SPAN = 300     # how far after a marker its answer may be (characters): keeps the scan linear
 
 
-def gsm8k_reference(answer: str) -> str | None:
-    """The number after '####' (GSM8K), else the last number in the text."""
-    if "####" in answer:
-        return _normalise_number(answer.split("####")[-1])
-    return extract_final_number(answer)
+def _clean(text: str) -> str:
+    """The text with markdown and LaTeX read through, so that numbers and operators stand plain."""
+    t = text.replace("\u2212", "-").replace("\u2013", "-").replace("\u00a0", " ")
+    for _ in range(3):      # nested \frac{\frac{..}{..}}{..}: innermost first
+        t = re.sub(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", t)
+    t = re.sub(r"\\[dt]?frac\s*(\d)\s*(\d)", r"(\1)/(\2)", t)                # \frac12
+    t = re.sub(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}", r" \1 ", t)
+    t = t.replace("{,}", ",")
+    t = re.sub(r"(?<=\d)\\[,!;: ](?=\d{3}\b)", "", t)                          # 1\,250
+    t = re.sub(r"\\(?:times|cdot|ast)(?![A-Za-z])", "*", t)
+    t = re.sub(r"\\div(?![A-Za-z])", "/", t)
+    t = re.sub(r"\\approx(?![A-Za-z])", "≈", t)
+    t = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", t)
+    t = t.translate({ord("×"): "*", ord("·"): "*", ord("⋅"): "*", ord("÷"): "/"})
+    t = t.replace("\\%", "%").replace("\\$", "$")
+    t = re.sub(r"\\[()\[\]]", " ", t)                                          # \( \) \[ \]
+    t = re.sub(r"(?<=\d)[ \t]*[xX][ \t]*(?=[(\d])", " * ", t)                  # 9 x 2
+    return re.sub(r"[$`]|\*\*|__", "", t)
+
+
+def _expression_value(expr: str) -> str | None:
+    """The result of an expression: the part after its last '=' (or '≈'), as written when it is
+    a single number or fraction, else worked out exactly; the last number if it cannot be."""
+    last = re.split(r"[=≈]", expr)[-1].strip()
+    if not last:
+        return None
+    single = _SINGLE.fullmatch(last.replace(" ", "").replace("\t", ""))
+    if single:
+        return _normalise_number(single.group(1))
+    value = _evaluate(last)
+    if value is not None:
+        return _format_fraction(value)
+    numbers = re.findall(_NUM, last)
+    return _normalise_number(numbers[-1]) if numbers else None
+
+
+def _value_at(text: str, pos: int) -> str | None:
+    """The answer stated right after a marker ending at ``pos``: the expression that follows
+    (after markdown and filler words), else the first one in the rest of that sentence."""
+    pos = _LEAD.match(text, pos).end()
+    m = _EXPR.match(text, pos)
+    if m is None:
+        limit = min(len(text), pos + _ANSWER_SPAN)
+        end = _SENTENCE_END.search(text, pos, limit)
+        m = _EXPR.search(text, pos, end.start() if end else limit)
+    return _expression_value(m.group(0)) if m else None
+
+
+def _brace_ends(text: str) -> dict[int, int]:
+    """For every '{' of the text, the index of its matching '}' (the text's end when unmatched);
+    one pass, so that many ``\\boxed{`` markers cost no more than one."""
+    ends, stack = {}, []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            ends[stack.pop()] = i
+    ends.update((i, len(text)) for i in stack)
+    return ends
+
+
+def _last_value(text: str) -> str | None:
+    found = list(_EXPR.finditer(text))
+    return _expression_value(found[-1].group(0)) if found else None
 
 
 def extract_final_number(text: str) -> str | None:
-    """The model's final number: after the last 'answer is', else in the last \\boxed{}, else the last number."""
-    text = text.replace("−", "-")
-    for pattern in (r"answer\s*(?:is|:)\s*:?\s*\**\s*\$?\\?\(?\s*(" + _NUM + ")",
-                    r"\\boxed\{\s*(" + _NUM + r")\s*\}"):
-        found = re.findall(pattern, text, flags=re.IGNORECASE)
-        if found:
-            return _normalise_number(found[-1])
-    found = re.findall(_NUM, text)
-    return _normalise_number(found[-1]) if found else None
+    """The final stated number of an answer (see the module docstring), normalised: no thousands
+    separators, currency or percent sign ("1250", "-3.50", "3/4"); ``None`` if there is none."""
+    t = _clean(text)
+    braces = None
+    for m in reversed(list(_MARKER.finditer(t))):           # the last marker that holds a number
+        if m.group(0).startswith("\\"):                     # \boxed{...}
+            braces = braces if braces is not None else _brace_ends(t)
+            value = _last_value(t[m.end():min(braces[m.end() - 1], m.end() + _ANSWER_SPAN)])
+        else:
+            value = _value_at(t, m.end())
+        if value is not None:
+            return value
+    return _last_value(t)
+
+
+def gsm8k_reference(answer: str) -> str | None:
+    """The number after '####' (GSM8K), else the final number of the text (a user file's answer)."""
+    if "####" in answer:
+        return _value_at(_clean(answer.split("####")[-1]), 0) or _normalise_number(answer.split("####")[-1])
+    return extract_final_number(answer)
 
 
 def _normalise_number(s: str) -> str | None:
-    s = s.strip().replace("−", "-").replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
-    m = re.search(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s)
+    s = s.strip().replace("\u2212", "-").replace("$", "").replace(",", "").replace("%", "").replace(" ", "")
+    m = re.search(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", s.rstrip("."))
     return m.group(0).lstrip("+") if m else None
+
+
+def _format_fraction(f: Fraction) -> str:
+    return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
 
 
 def _to_fraction(s: str | None) -> Fraction | None:
@@ -74,8 +181,70 @@ def _to_fraction(s: str | None) -> Fraction | None:
 
 
 def numbers_equal(pred: str | None, ref: str | None) -> bool:
-    a, b = _to_fraction(pred), _to_fraction(_normalise_number(ref) if ref else None)
+    """Exact comparison as fractions, after normalising both (1,250 == 1250.00; 3/4 == 0.75)."""
+    a = _to_fraction(_normalise_number(pred) if pred else None)
+    b = _to_fraction(_normalise_number(ref) if ref else None)
     return a is not None and b is not None and a == b
+
+
+_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([-+*/()]))")
+
+
+def _evaluate(expr: str) -> Fraction | None:
+    """Exact value of an arithmetic expression (+ - * / and parentheses over decimal numbers),
+    or ``None`` when it is not one. A small recursive-descent parser: nothing is ``eval``-ed."""
+    s = expr.replace(",", "").replace("%", "").strip()
+    tokens, pos = [], 0
+    while pos < len(s):
+        m = _TOKEN.match(s, pos)
+        if m is None:
+            return None
+        tokens.append(Fraction(m.group(1)) if m.group(1) else m.group(2))
+        pos = m.end()
+    if not tokens or len(tokens) > 200:
+        return None
+    i = 0
+
+    def peek():
+        return tokens[i] if i < len(tokens) else None
+
+    def take():
+        nonlocal i
+        i += 1
+        return tokens[i - 1]
+
+    def factor() -> Fraction:
+        t = take() if peek() is not None else None
+        if t == "-":
+            return -factor()
+        if t == "+":
+            return factor()
+        if t == "(":
+            v = expression()
+            if take() != ")":
+                raise ValueError("unbalanced parentheses")
+            return v
+        if isinstance(t, Fraction):
+            return t
+        raise ValueError(f"unexpected {t!r}")
+
+    def term() -> Fraction:
+        v = factor()
+        while peek() in ("*", "/"):
+            v = v * factor() if take() == "*" else v / factor()
+        return v
+
+    def expression() -> Fraction:
+        v = term()
+        while peek() in ("+", "-"):
+            v = v + term() if take() == "+" else v - term()
+        return v
+
+    try:
+        v = expression()
+    except (ValueError, ZeroDivisionError, IndexError):
+        return None
+    return v if i == len(tokens) else None
 
 
 # -- CHAMP -------------------------------------------------------------------------------------
@@ -92,6 +261,7 @@ def champ_checkable(reference: str | None) -> str | None:
 
 
 def champ_final_answer(text: str) -> str | None:
+    """The rest of the line after the last "final answer (is):", else the last \\boxed{} content."""
     m = list(re.finditer(r"final answer\s*(?:is)?\s*:?\s*(.+)", text, flags=re.IGNORECASE))
     if m:
         return m[-1].group(1).strip()
@@ -109,7 +279,7 @@ def grade_champ(text: str, reference: str | None) -> Grade:
     if kind == "yesno":
         word = re.match(r"[\W_]*(\w+)", final)
         return Grade(bool(word) and word.group(1).lower() == reference.strip().lower(), final)
-    pred = extract_final_number(final.replace("\\frac{", "").replace("}{", "/").replace("}", ""))
+    pred = extract_final_number(final)         # reads \\frac{a}{b} as a/b
     return Grade(numbers_equal(pred, reference), pred)
 
 
@@ -139,6 +309,3 @@ def humaneval_program(prompt: str, answer: str, entry_point: str) -> str:
     if _defines(code, entry_point):
         return prompt + "\n    pass\n\n" + textwrap.dedent(code)
     return prompt + code
-
-
-# Runs first in the child: limits, then the candidate as __main__. Setting the limits in the child

@@ -19,7 +19,7 @@ from csd.memory import MemoryFileError  # noqa: E402
 
 from db.cli import add_runs_parser  # noqa: E402
 
-from . import bench, engine  # noqa: E402
+from . import bench, engine, grade  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     engine.add_parsers(sub)     # generate, calibrate, prepare
     bench.add_parser(sub)       # bench
+    grade.add_parser(sub)       # grade
     add_runs_parser(sub)        # runs list | export (the store's own parser)
     return ap
 

@@ -4,129 +4,24 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from collections import Counter
 
 import pytest
 
-from bench.datasets import (DatasetError, load_champ, load_dataset, load_file, load_gsm8k, load_humaneval,
-                            load_prose)
-from bench.graders import (champ_checkable, extract_code, extract_final_number, grade, grade_champ, gsm8k_reference,
-                           humaneval_program, numbers_equal)
-from bench.sandbox import run_humaneval
-
-
-# -- GSM8K -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, expected", [
-    ("3 + 4 = 7 apples. The answer is 7.", "7"),
-    ("She pays $1,250 in total.\nThe answer is $1,250.", "1250"),
-    ("The answer is: **18**", "18"),
-    ("Step 1: 5 * 3 = 15\nStep 2: 15 - 2 = 13\nSo the total is 13", "13"),
-    ("The final result is \\boxed{42}.", "42"),
-    ("The answer is -3.50 degrees", "-3.50"),
-    ("The answer is 12. Check: 12 / 4 = 3", "12"),
-    ("no number here", None),
-])
-def test_gsm8k_final_number(text, expected):
-    assert extract_final_number(text) == expected
-
-
-def test_gsm8k_reference_and_comparison():
-    assert gsm8k_reference("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\n#### 18") == "18"
-    assert gsm8k_reference("...\n#### 1,000") == "1000"
-    assert numbers_equal("1000", "1,000")
-    assert numbers_equal("1234.50", "1234.5")
-    assert not numbers_equal("18", "19")
-    assert not numbers_equal(None, "18")
-    item = load_gsm8k()[0]
-    assert item.grader == "number" and item.reference == gsm8k_reference("#### " + item.reference)
-    assert grade(item, f"Some work.\nThe answer is {item.reference}.").correct is True
-    assert grade(item, "The answer is 123456789.").correct is False
-
-
-# -- HumanEval ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def humaneval():
-    return {it.item_id: it for it in load_humaneval()}
-
-
-def test_humaneval_canonical_passes_wrong_fails(humaneval):
-    it = humaneval["HumanEval/0"]
-    x = it.extra
-    answer = f"Here is the function:\n```python\n{x['prompt']}{x['canonical_solution']}```\nIt works."
-    assert grade(it, answer).correct is True                                     # full function in a block
-    assert run_humaneval(humaneval_program(x["prompt"], x["canonical_solution"], x["entry_point"]),
-                         x["test"], x["entry_point"]) == (True, "passed")        # a bare body
-    ok, detail = run_humaneval(humaneval_program(x["prompt"], "    return True\n", x["entry_point"]),
-                               x["test"], x["entry_point"])
-    assert not ok and "AssertionError" in detail
-    truncated = f"```python\n{x['prompt']}    for i in range(len("                # cut off mid-line
-    assert grade(it, truncated).correct is False
-    # a later block of the model's own tests is not the solution; a main guard does not run
-    extra = (f"```python\n{x['prompt']}{x['canonical_solution']}```\nTests:\n```python\ndef test_it():\n"
-             f"    assert False\n\nif __name__ == '__main__':\n    raise SystemExit(input())\n```")
-    assert grade(it, extra).correct is True
-
-
-def test_humaneval_timeout_kills_infinite_loop(humaneval):
-    x = humaneval["HumanEval/0"].extra
-    t0 = time.monotonic()
-    ok, detail = run_humaneval(humaneval_program(x["prompt"], "    while True:\n        pass\n", x["entry_point"]),
-                               x["test"], x["entry_point"], timeout=2)
-    assert not ok and "timed out" in detail
-    assert time.monotonic() - t0 < 6
-
-
-def test_humaneval_sandbox_isolation(monkeypatch, tmp_path):
-    """Runs in a fresh temporary cwd, without the caller's environment (proxies, PYTHONPATH)."""
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    program = ("import os, sys, tempfile\n"
-               "def f():\n"
-               "    assert 'HTTP_PROXY' not in os.environ and 'PYTHONPATH' not in os.environ\n"
-               f"    assert os.getcwd() != {str(tmp_path)!r}\n"
-               "    assert os.path.basename(os.getcwd()).startswith('csd-humaneval-')\n"
-               "    open('left_behind.txt', 'w').write('x')\n"
-               "    return 1\n")
-    assert run_humaneval(program, "def check(fn):\n    assert fn() == 1\n", "f") == (True, "passed")
-    assert not (tmp_path / "left_behind.txt").exists()
-    # memory limit: allocating far beyond it fails instead of swapping the machine
-    hog = "def f():\n    return len(bytearray(8 << 30))\n"
-    ok, detail = run_humaneval(hog, "def check(fn):\n    fn()\n", "f")
-    assert not ok and "MemoryError" in detail
-
-
-def test_extract_code():
-    text = "Sure.\n```python\nimport math\n```\nand\n```python\ndef g(x):\n    return x\n```\nDone"
-    assert extract_code(text).startswith("def g(x)")
-    assert extract_code("```\ndef h():\n    pass\n") == "def h():\n    pass\n"     # unterminated block
-    two = "```python\ndef f(x):\n    return 1\n```\n```python\ndef test_f():\n    assert f(0)\n```"
-    assert extract_code(two, "f").startswith("def f(x)") and extract_code(two).startswith("def test_f")
-    assert extract_code("    return 1\n") == "    return 1\n"                        # no fence: raw text
-
-
-# -- CHAMP -------------------------------------------------------------------------------------
-def test_champ_grading():
-    assert grade_champ("Thus ... The final answer is: 239.", "239").correct is True
-    assert grade_champ("The final answer is: 240", "239").correct is False
-    assert grade_champ("The final answer is: \\frac{1}{18}", "1/18").correct is True
-    assert grade_champ("The final answer is: No, such a sequence cannot exist.", "No").correct is True
-    assert grade_champ("The final answer is: Yes", "No").correct is False
-    assert grade_champ("I could not finish", "239").correct is False
-    assert grade_champ("The final answer is: x^3-1", "x^3-1").correct is None           # not checkable
-    items = load_champ()
-    kinds = Counter(champ_checkable(it.reference) for it in items)
-    assert kinds["number"] >= 70 and kinds["yesno"] >= 10 and kinds[None] > 0
+from bench.datasets import (DatasetError, gsm8k_split, load_champ, load_dataset, load_file, load_gsm8k,
+                            load_humaneval, load_prose)
+from bench.graders import grade
 
 
 # -- loaders and seeds -------------------------------------------------------------------------
 def test_dataset_counts():
-    assert len(load_gsm8k()) == 1319
+    assert len(load_gsm8k(split=None)) == 1319
+    evals = load_gsm8k()                      # the benchmark never draws the calibration split
+    assert 900 < len(evals) < 1100 and all(gsm8k_split(it.item_id) == "eval" for it in evals)
     assert len(load_humaneval()) == 164
     assert len(load_champ()) == 270
     assert len(load_prose()) >= 100
-    assert len({it.item_id for it in load_gsm8k()}) == 1319
+    assert len({it.item_id for it in load_gsm8k(split=None)}) == 1319
 
 
 def test_prose_is_disjoint_from_calibration():
