@@ -20,6 +20,7 @@ so a smaller ``limit`` with the same seed gives a prefix of a larger one.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -50,6 +51,7 @@ class Item:
     reference: str | None = None  # the reference final answer (None: not graded)
     grader: str | None = None    # "number", "humaneval", "champ" or None (speed only)
     extra: dict = field(default_factory=dict)  # grader inputs (HumanEval prompt, test, entry point)
+    content: str = ""            # the item's own text (question, stub, passage), without the instruction
 
     def to_dict(self) -> dict:
         return {"dataset": self.dataset, "item_id": self.item_id, "prompt": self.prompt,
@@ -88,15 +90,26 @@ PROSE_EXCERPT_CHARS = 600
 
 
 # -- loaders (the whole dataset, in its own order) ---------------------------------------------
-def load_gsm8k() -> list[Item]:
+def gsm8k_split(item_id: str) -> str:
+    """GSM8K test questions are split by a hash of their id: 1 in 4 belongs to the calibration
+    prompt set (``bench.calibration_set``) and is never drawn by the benchmark."""
+    return "calibration" if int(hashlib.sha1(item_id.encode()).hexdigest(), 16) % 4 == 0 else "eval"
+
+
+def load_gsm8k(split: str | None = "eval") -> list[Item]:
+    """GSM8K test questions of a split ("eval": those the benchmark may draw; None: all 1319)."""
     items = []
     with open(data_file("gsm8k"), encoding="utf-8") as f:
         for n, line in enumerate(f):
             if not line.strip():
                 continue
             row = json.loads(line)
-            items.append(Item("gsm8k", f"gsm8k/{n}", GSM8K_PROMPT.format(question=row["question"].strip()),
-                              gsm8k_reference(row["answer"]), "number"))
+            item_id = f"gsm8k/{n}"
+            if split is not None and gsm8k_split(item_id) != split:
+                continue
+            q = row["question"].strip()
+            items.append(Item("gsm8k", item_id, GSM8K_PROMPT.format(question=q), gsm8k_reference(row["answer"]),
+                              "number", content=q))
     return items
 
 
@@ -110,7 +123,7 @@ def load_humaneval() -> list[Item]:
             items.append(Item("humaneval", row["task_id"], HUMANEVAL_PROMPT.format(prompt=row["prompt"]),
                               None, "humaneval",
                               {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"],
-                               "canonical_solution": row["canonical_solution"]}))
+                               "canonical_solution": row["canonical_solution"]}, content=row["prompt"]))
     return items
 
 
@@ -120,7 +133,7 @@ def load_champ() -> list[Item]:
     for key in sorted(data["problems"], key=_natural_key):
         p = data["problems"][key]
         items.append(Item("champ", p["identifier"], CHAMP_PROMPT.format(problem=p["_text"].strip()),
-                          p["_answer"], "champ", {"category": p.get("category")}))
+                          p["_answer"], "champ", {"category": p.get("category")}, content=p["_text"].strip()))
     return items
 
 
@@ -140,7 +153,7 @@ def load_prose() -> list[Item]:
             if _word_ngrams(passage) & corpus:
                 continue
             template = PROSE_PROMPTS[len(items) % len(PROSE_PROMPTS)]
-            items.append(Item("prose", f"pydoc/{name}/{k}", template.format(text=passage)))
+            items.append(Item("prose", f"pydoc/{name}/{k}", template.format(text=passage), content=passage))
     return items
 
 
@@ -237,3 +250,21 @@ def _passages(text: str, chars: int) -> list[str]:
 def _mostly_table(passage: str) -> bool:
     lines = passage.splitlines()
     return sum(line.lstrip().startswith(("|", "+")) for line in lines) > len(lines) // 3
+
+
+def get_item(dataset: str, item_id: str) -> Item:
+    """One item of a built-in dataset by its id (``gsm8k/N`` with N the line number in the file,
+    ``HumanEval/N``, a CHAMP problem identifier such as ``P_Combinatorics_1``); an id that differs
+    only in letter case is accepted when it names one item."""
+    if dataset not in LOADERS:
+        raise DatasetError(f"unknown dataset {dataset!r}: choose {', '.join(LOADERS)}")
+    items = load_gsm8k(split=None) if dataset == "gsm8k" else LOADERS[dataset]()   # any GSM8K id can be graded
+    by_id = {it.item_id: it for it in items}
+    if item_id in by_id:
+        return by_id[item_id]
+    folded = [it for it in items if it.item_id.lower() == item_id.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    sample = ", ".join(it.item_id for it in items[:3])
+    raise DatasetError(f"no item {item_id!r} in {dataset}: its {len(items)} ids look like {sample}, ... "
+                       f"{items[-1].item_id}")

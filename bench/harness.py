@@ -30,7 +30,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
@@ -223,7 +223,6 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     the finished items and the interrupt propagates."""
     from tqdm.auto import tqdm
 
-    from csd.calibrate import default_memory
     from csd.decode import Decoder
 
     datasets = validate_datasets(dataset)
@@ -242,9 +241,9 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     for ids in prompts.values():
         base_cfg.validated(pair.context_limit, len(ids))
 
-    start_memory = memory if memory is not None else default_memory(pair)
-    memories = {m: start_memory.copy() for m in methods if m not in ("ar", HF_ASSISTED)}
     decoder = Decoder(pair)
+    start_memory = memory if memory is not None else decoder.default_memory()
+    memories = {m: start_memory.copy() for m in methods if m not in ("ar", HF_ASSISTED)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -258,7 +257,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     token_text: dict[int, str] = {}
 
     def cfg_for(method: str) -> CSDConfig:
-        return base_cfg.with_(method="ar" if method == HF_ASSISTED else method)
+        return replace(base_cfg, method="ar" if method == HF_ASSISTED else method)
 
     total = len(items) * len(methods)
     status = "failed"
@@ -272,7 +271,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
                 if progress:
                     progress(f"warm-up: {m}", 0.0)
                 mem = memories[m].copy() if m in memories else None      # the warm-up never teaches a memory
-                measure(pair, decoder, m, cfg_for(m).with_(max_new_tokens=WARMUP_TOKENS), warm_ids, mem)
+                measure(pair, decoder, m, replace(cfg_for(m), max_new_tokens=WARMUP_TOKENS), warm_ids, mem)
         for k, it in enumerate(items):
             prompt_ids = prompts[(it.dataset, it.item_id)]
             item_records: dict[str, ItemResult] = {}
@@ -493,7 +492,8 @@ def _meta(pair, setup: BenchSetup, memory, bench_id: str) -> dict:
                     "device": str(pair.device)},
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
-        "dtype": str(pair.dtype).removeprefix("torch."),
+        "dtype": pair.target_repr,
+        "models": pair.describe(),
         "draft_dtype": pair.draft_dtype,
         "config": {"datasets": setup.datasets, "limit": setup.limit, "methods": setup.methods,
                    "max_new_tokens": setup.max_new_tokens, "seed": setup.seed, "gamma": setup.gamma,

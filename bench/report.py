@@ -130,3 +130,24 @@ def write_charts(results: dict, out: Path) -> list[Path]:
     return paths
 
 
+
+
+def profile_figure(costs, title: str = ""):
+    """The machine's cost model: the target's pass time by block length, the block's total time
+    with the draft, and the ideal speed-up over AR at each block length (every draft token kept)."""
+    from plotly.subplots import make_subplots
+
+    gs = list(range(1, 33))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Time per block (ms)", "Ideal speed-up over AR"))
+    fig.add_scatter(x=gs, y=[costs.verify(g + 1) for g in gs], mode="lines+markers", name="target verify pass",
+                    row=1, col=1)
+    fig.add_scatter(x=gs, y=[costs.block_ms(g) for g in gs], mode="lines+markers", name="draft g tokens + verify",
+                    row=1, col=1)
+    fig.add_scatter(x=gs, y=[costs.bound(g) for g in gs], mode="lines+markers", name="bound (all accepted)",
+                    row=1, col=2)
+    g_best, b_best = costs.best_bound()
+    fig.add_annotation(x=g_best, y=b_best, text=f"{b_best:.2f}x at gamma {g_best}", showarrow=True, row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=2)
+    fig.update_xaxes(title_text="draft block length gamma")
+    fig.update_layout(title=title or "Measured costs", template="plotly_white", height=420)
+    return fig

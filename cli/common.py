@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_REPRS
+
 
 def tqdm_progress():
     """A (message, fraction) callback drawing one tqdm bar per message on stderr."""
@@ -28,10 +30,16 @@ def tqdm_progress():
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weights dtype (auto: bfloat16 on AMX CPUs and GPUs, else float32)")
-    p.add_argument("--draft-dtype", default="auto", choices=["auto", "same", "float32", "bfloat16", "float16", "int8"],
+    p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
+                   help="the target's representation (auto: the fastest verify pass measured once on this machine; "
+                        "int8 = dynamic int8 linear layers, CPU only; float32 is the exact reference)")
+    p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
                    help="draft dtype (auto: int8 dynamic quantisation on the CPU, the target's dtype on a GPU)")
+    p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
+                   help="the draft's forward pass: lean (fused, for Llama-family drafts), hf (transformers), "
+                        "auto (lean where it can)")
+    p.add_argument("--draft-vocab", default="auto",
+                   help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
@@ -43,7 +51,14 @@ def load_from_args(args, need_draft: bool = True):
     from csd.models import load_pair
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
-                     draft_dtype=args.draft_dtype)
+                     draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab)
+
+
+def warn_memory_mismatch(memory, pair) -> None:
+    """Say (never refuse) when a memory was calibrated with other representations than the pair's."""
+    why = memory.mismatch(pair)
+    if why:
+        print(f"note: {why}; its patterns still apply", file=sys.stderr)
 
 
 def open_store(args):

@@ -1,27 +1,27 @@
-"""``generate``, ``calibrate`` and ``prepare``: the engine on the command line, recording to the store."""
+"""``generate``, ``calibrate``, ``prepare`` and ``profile``: the engine on the command line,
+recording to the store."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
-from csd.config import METHOD_HELP, METHODS, CSDConfig
+from csd.config import GAMMA_AUTO, METHOD_HELP, METHODS, CSDConfig, parse_gamma
 
-from .common import add_model_args, load_from_args, open_store, tqdm_progress
+from .common import add_model_args, load_from_args, open_store, tqdm_progress, warn_memory_mismatch
 
 
 def add_parsers(sub) -> None:
-    """Register ``generate``, ``calibrate`` and ``prepare``."""
+    """Register ``generate``, ``calibrate``, ``prepare`` and ``profile``."""
     g = sub.add_parser("generate", help="generate text with AR, SD, CSD or an ablation")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="csd", choices=METHODS,
                    help="; ".join(f"{k}: {v}" for k, v in METHOD_HELP.items()))
     d = CSDConfig()
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    g.add_argument("--gamma", type=int, default=d.gamma, help="draft block length (1..32)")
-    g.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
-    g.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
+    add_decoding_args(g)
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
@@ -32,101 +32,200 @@ def add_parsers(sub) -> None:
     add_model_args(g)
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("calibrate", help="calibrate a correction memory on a corpus")
-    c.add_argument("--corpus", default=None, help="text file or JSONL (default: the shipped corpus)")
+    c = sub.add_parser("calibrate", help="calibrate a correction memory on the target's own answers or on a corpus",
+                       description="Prompt mode (default): the target answers prompts greedily and the draft is "
+                                   "teacher-forced over the answers. Text mode (--corpus, or --mode text): both "
+                                   "models read a corpus.")
+    c.add_argument("--mode", choices=("prompts", "text"), default=None,
+                   help="prompts (default) or text (the default when --corpus is given)")
+    c.add_argument("--prompts", default=None,
+                   help="prompt mode: JSONL ('prompt' per line) or a text file, one prompt per line "
+                        "(default: the shipped prompt set's calibration split)")
+    c.add_argument("--limit", type=int, default=None, help="prompt mode: use the first N prompts")
+    c.add_argument("--heldout", type=int, default=0,
+                   help="prompt mode: also answer N prompts of the shipped held-out split and report how the memory "
+                        "covers their divergences (default 0)")
+    c.add_argument("--answer-tokens", type=int, default=320, help="prompt mode: longest answer (default 320)")
+    c.add_argument("--corpus", default=None, help="text mode: text file or JSONL (default: the shipped corpus)")
+    c.add_argument("--max-positions", type=int, default=None, help="text mode: stop after this many counted positions")
+    c.add_argument("--chunk-tokens", type=int, default=256, help="text mode: tokens per chunk")
+    c.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: 8 prompts, 4 chunks)")
     c.add_argument("--out", required=True, help="memory file to write (.json or .json.gz)")
     c.add_argument("--memory", default=None, help="memory file to extend instead of starting empty")
-    c.add_argument("--max-positions", type=int, default=None, help="stop after this many counted positions")
-    c.add_argument("--chunk-tokens", type=int, default=256)
-    c.add_argument("--batch-size", type=int, default=4)
+    c.add_argument("--vocab-out", default=None,
+                   help="prompt mode: also write the answers' token frequencies (a draft vocabulary list) here")
     add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 
     pr = sub.add_parser("prepare", help="assemble, verify and convert the embedded models (done once, cached)")
     pr.set_defaults(func=cmd_prepare)
 
+    pf = sub.add_parser("profile", help="measure the target's verify time by block length and the draft's time per "
+                                        "token on this machine; print the speed-up bound",
+                        description="Measured once and cached per machine, torch version, pair and representations "
+                                    "(--refresh measures again). Writes a Plotly chart with --chart.")
+    pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
+    pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
+    pf.add_argument("--json", action="store_true", help="print the profile as JSON")
+    add_model_args(pf)
+    pf.set_defaults(func=cmd_profile)
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    d = CSDConfig()
+    p.add_argument("--gamma", type=parse_gamma, default=d.gamma,
+                   help=f"draft block length (1..32), or '{GAMMA_AUTO}': chosen per block from this machine's measured "
+                        "costs and the run's acceptance (default: the paper's 6)")
+    p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
+    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
+    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
+
 
 def cmd_generate(args) -> int:
-    from csd.calibrate import default_memory
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
+    from db.store import recording
 
-    cfg = CSDConfig(method=args.method, gamma=args.gamma, lam=args.lam, tau=args.tau, temperature=args.temperature,
-                    max_new_tokens=args.max_new_tokens, seed=args.seed).validated()
+    cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
+                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed).validated()
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)
     pair = load_from_args(args, need_draft=cfg.uses_draft)
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
-    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else default_memory(pair)
-    run = Decoder(pair).run(prompt_ids, cfg, memory)
-    recorder = None
+    decoder = Decoder(pair)
+    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else decoder.default_memory()
+    if cfg.use_ocm:
+        warn_memory_mismatch(memory, pair)
+    run = decoder.run(prompt_ids, cfg, memory)
+    cancelled = False
+    with recording(store, kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=args.prompt,
+                   target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None) as rec:
+        try:
+            for ev in run:
+                rec.add(ev)
+                if not args.json and ev.in_output and not ev.special:
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            cancelled = True
+            run.close()
+        rec.result(run.text, run.metrics)
     if store is not None:
-        run_id = store.start_run(kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=args.prompt)
-        recorder = store.recorder(run_id)
-    status, error = "finished", None
-    try:
-        for ev in run:
-            if recorder is not None:
-                recorder.add(ev)
-            if not args.json and ev.in_output:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-    except KeyboardInterrupt:
-        status = "cancelled"
-    except Exception as e:
-        status, error = "failed", f"{type(e).__name__}: {e}"
-        raise
-    finally:
-        if recorder is not None:
-            recorder.finish(run.text, run.metrics.to_dict(), status=status, error=error)
+        store.close()
     if args.save_memory:
         memory.save(args.save_memory)
     if args.json:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
-                          "pair": pair.pair_id, "dtype": str(pair.dtype).removeprefix("torch."),
-                          "config": {k: getattr(cfg, k) for k in ("gamma", "lam", "tau", "temperature", "max_new_tokens", "seed")},
+                          "pair": pair.pair_id, "dtype": pair.target_repr, "models": pair.describe(),
+                          "config": {k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
+                                                                  "max_new_tokens", "seed")},
                           "events": [e.to_dict() for e in run.events], "metrics": run.metrics.to_dict()}))
     else:
         m = run.metrics
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
-              f"acceptance {m.acceptance_rate:.1%}, rescued {m.rescued}", file=sys.stderr)
-    return 130 if status == "cancelled" else 0
+              f"accepted {m.accepted_share:.1%} and rescued {m.rescued_share:.1%} of {m.drafted} draft tokens "
+              f"({m.rescued} rescued); target {pair.target_repr}, draft {pair.draft_dtype or '-'}", file=sys.stderr)
+    return 130 if cancelled else 0
 
 
 def cmd_prepare(args) -> int:
-    from csd.models import EMBEDDED, cache_dir, prepare_embedded
+    """Assemble and convert the embedded models, then choose the target's representation on this
+    machine (``--dtype auto``), so that the first generation does not pay for either."""
+    from csd.models import EMBEDDED, cache_dir, load_pair, prepare_embedded
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)
-    print(f"embedded models ready in {cache_dir()}", file=sys.stderr)
+    pair = load_pair(load_draft=False, progress=tqdm_progress())
+    print(f"embedded models ready in {cache_dir()}; target representation on this machine: {pair.target_repr}",
+          file=sys.stderr)
     return 0
 
 
 def cmd_calibrate(args) -> int:
-    from csd.calibrate import calibrate, default_corpus, read_corpus
+    from csd.calibrate import PROMPTS_FILE, calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+    from csd.config import CSDConfig
     from csd.memory import CorrectionMemory
 
-    texts = read_corpus(args.corpus) if args.corpus else default_corpus()
+    mode = args.mode or ("text" if args.corpus else "prompts")
+    if mode == "prompts" and args.corpus:
+        raise ValueError("--corpus is for text mode; use --prompts in prompt mode")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be >= 1")
+    if mode == "prompts":
+        prompts = read_prompts(args.prompts or PROMPTS_FILE, split="calibration")[:args.limit]
+        heldout = read_prompts(PROMPTS_FILE, split="heldout")[:args.heldout] if args.heldout > 0 else []
+    else:
+        texts = read_corpus(args.corpus) if args.corpus else default_corpus()
     store = open_store(args)
     pair = load_from_args(args)
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     t0 = time.perf_counter()
-    memory = calibrate(pair, texts, memory, chunk_tokens=args.chunk_tokens, batch_size=args.batch_size,
-                       max_positions=args.max_positions, progress=tqdm_progress(),
-                       corpus_name=args.corpus or "default")
+    lam = CSDConfig().lam
+    if mode == "prompts":
+        memory = calibrate_prompts(pair, prompts, memory, max_new_tokens=args.answer_tokens,
+                                   batch_size=args.batch_size or 8, heldout=heldout, lam=lam,
+                                   progress=tqdm_progress(), source=str(args.prompts or "shipped prompt set"))
+        freq = memory.meta.pop("token_freq", {})
+        if args.vocab_out:
+            from csd.fileio import atomic_write
+            import gzip
+            payload = json.dumps({"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
+                                  "ids": [int(k) for k in freq], "counts": list(freq.values())}).encode()
+            atomic_write(args.vocab_out, gzip.compress(payload, mtime=0) if args.vocab_out.endswith(".gz") else payload)
+    else:
+        memory = calibrate(pair, texts, memory, chunk_tokens=args.chunk_tokens, batch_size=args.batch_size or 4,
+                           max_positions=args.max_positions, progress=tqdm_progress(),
+                           corpus_name=args.corpus or "default")
     memory.save(args.out)
     info = memory.meta["calibration"][-1]
     if store is not None:
         run_id = store.start_run(kind="calibrate", **pair.run_fields(), method="calibrate",
-                                 prompt=args.corpus or "default corpus")
-        store.save_memory(memory, run_id=run_id, label=f"calibration {args.corpus or 'default'}")
-        store.recorder(run_id).finish("", info, status="finished")
-    print(f"{info['positions']} positions, {info['divergences']} divergences (agreement {info['agreement']:.1%}), "
-          f"{len(memory)} patterns, {memory.n_candidates(CSDConfig().lam)} reach lambda={CSDConfig().lam:g}, "
-          f"top 20% of patterns cover {memory.top_share(0.2):.1%} of divergences; "
-          f"{time.perf_counter() - t0:.0f} s; written to {args.out}", file=sys.stderr)
+                                 prompt=str(args.prompts or args.corpus or f"default {mode}"),
+                                 target_repr=pair.target_repr, draft_repr=pair.draft_dtype)
+        store.save_memory(memory, run_id=run_id, label=f"calibration ({mode}) {args.prompts or args.corpus or 'default'}")
+        store.finish_run(run_id, "", info)
+        store.close()
+    lines = [f"{mode} calibration: {info['positions']} positions, {info['divergences']} divergences "
+             f"(agreement {info['agreement']:.1%})"]
+    if mode == "prompts":
+        lines.append(f"{info['prompts']} prompts, {info['answer_tokens']} answer tokens, {info['answers_ended']} answers "
+                     f"ended by themselves; top 20% of this run's patterns cover {info['top20_share']:.1%}")
+        if "heldout" in info:
+            h = info["heldout"]
+            lines.append(f"held-out: {h['prompts']} prompts, {h['divergences']} divergences, top 20% of their patterns "
+                         f"cover {h['top20_share']:.1%}; {h['covered_at_lambda']:.1%} of them have a pattern at "
+                         f"lambda={lam:g} in the memory")
+    lines.append(f"memory: {len(memory)} patterns, {memory.n_candidates(lam)} reach lambda={lam:g}, top 20% of "
+                 f"patterns cover {memory.top_share(0.2):.1%}; target {pair.target_repr}, draft {pair.draft_dtype}; "
+                 f"{time.perf_counter() - t0:.0f} s; written to {args.out}")
+    print("\n".join(lines), file=sys.stderr)
     return 0
 
 
+def cmd_profile(args) -> int:
+    from csd.profile import cached_costs, machine_name
+
+    pair = load_from_args(args)
+    costs = cached_costs(pair, refresh=args.refresh, progress=tqdm_progress())
+    g_best, b_best = costs.best_bound()
+    if args.json:
+        print(json.dumps({**costs.to_dict(), "bound": {str(g): costs.bound(g) for g in range(1, 33)},
+                          "best": {"gamma": g_best, "speedup": b_best}}, indent=1))
+    else:
+        print(f"{machine_name(pair.device)}: target {pair.target_repr}, draft {pair.draft_dtype} "
+              f"({pair.draft_lm.impl}, {pair.draft_vocab_size} tokens); measured {costs.measured_at}")
+        print(f"draft: {costs.draft_ms:.1f} ms per token; AR: {costs.ar_tokens_per_s:.2f} tokens/s")
+        print(f"{'gamma':>5} {'verify ms':>10} {'block ms':>9} {'bound tok/s':>12} {'bound x AR':>11}")
+        for g in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32):
+            print(f"{g:>5} {costs.verify(g + 1):>10.1f} {costs.block_ms(g):>9.1f} "
+                  f"{(g + 1) / costs.block_ms(g) * 1000:>12.2f} {costs.bound(g):>10.2f}x")
+        print(f"best bound: {b_best:.2f}x AR at gamma {g_best} (every draft token accepted)")
+    if args.chart:
+        from bench.report import profile_figure
+        Path(args.chart).parent.mkdir(parents=True, exist_ok=True)
+        profile_figure(costs, title=f"{machine_name(pair.device)}: target {pair.target_repr}, draft "
+                                    f"{pair.draft_dtype}").write_html(args.chart, include_plotlyjs=True, full_html=True)
+        print(f"chart: {args.chart}", file=sys.stderr)
+    return 0

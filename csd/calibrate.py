@@ -1,31 +1,48 @@
-"""Calibration of the Online Correction Memory from an unlabeled corpus (CSD, arXiv 2604.13634).
+"""Calibration of the Online Correction Memory (CSD, arXiv 2604.13634).
 
-Both models read the same text in one teacher-forced pass each; wherever their greedy
-predictions differ, the pair (draft top-1 -> target top-1) is counted. Only positions that
-belong to the text and have context are counted: the chat-template tokens and the first
-``skip_first`` tokens of every chunk are masked out (unmasked, artefacts such as
-'import' -> 'Q' at the start of a chunk dominate the table).
+Two regimes, both counting the pair (draft top-1 -> target top-1) wherever the two differ:
 
-The default corpus ships with Python itself: the prose of ``pydoc_data.topics`` (the topics
-whose hash falls in the calibration split; the rest are kept for the prose benchmark) and the
-source of standard-library modules.
+- **prompts** (the default): the target answers unlabeled prompts greedily, in batches, and the
+  draft is teacher-forced over those answers. These are the divergences speculative decoding
+  meets: at inference the draft proposes continuations of the target's own answers. The target's
+  top-1 at an answer position is the token it generated there (greedy), so a second target pass
+  over the answers would only recompute it. The shipped prompt set (``csd/data/calibration_prompts.jsonl``,
+  built by ``python -m bench.calibration_set``) mixes writing requests, coding tasks and math word
+  problems, none of them in any benchmark; its ``heldout`` split is kept out of the counts to
+  measure how well the memory generalises.
+- **text**: both models read human-written text in one teacher-forced pass each (the shipped corpus
+  is Python's own documentation topics and standard-library sources). Chat-template tokens and the
+  first ``skip_first`` tokens of every chunk are masked out.
+
+In both regimes a pattern with a special token on either side (end of turn, chat template) is
+never counted (``csd.rule``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sysconfig
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import torch
 
 from .memory import CorrectionMemory
 from .models import ModelPair
+from .rule import top_share
 
+log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
 CALIBRATION_INSTRUCTION = "Write the following text."
-DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
+PROMPTS_FILE = Path(__file__).parent / "data" / "calibration_prompts.jsonl"
+PROMPT_KINDS = ("prose", "code", "math")
+
+
+class Stop(Exception):
+    """Raised by a progress callback to stop a calibration early (the counts so far are kept)."""
 
 
 # -- corpora -----------------------------------------------------------------------------------
@@ -112,8 +129,17 @@ def count_divergences(pair: ModelPair, chunk: torch.Tensor, prefix_len: int, ski
     keep = chunk.shape[1] - prefix_len - skip_first + 1          # predictions for text tokens skip_first..end
     d = pair.draft(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)   # (B, keep - 1)
     t = pair.target(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)  # (B, keep - 1)
-    diff = d != t
-    return d[diff], t[diff], d.numel()
+    return d.flatten(), t.flatten(), d.numel()
+
+
+def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], special) -> int:
+    """Count the divergences among aligned (draft, target) predictions; returns how many."""
+    n = 0
+    for a, b in zip(d, t):
+        if a != b and a not in special and b not in special:
+            memory.observe(a, b)
+            n += 1
+    return n
 
 
 def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | None = None, *,
@@ -140,10 +166,10 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
         nonlocal positions, divergences, done
         x = torch.tensor([prefix + c for c in batch], dtype=torch.long, device=pair.target.device)
         ds, ts, n = count_divergences(pair, x, len(prefix), skip_first)
-        for a, b in zip(ds.tolist(), ts.tolist()):
-            memory.observe(a, b)
+        if max_positions is not None:
+            n = min(n, max_positions - positions)    # count exactly the positions asked for
+        divergences += _observe(memory, ds[:n].tolist(), ts[:n].tolist(), pair.special_ids)
         positions += n
-        divergences += len(ds)
         done += len(batch)
         batch.clear()
         if progress:
@@ -158,14 +184,161 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     if positions == 0:
         raise ValueError(f"the corpus is too short: every text has fewer than {chunk_tokens} tokens")
     prev = memory.meta.get("calibration", [])
-    memory.meta["calibration"] = prev + [{"corpus": corpus_name, "positions": positions, "divergences": divergences,
-                                           "agreement": 1 - divergences / positions, "chunk_tokens": chunk_tokens,
-                                           "skip_first": skip_first, "dtype": str(pair.dtype).removeprefix("torch.")}]
+    memory.meta["calibration"] = prev + [{"mode": "text", "corpus": corpus_name, "positions": positions,
+                                           "divergences": divergences, "agreement": 1 - divergences / positions,
+                                           "chunk_tokens": chunk_tokens, "skip_first": skip_first,
+                                           "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}]
     return memory
 
 
-def default_memory(pair: ModelPair) -> CorrectionMemory:
-    """The shipped memory for the embedded pair; an empty memory for any other pair."""
-    if pair.is_embedded and DEFAULT_MEMORY_FILE.exists():
-        return CorrectionMemory.load(DEFAULT_MEMORY_FILE, expected_pair=pair.pair_id)
-    return CorrectionMemory(pair.pair_id)
+# -- prompt mode -----------------------------------------------------------------------------------
+def read_prompts(path: str | Path = PROMPTS_FILE, split: str | None = "calibration") -> list[dict]:
+    """Prompts as dicts (``prompt``, optional ``id``, ``kind``, ``split``) from JSONL or a text file
+    (one prompt per line). ``split``: keep only that split of a file that has one (None: all)."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read prompts {str(path)!r}: {e}") from None
+    rows = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix in (".jsonl", ".ndjson"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{n}: not valid JSON") from None
+            if isinstance(obj, str):
+                obj = {"prompt": obj}
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt") or obj.get("text"), str):
+                raise ValueError(f"{path}:{n}: expected an object with a 'prompt' string")
+            obj.setdefault("prompt", obj.get("text"))
+            rows.append(obj)
+        else:
+            rows.append({"prompt": line.strip()})
+    if split is not None and any("split" in r for r in rows):
+        rows = [r for r in rows if r.get("split") == split]
+    if not rows:
+        raise ValueError(f"{str(path)!r} holds no prompts" + (f" in split {split!r}" if split else ""))
+    return rows
+
+
+@torch.inference_mode()
+def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int,
+                   progress: Progress | None = None, label: str = "answering") -> list[list[int]]:
+    """The target's greedy answers (new token ids, up to and including its end token), in batches
+    of similar prompt length, left-padded. Batching is for throughput only: the answers are
+    statistics, not output shown to anyone."""
+    tok = pair.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else pair.eos_ids[0]
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    answers: list[list[int]] = [[] for _ in prompt_ids]
+    eos = set(pair.eos_ids)
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        width = max(len(prompt_ids[i]) for i in idx)
+        x = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids = prompt_ids[i]
+            x[r, width - len(ids):] = torch.tensor(ids)
+            mask[r, width - len(ids):] = 1
+        out = pair.target.generate(input_ids=x.to(pair.target.device), attention_mask=mask.to(pair.target.device),
+                                   do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(pair.eos_ids),
+                                   pad_token_id=pad)
+        for r, i in enumerate(idx):
+            new = out[r, width:].tolist()
+            cut = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
+            answers[i] = new[:cut]
+        if progress:
+            done = min(b + batch_size, len(order))
+            progress(f"{label}: {done}/{len(order)} prompts, {sum(map(len, answers))} answer tokens",
+                     done / len(order))
+    return answers
+
+
+@torch.inference_mode()
+def draft_predictions(pair: ModelPair, prompt_ids: list[int], answer: list[int]) -> list[int]:
+    """The draft's greedy top-1 at every answer position, teacher-forced over prompt + answer."""
+    x = torch.tensor([prompt_ids + answer[:-1]], dtype=torch.long, device=pair.draft.device)
+    start = len(prompt_ids) - 1              # the position that predicts answer[0]
+    h = pair.draft.model(input_ids=x).last_hidden_state[0, start:]     # (len(answer), hidden)
+    return pair.draft.lm_head(h).argmax(-1).tolist()
+
+
+def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Sequence[list[int]],
+                  memory: CorrectionMemory | None = None, progress: Progress | None = None) -> dict:
+    """Teacher-force the draft over each answer and count (draft top-1 -> the target's token) where
+    they differ, skipping special tokens. ``memory`` None counts into a fresh Counter only.
+    Returns {"positions", "divergences", "patterns": Counter}."""
+    patterns: Counter = Counter()
+    positions = 0
+    special = pair.special_ids
+    for n, (ids, ans) in enumerate(zip(prompt_ids, answers)):
+        if not ans:
+            continue
+        d = draft_predictions(pair, ids, ans)
+        for a, b in zip(d, ans):
+            if b in special:          # the end of the answer: not a position the memory may learn
+                continue
+            positions += 1
+            if a != b and a not in special:
+                patterns[(a, b)] += 1
+        if progress:
+            progress(f"counting: {positions} positions, {sum(patterns.values())} divergences",
+                     (n + 1) / len(answers))
+    if memory is not None:
+        for (a, b), c in patterns.items():
+            memory.observe(a, b, c)
+    return {"positions": positions, "divergences": sum(patterns.values()), "patterns": patterns}
+
+
+def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: CorrectionMemory | None = None, *,
+                      max_new_tokens: int = 320, batch_size: int = 8, chat: bool = True,
+                      heldout: Sequence[dict | str] = (), lam: float = 6, progress: Progress | None = None,
+                      source: str = "") -> CorrectionMemory:
+    """Calibrate on the target's own answers to ``prompts``; with ``heldout`` prompts, also measure
+    how the memory's patterns cover divergences it never counted. Everything measured goes into
+    ``memory.meta["calibration"]`` (and the answers' token frequencies into ``meta["token_freq"]``
+    for the draft's reduced vocabulary)."""
+    if pair.draft is None:
+        raise ValueError("calibration needs both models")
+    memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
+    if memory.pair_id != pair.pair_id:
+        raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to {pair.pair_id!r}")
+    texts = [p if isinstance(p, str) else p["prompt"] for p in prompts]
+    if not texts:
+        raise ValueError("no prompts to calibrate on")
+    t0, c0 = time.perf_counter(), time.process_time()
+    ids = [pair.encode_prompt(t, chat) for t in texts]
+    answers = answer_prompts(pair, ids, max_new_tokens, batch_size, progress)
+    stats = count_answers(pair, ids, answers, memory, progress)
+    eos = set(pair.eos_ids)
+    info = {"mode": "prompts", "source": source, "prompts": len(texts),
+            "kinds": dict(Counter(p.get("kind", "?") for p in prompts if isinstance(p, dict))),
+            "answer_tokens": sum(map(len, answers)), "answers_ended": sum(1 for a in answers if a and a[-1] in eos),
+            "max_new_tokens": max_new_tokens, "positions": stats["positions"], "divergences": stats["divergences"],
+            "agreement": 1 - stats["divergences"] / max(1, stats["positions"]),
+            "patterns": len(stats["patterns"]), "top20_share": top_share(stats["patterns"].values()),
+            "memory_patterns": len(memory), "memory_at_lambda": memory.n_candidates(lam), "lambda": lam,
+            "memory_top20_share": memory.top_share(0.2),
+            "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
+    freq = Counter(memory.meta.get("token_freq") or {})
+    for a in answers:
+        freq.update(str(t) for t in a)
+    memory.meta["token_freq"] = dict(freq.most_common())
+    if heldout:
+        h_texts = [p if isinstance(p, str) else p["prompt"] for p in heldout]
+        h_ids = [pair.encode_prompt(t, chat) for t in h_texts]
+        h_answers = answer_prompts(pair, h_ids, max_new_tokens, batch_size, progress, label="held-out answers")
+        h = count_answers(pair, h_ids, h_answers, None, progress)
+        covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= lam)
+        info["heldout"] = {"prompts": len(h_texts), "answer_tokens": sum(map(len, h_answers)),
+                           "positions": h["positions"], "divergences": h["divergences"],
+                           "patterns": len(h["patterns"]), "top20_share": top_share(h["patterns"].values()),
+                           "covered_at_lambda": covered / max(1, h["divergences"])}
+    info["wall_s"] = time.perf_counter() - t0
+    info["cpu_s"] = time.process_time() - c0
+    memory.meta["calibration"] = list(memory.meta.get("calibration", [])) + [info]
+    return memory

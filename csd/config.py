@@ -6,7 +6,9 @@ Efficient Inference", arXiv 2604.13634. Variations are made with ``dataclasses.r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from .rule import log_tau
 
 METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only")
 METHOD_HELP = {
@@ -17,6 +19,7 @@ METHOD_HELP = {
     "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
 }
 GAMMA_RANGE = (1, 32)
+GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
 
 
 class ConfigError(ValueError):
@@ -26,7 +29,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class CSDConfig:
     method: str = "csd"          # one of METHODS
-    gamma: int = 6               # draft block length (paper default 6)
+    gamma: int | str = 6         # draft block length (paper default 6), or "auto" (csd.policy.AutoGamma)
+    gamma_max: int = 16          # the longest block "auto" may draft
     lam: float = 6               # OCM threshold: a pattern is a candidate once its count reaches lam (paper: 6)
     tau: float = 0.01            # SCG threshold: rescue iff z(x~) - z(t*) >= log tau (paper: 0.01)
     temperature: float = 0.0     # 0 = greedy; > 0 = sampling with rejection-sampling verification
@@ -49,14 +53,20 @@ class CSDConfig:
 
     @property
     def log_tau(self) -> float:
-        return math.log(self.tau)
+        return log_tau(self.tau)
 
     def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> "CSDConfig":
         """Return self if every field is in range, else raise ConfigError with a clear message."""
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]:
-            raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, got {self.gamma!r}")
+        if self.gamma != GAMMA_AUTO and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
+                                         or not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]):
+            raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]} or 'auto', "
+                              f"got {self.gamma!r}")
+        if isinstance(self.gamma_max, bool) or not isinstance(self.gamma_max, int) \
+                or not GAMMA_RANGE[0] <= self.gamma_max <= GAMMA_RANGE[1]:
+            raise ConfigError(f"gamma_max must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, "
+                              f"got {self.gamma_max!r}")
         if not _finite(self.lam) or self.lam < 0:
             raise ConfigError(f"lambda must be a count >= 0, got {self.lam!r}")
         if not _finite(self.tau) or not 0 < self.tau <= 1:
@@ -74,12 +84,20 @@ class CSDConfig:
         return self
 
     def run_fields(self) -> dict:
-        """The parameters a stored run records."""
-        return dict(method=self.method, gamma=self.gamma, lam=self.lam, tau=self.tau, temperature=self.temperature,
-                    seed=self.seed, max_new_tokens=self.max_new_tokens)
+        """The parameters a stored run records (gamma "auto" is stored as 0)."""
+        return dict(method=self.method, gamma=0 if self.gamma == GAMMA_AUTO else self.gamma, lam=self.lam,
+                    tau=self.tau, temperature=self.temperature, seed=self.seed, max_new_tokens=self.max_new_tokens)
 
-    def with_(self, **changes) -> "CSDConfig":
-        return replace(self, **changes)
+
+def parse_gamma(value: str | int) -> int | str:
+    """``--gamma`` on the command line: a whole number or "auto"."""
+    if isinstance(value, int) or value == GAMMA_AUTO:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]} or 'auto', "
+                          f"got {value!r}") from None
 
 
 def _finite(x) -> bool:

@@ -1,42 +1,81 @@
 """One decode loop for AR, SD, CSD and the ablations (Calibrated Speculative Decoding,
 arXiv 2604.13634), yielding one ``TokenEvent`` per token decision.
 
-Both models keep a KV cache holding a prefix of the committed sequence; each step feeds a
-model only the tokens its cache lacks, and a rejection crops both caches back to the kept
-prefix. One target forward pass per verify step.
+Both models keep a KV cache holding a prefix of the committed sequence; each step feeds a model
+only the tokens its cache lacks, and a rejection crops both caches back to the kept prefix. One
+target pass per block. The loop in numbered steps (``Run._speculate``):
+  1. draft up to a block's worth of tokens (``csd.policy`` says how many);
+  2. the target scores the whole block in one pass;
+  3. decide each position (``csd.rule``), 4. update the memory with the block's divergences;
+  5. emit the events, 6. roll both caches back to the kept prefix.
+The models are shared read-only; a run owns its caches, its memory and its random generator.
 """
 from __future__ import annotations
 
-import inspect
+import logging
 import time
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
-from transformers import DynamicCache
 
 from .config import CSDConfig
-from .events import (BONUS, CORRECTED, REJECTED, RESCUED, TARGET, RunMetrics, TokenEvent)
-from .memory import CorrectionMemory
+from .events import (BONUS, CORRECTED, REJECTED, RESCUED, STOP_CANCELLED, STOP_EOS, STOP_MAX, TARGET, RunMetrics,
+                     TokenEvent)
+from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
-from .rule import Decision, Rescue, decide_greedy, score_block, verify_sampling
+from .policy import AutoGamma, FixedGamma
+from .rule import Decision, Rescue, decide
+from .verify import sample, score_block, verify_sampling
+
+log = logging.getLogger(__name__)
+PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
+
+
+class Cancelled(Exception):
+    """Raised inside a run when its ``should_stop`` callback says so."""
 
 
 class Decoder:
-    """Runs generations on one loaded pair. The models are shared read-only; the memory and
-    the random generator belong to each run."""
+    """Runs generations on one loaded pair. ``costs``: the machine's cost model for ``gamma="auto"``
+    (``csd.profile.cached_costs(pair)`` is measured and cached on first need)."""
 
-    def __init__(self, pair: ModelPair):
+    def __init__(self, pair: ModelPair, costs=None):
         self.pair = pair
+        self._costs = costs
+        self._default_memory: CorrectionMemory | None = None
 
-    def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None) -> "Run":
+    @property
+    def costs(self):
+        if self._costs is None:
+            from .profile import cached_costs
+            self._costs = cached_costs(self.pair)
+        return self._costs
+
+    def default_memory(self) -> CorrectionMemory:
+        """A fresh copy of the pair's calibrated memory (the shipped one for the embedded pair)."""
+        if self._default_memory is None:
+            self._default_memory = default_memory(self.pair)
+        return self._default_memory.copy()
+
+    def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None,
+            should_stop: Callable[[], bool] | None = None) -> "Run":
+        """A run to iterate. ``memory``: the correction memory CSD reads and updates (default: a copy
+        of the pair's calibrated memory, as on the command line and in the app). ``should_stop``:
+        polled between prefill chunks, before each block and between drafting and verifying."""
         cfg.validated(self.pair.context_limit, len(prompt_ids))
-        if cfg.uses_draft and self.pair.draft is None:
+        if cfg.uses_draft and self.pair.draft_lm is None:
             raise ValueError(f"method {cfg.method!r} needs a draft model, and none is loaded")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if memory is not None and memory.pair_id != self.pair.pair_id:
+        if memory is None:
+            memory = self.default_memory()
+        if memory.pair_id != self.pair.pair_id:
             raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to this pair {self.pair.pair_id!r}")
-        return Run(self, list(prompt_ids), cfg, memory if memory is not None else CorrectionMemory(self.pair.pair_id))
+        policy = None
+        if cfg.uses_draft:
+            policy = AutoGamma(self.costs, cfg.gamma_max) if cfg.gamma == "auto" else FixedGamma(cfg.gamma)
+        return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
     def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> "Run":
         """Encode, run to the end, and return the finished run."""
@@ -46,16 +85,59 @@ class Decoder:
         return run
 
 
+class _Detokenizer:
+    """Text of each output token such that the texts concatenate to the decoded answer: a token
+    that ends inside a UTF-8 character (byte fallback) gets "" and the next one the whole character."""
+
+    def __init__(self, tokenizer):
+        self.decode = tokenizer.decode
+        self.ids: list[int] = []
+        self.prefix = self.read = 0   # window start, and the end of what has been turned into text
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self.decode(self.ids[self.prefix:self.read])
+        now = self.decode(self.ids[self.prefix:])
+        if now.endswith("\ufffd"):
+            return ""                  # an incomplete character: wait for its other bytes
+        self.prefix, self.read = max(self.read - 4, 0), len(self.ids)
+        return now[len(before):]
+
+    def peek(self, token_id: int) -> str:
+        """The text a token would add (for a rejected draft token, which is not pushed)."""
+        base = self.ids[self.prefix:]
+        text = self.decode(base + [token_id])[len(self.decode(base)):]
+        return text
+
+
 class Run:
     """Iterate to get the events; afterwards ``token_ids``, ``text`` and ``metrics`` hold the
     result. Stopping the iteration early (``close()``) cancels the run and keeps what it made."""
 
-    def __init__(self, decoder: Decoder, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory):
-        self.decoder, self.pair, self.cfg, self.memory = decoder, decoder.pair, cfg, memory
+    def __init__(self, pair: ModelPair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
+                 policy, should_stop: Callable[[], bool] | None):
+        self.pair, self.cfg, self.memory, self.policy = pair, cfg, memory, policy
         self.prompt_ids = prompt_ids
+        self.should_stop = should_stop or (lambda: False)
         self.token_ids: list[int] = []
         self.events: list[TokenEvent] = []
-        self.metrics = RunMetrics(per_position_drafted=[0] * cfg.gamma, per_position_kept=[0] * cfg.gamma)
+        width = policy.max_len if policy is not None else 0
+        self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
+        self.rescue = Rescue.of(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.tau, pair.special_ids)
+        self.eos = frozenset(pair.eos_ids)
+        self.gen = None
+        if cfg.temperature > 0:     # one generator per run, never the process-wide one
+            self.gen = torch.Generator(device="cpu")
+            if cfg.seed is not None:
+                self.gen.manual_seed(cfg.seed)
+            else:
+                self.gen.seed()
+        self.tcache = pair.target_lm.new_cache()
+        self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
+        self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
+        self._detok = _Detokenizer(pair.tokenizer)
+        self._seq = list(prompt_ids)
+        self._block = 0
         self._it = self._loop()
 
     def __iter__(self) -> Iterator[TokenEvent]:
@@ -73,175 +155,230 @@ class Run:
     def text(self) -> str:
         return self.pair.tokenizer.decode(self.token_ids, skip_special_tokens=True)
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _tok_text(self, token_id: int, context: list[int]) -> str:
-        """Text a token adds after ``context`` (byte-level BPE: a lone token may be half a character)."""
-        dec = self.pair.tokenizer.decode
-        ctx = context[-6:]
-        return dec(ctx + [token_id]).removeprefix(dec(ctx)) if ctx else dec([token_id])
+    def metrics_snapshot(self) -> RunMetrics:
+        """A copy of the metrics so far, with the wall time up to now (for a live view)."""
+        m = replace(self.metrics, per_position_drafted=list(self.metrics.per_position_drafted),
+                    per_position_kept=list(self.metrics.per_position_kept))
+        if self._t0 is not None and not self.metrics.stopped_by:
+            m.wall_s = time.perf_counter() - self._t0
+        return m
+
+    _t0: float | None = None
+
+    # -- small steps ---------------------------------------------------------------------------
+    def _check_stop(self) -> None:
+        if self.should_stop():
+            raise Cancelled
 
     def _piece(self, token_id: int) -> str:
         return self.pair.tokenizer.decode([token_id])
 
-    def _forward(self, model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
-        """Feed ``ids`` after the cached prefix; logits of the last ``keep`` positions, (keep, V) fp32."""
-        x = torch.tensor([ids], dtype=torch.long, device=model.device)
-        out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(model): cache})
-        return out.logits[0].float()
+    def _prefill(self) -> None:
+        """Feed all prompt tokens but the last to both models, in chunks; the last one is fed
+        with the first block so that its logits come from the first verify pass."""
+        t0 = time.perf_counter()
+        body = self._seq[:-1]
+        for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
+            if cache is None:
+                continue
+            for s in range(0, len(body), PREFILL_CHUNK):
+                self._check_stop()
+                lm.forward(cache, body[s:s + PREFILL_CHUNK], 1)
+        self.metrics.prefill_s = time.perf_counter() - t0
 
-    @staticmethod
-    def _crop(cache: DynamicCache, length: int) -> None:
-        extra = cache.get_seq_length() - length
-        if extra > 0:
-            cache.crop(-extra)  # transformers 5.24 takes the number of tokens to drop, negated
+    def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
+        """(token, its probability under the draft, the draft's full-vocabulary distribution when
+        sampling). A reduced-vocabulary draft maps its rows back to token ids."""
+        cfg, ids = self.cfg, self.pair.draft_lm.vocab_ids
+        if cfg.temperature == 0:
+            i = int(logits.argmax())
+            conf = float(torch.softmax(logits, -1)[i]) if self._need_conf else 1.0
+            return (int(ids[i]) if ids is not None else i), conf, None
+        q_small = torch.softmax(logits / cfg.temperature, -1)
+        i = int(torch.multinomial(q_small.cpu(), 1, generator=self.gen))
+        if ids is None:
+            return i, float(q_small[i]), q_small
+        q = torch.zeros(self._vocab, dtype=q_small.dtype, device=q_small.device)
+        q[ids] = q_small
+        return int(ids[i]), float(q_small[i]), q
 
-    # -- the loop ------------------------------------------------------------------------------
+    def _draft(self) -> tuple[list[int], list[float], list[torch.Tensor], list[torch.Tensor]]:
+        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS)."""
+        cfg, m, lm = self.cfg, self.metrics, self.pair.draft_lm
+        room = cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
+        drafts, confs, q_rows, d_logits = [], [], [], []
+        feed = self._seq[lm.length(self.dcache):]
+        tp = time.perf_counter()
+        self.policy.start()
+        go = room > 0 and self.policy.more(0, 1.0)
+        m.policy_s += time.perf_counter() - tp
+        while go:
+            t0 = time.perf_counter()
+            logits = lm.forward(self.dcache, feed, 1)[-1]                  # (V,) or (|vocab subset|,)
+            m.draft_s += time.perf_counter() - t0
+            m.draft_forwards += 1
+            x, conf, q = self._draft_logits_to_token(logits)
+            drafts.append(x)
+            confs.append(conf)
+            if q is not None:
+                q_rows.append(q)
+            if cfg.explain:
+                d_logits.append(logits)
+            feed = [x]
+            if x in self.eos or len(drafts) >= room:
+                break
+            tp = time.perf_counter()
+            go = self.policy.more(len(drafts), conf)
+            m.policy_s += time.perf_counter() - tp
+        return drafts, confs, q_rows, d_logits
+
+    def _verify(self, drafts: list[int]) -> torch.Tensor:
+        """Step 2: one target pass over what its cache lacks plus the block: (len(drafts) + 1, V)."""
+        t0 = time.perf_counter()
+        lm = self.pair.target_lm
+        logits = lm.forward(self.tcache, self._seq[lm.length(self.tcache):] + drafts, len(drafts) + 1)
+        self.metrics.verify_s += time.perf_counter() - t0
+        self.metrics.target_forwards += 1
+        return logits
+
+    def _decide(self, drafts, tl, q_rows) -> tuple[Decision, torch.Tensor]:
+        """Steps 3-4: the rule on the target's logits, then the memory learns the block's divergences.
+        Returns the decision and the target's probabilities (for the events)."""
+        cfg, m = self.cfg, self.metrics
+        if cfg.temperature == 0:
+            scores = score_block(drafts, tl)                 # the argmax work SD needs anyway (not bookkeeping)
+            tb = time.perf_counter()
+            d = decide(drafts, scores, self.memory.count, self.rescue)
+            p = None
+        else:
+            tb = time.perf_counter()
+            p = torch.softmax(tl / cfg.temperature, -1)
+            q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
+            d = verify_sampling(drafts, q, p, tl, self.memory.count, self.rescue, self.gen)
+        for x_t, t_t in d.observed:
+            self.memory.observe(x_t, t_t)
+        m.bookkeeping_s += time.perf_counter() - tb
+        return d, (p if p is not None else torch.softmax(tl, -1))
+
+    def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
+        top = torch.topk(probs, min(self.cfg.explain_top_k, probs.numel()))
+        ids = top.indices if vocab_ids is None else vocab_ids[top.indices]
+        return [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
+
+    def _emit(self, drafts, confs, d: Decision, tl, probs, q_rows, d_logits) -> Iterator[TokenEvent]:
+        """Step 5: one event per decided draft position, then the target's own token."""
+        cfg, m = self.cfg, self.metrics
+        g = len(drafts)
+        explain = cfg.explain
+        m.drafted += g
+        m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
+        for i, v in enumerate(d.verdicts):
+            m.per_position_drafted[i] += 1
+            kept = v.status != REJECTED
+            text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
+            extra = {}
+            if explain:
+                q = torch.softmax(d_logits[i] / (cfg.temperature or 1.0), -1)
+                extra = dict(draft_top=self._top(q, self.pair.draft_lm.vocab_ids), target_top=self._top(probs[i]))
+            ev = TokenEvent(
+                len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
+                draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
+                target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
+                memory_count=v.count, rule=v.rule, target_prob=float(probs[i, v.x_tilde]),
+                draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else (confs[i] if self._need_conf else None),
+                block_len=g, special=v.x_tilde in self.pair.special_ids,
+                discarded=list(drafts[i + 1:]) if not kept else None, **extra)
+            if not kept:
+                yield ev
+                break
+            m.per_position_kept[i] += 1
+            if v.status == RESCUED:
+                m.rescued += 1
+            else:
+                m.accepted += 1
+            self._seq.append(v.x_tilde)
+            m.new_tokens += 1
+            if v.x_tilde in self.eos:
+                yield replace(ev, pass_end=True)
+                raise _EndOfText
+            yield ev
+        row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
+        nxt = d.next_token
+        t_top = int(tl[row].argmax())
+        extra = dict(target_top=self._top(probs[row])) if explain else {}
+        self._seq.append(nxt)
+        m.new_tokens += 1
+        ev = TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), nxt, self._detok.push(nxt),
+                        BONUS if d.bonus else CORRECTED, self._block, row, target_id=t_top,
+                        target_text=self._piece(t_top), target_logit=float(tl[row].max()),
+                        target_prob=float(probs[row, nxt]), block_len=g, pass_end=True,
+                        special=nxt in self.pair.special_ids, **extra)
+        self._rollback()          # step 6, before the pass's last event: a viewer sees the state it describes
+        yield ev
+        if nxt in self.eos:
+            raise _EndOfText
+
+    def _rollback(self) -> None:
+        """Step 6: both caches back to the kept prefix (the newest token is fed with the next block)."""
+        keep = len(self._seq) - 1
+        self.pair.target_lm.crop(self.tcache, min(keep, self.pair.target_lm.length(self.tcache)))
+        if self.dcache is not None:
+            self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
+
+    def _speculate(self) -> Iterator[TokenEvent]:
+        """One block: steps 1-6."""
+        drafts, confs, q_rows, d_logits = self._draft()
+        self._check_stop()
+        tl = self._verify(drafts)
+        d, probs = self._decide(drafts, tl, q_rows)
+        try:
+            yield from self._emit(drafts, confs, d, tl, probs, q_rows, d_logits)
+        finally:
+            kept = [v.status != REJECTED for v in d.verdicts]
+            tp = time.perf_counter()
+            self.policy.observe(confs[:len(kept)], kept)
+            self.metrics.policy_s += time.perf_counter() - tp
+            self._block += 1
+
+    def _autoregress(self) -> Iterator[TokenEvent]:
+        """AR: one target pass, one token."""
+        logits = self._verify([])[-1]
+        tok = int(logits.argmax()) if self.cfg.temperature == 0 else \
+            sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
+        self._seq.append(tok)
+        self.metrics.new_tokens += 1
+        t_top = int(logits.argmax())
+        yield TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), tok, self._detok.push(tok), TARGET, self._block, 0,
+                         target_id=t_top, target_text=self._piece(t_top), target_logit=float(logits.max()),
+                         pass_end=True, special=tok in self.pair.special_ids)
+        self._block += 1
+        if tok in self.eos:
+            raise _EndOfText
+
     @torch.inference_mode()
     def _loop(self) -> Iterator[TokenEvent]:
-        cfg, pair, m = self.cfg, self.pair, self.metrics
-        seq = list(self.prompt_ids)
-        n_prompt = len(seq)
-        eos = set(pair.eos_ids)
-        temp = cfg.temperature
-        gen = None
-        if temp > 0:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(cfg.seed if cfg.seed is not None else int(torch.seed() % (2 ** 63)))
-        rescue = Rescue(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.log_tau)
-        tcache = DynamicCache(config=pair.target.config)
-        dcache = DynamicCache(config=pair.draft.config) if cfg.uses_draft else None
-        self.caches = (tcache, dcache)  # exposed for inspection (tests check them after rollbacks)
-        t0 = time.perf_counter()
-        m.stopped_by = "cancelled"
-        block = 0
+        m = self.metrics
+        self._need_conf = isinstance(self.policy, AutoGamma) or self.cfg.explain
+        self._vocab = self.pair.target.get_output_embeddings().out_features if self.cfg.temperature > 0 else 0
+        self._t0 = time.perf_counter()
+        m.stopped_by = ""
+        step = self._speculate if self.cfg.uses_draft else self._autoregress
+        stopped = STOP_CANCELLED
         try:
-            while len(seq) - n_prompt < cfg.max_new_tokens:
-                out = seq[n_prompt:]
-                if not cfg.uses_draft:
-                    # AR: one target pass, one token.
-                    logits = self._forward(pair.target, tcache, seq[tcache.get_seq_length():], 1)[-1]
-                    m.target_forwards += 1
-                    tok = int(logits.argmax()) if temp == 0 else _sample_logits(logits, temp, gen)
-                    seq.append(tok)
-                    m.new_tokens += 1
-                    yield TokenEvent(len(out), tok, self._tok_text(tok, out), TARGET, block, 0,
-                                     target_id=int(logits.argmax()), target_logit=float(logits.max()))
-                    block += 1
-                    if tok in eos:
-                        m.stopped_by = "eos"
-                        return
-                    continue
-
-                # 1. Draft proposes up to gamma tokens (fewer near max_new_tokens or after an EOS).
-                g = min(cfg.gamma, cfg.max_new_tokens - len(out) - 1)
-                drafts, q_rows, d_logits = [], [], []
-                feed = seq[dcache.get_seq_length():]
-                for _ in range(g):
-                    dl = self._forward(pair.draft, dcache, feed, 1)[-1]     # (V,)
-                    m.draft_forwards += 1
-                    if temp == 0:
-                        x = int(dl.argmax())
-                    else:
-                        q_row = torch.softmax(dl / temp, -1)
-                        x = int(torch.multinomial(q_row.cpu(), 1, generator=gen))
-                        q_rows.append(q_row)
-                    drafts.append(x)
-                    if cfg.explain:
-                        d_logits.append(dl)
-                    feed = [x]
-                    if x in eos:
-                        break
-                # 2. Target scores the whole block in one pass: (len(drafts) + 1, V).
-                tl = self._forward(pair.target, tcache, seq[tcache.get_seq_length():] + drafts, len(drafts) + 1)
-                m.target_forwards += 1
-                # 3. Verify (pure rule), then 4. update the memory with this block's divergences.
-                #    Bookkeeping time = the decision walk (memory lookups, gate) + memory updates;
-                #    the argmax SD needs anyway is not counted.
-                if temp == 0:
-                    scores = score_block(drafts, tl)
-                    tb = time.perf_counter()
-                    d: Decision = decide_greedy(drafts, scores, self.memory.count, rescue)
-                else:
-                    tb = time.perf_counter()
-                    p = torch.softmax(tl / temp, -1)
-                    q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
-                    d = verify_sampling(drafts, q, p, tl, self.memory.count, rescue, gen)
-                for x_t, t_t in d.observed:
-                    self.memory.observe(x_t, t_t)
-                m.bookkeeping_s += time.perf_counter() - tb
-                # 5. Emit events; stop at EOS.
-                m.drafted += len(drafts)
-                probs_t = torch.softmax(tl, -1) if (cfg.explain or temp == 0) else p
-                for i, v in enumerate(d.verdicts):
-                    m.per_position_drafted[i] += 1
-                    ev = TokenEvent(
-                        len(out), v.x_tilde, self._tok_text(v.x_tilde, out), v.status, block, i,
-                        draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
-                        target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
-                        memory_count=v.count, rule=v.rule, target_prob=float(probs_t[i, v.x_tilde]),
-                        draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else None)
-                    if cfg.explain:
-                        self._explain(ev, probs_t[i], d_logits[i])
-                    if v.status == REJECTED:
-                        yield ev
-                        break
-                    m.per_position_kept[i] += 1
-                    if v.status == RESCUED:
-                        m.rescued += 1
-                    else:
-                        m.accepted += 1
-                    seq.append(v.x_tilde)
-                    out.append(v.x_tilde)
-                    m.new_tokens += 1
-                    yield ev
-                    if v.x_tilde in eos:
-                        m.stopped_by = "eos"
-                        return
-                m.divergences += len(d.observed)
-                status = BONUS if d.bonus else CORRECTED
-                nxt = d.next_token
-                seq.append(nxt)
-                m.new_tokens += 1
-                row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
-                ev = TokenEvent(len(out), nxt, self._tok_text(nxt, out), status, block, row,
-                                target_id=int(tl[row].argmax()), target_text=self._piece(int(tl[row].argmax())),
-                                target_logit=float(tl[row].max()), target_prob=float(probs_t[row, nxt]))
-                if cfg.explain:
-                    self._explain(ev, probs_t[row], None)
-                out.append(nxt)
-                # Roll both caches back to the kept prefix (the new token is fed next step).
-                keep = len(seq) - 1
-                self._crop(tcache, keep)
-                self._crop(dcache, keep)
-                block += 1
-                yield ev
-                if nxt in eos:
-                    m.stopped_by = "eos"
-                    return
-            m.stopped_by = "max_new_tokens"
+            self._prefill()
+            while len(self._seq) - len(self.prompt_ids) < self.cfg.max_new_tokens:
+                self._check_stop()
+                yield from step()
+            stopped = STOP_MAX
+        except _EndOfText:
+            stopped = STOP_EOS
+        except Cancelled:
+            stopped = STOP_CANCELLED
         finally:
-            self.token_ids = seq[n_prompt:]
-            m.wall_s = time.perf_counter() - t0
-
-    def _explain(self, ev: TokenEvent, p_target: torch.Tensor, draft_logits: torch.Tensor | None) -> None:
-        k = self.cfg.explain_top_k
-        top = torch.topk(p_target, k)
-        ev.target_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, top.indices)]
-        if draft_logits is not None:
-            q = torch.softmax(draft_logits / (self.cfg.temperature or 1.0), -1)
-            top = torch.topk(q, k)
-            ev.draft_top = [[self._piece(int(i)), float(v)] for v, i in zip(top.values, top.indices)]
+            self.token_ids = self._seq[len(self.prompt_ids):]
+            m.wall_s = time.perf_counter() - self._t0
+            m.stopped_by = stopped
 
 
-def _cache_kwarg(model) -> str:
-    """transformers 5.2x names the KV-cache argument `cache`; older and remote-code models say
-    `past_key_values`."""
-    name = getattr(model, "_csd_cache_kwarg", None)
-    if name is None:
-        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        model._csd_cache_kwarg = name
-    return name
-
-
-def _sample_logits(logits: torch.Tensor, temp: float, gen: torch.Generator | None) -> int:
-    return int(torch.multinomial(torch.softmax(logits / temp, -1).cpu(), 1, generator=gen))
+class _EndOfText(Exception):
+    """An end-of-sequence token entered the output."""

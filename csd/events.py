@@ -2,11 +2,12 @@
 
 One ``TokenEvent`` per token decision of the decode loop; ``RunMetrics`` at the end of a run.
 Both are plain dataclasses of JSON-friendly values (no tensors) so that ``db/`` and ``ui/``
-use them without importing torch.
+use them without importing torch. Events are frozen: once yielded, an event is final (the
+store writes it in the background, the UI may still be drawing it).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 # Status of a token decision.
 ACCEPTED = "accepted"    # draft token equal to the target's choice (kept)
@@ -26,16 +27,20 @@ RULE_GAP_LOW = "gap<log tau"        # gate refused
 RULE_RESCUE = "rescue"              # memory and gate passed
 RULE_SAMPLED = "sampled"            # rejection sampling accepted (temperature > 0)
 RULE_NO_RESCUE = "no rescue"        # SD: no rescue mechanism
+RULE_SPECIAL = "special token"      # x~ or t* is an end-of-turn / template token: never rescued, never counted
+
+# Why a run stopped.
+STOP_EOS, STOP_MAX, STOP_CANCELLED = "eos", "max_new_tokens", "cancelled"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TokenEvent:
     position: int                 # index among the new tokens (for REJECTED: the index it would have had)
     token_id: int                 # the token this event is about
     text: str                     # its text in the output (for REJECTED: the draft token's text)
     status: str                   # one of STATUSES
     block: int                    # verify step (target pass) index, from 0
-    index_in_block: int           # draft position within the block, from 0 (gamma for a bonus)
+    index_in_block: int           # draft position within the block, from 0 (the block length for a bonus)
     draft_id: int | None = None   # x~: the draft's proposal at this position
     draft_text: str | None = None
     target_id: int | None = None  # t*: the target's top-1 at this position
@@ -47,8 +52,12 @@ class TokenEvent:
     rule: str | None = None            # which rule decided (RULE_*)
     draft_prob: float | None = None    # q(x~) under the draft (at the run's temperature, or greedy softmax)
     target_prob: float | None = None   # p(x~) under the target
-    draft_top: list | None = None      # teach mode: [[token text, prob], ...] of the draft
-    target_top: list | None = None     # teach mode: [[token text, prob], ...] of the target
+    draft_top: list | None = None      # explain mode: [[token text, prob], ...] of the draft
+    target_top: list | None = None     # explain mode: [[token text, prob], ...] of the target
+    block_len: int | None = None       # draft tokens proposed in this event's block (the gamma used there)
+    pass_end: bool = False             # the last event of its target pass: a viewer can draw the pass now
+    discarded: list | None = None      # REJECTED only: the block's later draft token ids, thrown away unverified
+    special: bool = False              # the token is a special token (end of turn, chat template)
 
     @property
     def in_output(self) -> bool:
@@ -63,12 +72,14 @@ class TokenEvent:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TokenEvent":
-        names = cls.__dataclass_fields__
+        names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass
 class RunMetrics:
+    """What a run measured. The decode loop fills it in as it goes; readers get a snapshot
+    (``Run.metrics_snapshot()``) or the final object."""
     new_tokens: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -77,19 +88,37 @@ class RunMetrics:
     rescued: int = 0                 # draft tokens kept by CSD although they diverged
     divergences: int = 0             # decided draft positions where x~ != t* (rescued + rejected)
     wall_s: float = 0.0
+    prefill_s: float = 0.0           # time to feed the prompt (both models), before the first block
+    draft_s: float = 0.0             # time in the draft's forward passes
+    verify_s: float = 0.0            # time in the target's forward passes
     bookkeeping_s: float = 0.0       # time spent in memory lookups, the gate and memory updates
+    policy_s: float = 0.0            # time spent choosing block lengths (gamma auto)
     per_position_drafted: list = field(default_factory=list)   # per draft position: times it was decided
     per_position_kept: list = field(default_factory=list)      # per draft position: times it was kept
     stopped_by: str = ""             # "eos", "max_new_tokens" or "cancelled"
 
     @property
     def acceptance_rate(self) -> float:
+        """Kept (accepted + rescued) over proposed draft tokens."""
         return (self.accepted + self.rescued) / self.drafted if self.drafted else 0.0
+
+    @property
+    def accepted_share(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def rescued_share(self) -> float:
+        return self.rescued / self.drafted if self.drafted else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
         """Tokens per target pass (vLLM's mean acceptance length)."""
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def mean_block_len(self) -> float:
+        """Draft tokens proposed per target pass (the gamma actually used, on average)."""
+        return self.drafted / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,14 +132,23 @@ class RunMetrics:
     def bookkeeping_share(self) -> float:
         return self.bookkeeping_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def policy_share(self) -> float:
+        return self.policy_s / self.wall_s if self.wall_s > 0 else 0.0
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                 tokens_per_s=self.tokens_per_s, per_position_acceptance=self.per_position_acceptance,
-                 bookkeeping_share=self.bookkeeping_share)
+        d.update(acceptance_rate=self.acceptance_rate, accepted_share=self.accepted_share,
+                 rescued_share=self.rescued_share, mean_accepted_length=self.mean_accepted_length,
+                 mean_block_len=self.mean_block_len, tokens_per_s=self.tokens_per_s,
+                 per_position_acceptance=self.per_position_acceptance, bookkeeping_share=self.bookkeeping_share,
+                 policy_share=self.policy_share)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunMetrics":
-        names = cls.__dataclass_fields__
+        names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in (TokenEvent, RunMetrics)}

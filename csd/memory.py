@@ -2,16 +2,23 @@
 
 Counts of divergence patterns keyed by (draft token id x~, target token id t*). A pattern is
 a rescue candidate once its count reaches lambda. Updates happen in ``observe`` only.
-A memory file records the model pair it belongs to; loading it for another pair is refused.
+A memory file records the model pair it belongs to (loading it for another pair is refused) and,
+in ``meta["calibration"]``, how it was calibrated, the models' representations included: a memory
+calibrated with other representations than the loaded pair's still loads, and ``mismatch`` says so.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import os
-import tempfile
+import zlib
 from collections import Counter
 from pathlib import Path
+
+from .fileio import atomic_write
+from .rule import top_share
+
+DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 
 FORMAT = "csd-explorer-memory"
 VERSION = 1
@@ -30,9 +37,6 @@ class CorrectionMemory:
     # -- the narrow surface used by the decode loop ------------------------------------------
     def count(self, x_tilde: int, t_star: int) -> int:
         return self._counts.get((x_tilde, t_star), 0)
-
-    def is_candidate(self, x_tilde: int, t_star: int, lam: float) -> bool:
-        return self.count(x_tilde, t_star) >= lam
 
     def observe(self, x_tilde: int, t_star: int, n: int = 1) -> None:
         if x_tilde != t_star:
@@ -57,11 +61,13 @@ class CorrectionMemory:
 
     def top_share(self, fraction: float = 0.2) -> float:
         """Share of all counted divergences covered by the top ``fraction`` of patterns."""
-        counts = sorted(self._counts.values(), reverse=True)
-        if not counts:
-            return 0.0
-        k = max(1, round(len(counts) * fraction))
-        return sum(counts[:k]) / sum(counts)
+        return top_share(self._counts.values(), fraction)
+
+    def without(self, token_ids) -> "CorrectionMemory":
+        """A copy without the patterns that have one of ``token_ids`` on either side."""
+        ids = set(token_ids)
+        return CorrectionMemory(self.pair_id, {k: c for k, c in self._counts.items() if not (set(k) & ids)},
+                                dict(self.meta))
 
     def copy(self) -> "CorrectionMemory":
         return CorrectionMemory(self.pair_id, dict(self._counts), dict(self.meta))
@@ -84,11 +90,25 @@ class CorrectionMemory:
             raise MemoryFileError("not a CSD Explorer correction-memory file")
         if data.get("version") != VERSION:
             raise MemoryFileError(f"unsupported memory file version {data.get('version')!r}")
-        try:
-            counts = {(int(d), int(t)): int(c) for d, t, c in data["counts"]}
-        except (KeyError, TypeError, ValueError) as e:
-            raise MemoryFileError(f"malformed memory counts: {e}") from None
-        mem = cls(str(data.get("pair", "")), counts, data.get("meta") or {})
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise MemoryFileError(f"malformed memory file: 'meta' must be an object, not {type(meta).__name__}")
+        if not isinstance(data.get("pair", ""), str):
+            raise MemoryFileError("malformed memory file: 'pair' must be a string")
+        rows = data.get("counts")
+        if not isinstance(rows, list):
+            raise MemoryFileError("malformed memory file: 'counts' must be a list of [draft_id, target_id, count]")
+        counts = {}
+        for n, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                    for v in row)):
+                raise MemoryFileError(f"malformed memory counts: entry {n} is {str(row)[:60]}, "
+                                      "expected [draft_id, target_id, count] of whole numbers")
+            d, t, c = row
+            if d < 0 or t < 0 or c < 0:
+                raise MemoryFileError(f"malformed memory counts: entry {n} has a negative id or count ({row})")
+            counts[(d, t)] = counts.get((d, t), 0) + c
+        mem = cls(data.get("pair", ""), counts, meta)
         if expected_pair is not None:
             mem._check_pair(expected_pair)
         return mem
@@ -96,16 +116,10 @@ class CorrectionMemory:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a killed process leaves the old file or the new one, never half)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(self.to_dict()).encode()
-        if path.suffix == ".gz":
+        if path.name.endswith(".gz"):
             payload = gzip.compress(payload, mtime=0)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a memory file is a shareable data file
-        os.replace(tmp, path)
-        return path
+        return atomic_write(path, payload)
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> "CorrectionMemory":
@@ -117,8 +131,8 @@ class CorrectionMemory:
         if raw[:2] == b"\x1f\x8b":
             try:
                 raw = gzip.decompress(raw)
-            except OSError as e:
-                raise MemoryFileError(f"{path}: corrupt gzip: {e}") from None
+            except (OSError, EOFError, zlib.error) as e:
+                raise MemoryFileError(f"{path.name}: a damaged or truncated gzip file ({e})") from None
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -130,5 +144,28 @@ class CorrectionMemory:
             raise MemoryFileError(
                 f"this memory belongs to model pair {self.pair_id!r}, not to {pair_id!r}")
 
+    def mismatch(self, pair) -> str | None:
+        """None if the memory was calibrated with the pair's representations (or says nothing about
+        them), else a sentence naming the difference. A mismatch is shown, never refused: the
+        patterns of a pair barely depend on how its weights are held."""
+        cal = (self.meta.get("calibration") or [{}])[-1]
+        if not isinstance(cal, dict):
+            return None
+        diffs = []
+        for key, have in (("target_repr", pair.target_repr), ("draft_repr", pair.draft_dtype)):
+            want = cal.get(key)
+            if want and have and want != have:
+                diffs.append(f"{key.split('_')[0]} {want} (loaded: {have})")
+        if not diffs:
+            return None
+        return "the correction memory was calibrated with " + ", ".join(diffs)
+
     def __repr__(self) -> str:
         return f"CorrectionMemory(pair={self.pair_id!r}, patterns={len(self)}, total={self.total})"
+
+
+def default_memory(pair) -> CorrectionMemory:
+    """The shipped memory for the embedded pair; an empty memory for any other pair."""
+    if pair.is_embedded and DEFAULT_MEMORY_FILE.exists():
+        return CorrectionMemory.load(DEFAULT_MEMORY_FILE, expected_pair=pair.pair_id)
+    return CorrectionMemory(pair.pair_id)

@@ -8,9 +8,11 @@ overrides it).
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.metadata as md
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -19,6 +21,9 @@ from typing import Callable
 
 import torch
 
+from .lm import HFLM, LM, LeanLM, lean_unsupported
+
+log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
 DEFAULT_PAIR = "embedded"
@@ -46,7 +51,11 @@ EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",
                     EMBEDDED["draft"].name, EMBEDDED["target"].name}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
+TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
+DRAFT_IMPLS = ("auto", "hf", "lean")
+DRAFT_VOCAB_FILE = Path(__file__).parent / "data" / "draft_vocab.json.gz"
 
 
 class ModelLoadError(RuntimeError):
@@ -67,29 +76,37 @@ def resolve_device(device: str | None = None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        # bf16 is where this CPU (AMX) and GPUs are fast; float32 is the exact reference.
-        return torch.bfloat16 if device.type == "cuda" or _cpu_has_amx() else torch.float32
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+def check_repr(name: str | torch.dtype, device: torch.device) -> str:
+    """A target representation's name, refused with a clear message where it cannot run."""
+    if isinstance(name, torch.dtype):
+        name = str(name).removeprefix("torch.")
+    if name not in TARGET_REPRS:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose auto, {', '.join(TARGET_REPRS)}")
+    if name == "int8" and device.type != "cpu":
+        raise ModelLoadError("int8 (dynamic quantisation) runs on the CPU only; choose bfloat16 or float16 on a GPU")
+    return name
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation (per-channel weights) of every Linear layer, for a cheaper draft
-    on the CPU. In SD the draft only proposes: this changes the speed, never the output."""
+    """Dynamic int8 quantisation (per-channel weights) of every Linear layer. Activations are
+    quantised per pass with one scale for the whole pass, so a 7-token verify pass and a 1-token
+    step round differently: greedy SD may differ from AR in this representation (measured, not
+    assumed; float32 is the exact reference)."""
+    import warnings
+
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    return quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+def to_repr(model: torch.nn.Module, name: str, copy: bool = False) -> torch.nn.Module:
+    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original."""
+    import copy as copy_mod
+    m = copy_mod.deepcopy(model) if copy else model
+    if name == "int8":
+        return quantize_int8(m).eval()
+    return m.to(DTYPES[name]).eval()
 
 
 # -- the embedded pair -------------------------------------------------------------------------
@@ -174,24 +191,63 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
 
 
 # -- pairs -------------------------------------------------------------------------------------
+def special_token_ids(tokenizer, eos_ids=()) -> frozenset[int]:
+    """End-of-sequence, chat-template and other special tokens: never counted into a memory and
+    never rescued (``csd.rule``)."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return frozenset(int(i) for i in ids | set(eos_ids))
+
+
 @dataclass
 class ModelPair:
-    draft: torch.nn.Module | None
+    draft: torch.nn.Module | None       # the transformers models (transformers' own generate uses them)
     target: torch.nn.Module
     tokenizer: object
     pair_id: str
     draft_name: str
     target_name: str
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype                  # the target's activation dtype (float32 for int8)
     eos_ids: tuple[int, ...]
     context_limit: int
     extras: dict = field(default_factory=dict)
-    draft_dtype: str = ""      # "int8", "bfloat16", ... ("" when no draft is loaded)
+    draft_dtype: str = ""               # "int8", "bfloat16", ... ("" when no draft is loaded)
+    target_repr: str = ""               # "float32", "bfloat16", "float16" or "int8"
+    special_ids: frozenset[int] | None = None
+    target_lm: LM | None = None         # what the decode loop calls (csd.lm)
+    draft_lm: LM | None = None
+    draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
+
+    def __post_init__(self):
+        if not self.target_repr:
+            self.target_repr = str(self.dtype).removeprefix("torch.")
+        if self.special_ids is None:
+            self.special_ids = special_token_ids(self.tokenizer, self.eos_ids)
+        if self.target_lm is None:
+            self.target_lm = HFLM(self.target)
+        if self.draft_lm is None and self.draft is not None:
+            self.draft_lm = HFLM(self.draft)
+        if not self.draft_vocab_size and self.draft is not None:
+            ids = self.draft_lm.vocab_ids
+            self.draft_vocab_size = int(ids.numel()) if ids is not None else \
+                self.draft.get_output_embeddings().out_features
+        if self.draft is not None and not self.draft_dtype:
+            self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
 
     def run_fields(self) -> dict:
         """The model identity a stored run records."""
         return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)
+
+    def describe(self) -> dict:
+        """How the pair runs here, for every result: representations, draft path, device."""
+        return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
+                "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
+                "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
+                "draft_vocab": self.draft_vocab_size, "device": str(self.device),
+                "threads": torch.get_num_threads()}
 
     @property
     def is_embedded(self) -> bool:
@@ -236,21 +292,53 @@ def compare_tokenizers(a, b) -> str | None:
     return None
 
 
+def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choice: str | int) -> torch.Tensor | None:
+    """The token ids the draft may propose: None (all of them) or a reduced vocabulary. ``auto``:
+    the shipped list for the embedded pair (the most frequent tokens of the target's own answers
+    and the calibration corpus), all tokens otherwise; ``full``; or N, the first N of that list.
+    Special tokens are always kept, so that the draft can propose the end of an answer. In SD the
+    draft only proposes: this changes the speed, never the output."""
+    if choice == "full":
+        return None
+    if not DRAFT_VOCAB_FILE.exists() or pair_id != EMBEDDED_PAIR_ID:
+        if choice == "auto":
+            return None
+        raise ModelLoadError("a reduced draft vocabulary (--draft-vocab N) needs a token list; only the embedded "
+                             "pair ships one")
+    data = json.loads(gzip.decompress(DRAFT_VOCAB_FILE.read_bytes()))
+    ids = [int(i) for i in data["ids"]]
+    n = data.get("default", len(ids)) if choice == "auto" else int(choice)
+    if not 1 <= n:
+        raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {choice!r}")
+    keep = list(dict.fromkeys(ids[:n] + sorted(special_ids)))
+    return torch.tensor(sorted(i for i in keep if i < vocab_size), dtype=torch.long)
+
+
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, dtype: str | torch.dtype | None = "auto",
               device: str | None = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
-              progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto") -> ModelPair:
+              progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
+              draft_impl: str = "auto", draft_vocab: str | int = "auto") -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
-    ``draft_dtype`` sets the draft apart from the target: "same", a float dtype, "int8" (dynamic
-    quantisation, CPU only), or "auto": int8 on the CPU (measured here: 36 ms per draft token
-    against 84 in bfloat16 and 90 in float32), the target's dtype elsewhere. The draft only
-    proposes, so in SD its dtype changes the speed, never the output."""
+    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
+    the candidates once on this machine, ``csd.profile.choose_target_repr``). ``draft_dtype``:
+    "same", a float dtype, "int8" (CPU), or "auto" (int8 on the CPU, the target's dtype elsewhere).
+    ``draft_impl``: "lean" (``csd.lm.LeanLM``, Llama-family drafts), "hf", or "auto" (lean where it
+    can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes, so in SD its dtype,
+    path and vocabulary change the speed, never the output."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    if dtype in (None, "auto"):
+        target_repr = "auto"
+    else:
+        target_repr = check_repr(dtype, dev)
     if draft_dtype not in DRAFT_DTYPES:
         raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose {', '.join(DRAFT_DTYPES)}")
+    if draft_impl not in DRAFT_IMPLS:
+        raise ModelLoadError(f"unknown draft implementation {draft_impl!r}; choose {', '.join(DRAFT_IMPLS)}")
+    if not (draft_vocab in ("auto", "full") or (str(draft_vocab).isdigit() and int(draft_vocab) > 0)):
+        raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {draft_vocab!r}")
     if draft_dtype == "auto":
         draft_dtype = "int8" if dev.type == "cpu" else "same"
     if draft_dtype == "int8" and dev.type != "cpu":
@@ -259,7 +347,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     t_src, t_disp = _resolve_source(target, "target", progress)
     d_src, d_disp = _resolve_source(draft_name, "draft", progress) if draft_name else (None, None)
 
-    def _load(src: str, disp: str, role: str, dm=None, dtype_=dt):
+    def _load(src: str, disp: str, role: str, dtype_: torch.dtype, dm=None):
         if progress:
             progress(f"loading {role} {disp}", 0.0)
         kwargs = dict(dtype=dtype_, trust_remote_code=trust_remote_code)
@@ -286,26 +374,55 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         if diff:
             raise ModelLoadError(f"draft {d_disp!r} and target {t_disp!r} do not share a tokenizer: {diff}")
 
-    target_model = _load(t_src, t_disp, "target", device_map)
-    d_dt = dt if draft_dtype == "same" else (torch.float32 if draft_dtype == "int8" else DTYPES[draft_dtype])
-    draft_model = _load(d_src, d_disp, "draft", dtype_=d_dt) if d_src else None
-    if draft_model is not None:
-        vd, vt = draft_model.get_output_embeddings().out_features, target_model.get_output_embeddings().out_features
-        if vd != vt:
-            raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows)")
-        if draft_dtype == "int8":
-            draft_model = quantize_int8(draft_model)
+    load_dtype = torch.float32 if target_repr in ("auto", "int8") else DTYPES[target_repr]
+    target_model = _load(t_src, t_disp, "target", load_dtype, device_map)
+    if target_repr == "auto":
+        from .profile import choose_target_repr
+        target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress)
+    if target_repr != "float32" or target_model.dtype != torch.float32:
+        target_model = to_repr(target_model, target_repr)
+    act_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
 
     gen_cfg = getattr(target_model, "generation_config", None)
     eos = getattr(gen_cfg, "eos_token_id", None) or tok_t.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     if tok_t.eos_token_id is not None and tok_t.eos_token_id not in eos_ids:
         eos_ids = eos_ids + (tok_t.eos_token_id,)
-    ctx = int(getattr(target_model.config, "max_position_embeddings", 0) or 2048)
+    special = special_token_ids(tok_t, eos_ids)
     pair_id = EMBEDDED_PAIR_ID if (t_disp == EMBEDDED["target"].name and d_disp in (None, EMBEDDED["draft"].name)) \
         else f"{d_disp}->{t_disp}"
+
+    draft_model, draft_lm, draft_repr = None, None, ""
+    if d_src:
+        d_dt = act_dtype if draft_dtype == "same" else (torch.float32 if draft_dtype == "int8" else DTYPES[draft_dtype])
+        draft_model = _load(d_src, d_disp, "draft", d_dt)
+        vd, vt = draft_model.get_output_embeddings().out_features, target_model.get_output_embeddings().out_features
+        if vd != vt:
+            raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows)")
+        int8 = draft_dtype == "int8"
+        draft_repr = "int8" if int8 else str(d_dt).removeprefix("torch.")
+        why = lean_unsupported(draft_model)
+        if draft_impl == "lean" and why:
+            raise ModelLoadError(f"--draft-impl lean cannot run {d_disp!r}: {why}")
+        vocab_ids = draft_vocab_ids(pair_id, tok_t, special, vd, draft_vocab)
+        if draft_impl in ("auto", "lean") and not why:
+            if progress:
+                progress("building the lean draft path", 0.5)
+            draft_lm = LeanLM(draft_model, vocab_ids=vocab_ids, int8=int8)
+        else:
+            if vocab_ids is not None and draft_vocab != "auto":
+                raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
+            if draft_impl == "auto" and why:
+                log.info("draft %s runs through transformers: %s", d_disp, why)
+        if int8:
+            draft_model = quantize_int8(draft_model)   # for transformers' assisted generation and the hf path
+        if draft_lm is None:
+            draft_lm = HFLM(draft_model)
+
+    ctx = int(getattr(target_model.config, "max_position_embeddings", 0) or 2048)
     if progress:
         progress("models ready", 1.0)
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
-                     torch.device(target_model.device) if device_map is None else dev, dt, eos_ids, ctx,
-                     draft_dtype=("int8" if draft_dtype == "int8" else str(d_dt).removeprefix("torch.")) if draft_model is not None else "")
+                     torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
+                     draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
+                     target_lm=HFLM(target_model), draft_lm=draft_lm)

@@ -1,39 +1,73 @@
-"""The verification rule of (Calibrated) Speculative Decoding, as pure functions of tensors.
+"""The decision rule of (Calibrated) Speculative Decoding, written once (arXiv 2604.13634).
 
-Paper: Calibrated Speculative Decoding, arXiv 2604.13634. At each draft position i, with the
-draft's proposal x~_i and the target's top-1 t*_i (PAPER.md, "Decision at each draft position"):
-  1. x~_i == t*_i                                            -> accepted
+At each draft position i, with the draft's proposal x~_i and the target's top-1 t*_i (PAPER.md,
+"Decision at each draft position"):
+  1. x~_i == t*_i                                               -> accepted
   2. count(x~_i -> t*_i) >= lam and z(x~_i) - z(t*_i) >= log tau -> rescued, go on with i+1
-  3. otherwise                                               -> rejected, emit t*_i, stop
+  3. otherwise                                                  -> rejected, emit t*_i, stop
 Every divergence (2, 3) is counted after its own decision, so it never vouches for itself;
-within one block a repeated pattern sees the earlier occurrence's increment.
+within one block a repeated pattern sees the earlier occurrence's increment. A pattern with a
+special token on either side (end of turn, chat template) is never rescued and never counted:
+rescuing one could end an answer where the target goes on, or run past the target's stop.
 SD is the same rule with neither module; the ablations switch one module off.
-No model calls, no I/O: the decode loop feeds tensors in and applies ``Decision.observed``.
+
+Pure Python (no torch, no I/O): ``rescues`` works on one position and on numpy arrays alike, so
+the decode loop, the store's what-if over 100k logged events, the recolouring and the figures
+all call the same function. ``csd.verify`` turns the target's logits into the inputs here.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
-import torch
+import numpy as np
 
-from .events import (ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE,
-                     RULE_NO_RESCUE, RULE_RESCUE, RULE_SAMPLED)
+from .events import (ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE,
+                     RULE_RESCUE, RULE_SAMPLED, RULE_SPECIAL)
 
 CountFn = Callable[[int, int], int]
 
 
+def log_tau(tau: float) -> float:
+    """The gate's threshold on the logit gap; tau <= 0 lets every gap through."""
+    return math.log(tau) if tau > 0 else -math.inf
+
+
+def rescues(count, gap, lam: float, log_tau_: float, use_ocm: bool = True, use_scg: bool = True):
+    """Steps 2-3 on a divergence: rescued iff the memory knows the pattern (count >= lam) and the
+    gate passes (gap >= log tau), for the modules that are on. On scalars it gives a bool (an
+    unknown count or gap, None, is never rescued); on numpy arrays an elementwise mask (NaN compares
+    False, so an unlogged count or gap is never rescued either)."""
+    if np.ndim(count) == 0 and np.ndim(gap) == 0:
+        if (use_ocm and count is None) or (use_scg and gap is None) or not (use_ocm or use_scg):
+            return False
+        return bool((not use_ocm or count >= lam) and (not use_scg or gap >= log_tau_))
+    count, gap = np.asarray(count, dtype=float), np.asarray(gap, dtype=float)
+    ok = np.full(np.broadcast_shapes(count.shape, gap.shape), use_ocm or use_scg)
+    if use_ocm:
+        ok &= count >= lam
+    if use_scg:
+        ok &= gap >= log_tau_
+    return ok
+
+
 @dataclass(frozen=True)
 class Rescue:
-    """Which CSD modules are on, and their thresholds."""
+    """Which CSD modules are on, their thresholds, and the tokens that are never rescued."""
     use_ocm: bool = True
     use_scg: bool = True
     lam: float = 6
-    log_tau: float = -4.605170185988091  # log(0.01)
+    log_tau: float = math.log(0.01)
+    special: frozenset[int] = frozenset()
 
     @property
     def enabled(self) -> bool:
         return self.use_ocm or self.use_scg
+
+    @classmethod
+    def of(cls, use_ocm: bool, use_scg: bool, lam: float, tau: float, special: Collection[int] = ()) -> "Rescue":
+        return cls(use_ocm, use_scg, lam, log_tau(tau), frozenset(special))
 
 
 NO_RESCUE = Rescue(use_ocm=False, use_scg=False)
@@ -47,7 +81,7 @@ class Verdict:
     t_star: int
     z_x: float         # target logit of the draft token
     z_t: float         # target logit of its top-1
-    count: int         # memory count of (x~ -> t*) at decision time (0 for a match)
+    count: int | None  # memory count of (x~ -> t*) at decision time (0 for a match, None when never looked up)
 
     @property
     def gap(self) -> float:
@@ -63,17 +97,6 @@ class Decision:
     observed: tuple[tuple[int, int], ...]  # divergences to add to the memory, in order
 
 
-def rescue_decision(x: int, t: int, z_x: float, z_t: float, count: int, rescue: Rescue) -> tuple[bool, str]:
-    """Whether a divergent draft token is rescued, and the rule that decided (steps 2-3)."""
-    if not rescue.enabled:
-        return False, RULE_NO_RESCUE
-    if rescue.use_ocm and count < rescue.lam:
-        return False, RULE_MEMORY_RARE
-    if rescue.use_scg and z_x - z_t < rescue.log_tau:
-        return False, RULE_GAP_LOW
-    return True, RULE_RESCUE
-
-
 @dataclass(frozen=True)
 class BlockScores:
     """What greedy SD itself computes from the target's logits: t* and the two logits."""
@@ -82,83 +105,48 @@ class BlockScores:
     z_x: list[float]    # (g,) the target logit of each draft token
 
 
-def score_block(x_tilde: list[int], target_logits: torch.Tensor) -> BlockScores:
-    g = len(x_tilde)
-    t_star = target_logits.argmax(-1)                                   # (g + 1,)
-    z_t = target_logits.gather(-1, t_star[:, None])[:, 0]               # (g + 1,)
-    z_x = target_logits[:g].gather(-1, torch.tensor(x_tilde, dtype=torch.long,
-                                                    device=target_logits.device)[:, None])[:, 0]  # (g,)
-    return BlockScores(t_star.tolist(), z_t.tolist(), z_x.tolist())
+def rescue_decision(x: int, t: int, z_x: float, z_t: float, count: int | None, rescue: Rescue) -> tuple[bool, str]:
+    """Whether a divergent draft token is rescued, and the rule that decided (steps 2-3)."""
+    if not rescue.enabled:
+        return False, RULE_NO_RESCUE
+    if x in rescue.special or t in rescue.special:
+        return False, RULE_SPECIAL
+    if rescues(count, z_x - z_t, rescue.lam, rescue.log_tau, rescue.use_ocm, rescue.use_scg):
+        return True, RULE_RESCUE
+    return False, (RULE_MEMORY_RARE if rescue.use_ocm and not count >= rescue.lam else RULE_GAP_LOW)
 
 
-def decide_greedy(x_tilde: list[int], s: BlockScores, count: CountFn, rescue: Rescue = NO_RESCUE) -> Decision:
-    """The decision walk over scored positions: memory lookups and the gate, no tensors."""
-    return _walk(x_tilde, s.t_star, s.z_x, s.z_t, count, rescue, accept=None)
-
-
-def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn,
-                  rescue: Rescue = NO_RESCUE) -> Decision:
-    """Greedy verification of a draft block.
-
-    x_tilde: the gamma draft tokens; target_logits: (gamma + 1, V) target logits where row i
-    scores position i of the block and row gamma gives the bonus token; count: memory lookup.
-    """
-    return decide_greedy(x_tilde, score_block(x_tilde, target_logits), count, rescue)
-
-
-def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
-                    count: CountFn, rescue: Rescue, generator: torch.Generator | None) -> Decision:
-    """Rejection-sampling verification (Leviathan et al. 2023) with CSD rescue of rejections.
-
-    q: (gamma, V) draft probabilities, p: (gamma + 1, V) target probabilities, both at the run's
-    temperature. A draft token is accepted with probability min(1, p(x)/q(x)); a rejected one
-    whose pattern passes the memory and gate (t* = the target's argmax) is rescued; otherwise
-    the replacement is drawn from norm(max(0, p - q)). Without rescue the output is distributed
-    exactly as the target's.
-    """
-    g = len(x_tilde)
-    dev = p.device
-    xs = torch.tensor(x_tilde, dtype=torch.long, device=dev)
-    p_x = p[:g].gather(-1, xs[:, None])[:, 0]                             # (g,)
-    q_x = q.gather(-1, xs[:, None])[:, 0]                                 # (g,)
-    u = torch.rand(g, generator=generator).to(dev)                          # generator lives on the CPU
-    accept = (u <= (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)).tolist()  # q >= p: always accept
-    s = score_block(x_tilde, target_logits)
-    d = _walk(x_tilde, s.t_star, s.z_x, s.z_t, count, rescue, accept=accept)
-    if d.bonus:
-        nxt = _sample(p[g], generator)
-    elif d.verdicts[-1].status == REJECTED:
-        i = len(d.verdicts) - 1
-        residual = (p[i] - q[i]).clamp_min(0.0)
-        nxt = _sample(residual if residual.sum() > 0 else p[i], generator)
-    else:  # unreachable: a walk stops on a bonus or a rejection
-        raise AssertionError("verification ended without bonus or rejection")
-    return Decision(d.verdicts, d.n_kept, nxt, d.bonus, d.observed)
-
-
-def _sample(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    probs = weights / weights.sum()
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
-
-
-def _walk(x_tilde, t_star, z_x, z_t, count: CountFn, rescue: Rescue, accept) -> Decision:
-    """Steps 1-4 over the block. ``accept`` is None (greedy: match = x~ == t*) or per-position
-    rejection-sampling outcomes."""
+def decide(x_tilde: Sequence[int], s: BlockScores, count: CountFn, rescue: Rescue = NO_RESCUE,
+           accept: Sequence[bool] | None = None) -> Decision:
+    """Steps 1-4 over one block. ``accept`` is None for greedy verification (a match is x~ == t*)
+    or the per-position outcomes of rejection sampling."""
     verdicts, observed = [], []
     seen: dict[tuple[int, int], int] = {}  # divergences earlier in this block, not yet in memory
     for i, x in enumerate(x_tilde):
-        t = t_star[i]
+        t = s.t_star[i]
         if (x == t) if accept is None else accept[i]:
-            verdicts.append(Verdict(ACCEPTED, RULE_MATCH if x == t else RULE_SAMPLED, x, t, z_x[i], z_t[i], 0))
+            verdicts.append(Verdict(ACCEPTED, RULE_MATCH if x == t else RULE_SAMPLED, x, t, s.z_x[i], s.z_t[i], 0))
             continue
         if x == t:  # sampling rejected the target's own top-1: nothing to rescue, no pattern
-            verdicts.append(Verdict(REJECTED, RULE_NO_RESCUE, x, t, z_x[i], z_t[i], 0))
+            verdicts.append(Verdict(REJECTED, RULE_NO_RESCUE, x, t, s.z_x[i], s.z_t[i], 0))
             return Decision(tuple(verdicts), i, t, False, tuple(observed))
-        c = count(x, t) + seen.get((x, t), 0)
-        ok, why = rescue_decision(x, t, z_x[i], z_t[i], c, rescue)
-        verdicts.append(Verdict(RESCUED if ok else REJECTED, why, x, t, z_x[i], z_t[i], c))
-        observed.append((x, t))            # counted after its own decision
-        seen[(x, t)] = seen.get((x, t), 0) + 1
+        special = x in rescue.special or t in rescue.special
+        c = None if special else count(x, t) + seen.get((x, t), 0)
+        ok, why = rescue_decision(x, t, s.z_x[i], s.z_t[i], c, rescue)
+        verdicts.append(Verdict(RESCUED if ok else REJECTED, why, x, t, s.z_x[i], s.z_t[i], c))
+        if not special:
+            observed.append((x, t))            # counted after its own decision
+            seen[(x, t)] = seen.get((x, t), 0) + 1
         if not ok:
             return Decision(tuple(verdicts), i, t, False, tuple(observed))
-    return Decision(tuple(verdicts), len(x_tilde), t_star[len(x_tilde)], True, tuple(observed))
+    return Decision(tuple(verdicts), len(x_tilde), s.t_star[len(x_tilde)], True, tuple(observed))
+
+
+def top_share(counts: Sequence[int] | Collection[int], fraction: float = 0.2) -> float:
+    """Share of all divergences covered by the top ``fraction`` of patterns (the paper's Pareto
+    figure: about 69% at 0.2). ``counts``: one count per pattern, in any order."""
+    values = sorted((c for c in counts if c > 0), reverse=True)
+    if not values:
+        return 0.0
+    k = max(1, round(len(values) * fraction))
+    return sum(values[:k]) / sum(values)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+                        false)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Run.status values.
@@ -50,6 +51,8 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     session_id: Mapped[str | None] = mapped_column(String(64), index=True)  # browser/user session tag
     label: Mapped[str] = mapped_column(String(200), default="")
+    target_repr: Mapped[str | None] = mapped_column(String(32))        # float32, bfloat16, float16, int8
+    draft_repr: Mapped[str | None] = mapped_column(String(32))
 
     def __repr__(self) -> str:
         return f"Run(id={self.id}, kind={self.kind!r}, method={self.method!r}, status={self.status!r})"
@@ -86,6 +89,10 @@ class TokenEventRow(Base):
     target_prob: Mapped[float | None]
     explain: Mapped[dict | None]          # {"draft_top": [[text, prob], ...], "target_top": [...]} in teach mode
     context: Mapped[str] = mapped_column(Text, default="")  # ~40 characters of output text before the token
+    block_len: Mapped[int | None]         # draft tokens proposed in the event's block
+    pass_end: Mapped[bool] = mapped_column(default=False, server_default=false())   # last event of its target pass
+    discarded: Mapped[list | None] = mapped_column(JSON)   # REJECTED: the block's later draft ids, never verified
+    special: Mapped[bool] = mapped_column(default=False, server_default=false())    # a special token
 
 
 class MemorySnapshot(Base):

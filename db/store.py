@@ -24,7 +24,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, insert, make_url, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from csd.events import OUTPUT_STATUSES, TokenEvent
+from csd.events import OUTPUT_STATUSES, STOP_CANCELLED, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 from db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, Run, TokenEventRow, utcnow
 
@@ -170,8 +170,8 @@ class Store:
         values = dict(status=status, finished_at=utcnow(), error=_clean(error))
         if output_text is not None:
             values["output_text"] = _clean(output_text)
-        if metrics is not None:
-            values["metrics"] = metrics.to_dict() if hasattr(metrics, "to_dict") else dict(metrics)
+        if metrics is not None:   # the database border: typed metrics become JSON here
+            values["metrics"] = metrics.to_dict() if isinstance(metrics, RunMetrics) else dict(metrics)
         with self._write_engine.begin() as conn:
             conn.execute(update(Run).where(Run.id == run_id).values(**values))
 
@@ -182,6 +182,19 @@ class Store:
     def recorder(self, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
                  on_commit: Callable[[int], None] | None = None) -> "RunRecorder":
         return RunRecorder(self, run_id, batch_size, flush_interval, on_commit)
+
+    def record(self, **fields) -> "RunRecorder":
+        """Start a run (``fields``: Run columns) and return its recorder, meant for a ``with`` block::
+
+            with store.record(kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=p) as rec:
+                for ev in run:
+                    rec.add(ev)
+                rec.result(run.text, run.metrics)
+
+        Leaving the block normally finishes the run with its result (cancelled if the metrics say
+        the run was stopped); an exception finishes it as failed, Ctrl-C or a closed generator as
+        cancelled, keeping the events so far."""
+        return self.recorder(self.start_run(**fields))
 
     # -- memory snapshots --------------------------------------------------------------------
     def save_memory(self, memory: CorrectionMemory, run_id: int | None = None, label: str = "") -> int:
@@ -228,6 +241,7 @@ class RunRecorder:
         self._stop = False
         self._finished = False
         self._tail = ""                      # last CONTEXT_CHARS of the output text so far
+        self._result: tuple | None = None    # (output_text, metrics, status) for a normal exit
         self._output: list[str] = []         # output text so far, for runs that end without one
         self._thread = threading.Thread(target=self._run, name=f"csd-recorder-{run_id}", daemon=True)
         self._thread.start()
@@ -265,6 +279,12 @@ class RunRecorder:
             output_text = "".join(self._output)
         self.store.finish_run(self.run_id, output_text, metrics, status, error)
 
+    def result(self, output_text: str | None, metrics=None, status: str | None = None) -> None:
+        """What a normal exit of the ``with`` block records (status: from the metrics if not given)."""
+        if status is None:
+            status = CANCELLED if isinstance(metrics, RunMetrics) and metrics.stopped_by == STOP_CANCELLED else FINISHED
+        self._result = (output_text, metrics, status)
+
     def __enter__(self) -> "RunRecorder":
         return self
 
@@ -272,11 +292,14 @@ class RunRecorder:
         if self._finished:
             return False
         if exc_type is None:
-            self.finish()
+            self.finish(*(self._result or (None, None, FINISHED)))
         elif issubclass(exc_type, (GeneratorExit, KeyboardInterrupt)):
-            self.finish(status=CANCELLED)
+            text, metrics, _ = self._result or (None, None, None)
+            self.finish(text, metrics, status=CANCELLED)
         else:
-            self.finish(status=FAILED, error="".join(traceback.format_exception_only(exc_type, exc)).strip())
+            text, metrics, _ = self._result or (None, None, None)
+            self.finish(text, metrics, status=FAILED,
+                        error="".join(traceback.format_exception_only(exc_type, exc)).strip())
         return False
 
     def _at_exit(self) -> None:
@@ -327,3 +350,25 @@ class RunRecorder:
             self._output.append(e.text)
             self._tail = (self._tail + e.text)[-CONTEXT_CHARS:]
         return row
+
+
+class NullRecorder:
+    """The recorder of a run that is not recorded (no store): same surface, does nothing."""
+    run_id = None
+
+    def add(self, event: TokenEvent, context: str | None = None) -> None:
+        pass
+
+    def result(self, output_text: str | None, metrics=None, status: str | None = None) -> None:
+        pass
+
+    def __enter__(self) -> "NullRecorder":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def recording(store: Store | None, **fields) -> RunRecorder | NullRecorder:
+    """``store.record(**fields)``, or a ``NullRecorder`` when there is no store."""
+    return NullRecorder() if store is None else store.record(**fields)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from csd.events import ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE, RULE_RESCUE
-from csd.rule import NO_RESCUE, Rescue, verify_greedy, verify_sampling
+from csd.rule import NO_RESCUE, Rescue
+from csd.verify import verify_greedy, verify_sampling
 
 V = 8
 LOG_TAU = math.log(0.01)

@@ -473,13 +473,25 @@ def test_open_upgrades_an_old_empty_database(db_url):
         store.start_run(method="csd")
     names = set(inspect(engine).get_table_names())
     assert {"runs", "token_events", "memory_snapshots", "alembic_version"} <= names
+    from alembic.script import ScriptDirectory
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head == "0002"                         # the newest migration (token-event pass fields, representations)
     with engine.connect() as c:
-        assert c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0001"
+        assert c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
     # downgraded to the empty schema, the next open upgrades it again
     from alembic import command
     with engine.begin() as c:
         command.downgrade(alembic_config(connection=c), "base")
     assert "runs" not in inspect(engine).get_table_names()
+    with engine.begin() as c:                     # a database made by the first release (schema 0001) ...
+        command.upgrade(alembic_config(connection=c), "0001")
+        c.exec_driver_sql("INSERT INTO runs (created_at, kind, pair_id, prompt, status, label) "
+                          "VALUES ('2026-11-29 00:00:00', 'generate', 'p', 'old', 'finished', '')")
+    with Store.open(db_url) as store:             # ... is upgraded in place and keeps its runs
+        assert [r["prompt"] for r in A.runs_list(store)] == ["old"]
+        record(store, [ev(0, REJECTED, 3, 4)])
+    with engine.begin() as c:
+        command.downgrade(alembic_config(connection=c), "base")
     with Store.open(db_url) as store:
         assert A.runs_list(store) == []
         Store.open(db_url).close()                  # opening an up-to-date database again is fine

@@ -57,7 +57,7 @@ def build_demo(services: Services) -> gr.Blocks:
         sess = gr.State(None)   # a Session, made by the first handler that needs it (ensure_session)
         gr.Markdown(f"## CSD Explorer — Calibrated Speculative Decoding, token by token\n"
                     f"Draft **{p.draft_name or '–'}** → target **{p.target_name}** · "
-                    f"target {str(p.dtype).removeprefix('torch.')}, draft {p.draft_dtype or '–'}, on {p.device}")
+                    f"target {p.target_repr}, draft {p.draft_dtype or '–'}, on {p.device}")
         with gr.Row(equal_height=True):
             gamma = gr.Slider(1, 32, value=6, step=1, label="γ (draft block length)", elem_id="gamma")
             lam = gr.Slider(0, 64, value=6, step=1, label="λ (memory count threshold)", elem_id="lam")

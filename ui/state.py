@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from csd.calibrate import default_memory
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.events import TokenEvent
@@ -44,7 +43,8 @@ class Services:
 
 
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None) -> Services:
-    return Services(pair, Decoder(pair), store, settings or Settings(), default_memory(pair))
+    decoder = Decoder(pair)
+    return Services(pair, decoder, store, settings or Settings(), decoder.default_memory())
 
 
 @dataclass

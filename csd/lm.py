@@ -1,0 +1,234 @@
+"""The three calls the decode loop makes on a model: ``new_cache()``, ``forward(cache, ids, keep)``
+and ``crop(cache, length)``.
+
+``HFLM`` wraps any transformers causal LM with its ``DynamicCache`` (the target always runs this
+way, so that greedy SD equals the target's own ``generate``). ``LeanLM`` is a lean decode path for
+Llama-family drafts (Qwen2, Llama with default RoPE and full attention), in the manner of gpt-fast:
+fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its length,
+a few Python calls per layer, and optionally an output layer reduced to a subset of the
+vocabulary. The draft only proposes, so none of this can change what SD outputs, only how fast
+it gets there; ``tests/test_lean.py`` checks that it computes the same function as transformers.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+class LM:
+    """A causal LM as the decode loop sees it. ``vocab_ids`` is None for a full output layer, else
+    the token id of each logit row (a reduced vocabulary)."""
+    vocab_ids: torch.Tensor | None = None
+    impl = "hf"
+
+    def new_cache(self):
+        raise NotImplementedError
+
+    def forward(self, cache, ids: list[int], keep: int) -> torch.Tensor:
+        """Feed ``ids`` after what ``cache`` holds; float32 logits of the last ``keep`` positions, (keep, V)."""
+        raise NotImplementedError
+
+    def length(self, cache) -> int:
+        raise NotImplementedError
+
+    def crop(self, cache, length: int) -> None:
+        """Drop everything after the first ``length`` tokens."""
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+
+class HFLM(LM):
+    """A transformers model with a ``DynamicCache``. Sliding-window layers record their past so
+    that a rollback after a rejection can restore them (transformers refuses to crop a full
+    sliding window otherwise); ``crop`` then trims them back to the window after every block."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"   # transformers 5.2x / older
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self):
+        from transformers import DynamicCache
+        cache = DynamicCache(config=self.model.config)
+        cache.activate_past_recording()     # a no-op for full-attention layers
+        return cache
+
+    def forward(self, cache, ids: list[int], keep: int) -> torch.Tensor:
+        x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self._cache_kwarg: cache})
+        return out.logits[0].float()
+
+    def length(self, cache) -> int:
+        return cache.get_seq_length()
+
+    def crop(self, cache, length: int) -> None:
+        extra = cache.get_seq_length() - length
+        if extra < 0:
+            raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
+        cache.crop(-extra)   # transformers 5.24 takes the number of tokens to drop, negated; 0 trims windows
+
+
+# -- the lean path -------------------------------------------------------------------------------
+LEAN_MODEL_TYPES = ("qwen2", "llama")
+
+
+def lean_unsupported(model: torch.nn.Module) -> str | None:
+    """None if ``LeanLM`` can run this model, else why not (then ``HFLM`` runs it)."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in LEAN_MODEL_TYPES:
+        return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(LEAN_MODEL_TYPES)}"
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE type {rope.get('rope_type')!r} (only the default RoPE is implemented)"
+    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return "sliding-window layers"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    return None
+
+
+@dataclass
+class LeanCache:
+    k: torch.Tensor        # (layers, kv_heads, capacity, head_dim)
+    v: torch.Tensor
+    n: int = 0             # tokens held
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torch.nn.Module:
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype,
+                          device=weight.device)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    if not int8:
+        return lin.eval()
+    from .models import quantize_int8
+    return quantize_int8(torch.nn.Sequential(lin))[0].eval()
+
+
+class LeanLM(LM):
+    """A Llama-family decoder for drafting: the same function as the transformers model it is
+    built from, with fewer and fused calls. ``vocab_ids``: keep only these rows of the output
+    layer (logit row i is token vocab_ids[i]); ``int8``: dynamic int8 linear layers (CPU)."""
+
+    impl = "lean"
+
+    def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None, int8: bool = False):
+        why = lean_unsupported(model)
+        if why:
+            raise ValueError(f"the lean path cannot run this model: {why}")
+        cfg = model.config
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.eps = cfg.rms_norm_eps
+        self.dtype = next(model.parameters()).dtype
+        self._device = model.device
+        base = model.model
+        self.embed = base.embed_tokens.weight.detach()
+        self.layers = []
+        with torch.no_grad():
+            for layer in base.layers:
+                a, m = layer.self_attn, layer.mlp
+                bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                qkv_b = torch.cat(bias) if all(b is not None for b in bias) else None
+                self.layers.append((
+                    layer.input_layernorm.weight.detach(),
+                    _linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b, int8),
+                    _linear(a.o_proj.weight, a.o_proj.bias, int8),
+                    layer.post_attention_layernorm.weight.detach(),
+                    _linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, int8),
+                    _linear(m.down_proj.weight, m.down_proj.bias, int8),
+                ))
+            self.norm = base.norm.weight.detach()
+            head = model.get_output_embeddings().weight
+            self.vocab_ids = None if vocab_ids is None else vocab_ids.to(torch.long).to(self._device)
+            rows = head if self.vocab_ids is None else head.index_select(0, self.vocab_ids)
+            self.head = _linear(rows.detach(), None, int8)
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
+                                                       device=self._device) / self.head_dim))
+        self.n_layers = len(self.layers)
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.inter = base.layers[0].mlp.gate_proj.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def new_cache(self, capacity: int = 256) -> LeanCache:
+        shape = (self.n_layers, self.n_kv, capacity, self.head_dim)
+        return LeanCache(torch.zeros(shape, dtype=self.dtype, device=self._device),
+                         torch.zeros(shape, dtype=self.dtype, device=self._device))
+
+    def length(self, cache: LeanCache) -> int:
+        return cache.n
+
+    def crop(self, cache: LeanCache, length: int) -> None:
+        if not 0 <= length <= cache.n:
+            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
+        cache.n = length
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * h.to(x.dtype)
+
+    def _rope(self, start: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(start, start + t, dtype=torch.float32, device=self._device)
+        freqs = torch.outer(pos, self.inv_freq)                                  # (T, D/2)
+        emb = torch.cat((freqs, freqs), -1)                                     # (T, D)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+    def _grow(self, cache: LeanCache, need: int) -> None:
+        cap = cache.k.shape[2]
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        pad = (0, 0, 0, new_cap - cap)
+        cache.k = F.pad(cache.k, pad)
+        cache.v = F.pad(cache.v, pad)
+
+    @torch.inference_mode()
+    def forward(self, cache: LeanCache, ids: list[int], keep: int) -> torch.Tensor:
+        t, start = len(ids), cache.n
+        self._grow(cache, start + t)
+        x = self.embed[torch.tensor(ids, dtype=torch.long, device=self._device)][None]   # (1, T, hidden)
+        cos, sin = self._rope(start, t)                                              # (T, D)
+        mask = None
+        if t > 1:   # causal within the new tokens, everything cached is visible
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=self._device).tril(start)
+        end = start + t
+        for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(self.layers):
+            h = qkv(self._rms(x, ln1))                                              # (1, T, (H + 2KV) D)
+            q, k, v = h.split((self.q_size, self.kv_size, self.kv_size), -1)
+            q = self._rotate(q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)  # (1, H, T, D)
+            k = self._rotate(k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)     # (1, KV, T, D)
+            cache.k[li, :, start:end] = k[0]
+            cache.v[li, :, start:end] = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
+            a = F.scaled_dot_product_attention(q, cache.k[li:li + 1, :, :end], cache.v[li:li + 1, :, :end],
+                                               attn_mask=mask, scale=self.scaling, enable_gqa=True)  # (1, H, T, D)
+            x = x + o(a.transpose(1, 2).reshape(1, t, self.q_size))
+            g, u = gate_up(self._rms(x, ln2)).split((self.inter, self.inter), -1)
+            x = x + down(F.silu(g) * u)
+        cache.n = end
+        return self.head(self._rms(x[0, -keep:], self.norm)).float()                # (keep, V or len(vocab_ids))

@@ -1,0 +1,104 @@
+"""How many tokens to draft before each verify pass.
+
+``FixedGamma`` is the paper's fixed block (gamma = 6). ``AutoGamma`` drafts while one more token is
+expected to raise the tokens per second of the block, under the machine's measured cost model
+(``csd.profile.CostModel``: the draft's time per token, the target's time for a pass of k tokens)
+and what this run has seen so far:
+
+- the chance that draft token j is kept given that the tokens before it were (accepted or
+  rescued), estimated from the draft's own top-1 probability, calibrated online per confidence
+  bin (a Beta prior centred on the bin, updated with every decided position of the run);
+- before drafting token j + 1 its chance is unknown: the run's keep rate at position j + 1 stands in.
+
+After j drafted tokens with chances p_1..p_j, verifying now yields E_j = 1 + sum_i prod_{l<=i} p_l
+tokens for C_j = j * draft_ms + verify_ms(j + 1); one more token is drafted iff some longer block,
+with the position rates standing in for the chances of the tokens not drafted yet, has a higher
+E_m / C_m than E_j / C_j. A draft that turns unsure stops the block early; a cheap verify
+pass and a confident draft make it long. The arithmetic is a few float operations per draft
+token (``RunMetrics.policy_s`` measures it).
+"""
+from __future__ import annotations
+
+from .profile import CostModel
+
+BINS = 10            # confidence bins of the online calibration
+PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior
+POSITION_PRIOR = (0.8, 4.0)   # keep rate of a draft position before the run has seen it: (rate, weight)
+
+
+class FixedGamma:
+    """The paper's policy: always draft gamma tokens."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+        self.max_len = gamma
+
+    def start(self) -> None:
+        pass
+
+    def more(self, j: int, confidence: float) -> bool:
+        """After drafting j tokens (the last with this top-1 probability): draft another?"""
+        return j < self.gamma
+
+    def observe(self, confidences: list[float], kept: list[bool]) -> None:
+        pass
+
+
+class AutoGamma:
+    def __init__(self, costs: CostModel, max_len: int = 16):
+        self.costs = costs
+        self.max_len = max_len
+        self._acc = [0.0] * BINS      # kept decisions per confidence bin
+        self._n = [0.0] * BINS        # decided positions per confidence bin
+        self._pos_kept = [0.0] * (max_len + 1)
+        self._pos_n = [0.0] * (max_len + 1)
+        self._marginal = [costs.verify(k + 1) - costs.verify(k) for k in range(1, max_len + 2)]
+        self._d = costs.draft_ms
+        self.start()
+
+    # -- per block ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """A new block: nothing drafted yet."""
+        self._prod = 1.0              # chance that every token so far is kept
+        self._e = 1.0                 # expected tokens if verified now (the target's own token)
+        self._c = self.costs.verify(1)
+
+    def chance(self, confidence: float) -> float:
+        b = min(BINS - 1, max(0, int(confidence * BINS)))
+        centre = (b + 0.5) / BINS
+        return (self._acc[b] + centre * PRIOR_WEIGHT) / (self._n[b] + PRIOR_WEIGHT)
+
+    def position_rate(self, j: int) -> float:
+        rate, w = POSITION_PRIOR
+        return (self._pos_kept[j] + rate * w) / (self._pos_n[j] + w)
+
+    def more(self, j: int, confidence: float) -> bool:
+        """After drafting j >= 1 tokens, the last with top-1 probability ``confidence``
+        (j = 0 asks before the first): is drafting more expected to pay? Looks ahead to every
+        block length up to ``max_len`` (verify costs need not be convex: on some CPUs a 2-token
+        pass costs twice a 1-token pass while a 7-token pass costs three times)."""
+        if j >= self.max_len:
+            return False
+        if j > 0:
+            self._prod *= self.chance(confidence)
+            self._e += self._prod
+            self._c += self._d + self._marginal[j - 1]
+        e, c, prod = self._e, self._c, self._prod
+        for m in range(j, self.max_len):
+            prod *= self.position_rate(m + 1)
+            e += prod
+            c += self._d + self._marginal[m]
+            if e * self._c > self._e * c:
+                return True
+        return False
+
+    # -- after the verify pass -------------------------------------------------------------------
+    def observe(self, confidences: list[float], kept: list[bool]) -> None:
+        """The decided positions of a block: their draft confidences and whether each was kept."""
+        for j, (c, k) in enumerate(zip(confidences, kept), 1):
+            b = min(BINS - 1, max(0, int(c * BINS)))
+            self._n[b] += 1
+            self._acc[b] += k
+            if j <= self.max_len:
+                self._pos_n[j] += 1
+                self._pos_kept[j] += k

@@ -1,0 +1,204 @@
+"""What the models cost on this machine, measured once and cached (keyed by machine, torch
+version, pair and representations): the target's time for a pass of k tokens, the draft's time
+per token, and from them the ideal speed-up bound of speculative decoding at each block length.
+
+It also chooses the target's representation when asked for ``auto``: the one with the fastest
+verify pass of the paper's block (gamma 6, so 7 tokens) on this machine, by measurement rather
+than by a CPU flag; within 10% the more exact representation wins (float32 > bfloat16 > float16 > int8).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, float], None]
+
+PASS_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)   # tokens in a target pass (a block of k - 1 + 1)
+CONTEXT = 150                                                 # cached tokens before the timed pass
+EXACTNESS = ("float32", "bfloat16", "float16", "int8")        # most exact first
+TIE = 0.10
+
+
+def machine_name(device: torch.device | str = "cpu") -> str:
+    """The processor (or GPU) that the figures belong to, as the system names it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class CostModel:
+    """Median milliseconds per pass. ``verify_ms[k]``: the target on k new tokens after CONTEXT
+    cached ones (a block of k - 1 draft tokens plus the bonus row); ``draft_ms``: one draft token."""
+    verify_ms: dict[int, float]
+    draft_ms: float
+    key: dict = field(default_factory=dict)
+    measured_at: str = ""
+
+    def verify(self, k: int) -> float:
+        """Time of a k-token pass, interpolated between the measured lengths (linear beyond them)."""
+        ks = sorted(self.verify_ms)
+        if k in self.verify_ms:
+            return self.verify_ms[k]
+        lo = max((x for x in ks if x < k), default=ks[0])
+        hi = min((x for x in ks if x > k), default=None)
+        if hi is None:   # beyond the longest measured pass: extend the last segment's slope
+            a, b = ks[-2], ks[-1]
+            return self.verify_ms[b] + (k - b) * max(0.0, (self.verify_ms[b] - self.verify_ms[a]) / (b - a))
+        w = (k - lo) / (hi - lo)
+        return (1 - w) * self.verify_ms[lo] + w * self.verify_ms[hi]
+
+    @property
+    def ar_tokens_per_s(self) -> float:
+        return 1000.0 / self.verify(1)
+
+    def block_ms(self, g: int) -> float:
+        return g * self.draft_ms + self.verify(g + 1)
+
+    def bound(self, g: int) -> float:
+        """Ideal speed-up over AR at block length g: every draft token accepted."""
+        return (g + 1) / self.block_ms(g) * self.verify(1)
+
+    def best_bound(self, g_max: int = 32) -> tuple[int, float]:
+        g = max(range(1, g_max + 1), key=self.bound)
+        return g, self.bound(g)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verify_ms"] = {str(k): v for k, v in self.verify_ms.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls({int(k): float(v) for k, v in d["verify_ms"].items()}, float(d["draft_ms"]), d.get("key", {}),
+                   d.get("measured_at", ""))
+
+
+@torch.inference_mode()
+def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
+    """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens."""
+    cache = lm.new_cache()
+    lm.forward(cache, [100 + (i % 1000) for i in range(context)], 1)
+    lm.forward(cache, [7] * k, k)          # warm-up at this shape
+    lm.crop(cache, context)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lm.forward(cache, [7] * k, k)
+        _sync(lm.device)
+        times.append(1000 * (time.perf_counter() - t0))
+        lm.crop(cache, context)
+    return statistics.median(times)
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_key(pair) -> dict:
+    return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
+            "pair": pair.pair_id, "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype,
+            "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
+            "draft_vocab": pair.draft_vocab_size}
+
+
+def _cache_file(kind: str, key: dict) -> Path:
+    from .models import cache_dir
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "profiles" / f"{kind}-{digest}.json"
+
+
+def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None) -> CostModel:
+    """Time the target at each pass length and the draft per token (needs a loaded draft)."""
+    verify = {}
+    for i, k in enumerate(lengths):
+        if progress:
+            progress(f"profiling: target pass of {k} tokens", i / (len(lengths) + 1))
+        verify[k] = time_pass(pair.target_lm, k, reps)
+    draft = time_pass(pair.draft_lm, 1, max(reps, 5)) if pair.draft_lm is not None else float("nan")
+    if progress:
+        progress("profiling: done", 1.0)
+    return CostModel(verify, draft, profile_key(pair), _now())
+
+
+def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) -> CostModel:
+    """The pair's cost model on this machine: read from the cache, or measured once and cached."""
+    key = profile_key(pair)
+    path = _cache_file("costs", key)
+    if not refresh and path.exists():
+        try:
+            return CostModel.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("ignoring unreadable profile %s: %s", path, e)
+    costs = measure(pair, progress=progress)
+    from .fileio import atomic_write
+    atomic_write(path, json.dumps(costs.to_dict(), indent=1).encode())
+    return costs
+
+
+# -- the target's representation -------------------------------------------------------------------
+def candidate_reprs(device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda":
+        return ("bfloat16", "float16", "float32")
+    return ("float32", "bfloat16", "int8")
+
+
+def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: torch.device,
+                       progress: Progress | None = None, refresh: bool = False) -> tuple[str, dict]:
+    """The target representation for ``auto`` on this machine, and the timings it was chosen on
+    ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached."""
+    from .lm import HFLM
+    from .models import to_repr
+
+    key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name}
+    path = _cache_file("repr", key)
+    if not refresh and path.exists():
+        try:
+            d = json.loads(path.read_text())
+            return d["choice"], d["timings"]
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("ignoring unreadable representation choice %s: %s", path, e)
+    timings = {}
+    cands = candidate_reprs(device)
+    for i, r in enumerate(cands):
+        if progress:
+            progress(f"choosing the target's representation (once on this machine): timing {r}", i / len(cands))
+        m = to_repr(model_fp32, r, copy=True)
+        lm = HFLM(m)
+        timings[r] = {"1": time_pass(lm, 1, 3, context=64), "7": time_pass(lm, 7, 3, context=64)}
+        del lm, m
+    best = min(timings, key=lambda r: timings[r]["7"])
+    limit = timings[best]["7"] * (1 + TIE)
+    choice = next(r for r in EXACTNESS if r in timings and timings[r]["7"] <= limit)
+    log.info("target representation on %s: %s (7-token pass: %s)", key["machine"], choice,
+             {r: round(t["7"], 1) for r, t in timings.items()})
+    from .fileio import atomic_write
+    atomic_write(path, json.dumps({"key": key, "choice": choice, "timings": timings, "measured_at": _now()},
+                                  indent=1).encode())
+    if progress:
+        progress(f"target representation: {choice}", 1.0)
+    return choice, timings

@@ -1,0 +1,59 @@
+"""Verification of a draft block from the target's logits (Leviathan et al. 2023; CSD, arXiv
+2604.13634): the tensor side of ``csd.rule``. Pure functions of tensors, no model calls.
+
+``score_block`` is the argmax work that greedy SD needs anyway; ``csd.rule.decide`` then walks
+the block. ``verify_sampling`` is rejection sampling with CSD's rescue of rejections.
+"""
+from __future__ import annotations
+
+import torch
+
+from .events import REJECTED
+from .rule import BlockScores, CountFn, Decision, Rescue, decide
+
+
+def score_block(x_tilde: list[int], target_logits: torch.Tensor) -> BlockScores:
+    """t*, z(t*) and z(x~) for a block; target_logits: (g + 1, V), row g scores the bonus."""
+    g = len(x_tilde)
+    t_star = target_logits.argmax(-1)                                   # (g + 1,)
+    z_t = target_logits.gather(-1, t_star[:, None])[:, 0]               # (g + 1,)
+    xs = torch.tensor(x_tilde, dtype=torch.long, device=target_logits.device)
+    z_x = target_logits[:g].gather(-1, xs[:, None])[:, 0]               # (g,)
+    return BlockScores(t_star.tolist(), z_t.tolist(), z_x.tolist())
+
+
+def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn, rescue: Rescue) -> Decision:
+    """Greedy verification of a draft block (x~: the draft tokens; count: the memory lookup)."""
+    return decide(x_tilde, score_block(x_tilde, target_logits), count, rescue)
+
+
+def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
+                    count: CountFn, rescue: Rescue, generator: torch.Generator | None) -> Decision:
+    """Rejection-sampling verification with CSD rescue of rejections.
+
+    q: (g, V) draft probabilities, p: (g + 1, V) target probabilities, both at the run's
+    temperature. A draft token is accepted with probability min(1, p(x)/q(x)); a rejected one
+    whose pattern passes the memory and gate (t* = the target's argmax) is rescued; otherwise the
+    replacement is drawn from norm(max(0, p - q)). Without rescue the output is distributed
+    exactly as the target's.
+    """
+    g = len(x_tilde)
+    xs = torch.tensor(x_tilde, dtype=torch.long, device=p.device)
+    p_x = p[:g].gather(-1, xs[:, None])[:, 0]                             # (g,)
+    q_x = q.gather(-1, xs[:, None])[:, 0]                                 # (g,)
+    u = torch.rand(g, generator=generator).to(p.device)                  # the generator lives on the CPU
+    accept = (u <= (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)).tolist()  # q <= p: always accept
+    d = decide(x_tilde, score_block(x_tilde, target_logits), count, rescue, accept=accept)
+    if d.bonus:
+        nxt = sample(p[g], generator)
+    else:                    # the walk ended on a rejection at its last verdict
+        i = len(d.verdicts) - 1
+        assert d.verdicts[i].status == REJECTED
+        residual = (p[i] - q[i]).clamp_min(0.0)
+        nxt = sample(residual if residual.sum() > 0 else p[i], generator)
+    return Decision(d.verdicts, d.n_kept, nxt, d.bonus, d.observed)
+
+
+def sample(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from non-negative weights (normalised here), with the run's generator."""
+    return int(torch.multinomial((weights / weights.sum()).cpu(), 1, generator=generator))
