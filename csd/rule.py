@@ -37,14 +37,16 @@ def log_tau(tau: float) -> float:
 def rescues(count, gap, lam: float, log_tau_: float, use_ocm: bool = True, use_scg: bool = True):
     """Steps 2-3 on a divergence: rescued iff the memory knows the pattern (count >= lam) and the
     gate passes (gap >= log tau), for the modules that are on. On scalars it gives a bool (an
-    unknown count or gap, None, is never rescued); on numpy arrays an elementwise mask (NaN compares
-    False, so an unlogged count or gap is never rescued either)."""
+    unknown count or gap, None, is never rescued); on numpy arrays an elementwise mask that
+    broadcasts over thresholds too (a what-if grid: counts (N,), lam (L, 1, 1), log tau (T, 1));
+    NaN compares False, so an unlogged count or gap is never rescued either."""
     if np.ndim(count) == 0 and np.ndim(gap) == 0:
         if (use_ocm and count is None) or (use_scg and gap is None) or not (use_ocm or use_scg):
             return False
         return bool((not use_ocm or count >= lam) and (not use_scg or gap >= log_tau_))
     count, gap = np.asarray(count, dtype=float), np.asarray(gap, dtype=float)
-    ok = np.full(np.broadcast_shapes(count.shape, gap.shape), use_ocm or use_scg)
+    shape = np.broadcast_shapes(count.shape, gap.shape, np.shape(lam), np.shape(log_tau_))
+    ok = np.full(shape, use_ocm or use_scg)
     if use_ocm:
         ok &= count >= lam
     if use_scg:

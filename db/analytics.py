@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -21,6 +20,8 @@ from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RESCUED, TokenEvent
+from csd.rule import log_tau, rescues
+from csd.rule import top_share as _top_share
 from db.models import Run, TokenEventRow as E
 
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
@@ -111,10 +112,7 @@ def pareto_table(source, f: Filter = ANY, limit: int | None = None) -> list[Pare
 
 def top_share(rows: list[ParetoRow], fraction: float = 0.2) -> float:
     """Share of divergences covered by the top ``fraction`` of patterns (the paper reports 69% at 0.2)."""
-    if not rows:
-        return 0.0
-    k = max(1, round(len(rows) * fraction))
-    return sum(r.count for r in rows[:k]) / sum(r.count for r in rows)
+    return _top_share([r.count for r in rows], fraction)
 
 
 # -- What-if: rescues under other lambda / tau -------------------------------------------------
@@ -130,8 +128,7 @@ class Divergences:
         return len(self.count)
 
     def rescued_mask(self, lam: float, tau: float) -> np.ndarray:
-        log_tau = math.log(tau) if tau > 0 else -math.inf
-        return (self.count >= lam) & (self.gap >= log_tau)   # NaN compares False: never rescued
+        return rescues(self.count, self.gap, lam, log_tau(tau))   # NaN compares False: never rescued
 
 
 def _driver_rows(s: Session, q: Select) -> list[tuple]:
@@ -213,10 +210,10 @@ class WhatIfGrid:
 
 def what_if_grid(source, lams, taus, f: Filter = ANY) -> WhatIfGrid:
     d = cached_divergences(source, f)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_taus = np.log(np.maximum(np.asarray(taus, dtype=float), 0.0))        # tau <= 0: -inf
-        by_lam = d.count[None, :] >= np.asarray(lams, dtype=float)[:, None]      # (L, N)
-        by_tau = d.gap[None, :] >= log_taus[:, None]                              # (T, N)
+    lam = np.asarray(lams, dtype=float)[:, None]                                  # (L, 1)
+    lt = np.array([log_tau(t) for t in taus])[:, None]                            # (T, 1)
+    by_lam = rescues(d.count[None, :], 0.0, lam, -np.inf, use_scg=False)          # (L, N): the memory test
+    by_tau = rescues(0.0, d.gap[None, :], 0.0, lt, use_ocm=False)                 # (T, N): the gate test
     rescued = by_lam.astype(float) @ by_tau.T.astype(float)                       # (L, T), exact below 2**53
     return WhatIfGrid(list(lams), list(taus), rescued.astype(np.int64), len(d))
 
@@ -290,9 +287,26 @@ def _events_query(f: Filter) -> Select:
     return f.apply(select(E)).order_by(E.run_id, E.seq)
 
 
+@dataclass(frozen=True)
+class LoggedEvent:
+    """A stored token event: the engine's own ``TokenEvent`` and where the store keeps it."""
+    run_id: int
+    seq: int                     # order within the run, from 0
+    context: str                 # ~40 characters of output text before the token
+    event: TokenEvent
+
+
+def logged_events(source, f: Filter = ANY, limit: int | None = 100, offset: int = 0) -> list[LoggedEvent]:
+    """Events as typed records, in run and decision order (what the app draws and the figures use)."""
+    out = []
+    for d in events(source, f, limit, offset):
+        out.append(LoggedEvent(d["run_id"], d["seq"], d["context"], TokenEvent.from_dict(d)))
+    return out
+
+
 def events(source, f: Filter = ANY, limit: int | None = 100, offset: int = 0) -> list[dict]:
-    """Events as dicts (the TokenEvent fields plus run_id, seq and context), in run and decision order.
-    ``TokenEvent.from_dict(d)`` gives the event back."""
+    """Events as flat dicts (the TokenEvent fields plus run_id, seq and context), in run and decision
+    order: the shape of an exported row (CSV, JSON lines). ``logged_events`` gives typed records."""
     with _session(source) as s:
         return [_event_dict(r) for r in s.scalars(_events_query(f).limit(limit).offset(offset))]
 
