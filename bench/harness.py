@@ -1,59 +1,145 @@
-"""Benchmark harness: AR, SD, CSD, the ablations and transformers' assisted generation on the
-same items, measured the way the CSD paper measures them (arXiv 2604.13634: greedy, batch 1,
-speed-up over autoregressive decoding, acceptance, task accuracy).
+"""Benchmark harness: AR, SD, CSD (at several lambda/tau settings), the ablations and transformers'
+assisted generation on the same items, measured the way the CSD paper measures them (arXiv
+2604.13634: greedy, batch 1, speed-up over autoregressive decoding, acceptance, task accuracy).
 
 Fairness on a noisy machine:
 - every method runs on the same items in one process, after one warm-up generation each;
-- items are interleaved: item 1 with every method, then item 2 ...; the method order rotates
-  by one per item so that no method always runs first (cache, thermal or load effects);
-- every wall time is taken here, around the whole generation (``Decoder.run`` and its events,
-  or ``generate``), so that all methods pay for their own overheads;
-- speed-ups are paired: a summary counts an item only when every method finished it.
+- items are interleaved: item 1 with every method, then item 2 ...; the method order rotates by
+  one per item so that no method always runs first (cache, thermal or load effects);
+- every wall time is taken here, around the whole generation, so that all methods pay for their
+  own overheads; summaries count an item only when every method finished it (paired).
 
-Memory policy (``memory_mode``): each method that reads a correction memory gets its own copy
-of the start memory (the shipped default memory unless one is given). ``"online"`` (default):
-that copy evolves across the items of the run, in the order they run, as a served model's
-memory would; ``"fresh"``: every item starts from a new copy of the start memory.
+Baselines: greedy SD is the exact one (its output is the target's own); transformers' assisted
+generation runs twice: at its own defaults (``hf-assisted``: what a user gets) and configured like
+ours (``hf-assisted-fixed``: gamma draft tokens per round, constant schedule, no confidence
+threshold), so that a reader sees what comes from the verification rule and what from drafting.
+
+Memory policy (``memory_mode``): each method that reads a correction memory gets its own copy of
+the start memory. ``"online"`` (default): that copy evolves across the items of the run, in the
+order they run, as a served model's memory would; ``"fresh"``: every item starts from a new copy.
 
 Outputs in ``out_dir``: ``results.json`` (every figure; rewritten after every item, so an
-interrupted run keeps what it finished), ``results.md`` (the paper-style table),
-``speedup.html`` and ``divergences.html`` (Plotly, with plotly.js inline: they open offline),
-and ``memory_<method>.json.gz`` (the memory of each method that reads one, at the end).
+interrupted run keeps what it finished), ``results.md``, ``speedup.html``, ``divergences.html``,
+``frontier.html`` (Plotly, plotly.js inline) and ``memory_<method>.json.gz``.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
+import re
 import statistics
-import tempfile
 import time
-import warnings
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
 
-from csd.config import METHODS, CSDConfig
+from csd.config import METHODS, CSDConfig, ConfigError
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
 from .report import render_markdown, write_charts
+from .stats import mcnemar_exact, pareto, wilson
 
+log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
 
 HF_ASSISTED = "hf-assisted"
-BENCH_METHODS = METHODS + (HF_ASSISTED,)
-DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED)
+HF_FIXED = "hf-assisted-fixed"
+HF_METHODS = (HF_ASSISTED, HF_FIXED)
+BENCH_METHODS = METHODS + HF_METHODS
+DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED, HF_FIXED)
 MEMORY_MODES = ("online", "fresh")
 WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that adds two numbers."
 WARMUP_TOKENS = 8
-# The figures issue 5 asks for, checked over the mix of all datasets.
-TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "sd_over_hf": 1.0, "csd_passes_vs_sd": 0.9,
-           "bookkeeping_share": 0.001}
+# The figures the issues ask for, checked over the mix of all datasets.
+TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "csd_over_sd": 1.0, "csd_passes_vs_sd": 0.9,
+           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9}
 
 
+# -- what runs ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Method:
+    """One column of the benchmark: an engine configuration, or transformers' assisted generation."""
+    name: str
+    cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
+    hf: str | None = None           # None, "defaults" or "fixed"
+
+    @property
+    def reads_memory(self) -> bool:
+        return self.hf is None and self.cfg.use_ocm
+
+
+def setting_name(lam: float, tau: float) -> str:
+    return f"csd[lam={lam:g},tau={tau:g}]"
+
+
+def parse_sweep(sweep: str | Iterable | None) -> list[tuple[float, float]]:
+    """"lam=6,tau=0.01;lam=3,tau=0.1" (or pairs) -> [(6, 0.01), (3, 0.1)], each checked by the engine."""
+    if not sweep:
+        return []
+    if not isinstance(sweep, str):
+        return [(float(a), float(b)) for a, b in sweep]
+    out = []
+    for part in sweep.split(";"):
+        if not part.strip():
+            continue
+        kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
+        if set(kv) != {"lam", "tau"}:
+            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T (settings separated by ';')")
+        try:
+            lam, tau = float(kv["lam"]), float(kv["tau"])
+        except ValueError:
+            raise ValueError(f"sweep setting {part.strip()!r}: lam and tau must be numbers") from None
+        CSDConfig(lam=lam, tau=tau).validated()
+        if (lam, tau) not in out:
+            out.append((lam, tau))
+    return out
+
+
+def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
+    """The benchmark's columns: named methods, then one CSD column per sweep setting. The sweep
+    setting equal to ``base``'s lambda and tau is the plain ``csd`` column."""
+    names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    out: list[Method] = []
+    for m in dict.fromkeys(names):
+        if m not in BENCH_METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
+        if m in HF_METHODS:
+            out.append(Method(m, replace(base, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
+        else:
+            out.append(Method(m, replace(base, method=m)))
+    for lam, tau in parse_sweep(sweep):
+        if (lam, tau) == (base.lam, base.tau):
+            if not any(x.name == "csd" for x in out):
+                out.append(Method("csd", replace(base, method="csd")))
+            continue
+        out.append(Method(setting_name(lam, tau), replace(base, method="csd", lam=lam, tau=tau)))
+    if not out:
+        raise ValueError("no method to benchmark")
+    return out
+
+
+def validate_methods(methods: Iterable[str]) -> list[str]:
+    return [m.name for m in make_methods(list(methods), CSDConfig())]
+
+
+def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
+    """Dataset names from "a,b" or a list: built-in names or existing files."""
+    names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
+    names = list(dict.fromkeys(d for d in names if d))
+    if not names:
+        raise ValueError("no dataset to benchmark")
+    for d in names:
+        if d not in BUILTIN and not Path(d).expanduser().is_file():
+            raise ValueError(f"unknown dataset {d!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
+    return names
+
+
+# -- one method on one item -------------------------------------------------------------------------
 @dataclass
 class ItemResult:
     """One method on one item."""
@@ -63,19 +149,21 @@ class ItemResult:
     order: int                         # position of this method in the item's rotated order
     wall_s: float                      # measured here, around the whole generation
     new_tokens: int
-    target_passes: int | None          # target forward passes (hf-assisted: counted by a forward hook)
+    target_passes: int | None          # target forward passes (hf: counted by a forward hook)
     draft_passes: int | None
     drafted: int | None = None         # draft tokens proposed (None where the method does not say)
     accepted: int | None = None
     rescued: int | None = None
     divergences: int | None = None
     bookkeeping_s: float | None = None  # memory + gate time inside the engine
+    policy_s: float | None = None       # block-length policy time inside the engine
     engine_wall_s: float | None = None  # the engine's own wall time (excludes setting up the run)
     stopped_by: str = ""
     correct: bool | None = None        # None: not graded
     predicted: str | None = None
     grade_detail: str = ""
     identical_to_ar: bool | None = None  # same token ids as AR on this item (None without AR)
+    identical_to_sd: bool | None = None  # same token ids as SD on this item (None without SD)
     text: str = ""
     token_ids: list = field(default_factory=list)
 
@@ -105,15 +193,17 @@ class ItemResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-# -- generation, one method on one prompt ------------------------------------------------------
-def measure(pair, decoder, method: str, cfg: CSDConfig, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
+def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
     """Run one method on one prompt; the wall time is taken around the whole generation.
-    Returns the figures (dataset and item fields left empty) and the engine's run (None for hf-assisted)."""
-    if method == HF_ASSISTED:
-        ids, wall, tp, dp = _generate_hf(pair, prompt_ids, cfg.max_new_tokens)
+    Returns the figures (dataset and item fields left empty) and the engine's run (None for hf)."""
+    cfg = method.cfg
+    if method.hf is not None:
+        fixed = cfg.gamma if method.hf == "fixed" and cfg.gamma != "auto" else (6 if method.hf == "fixed" else None)
+        ids, wall, tp, dp = generate_hf(pair, prompt_ids, cfg.max_new_tokens, fixed_gamma=fixed)
         text = pair.tokenizer.decode(ids, skip_special_tokens=True)
         stopped = "eos" if ids and ids[-1] in pair.eos_ids else "max_new_tokens"
-        return ItemResult("", "", method, 0, wall, len(ids), tp, dp, stopped_by=stopped, text=text, token_ids=ids), None
+        return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, text=text,
+                          token_ids=ids), None
     t0 = time.perf_counter()
     run = decoder.run(prompt_ids, cfg, memory)
     for _ in run:
@@ -121,15 +211,18 @@ def measure(pair, decoder, method: str, cfg: CSDConfig, prompt_ids: list[int], m
     wall = time.perf_counter() - t0
     mt = run.metrics
     drafting = cfg.uses_draft
-    return ItemResult("", "", method, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards,
+    return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards,
                       mt.drafted if drafting else None, mt.accepted if drafting else None,
                       mt.rescued if drafting else None, mt.divergences if drafting else None,
-                      mt.bookkeeping_s, mt.wall_s, mt.stopped_by, text=run.text, token_ids=list(run.token_ids)), run
+                      mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
+                      token_ids=list(run.token_ids)), run
 
 
-def _generate_hf(pair, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float, int, int]:
-    """transformers' assisted generation (greedy) on the same loaded models, with its own
-    defaults for the draft length; target and draft forward passes are counted by hooks."""
+def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None
+                ) -> tuple[list[int], float, int, int]:
+    """transformers' assisted generation (greedy) on the same loaded models: at its own defaults,
+    or with ``fixed_gamma`` draft tokens per round (constant schedule, confidence threshold off).
+    Target and draft forward passes are counted by hooks."""
     import torch
 
     passes = {"target": 0, "draft": 0}
@@ -142,6 +235,12 @@ def _generate_hf(pair, prompt_ids: list[int], max_new_tokens: int) -> tuple[list
     x = torch.tensor([prompt_ids], dtype=torch.long, device=pair.target.device)
     pad = pair.tokenizer.pad_token_id
     pad = pad if pad is not None else pair.eos_ids[0]
+    gc = pair.draft.generation_config
+    saved = {k: getattr(gc, k, None) for k in ("num_assistant_tokens", "num_assistant_tokens_schedule",
+                                                "assistant_confidence_threshold")}
+    if fixed_gamma is not None:
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
+        gc.assistant_confidence_threshold = 0.0
     hooks = [pair.target.register_forward_hook(counter("target")),
              pair.draft.register_forward_hook(counter("draft"))]
     try:
@@ -154,6 +253,9 @@ def _generate_hf(pair, prompt_ids: list[int], max_new_tokens: int) -> tuple[list
     finally:
         for h in hooks:
             h.remove()
+        if fixed_gamma is not None:        # the defaults' own state (its heuristic schedule) is left as it was
+            for k, v in saved.items():
+                setattr(gc, k, v)
     new = out[0, len(prompt_ids):].tolist()
     eos = set(pair.eos_ids)
     for i, t in enumerate(new):          # batch 1 never pads, but cut after the first EOS to be sure
@@ -163,146 +265,107 @@ def _generate_hf(pair, prompt_ids: list[int], max_new_tokens: int) -> tuple[list
     return new, wall, passes["target"], passes["draft"]
 
 
-def rotated(methods: list[str], k: int) -> list[str]:
+def rotated(methods: list, k: int) -> list:
     """The method order for the k-th item: rotate by one per item."""
     k %= len(methods)
     return methods[k:] + methods[:k]
 
 
-# -- the harness -------------------------------------------------------------------------------
-@dataclass
-class BenchSetup:
-    datasets: list[str]
-    limit: int | None
-    methods: list[str]
-    max_new_tokens: int
-    seed: int
-    gamma: int
-    lam: float
-    tau: float
-    memory_mode: str
-    command: str = ""
-
-
-def validate_methods(methods: Iterable[str]) -> list[str]:
-    out = []
-    for m in methods:
-        m = m.strip()
-        if not m:
-            continue
-        if m not in BENCH_METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
-        if m not in out:
-            out.append(m)
-    if not out:
-        raise ValueError("no method to benchmark")
-    return out
-
-
-def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
-    """Dataset names from "a,b" or a list: built-in names or existing files."""
-    names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
-    names = list(dict.fromkeys(d for d in names if d))
-    if not names:
-        raise ValueError("no dataset to benchmark")
-    for d in names:
-        if d not in BUILTIN and not Path(d).expanduser().is_file():
-            raise ValueError(f"unknown dataset {d!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
-    return names
-
-
+# -- the harness -------------------------------------------------------------------------------------
 def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | list[str] = DEFAULT_METHODS,
               max_new_tokens: int = 128, out_dir: str | os.PathLike = "bench-results", seed: int = 0,
-              store=None, progress: Progress | None = None, *, gamma: int = 6, lam: float = 6, tau: float = 0.01,
-              memory=None, memory_mode: str = "online", warmup: bool = True, show_bar: bool = True,
-              command: str = "") -> dict:
-    """Benchmark ``methods`` on ``limit`` items of each dataset (fixed by ``seed``) and write the
-    outputs to ``out_dir``. ``store``: a ``db.store.Store`` to record every generation in, or None.
-    ``memory``: the start memory of the memory methods (default: ``default_memory(pair)``).
-    Returns the results dict (also in ``results.json``). On KeyboardInterrupt, the outputs hold
-    the finished items and the interrupt propagates."""
+              store=None, progress: Progress | None = None, *, gamma: int | str = 6, lam: float = 6,
+              tau: float = 0.01, sweep=None, memory=None, memory_mode: str = "online", warmup: bool = True,
+              show_bar: bool = True, command: str = "", costs=None, gamma_max: int = 16) -> dict:
+    """Benchmark ``methods`` (and one CSD column per ``sweep`` setting) on ``limit`` items of each
+    dataset (fixed by ``seed``) and write the outputs to ``out_dir``. ``store``: a ``db.store.Store``
+    to record every generation in, or None. ``memory``: the start memory of the memory methods
+    (default: the pair's calibrated memory). Returns the results dict (also in ``results.json``).
+    On KeyboardInterrupt, the outputs hold the finished items and the interrupt propagates."""
     from tqdm.auto import tqdm
 
     from csd.decode import Decoder
 
     datasets = validate_datasets(dataset)
-    methods = validate_methods(methods.split(",") if isinstance(methods, str) else methods)
     if memory_mode not in MEMORY_MODES:
         raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {memory_mode!r}")
-    if pair.draft is None and any(m != "ar" for m in methods):
+    try:
+        base = CSDConfig(method="ar", gamma=gamma, gamma_max=gamma_max, lam=lam, tau=tau,
+                         max_new_tokens=max_new_tokens).validated()
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    cols = make_methods(methods, base, sweep)
+    if pair.draft is None and any(m.cfg.uses_draft or m.hf for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
-    base_cfg = CSDConfig(method="ar", gamma=gamma, lam=lam, tau=tau, max_new_tokens=max_new_tokens).validated()
-    setup = BenchSetup(datasets, limit, methods, max_new_tokens, seed, gamma, lam, tau, memory_mode, command)
 
     items: list[Item] = []
     for name in datasets:
         items.extend(load_dataset(name, limit, seed))
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     for ids in prompts.values():
-        base_cfg.validated(pair.context_limit, len(ids))
+        base.validated(pair.context_limit, len(ids))
 
-    decoder = Decoder(pair)
+    decoder = Decoder(pair, costs=costs)
+    if gamma == "auto":
+        decoder.costs                      # measure (or read) the profile before any timing
     start_memory = memory if memory is not None else decoder.default_memory()
-    memories = {m: start_memory.copy() for m in methods if m not in ("ar", HF_ASSISTED)}
+    memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
-    results = {
-        "meta": _meta(pair, setup, start_memory, bench_id),
-        "items": [],
-        "status": "running",
-    }
+    results = {"meta": _meta(pair, decoder, cols, datasets, limit, seed, base, memory_mode, start_memory,
+                             bench_id, command),
+               "items": [], "status": "running"}
     records: list[ItemResult] = []
-    divergences: dict[str, Counter] = {m: Counter() for m in memories}
+    divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
     token_text: dict[int, str] = {}
 
-    def cfg_for(method: str) -> CSDConfig:
-        return replace(base_cfg, method="ar" if method == HF_ASSISTED else method)
-
-    total = len(items) * len(methods)
+    total = len(items) * len(cols)
     status = "failed"
     bar = tqdm(total=total, desc="bench", unit="gen", disable=not show_bar, dynamic_ncols=True)
     done = 0
     try:
         if warmup:
             warm_ids = pair.encode_prompt(WARMUP_PROMPT, chat=True)
-            for m in methods:
-                bar.set_postfix_str(f"warm-up {m}")
+            for m in cols:
+                bar.set_postfix_str(f"warm-up {m.name}")
                 if progress:
-                    progress(f"warm-up: {m}", 0.0)
-                mem = memories[m].copy() if m in memories else None      # the warm-up never teaches a memory
-                measure(pair, decoder, m, replace(cfg_for(m), max_new_tokens=WARMUP_TOKENS), warm_ids, mem)
+                    progress(f"warm-up: {m.name}", 0.0)
+                mem = memories[m.name].copy() if m.name in memories else None    # the warm-up never teaches a memory
+                warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
+                measure(pair, decoder, warm, warm_ids, mem)
         for k, it in enumerate(items):
             prompt_ids = prompts[(it.dataset, it.item_id)]
             item_records: dict[str, ItemResult] = {}
-            for j, m in enumerate(rotated(methods, k)):
-                bar.set_postfix_str(f"{it.dataset} {it.item_id} {m}")
+            for j, m in enumerate(rotated(cols, k)):
+                bar.set_postfix_str(f"{it.dataset} {it.item_id} {m.name}")
                 if progress:
-                    progress(f"{it.dataset} {it.item_id}: {m}", done / total)
+                    progress(f"{it.dataset} {it.item_id}: {m.name}", done / total)
                 mem = None
-                if m in memories:
-                    mem = memories[m] if memory_mode == "online" else start_memory.copy()
-                r, run = measure(pair, decoder, m, cfg_for(m), prompt_ids, mem)
+                if m.name in memories:
+                    mem = memories[m.name] if memory_mode == "online" else start_memory.copy()
+                r, run = measure(pair, decoder, m, prompt_ids, mem)
                 r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
-                if run is not None and m in divergences:
+                if run is not None and m.name in divergences:
                     for ev in run.events:
                         if ev.is_divergence:
-                            divergences[m][(ev.draft_id, ev.target_id)] += 1
+                            divergences[m.name][(ev.draft_id, ev.target_id)] += 1
                             token_text.setdefault(ev.draft_id, ev.draft_text or "")
                             token_text.setdefault(ev.target_id, ev.target_text or "")
                 g = grade(it, r.text)
                 r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
-                item_records[m] = r
+                item_records[m.name] = r
                 if store is not None:
-                    _record(store, pair, cfg_for(m), m, it, r, run, bench_id)
+                    _record(store, pair, m, it, r, run, bench_id)
                 done += 1
                 bar.update(1)
-            if "ar" in item_records:
-                ref = item_records["ar"].token_ids
-                for r in item_records.values():
-                    r.identical_to_ar = r.token_ids == ref
-            records.extend(item_records[m] for m in methods if m in item_records)
-            results.update(_assemble(records, methods, divergences, token_text, "running"))
+            for ref in ("ar", "sd"):
+                if ref in item_records:
+                    ids = item_records[ref].token_ids
+                    for r in item_records.values():
+                        setattr(r, f"identical_to_{ref}", r.token_ids == ids)
+            records.extend(item_records[m.name] for m in cols if m.name in item_records)
+            results.update(_assemble(records, cols, divergences, token_text, "running"))
             _write_json(out / "results.json", results)
             (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         status = "finished"
@@ -311,48 +374,52 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         raise
     finally:
         bar.close()
-        results.update(_assemble(records, methods, divergences, token_text, status))
+        results.update(_assemble(records, cols, divergences, token_text, status))
         results["meta"]["finished_at"] = _now()
         results["meta"]["loadavg_end"] = _loadavg()
         _write_json(out / "results.json", results)
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         try:
             write_charts(results, out)
-        except Exception as e:       # never lose the JSON and the table to a chart
-            warnings.warn(f"bench charts not written: {e!r}")
-        for m, mem in memories.items():
-            if not CSDConfig(method=m).use_ocm:
-                continue            # the other methods never read their memory
-            mem.save(out / f"memory_{m}.json.gz")
+        except (ImportError, ValueError, KeyError, OSError) as e:       # never lose the JSON and the table to a chart
+            log.exception("bench charts not written: %s", e)
+        for name, mem in memories.items():
+            mem.save(out / f"memory_{_safe(name)}.json.gz")
             if store is not None and memory_mode == "online":
-                store.save_memory(mem, label=f"bench {bench_id} {m} memory after {len(items)} items")
+                store.save_memory(mem, label=f"bench {bench_id} {name} memory after {len(items)} items")
         if progress:
             progress(f"bench {results['status']}", 1.0)
     return results
 
 
-def _record(store, pair, cfg: CSDConfig, method: str, item: Item, r: ItemResult, run, bench_id: str) -> None:
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_")
+
+
+def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
-    fields = dict(kind="bench", **pair.run_fields(), method=method, temperature=0.0, max_new_tokens=cfg.max_new_tokens,
-                  prompt=item.prompt, label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200])
-    if method != HF_ASSISTED and cfg.uses_draft:
-        fields.update(gamma=cfg.gamma, lam=cfg.lam, tau=cfg.tau)
-    run_id = store.start_run(**fields)
-    if run is None:
-        metrics = {"new_tokens": r.new_tokens, "target_forwards": r.target_passes, "draft_forwards": r.draft_passes,
-                   "wall_s": r.wall_s, "mean_accepted_length": r.mean_accepted_length, "stopped_by": r.stopped_by,
-                   "correct": r.correct}
-        store.finish_run(run_id, r.text, metrics)
-        return
-    rec = store.recorder(run_id)
-    for ev in run.events:
-        rec.add(ev)
-    metrics = run.metrics.to_dict()
-    metrics.update(bench_wall_s=r.wall_s, correct=r.correct)
-    rec.finish(output_text=r.text, metrics=metrics)
+    from csd.events import RunMetrics
+
+    fields = dict(kind="bench", **pair.run_fields(), method=m.name[:32], temperature=0.0,
+                  max_new_tokens=m.cfg.max_new_tokens, prompt=item.prompt,
+                  label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200],
+                  target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None)
+    if m.hf is None and m.cfg.uses_draft:
+        fields.update({k: v for k, v in m.cfg.run_fields().items() if k in ("gamma", "lam", "tau")})
+    with store.record(**fields) as rec:
+        if run is None:
+            rec.result(r.text, {"new_tokens": r.new_tokens, "target_forwards": r.target_passes,
+                                "draft_forwards": r.draft_passes, "wall_s": r.wall_s,
+                                "mean_accepted_length": r.mean_accepted_length, "stopped_by": r.stopped_by,
+                                "correct": r.correct})
+            return
+        for ev in run.events:
+            rec.add(ev)
+        metrics: RunMetrics = run.metrics
+        rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
-# -- summaries ---------------------------------------------------------------------------------
+# -- summaries ----------------------------------------------------------------------------------------
 def summarize(records: list[ItemResult], methods: list[str]) -> dict:
     """Per dataset (and "all"), per method, over the items that every method finished."""
     by_item: dict[tuple, dict[str, ItemResult]] = {}
@@ -367,6 +434,18 @@ def summarize(records: list[ItemResult], methods: list[str]) -> dict:
     return out
 
 
+def _paired(rows, m: str, ref: str) -> dict | None:
+    """Accuracy of m against ref on the items both graded: gained, lost, exact McNemar p."""
+    if not rows or ref not in rows[0] or m == ref:
+        return None
+    both = [(row[m].correct, row[ref].correct) for row in rows
+            if row[m].correct is not None and row[ref].correct is not None]
+    gained = sum(1 for x, a in both if x and not a)
+    lost = sum(1 for x, a in both if a and not x)
+    return {"n": len(both), "gained": gained, "lost": lost, "p_value": mcnemar_exact(gained, lost),
+            "diff": (gained - lost) / len(both) if both else None}
+
+
 def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
     rs = [row[m] for row in rows]
     n = len(rs)
@@ -375,57 +454,62 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
     tp = None if any(r.target_passes is None for r in rs) else sum(r.target_passes for r in rs)
     drafted = None if any(r.drafted is None for r in rs) else sum(r.drafted for r in rs)
     kept = None if drafted is None else sum((r.accepted or 0) + (r.rescued or 0) for r in rs)
+    div = None if drafted is None else sum(r.divergences or 0 for r in rs)
+    rescued = None if drafted is None else sum(r.rescued or 0 for r in rs)
     graded = [r for r in rs if r.correct is not None]
+    n_correct = sum(bool(r.correct) for r in graded)
+    ci = wilson(n_correct, len(graded))
     s = {
         "n": n, "wall_s": wall, "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
         "target_passes": tp, "target_passes_per_token": tp / tokens if tp is not None and tokens else None,
         "mean_accepted_length": tokens / tp if tp else None,
         "drafted": drafted, "acceptance_rate": kept / drafted if drafted else None,
-        "rescued": None if drafted is None else sum(r.rescued or 0 for r in rs),
-        "n_graded": len(graded), "n_correct": sum(bool(r.correct) for r in graded),
-        "accuracy": sum(bool(r.correct) for r in graded) / len(graded) if graded else None,
+        "rescued": rescued, "divergences": div,
+        "rescues_per_divergence": rescued / div if div else None,
+        "eos_share": sum(r.stopped_by == "eos" for r in rs) / n if n else None,
+        "n_graded": len(graded), "n_correct": n_correct,
+        "accuracy": n_correct / len(graded) if graded else None,
+        "accuracy_ci95": list(ci) if ci else None,
         "bookkeeping_share": (sum(r.bookkeeping_s for r in rs) / wall
                               if wall > 0 and all(r.bookkeeping_s is not None for r in rs) else None),
+        "policy_share": (sum(r.policy_s for r in rs) / wall
+                         if wall > 0 and all(r.policy_s is not None for r in rs) else None),
         "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
+        "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
     }
+    for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
+                     (HF_FIXED, "speedup_over_hf_fixed")):
+        if rows and ref in rows[0]:
+            ref_wall = sum(row[ref].wall_s for row in rows)
+            s[key] = ref_wall / wall if wall > 0 else None
     if rows and "ar" in rows[0]:
         ar = [row["ar"] for row in rows]
-        ar_wall = sum(r.wall_s for r in ar)
-        s["speedup_wall"] = ar_wall / wall if wall > 0 else None
         ratios = [r.tokens_per_s / a.tokens_per_s for r, a in zip(rs, ar) if a.tokens_per_s > 0]
         s["speedup_tps_mean"] = statistics.fmean(ratios) if ratios else None
-        both = [(row[m].correct, row["ar"].correct) for row in rows
-                if row[m].correct is not None and row["ar"].correct is not None]
-        s["accuracy_vs_ar"] = {"n": len(both), "gained": sum(1 for x, a in both if x and not a),
-                               "lost": sum(1 for x, a in both if a and not x),
-                               "diff": (sum(bool(x) for x, _ in both) - sum(bool(a) for _, a in both)) / len(both)
-                               if both else None}
+        s["accuracy_vs_ar"] = _paired(rows, m, "ar")
+    s["accuracy_vs_sd"] = _paired(rows, m, "sd")
     if rows and "sd" in rows[0] and tp is not None:
         sd_tp = sum(row["sd"].target_passes for row in rows)
         s["target_passes_vs_sd"] = tp / sd_tp if sd_tp else None
-    if rows and HF_ASSISTED in rows[0]:
-        hf_wall = sum(row[HF_ASSISTED].wall_s for row in rows)
-        s["speedup_over_hf"] = hf_wall / wall if wall > 0 else None
     return s
 
 
-def pareto(counts: Counter) -> dict:
-    """The divergence patterns' Pareto curve: cumulative share of divergences covered by the top
-    patterns, and the share covered by the top 20% (the paper reports about 69%)."""
-    values = sorted(counts.values(), reverse=True)
-    total = sum(values)
-    if not total:
-        return {"patterns": 0, "divergences": 0, "top20_share": None, "cumulative": []}
-    cum, acc = [], 0
-    for v in values:
-        acc += v
-        cum.append(acc / total)
-    k = max(1, round(len(values) * 0.2))
-    return {"patterns": len(values), "divergences": total, "top20_patterns": k, "top20_share": cum[k - 1],
-            "cumulative": cum}
+def frontier(summary: dict) -> list[dict]:
+    """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
+    stats = summary.get("all") or (next(iter(summary.values())) if summary else {})
+    points = []
+    for name, s in stats.items():
+        points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),
+                       "accuracy_ci95": s.get("accuracy_ci95"), "n_graded": s.get("n_graded"),
+                       "target_passes_per_token": s.get("target_passes_per_token"),
+                       "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
+                       "rescues_per_divergence": s.get("rescues_per_divergence"),
+                       "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
+                       "accuracy_vs_sd": s.get("accuracy_vs_sd")})
+    return points
 
 
-def _assemble(records, methods, divergences: dict[str, Counter], token_text: dict, status: str) -> dict:
+def _assemble(records, cols: list[Method], divergences: dict[str, Counter], token_text: dict, status: str) -> dict:
     div = {}
     for m, counts in divergences.items():
         p = pareto(counts)
@@ -433,14 +517,15 @@ def _assemble(records, methods, divergences: dict[str, Counter], token_text: dic
                      "target_text": token_text.get(t, ""), "count": c}
                     for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]
         div[m] = p
-    summary = summarize(records, methods)
+    names = [m.name for m in cols]
+    summary = summarize(records, names)
     return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
             "targets": check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {})),
-            "divergences": div}
+            "frontier": frontier(summary), "divergences": div}
 
 
 def check_targets(stats: dict) -> dict:
-    """Issue 5's figures over the mix: value, threshold and whether it is met (None: not measured)."""
+    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured)."""
     def get(m, k):
         return (stats.get(m) or {}).get(k)
 
@@ -448,17 +533,19 @@ def check_targets(stats: dict) -> dict:
         return {"value": value, "threshold": threshold,
                 "met": None if value is None else (value >= threshold if higher else value <= threshold)}
 
-    csd_hf, sd_hf = get("csd", "speedup_over_hf"), get("sd", "speedup_over_hf")
-    out = {"csd_over_ar": t(get("csd", "speedup_wall"), TARGETS["csd_over_ar"]),
-           "csd_over_hf": t(csd_hf, TARGETS["csd_over_hf"]),
-           "sd_over_hf": t(sd_hf, TARGETS["sd_over_hf"]),
-           "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
-           "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
-           "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
-    return out
+    return {"csd_over_ar": t(get("csd", "speedup_wall"), TARGETS["csd_over_ar"]),
+            "csd_over_hf": t(get("csd", "speedup_over_hf"), TARGETS["csd_over_hf"]),
+            "csd_over_sd": t(get("csd", "speedup_over_sd"), TARGETS["csd_over_sd"]),
+            "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
+            "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
+            "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
+            "csd_policy_share": t(get("csd", "policy_share"), TARGETS["policy_share"], higher=False),
+            "sd_eos_share": t(get("sd", "eos_share"), TARGETS["eos_share_sd"]),
+            "csd_accuracy_vs_sd": get("csd", "accuracy_vs_sd"),
+            "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
 
 
-# -- outputs -------------------------------------------------------------------------------------
+# -- outputs ------------------------------------------------------------------------------------------
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -470,47 +557,47 @@ def _loadavg():
         return None
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _meta(pair, setup: BenchSetup, memory, bench_id: str) -> dict:
+def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDConfig, memory_mode, memory,
+          bench_id: str, command: str) -> dict:
     import torch
     import transformers
 
+    from csd.profile import machine_name
+
+    costs = None
+    if decoder._costs is not None:
+        c = decoder.costs
+        g_best, b_best = c.best_bound()
+        costs = {**c.to_dict(), "bound": {str(g): c.bound(g) for g in (1, 2, 4, 6, 8, 12, 16)},
+                 "best_bound": {"gamma": g_best, "speedup": b_best}}
     return {
-        "bench_id": bench_id, "command": setup.command, "started_at": _now(),
-        "machine": {"platform": platform.platform(), "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "bench_id": bench_id, "command": command, "started_at": _now(),
+        "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__,
                     "device": str(pair.device)},
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
         "dtype": pair.target_repr,
-        "models": pair.describe(),
         "draft_dtype": pair.draft_dtype,
-        "config": {"datasets": setup.datasets, "limit": setup.limit, "methods": setup.methods,
-                   "max_new_tokens": setup.max_new_tokens, "seed": setup.seed, "gamma": setup.gamma,
-                   "lam": setup.lam, "tau": setup.tau, "temperature": 0.0, "chat": True,
-                   "memory_mode": setup.memory_mode, "warmup_tokens": WARMUP_TOKENS,
-                   "method_order": "rotated by one per item",
-                   "hf_assisted": "target.generate(assistant_model=draft, do_sample=False), transformers' "
-                                  "default draft length schedule; passes counted by forward hooks"},
-        "memory": {"patterns": len(memory), "total": memory.total, "candidates_at_lambda": memory.n_candidates(setup.lam),
+        "models": pair.describe(),
+        "profile": costs,
+        "config": {"datasets": datasets, "limit": limit, "methods": [m.name for m in cols],
+                   "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
+                                         "tau": m.cfg.tau, "hf": m.hf} for m in cols},
+                   "max_new_tokens": base.max_new_tokens, "seed": seed, "gamma": base.gamma, "lam": base.lam,
+                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": memory_mode,
+                   "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
+                   "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "
+                                  "(heuristic draft length, confidence threshold); passes counted by forward hooks",
+                   "hf_assisted_fixed": "the same with num_assistant_tokens = gamma, constant schedule, "
+                                        "assistant_confidence_threshold 0"},
+        "memory": {"patterns": len(memory), "total": memory.total, "candidates_at_lambda": memory.n_candidates(base.lam),
                    "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration")},
     }
 
 
 def _write_json(path: Path, data: dict) -> None:
     """Atomic: a killed process leaves the previous file or the new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    from csd.fileio import atomic_write
+    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))

@@ -8,60 +8,89 @@ def _fmt(x, spec=".2f", suffix="") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
 
+def _pct(x, nd=1) -> str:
+    return "–" if x is None else f"{100 * x:.{nd}f}%"
+
+
+def _acc(s: dict) -> str:
+    if s.get("accuracy") is None:
+        return "–"
+    ci = s.get("accuracy_ci95")
+    band = f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else ""
+    return f"{s['n_correct']}/{s['n_graded']} ({100 * s['accuracy']:.0f}%{band})"
+
+
+def _vs(p: dict | None) -> str:
+    if not p or not p.get("n"):
+        return "–"
+    return f"+{p['gained']} / −{p['lost']} (p = {p['p_value']:.2f})"
+
+
 def render_markdown(results: dict) -> str:
     meta, summary = results["meta"], results.get("summary") or {}
-    cfg = meta["config"]
-    mem = meta["memory"]
+    cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
+    prof = meta.get("profile") or {}
     lines = [
         "# CSD Explorer benchmark", "",
         f"- Command: `{meta['command'] or '(python API)'}`",
         f"- Date: {meta['started_at']} (UTC); status: {results.get('status')}",
-        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['cpu_count']} cores, "
-        f"{meta['machine']['torch_threads']} torch threads, torch {meta['machine']['torch']}, "
-        f"transformers {meta['machine']['transformers']}; load average at start "
+        f"- Machine: {meta['machine']['cpu']}, {meta['machine']['torch_threads']} torch threads, torch "
+        f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
         f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
-        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}, target dtype **{meta['dtype']}**, "
-        f"draft dtype **{meta.get('draft_dtype') or '-'}**, greedy, "
-        f"chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, lambda {cfg['lam']:g}, "
-        f"tau {cfg['tau']:g}, seed {cfg['seed']}",
-        f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda), "
-        f"{cfg['memory_mode']} updates, one copy per method",
-        "- Speed-up: over AR on the same items; Σ wall = ratio of summed wall times, tok/s = mean of "
-        "per-item tokens-per-second ratios. Target passes: total; mean acc. length = tokens per target pass.",
-        "",
-        "| Dataset | Method | N | Speed-up (Σ wall) | Speed-up (tok/s) | tok/s | Target passes | Mean acc. length "
-        "| Acceptance | Rescued | Accuracy | Same as AR |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**, draft "
+        f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
+        f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
+        f"seed {cfg['seed']}",
+        f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
+        f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
+    ]
+    if prof:
+        b = prof.get("best_bound") or {}
+        lines.append(f"- Profile of this machine: draft {prof['draft_ms']:.1f} ms/token, target "
+                     f"{prof['verify_ms'].get('1', 0):.1f} ms for 1 token and {prof['verify_ms'].get('7', 0):.1f} ms "
+                     f"for 7; ideal bound {b.get('speedup', 0):.2f}x AR at gamma {b.get('gamma')}")
+    lines += [
+        "- Speed-up: ratio of summed wall times on the same items. Passes/token: target passes per generated "
+        "token. Acc. vs SD: items gained / lost against SD on the same items, exact McNemar p. Accuracy: "
+        "graded items with a 95% Wilson interval.", "",
+        "| Dataset | Method | N | tok/s | × AR | × SD | × hf | Passes/token | Mean acc. len | Acceptance "
+        "| Rescued (per div.) | Ended (EOS) | Accuracy [95% CI] | Acc. vs SD | Same as SD |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for ds, per_method in summary.items():
         for m, s in per_method.items():
-            acc = "–" if s["accuracy"] is None else f"{s['n_correct']}/{s['n_graded']} ({100 * s['accuracy']:.0f}%)"
-            same = "–" if s.get("identical_to_ar") is None or m == "ar" else f"{s['identical_to_ar']}/{s['n']}"
+            same = "–" if s.get("identical_to_sd") is None or m == "sd" else f"{s['identical_to_sd']}/{s['n']}"
+            resc = "–" if s.get("rescued") is None else (
+                f"{s['rescued']} ({_pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
+                f"{s['rescued']}")
             lines.append(
-                f"| {ds} | {m} | {s['n']} | {_fmt(s.get('speedup_wall'), '.2f', 'x')} | "
-                f"{_fmt(s.get('speedup_tps_mean'), '.2f', 'x')} | {_fmt(s['tokens_per_s'], '.2f')} | "
-                f"{_fmt(s['target_passes'], 'd')} | {_fmt(s['mean_accepted_length'], '.2f')} | "
-                f"{_fmt(None if s['acceptance_rate'] is None else 100 * s['acceptance_rate'], '.1f', '%')} | "
-                f"{_fmt(s['rescued'], 'd')} | {acc} | {same} |")
+                f"| {ds} | {m} | {s['n']} | {_fmt(s['tokens_per_s'], '.2f')} | {_fmt(s.get('speedup_wall'), '.2f', 'x')} "
+                f"| {_fmt(s.get('speedup_over_sd'), '.2f', 'x')} | {_fmt(s.get('speedup_over_hf'), '.2f', 'x')} "
+                f"| {_fmt(s.get('target_passes_per_token'), '.3f')} | {_fmt(s['mean_accepted_length'], '.2f')} "
+                f"| {_pct(s['acceptance_rate'])} | {resc} | {_pct(s.get('eos_share'), 0)} | {_acc(s)} "
+                f"| {_vs(s.get('accuracy_vs_sd'))} | {same} |")
     targets = results.get("targets") or {}
     if targets:
-        lines += ["", "## Issue 5 figures (over all items)", ""]
-        names = {"csd_over_ar": "CSD speed-up over AR (Σ wall)", "csd_over_hf": "CSD speed-up over hf-assisted",
-                 "sd_over_hf": "SD speed-up over hf-assisted", "csd_passes_vs_sd": "CSD target passes / SD's",
-                 "csd_bookkeeping_share": "CSD memory + gate time / wall time"}
-        for k, label in names.items():
+        lines += ["", "## Goals (over all items, the `csd` column)", ""]
+        names = {"csd_over_ar": ("CSD speed-up over AR", ">=", "x"), "csd_over_hf": ("CSD over hf-assisted (defaults)", ">=", "x"),
+                 "csd_over_sd": ("CSD over SD", ">=", "x"), "csd_tokens_per_s": ("CSD tokens per second", ">=", ""),
+                 "csd_passes_vs_sd": ("CSD target passes / SD's", "<=", ""),
+                 "csd_bookkeeping_share": ("CSD memory + gate time / wall time", "<=", "%"),
+                 "csd_policy_share": ("CSD block-length policy time / wall time", "<=", "%"),
+                 "sd_eos_share": ("SD answers that ended by themselves", ">=", "%")}
+        for k, (label, op, unit) in names.items():
             t = targets.get(k) or {}
             if t.get("value") is None:
                 lines.append(f"- {label}: not measured")
                 continue
-            op = "<=" if k in ("csd_passes_vs_sd", "csd_bookkeeping_share") else ">="
-            val = f"{100 * t['value']:.3f}%" if k == "csd_bookkeeping_share" else f"{t['value']:.2f}"
-            thr = f"{100 * t['threshold']:.1f}%" if k == "csd_bookkeeping_share" else f"{t['threshold']:g}"
-            lines.append(f"- {label}: {val} (target {op} {thr}: {'met' if t['met'] else 'missed'})")
-        a = targets.get("csd_accuracy_vs_ar")
-        if a and a.get("n"):
-            lines.append(f"- CSD accuracy minus AR's: {100 * a['diff']:+.1f} points over N = {a['n']} graded items "
-                         f"({a['gained']} gained, {a['lost']} lost)")
+            val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
+            thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
+            lines.append(f"- {label}: {val} (goal {op} {thr}: {'met' if t['met'] else 'missed'})")
+        for ref in ("sd", "ar"):
+            a = targets.get(f"csd_accuracy_vs_{ref}")
+            if a and a.get("n"):
+                lines.append(f"- CSD accuracy against {ref.upper()}: {a['gained']} items gained, {a['lost']} lost of "
+                             f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
             lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "
@@ -127,7 +156,46 @@ def write_charts(results: dict, out: Path) -> list[Path]:
     p = out / "divergences.html"
     fig.write_html(p, include_plotlyjs=True, full_html=True)
     paths.append(p)
+    if results.get("frontier"):
+        p = out / "frontier.html"
+        frontier_figure(results["frontier"], results["meta"]).write_html(p, include_plotlyjs=True, full_html=True)
+        paths.append(p)
     return paths
+
+
+FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00"}
+
+
+def frontier_figure(points: list[dict], meta: dict | None = None):
+    """Speed against accuracy, one point per setting, with 95% intervals on accuracy; SD (exact)
+    and the baselines as references."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    pts = [p for p in points if p.get("tokens_per_s") is not None]
+    for p in pts:
+        name = p["method"]
+        acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
+        colour = FRONTIER_COLOURS.get(name, "#e07b00" if name.startswith("csd[") else "#2ca02c")
+        symbol = "diamond" if name.startswith("csd") else ("square" if name == "sd" else "circle")
+        err = None
+        if acc is not None and ci:
+            err = dict(type="data", symmetric=False, array=[ci[1] - acc], arrayminus=[acc - ci[0]], thickness=1)
+        vs = p.get("accuracy_vs_sd") or {}
+        fig.add_scatter(
+            x=[p["tokens_per_s"]], y=[acc], mode="markers+text", name=name, text=[name], textposition="top center",
+            marker=dict(size=12, color=colour, symbol=symbol, line=dict(width=1, color="#333")), error_y=err,
+            hovertemplate=(f"<b>{name}</b><br>%{{x:.2f}} tokens/s<br>accuracy %{{y:.1%}}"
+                           f"<br>passes/token {_fmt(p.get('target_passes_per_token'), '.3f')}"
+                           f"<br>rescued {p.get('rescued') if p.get('rescued') is not None else '–'}"
+                           f"<br>vs SD: +{vs.get('gained', 0)} / -{vs.get('lost', 0)}<extra></extra>"))
+    title = "Speed / quality frontier: one point per setting (accuracy with 95% intervals)"
+    if meta:
+        title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {meta.get('draft_dtype')}, " \
+                 f"N = {pts[0]['n'] if pts else 0} items</sup>"
+    fig.update_layout(title=title, template="plotly_white", xaxis_title="tokens per second (all items)",
+                      yaxis_title="accuracy (graded items)", yaxis_tickformat=".0%", showlegend=False, height=520)
+    return fig
 
 
 

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from bench.datasets import BUILTIN
-from bench.harness import BENCH_METHODS, DEFAULT_METHODS, MEMORY_MODES, run_bench, validate_datasets, validate_methods
-from csd.config import CSDConfig
+from bench.harness import (BENCH_METHODS, DEFAULT_METHODS, MEMORY_MODES, parse_sweep, run_bench, validate_datasets,
+                           validate_methods)
+from csd.config import CSDConfig, parse_gamma
 
 from .common import add_model_args, load_from_args, open_store
 
@@ -16,7 +17,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="benchmark AR, SD, CSD and transformers' assisted generation on the same items",
         description="Run every method on the same items (interleaved, rotated order, after a warm-up) and write "
-                    "results.json, results.md, speedup.html and divergences.html to --out.")
+                    "results.json, results.md, speedup.html, divergences.html and frontier.html to --out. "
+                    "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file (default: gsm8k,humaneval,prose)")
     p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
@@ -26,9 +28,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
     p.add_argument("--seed", type=int, default=0, help="fixes the items drawn from each dataset (default 0)")
     d = CSDConfig()
-    p.add_argument("--gamma", type=int, default=d.gamma, help="draft block length of sd, csd and the ablations")
-    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda")
-    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau")
+    p.add_argument("--gamma", type=parse_gamma, default=d.gamma,
+                   help="draft block length of sd, csd and the ablations (1..32), or 'auto' (default: the paper's 6)")
+    p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
+    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda of the csd column")
+    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau of the csd column")
+    p.add_argument("--sweep", default=None,
+                   help="more CSD settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...'")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
@@ -42,10 +48,11 @@ def cmd_bench(args) -> int:
     from csd.memory import CorrectionMemory
 
     methods = validate_methods(args.methods.split(","))
+    parse_sweep(args.sweep)
     validate_datasets(args.dataset)
     if args.limit < 0 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
-    pair = load_from_args(args, need_draft=any(m != "ar" for m in methods))
+    pair = load_from_args(args, need_draft=any(m != "ar" for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     try:
         store = open_store(args)
@@ -56,8 +63,8 @@ def cmd_bench(args) -> int:
     try:
         res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
                         args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
-                        tau=args.tau, memory=memory, memory_mode=args.memory_mode, warmup=not args.no_warmup,
-                        command=command)
+                        tau=args.tau, sweep=args.sweep, memory=memory, memory_mode=args.memory_mode,
+                        warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
         return 130

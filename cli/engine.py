@@ -42,6 +42,8 @@ def add_parsers(sub) -> None:
                    help="prompt mode: JSONL ('prompt' per line) or a text file, one prompt per line "
                         "(default: the shipped prompt set's calibration split)")
     c.add_argument("--limit", type=int, default=None, help="prompt mode: use the first N prompts")
+    c.add_argument("--per-kind", type=int, default=None,
+                   help="prompt mode: use the first N prompts of each kind (prose, code, math) of the prompt set")
     c.add_argument("--heldout", type=int, default=0,
                    help="prompt mode: also answer N prompts of the shipped held-out split and report how the memory "
                         "covers their divergences (default 0)")
@@ -154,8 +156,9 @@ def cmd_calibrate(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be >= 1")
     if mode == "prompts":
-        prompts = read_prompts(args.prompts or PROMPTS_FILE, split="calibration")[:args.limit]
-        heldout = read_prompts(PROMPTS_FILE, split="heldout")[:args.heldout] if args.heldout > 0 else []
+        prompts = balanced(read_prompts(args.prompts or PROMPTS_FILE, split="calibration"), args.per_kind)[:args.limit]
+        heldout = balanced(read_prompts(PROMPTS_FILE, split="heldout"), -(-args.heldout // 3))[:args.heldout] \
+            if args.heldout > 0 else []
     else:
         texts = read_corpus(args.corpus) if args.corpus else default_corpus()
     store = open_store(args)
@@ -202,6 +205,17 @@ def cmd_calibrate(args) -> int:
                  f"{time.perf_counter() - t0:.0f} s; written to {args.out}")
     print("\n".join(lines), file=sys.stderr)
     return 0
+
+
+def balanced(prompts: list[dict], per_kind: int | None) -> list[dict]:
+    """The first ``per_kind`` prompts of each kind, interleaved (all of them when None)."""
+    if per_kind is None:
+        return prompts
+    by_kind: dict[str, list[dict]] = {}
+    for p in prompts:
+        by_kind.setdefault(p.get("kind", ""), []).append(p)
+    groups = [g[:per_kind] for g in by_kind.values()]
+    return [g[i] for i in range(per_kind) for g in groups if i < len(g)]
 
 
 def cmd_profile(args) -> int:

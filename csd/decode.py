@@ -13,6 +13,7 @@ The models are shared read-only; a run owns its caches, its memory and its rando
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -25,7 +26,7 @@ from .events import (BONUS, CORRECTED, REJECTED, RESCUED, STOP_CANCELLED, STOP_E
 from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
 from .policy import AutoGamma, FixedGamma
-from .rule import Decision, Rescue, decide
+from .rule import BlockScores, Decision, Rescue, decide
 from .verify import sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
@@ -188,11 +189,16 @@ class Run:
 
     def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
         """(token, its probability under the draft, the draft's full-vocabulary distribution when
-        sampling). A reduced-vocabulary draft maps its rows back to token ids."""
+        sampling). A reduced-vocabulary draft maps its rows back to token ids. One host sync."""
         cfg, ids = self.cfg, self.pair.draft_lm.vocab_ids
+        self.metrics.host_syncs += 1
         if cfg.temperature == 0:
-            i = int(logits.argmax())
-            conf = float(torch.softmax(logits, -1)[i]) if self._need_conf else 1.0
+            if not self._need_conf:
+                i = int(logits.argmax())
+                return (int(ids[i]) if ids is not None else i), 1.0, None
+            q = torch.softmax(logits.float(), -1)
+            conf, i = (float(v) for v in torch.stack([q.max(), q.argmax().float()]).tolist())
+            i = int(i)
             return (int(ids[i]) if ids is not None else i), conf, None
         q_small = torch.softmax(logits / cfg.temperature, -1)
         i = int(torch.multinomial(q_small.cpu(), 1, generator=self.gen))
@@ -202,12 +208,15 @@ class Run:
         q[ids] = q_small
         return int(ids[i]), float(q_small[i]), q
 
-    def _draft(self) -> tuple[list[int], list[float], list[torch.Tensor], list[torch.Tensor]]:
-        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS)."""
+    def _draft(self) -> tuple[list[int] | torch.Tensor, list[float], list[torch.Tensor], list[torch.Tensor]]:
+        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS).
+        On the sync-free path (greedy, fixed gamma) the block stays on the device as a tensor."""
         cfg, m, lm = self.cfg, self.metrics, self.pair.draft_lm
         room = cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
-        drafts, confs, q_rows, d_logits = [], [], [], []
         feed = self._seq[lm.length(self.dcache):]
+        if self._on_device:
+            return self._draft_on_device(min(self.policy.gamma, max(room, 0)), feed)
+        drafts, confs, q_rows, d_logits = [], [], [], []
         tp = time.perf_counter()
         self.policy.start()
         go = room > 0 and self.policy.more(0, 1.0)
@@ -232,40 +241,77 @@ class Run:
             m.policy_s += time.perf_counter() - tp
         return drafts, confs, q_rows, d_logits
 
-    def _verify(self, drafts: list[int]) -> torch.Tensor:
+    def _draft_on_device(self, g: int, feed: list[int]) -> tuple[torch.Tensor, list, list, list]:
+        """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor."""
+        lm, m = self.pair.draft_lm, self.metrics
+        ids = lm.vocab_ids
+        xs = []
+        t0 = time.perf_counter()
+        for _ in range(g):
+            x = lm.forward(self.dcache, feed, 1)[-1].argmax()              # 0-dim, on the device
+            if ids is not None:
+                x = ids[x]
+            xs.append(x)
+            feed = x.view(1)
+        m.draft_forwards += g
+        m.draft_s += time.perf_counter() - t0
+        dev = lm.device if xs else self.pair.target_lm.device
+        return (torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)), [], [], []
+
+    def _verify(self, drafts: list[int] | torch.Tensor) -> torch.Tensor:
         """Step 2: one target pass over what its cache lacks plus the block: (len(drafts) + 1, V)."""
         t0 = time.perf_counter()
         lm = self.pair.target_lm
-        logits = lm.forward(self.tcache, self._seq[lm.length(self.tcache):] + drafts, len(drafts) + 1)
+        pending = self._seq[lm.length(self.tcache):]
+        if torch.is_tensor(drafts):
+            ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=drafts.device), drafts])
+        else:
+            ids = pending + drafts
+        logits = lm.forward(self.tcache, ids, len(drafts) + 1)
         self.metrics.verify_s += time.perf_counter() - t0
         self.metrics.target_forwards += 1
         return logits
 
-    def _decide(self, drafts, tl, q_rows) -> tuple[Decision, torch.Tensor]:
+    def _decide(self, drafts, tl, q_rows) -> tuple[list[int], Decision, BlockScores, torch.Tensor | None]:
         """Steps 3-4: the rule on the target's logits, then the memory learns the block's divergences.
-        Returns the decision and the target's probabilities (for the events)."""
+        Greedy: one host transfer for the whole block (``score_block``). Returns the draft tokens
+        (cut after an end token), the decision, the scores and, when sampling or explaining, the
+        target's probabilities."""
         cfg, m = self.cfg, self.metrics
+        m.host_syncs += 1
         if cfg.temperature == 0:
-            scores = score_block(drafts, tl)                 # the argmax work SD needs anyway (not bookkeeping)
+            drafts, scores = score_block(drafts, tl)        # the argmax work SD needs anyway (not bookkeeping)
+            cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
+            if cut < len(drafts):        # nothing after an end token can be kept
+                drafts, scores = drafts[:cut], scores.head(cut)
             tb = time.perf_counter()
             d = decide(drafts, scores, self.memory.count, self.rescue)
-            p = None
+            p = torch.softmax(tl.float(), -1) if cfg.explain else None
         else:
             tb = time.perf_counter()
             p = torch.softmax(tl / cfg.temperature, -1)
             q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
             d = verify_sampling(drafts, q, p, tl, self.memory.count, self.rescue, self.gen)
+            scores = None
         for x_t, t_t in d.observed:
             self.memory.observe(x_t, t_t)
         m.bookkeeping_s += time.perf_counter() - tb
-        return d, (p if p is not None else torch.softmax(tl, -1))
+        return drafts, d, scores, p
 
     def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
         top = torch.topk(probs, min(self.cfg.explain_top_k, probs.numel()))
         ids = top.indices if vocab_ids is None else vocab_ids[top.indices]
         return [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
 
-    def _emit(self, drafts, confs, d: Decision, tl, probs, q_rows, d_logits) -> Iterator[TokenEvent]:
+    def _prob(self, scores: BlockScores | None, p: torch.Tensor | None, row: int, token: int, z: float) -> float:
+        """The target's probability of ``token`` at ``row`` (its logit ``z``): from the block's
+        log-normaliser when greedy (no extra sync), from the sampled distribution otherwise."""
+        if scores is not None:
+            return math.exp(z - scores.lse[row])
+        self.metrics.host_syncs += 1
+        return float(p[row, token])
+
+    def _emit(self, drafts, confs, d: Decision, scores, tl, p, q_rows, d_logits) -> Iterator[TokenEvent]:
         """Step 5: one event per decided draft position, then the target's own token."""
         cfg, m = self.cfg, self.metrics
         g = len(drafts)
@@ -279,13 +325,13 @@ class Run:
             extra = {}
             if explain:
                 q = torch.softmax(d_logits[i] / (cfg.temperature or 1.0), -1)
-                extra = dict(draft_top=self._top(q, self.pair.draft_lm.vocab_ids), target_top=self._top(probs[i]))
+                extra = dict(draft_top=self._top(q, self.pair.draft_lm.vocab_ids), target_top=self._top(p[i]))
             ev = TokenEvent(
                 len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
                 draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
                 target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
-                memory_count=v.count, rule=v.rule, target_prob=float(probs[i, v.x_tilde]),
-                draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else (confs[i] if self._need_conf else None),
+                memory_count=v.count, rule=v.rule, target_prob=self._prob(scores, p, i, v.x_tilde, v.z_x),
+                draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else (confs[i] if confs and self._need_conf else None),
                 block_len=g, special=v.x_tilde in self.pair.special_ids,
                 discarded=list(drafts[i + 1:]) if not kept else None, **extra)
             if not kept:
@@ -304,14 +350,18 @@ class Run:
             yield ev
         row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
         nxt = d.next_token
-        t_top = int(tl[row].argmax())
-        extra = dict(target_top=self._top(probs[row])) if explain else {}
+        if scores is not None:
+            t_top, z_top = scores.t_star[row], scores.z_t[row]
+        else:
+            m.host_syncs += 1
+            t_top, z_top = int(tl[row].argmax()), float(tl[row].max())
+        extra = dict(target_top=self._top(p[row])) if explain else {}
         self._seq.append(nxt)
         m.new_tokens += 1
         ev = TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), nxt, self._detok.push(nxt),
                         BONUS if d.bonus else CORRECTED, self._block, row, target_id=t_top,
-                        target_text=self._piece(t_top), target_logit=float(tl[row].max()),
-                        target_prob=float(probs[row, nxt]), block_len=g, pass_end=True,
+                        target_text=self._piece(t_top), target_logit=z_top,
+                        target_prob=self._prob(scores, p, row, nxt, z_top), block_len=g, pass_end=True,
                         special=nxt in self.pair.special_ids, **extra)
         self._rollback()          # step 6, before the pass's last event: a viewer sees the state it describes
         yield ev
@@ -330,9 +380,9 @@ class Run:
         drafts, confs, q_rows, d_logits = self._draft()
         self._check_stop()
         tl = self._verify(drafts)
-        d, probs = self._decide(drafts, tl, q_rows)
+        drafts, d, scores, p = self._decide(drafts, tl, q_rows)
         try:
-            yield from self._emit(drafts, confs, d, tl, probs, q_rows, d_logits)
+            yield from self._emit(drafts, confs, d, scores, tl, p, q_rows, d_logits)
         finally:
             kept = [v.status != REJECTED for v in d.verdicts]
             tp = time.perf_counter()
@@ -343,13 +393,15 @@ class Run:
     def _autoregress(self) -> Iterator[TokenEvent]:
         """AR: one target pass, one token."""
         logits = self._verify([])[-1]
-        tok = int(logits.argmax()) if self.cfg.temperature == 0 else \
+        self.metrics.host_syncs += 1
+        top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
+        t_top = int(top)
+        tok = t_top if self.cfg.temperature == 0 else \
             sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
         self._seq.append(tok)
         self.metrics.new_tokens += 1
-        t_top = int(logits.argmax())
         yield TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), tok, self._detok.push(tok), TARGET, self._block, 0,
-                         target_id=t_top, target_text=self._piece(t_top), target_logit=float(logits.max()),
+                         target_id=t_top, target_text=self._piece(t_top), target_logit=z_top,
                          pass_end=True, special=tok in self.pair.special_ids)
         self._block += 1
         if tok in self.eos:
@@ -359,6 +411,9 @@ class Run:
     def _loop(self) -> Iterator[TokenEvent]:
         m = self.metrics
         self._need_conf = isinstance(self.policy, AutoGamma) or self.cfg.explain
+        # greedy with a fixed block: draft on the device, one host transfer per block
+        self._on_device = (self.cfg.uses_draft and self.cfg.temperature == 0 and isinstance(self.policy, FixedGamma)
+                           and not self.cfg.explain)
         self._vocab = self.pair.target.get_output_embeddings().out_features if self.cfg.temperature > 0 else 0
         self._t0 = time.perf_counter()
         m.stopped_by = ""

@@ -93,6 +93,7 @@ class RunMetrics:
     verify_s: float = 0.0            # time in the target's forward passes
     bookkeeping_s: float = 0.0       # time spent in memory lookups, the gate and memory updates
     policy_s: float = 0.0            # time spent choosing block lengths (gamma auto)
+    host_syncs: int = 0              # device-to-host transfers (greedy, fixed gamma: one per block)
     per_position_drafted: list = field(default_factory=list)   # per draft position: times it was decided
     per_position_kept: list = field(default_factory=list)      # per draft position: times it was kept
     stopped_by: str = ""             # "eos", "max_new_tokens" or "cancelled"

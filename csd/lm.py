@@ -30,8 +30,9 @@ class LM:
     def new_cache(self):
         raise NotImplementedError
 
-    def forward(self, cache, ids: list[int], keep: int) -> torch.Tensor:
-        """Feed ``ids`` after what ``cache`` holds; float32 logits of the last ``keep`` positions, (keep, V)."""
+    def forward(self, cache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        """Feed ``ids`` (a list, or a 1-D tensor on the model's device) after what ``cache`` holds;
+        float32 logits of the last ``keep`` positions, (keep, V)."""
         raise NotImplementedError
 
     def length(self, cache) -> int:
@@ -66,8 +67,8 @@ class HFLM(LM):
         cache.activate_past_recording()     # a no-op for full-attention layers
         return cache
 
-    def forward(self, cache, ids: list[int], keep: int) -> torch.Tensor:
-        x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+    def forward(self, cache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        x = ids.view(1, -1) if torch.is_tensor(ids) else torch.tensor([ids], dtype=torch.long, device=self.model.device)
         out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self._cache_kwarg: cache})
         return out.logits[0].float()
 
@@ -209,10 +210,11 @@ class LeanLM(LM):
         cache.v = F.pad(cache.v, pad)
 
     @torch.inference_mode()
-    def forward(self, cache: LeanCache, ids: list[int], keep: int) -> torch.Tensor:
-        t, start = len(ids), cache.n
+    def forward(self, cache: LeanCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        ids = ids if torch.is_tensor(ids) else torch.tensor(ids, dtype=torch.long, device=self._device)
+        t, start = ids.numel(), cache.n
         self._grow(cache, start + t)
-        x = self.embed[torch.tensor(ids, dtype=torch.long, device=self._device)][None]   # (1, T, hidden)
+        x = self.embed[ids.view(-1)][None]                                                   # (1, T, hidden)
         cos, sin = self._rope(start, t)                                              # (T, D)
         mask = None
         if t > 1:   # causal within the new tokens, everything cached is visible

@@ -97,7 +97,8 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
         warnings.simplefilter("ignore")
-        return quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                                inplace=True)   # in place: no second float copy of the weights in memory
 
 
 def to_repr(model: torch.nn.Module, name: str, copy: bool = False) -> torch.nn.Module:

@@ -105,6 +105,11 @@ class BlockScores:
     t_star: list[int]   # (g + 1,) the target's top-1 at each position, the last one the bonus
     z_t: list[float]    # (g + 1,) its logit
     z_x: list[float]    # (g,) the target logit of each draft token
+    lse: list[float] = ()   # (g + 1,) log of each row's softmax normaliser (target probabilities without a sync)
+
+    def head(self, g: int) -> "BlockScores":
+        """The scores of the first g draft positions (and the row after them)."""
+        return BlockScores(self.t_star[:g + 1], self.z_t[:g + 1], self.z_x[:g], self.lse[:g + 1])
 
 
 def rescue_decision(x: int, t: int, z_x: float, z_t: float, count: int | None, rescue: Rescue) -> tuple[bool, str]:

@@ -12,19 +12,28 @@ from .events import REJECTED
 from .rule import BlockScores, CountFn, Decision, Rescue, decide
 
 
-def score_block(x_tilde: list[int], target_logits: torch.Tensor) -> BlockScores:
-    """t*, z(t*) and z(x~) for a block; target_logits: (g + 1, V), row g scores the bonus."""
+def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], BlockScores]:
+    """The draft tokens as a list, and t*, z(t*), z(x~) and each row's log-normaliser, brought to the
+    host in ONE transfer (the only host sync of a greedy block). target_logits: (g + 1, V), row g
+    scores the bonus; x_tilde: the g draft tokens, a list or a device tensor."""
     g = len(x_tilde)
-    t_star = target_logits.argmax(-1)                                   # (g + 1,)
-    z_t = target_logits.gather(-1, t_star[:, None])[:, 0]               # (g + 1,)
-    xs = torch.tensor(x_tilde, dtype=torch.long, device=target_logits.device)
-    z_x = target_logits[:g].gather(-1, xs[:, None])[:, 0]               # (g,)
-    return BlockScores(t_star.tolist(), z_t.tolist(), z_x.tolist())
+    xs = x_tilde if torch.is_tensor(x_tilde) else torch.tensor(x_tilde, dtype=torch.long,
+                                                               device=target_logits.device)
+    tl = target_logits.float()
+    t_star = tl.argmax(-1)                                              # (g + 1,)
+    z_t = tl.gather(-1, t_star[:, None])[:, 0]                          # (g + 1,)
+    z_x = tl[:g].gather(-1, xs[:, None])[:, 0]                          # (g,)
+    lse = torch.logsumexp(tl, -1)                                       # (g + 1,)
+    # ids < 2**24 are exact in float32; the block's numbers cross to the host together
+    host = torch.cat([xs.float(), t_star.float(), z_t, z_x, lse]).tolist()
+    ids = [int(v) for v in host[:g]]
+    t = [int(v) for v in host[g:2 * g + 1]]
+    return ids, BlockScores(t, host[2 * g + 1:3 * g + 2], host[3 * g + 2:4 * g + 2], host[4 * g + 2:])
 
 
 def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn, rescue: Rescue) -> Decision:
     """Greedy verification of a draft block (x~: the draft tokens; count: the memory lookup)."""
-    return decide(x_tilde, score_block(x_tilde, target_logits), count, rescue)
+    return decide(x_tilde, score_block(x_tilde, target_logits)[1], count, rescue)
 
 
 def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
@@ -43,7 +52,7 @@ def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target
     q_x = q.gather(-1, xs[:, None])[:, 0]                                 # (g,)
     u = torch.rand(g, generator=generator).to(p.device)                  # the generator lives on the CPU
     accept = (u <= (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)).tolist()  # q <= p: always accept
-    d = decide(x_tilde, score_block(x_tilde, target_logits), count, rescue, accept=accept)
+    d = decide(x_tilde, score_block(x_tilde, target_logits)[1], count, rescue, accept=accept)
     if d.bonus:
         nxt = sample(p[g], generator)
     else:                    # the walk ended on a rejection at its last verdict

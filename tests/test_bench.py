@@ -89,20 +89,75 @@ def test_summary_speedups_and_pairing():
     assert s["sd"]["target_passes"] == 7 and s["sd"]["mean_accepted_length"] == pytest.approx(20 / 7)
     assert s["sd"]["acceptance_rate"] == pytest.approx(17 / 24)
     assert s["sd"]["accuracy"] == 1.0 and s["ar"]["accuracy"] == 0.5
-    assert s["sd"]["accuracy_vs_ar"] == {"n": 2, "gained": 1, "lost": 0, "diff": 0.5}
+    assert s["sd"]["accuracy_vs_ar"] == {"n": 2, "gained": 1, "lost": 0, "diff": 0.5, "p_value": 1.0}
+    assert s["sd"]["accuracy_ci95"][0] < 1.0 == s["sd"]["accuracy_ci95"][1]
     assert s["ar"]["acceptance_rate"] is None
     t = check_targets(s)
     assert t["csd_over_ar"]["value"] is None and t["csd_over_ar"]["met"] is None
 
 
-def test_pareto():
-    from bench.harness import pareto
+def test_pareto_wilson_mcnemar():
+    from bench.stats import mcnemar_exact, pareto, wilson
 
     p = pareto(Counter({(1, 2): 60, (3, 4): 20, (5, 6): 10, (7, 8): 5, (9, 10): 5}))
     assert p["patterns"] == 5 and p["divergences"] == 100
     assert p["top20_patterns"] == 1 and p["top20_share"] == pytest.approx(0.6)
     assert p["cumulative"][-1] == pytest.approx(1.0)
     assert pareto(Counter())["top20_share"] is None
+    lo, hi = wilson(8, 10)                        # the textbook value: 0.490 .. 0.943
+    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
+    assert wilson(0, 0) is None and wilson(0, 5)[0] == 0.0
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(10, 0) == pytest.approx(2 / 1024) and mcnemar_exact(0, 10) == mcnemar_exact(10, 0)
+
+
+def test_methods_and_sweep():
+    from bench.harness import make_methods, parse_sweep
+    from csd.config import CSDConfig
+
+    assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [(6.0, 0.01), (3.0, 0.1)]
+    for bad in ("lam=6", "lam=x,tau=1", "lam=-1,tau=0.1", "lam=6,tau=2"):
+        with pytest.raises(ValueError):
+            parse_sweep(bad)
+    cols = make_methods("sd,csd,hf-assisted,hf-assisted-fixed", CSDConfig(method="ar"), "lam=6,tau=0.01;lam=2,tau=1")
+    assert [c.name for c in cols] == ["sd", "csd", "hf-assisted", "hf-assisted-fixed", "csd[lam=2,tau=1]"]
+    assert cols[-1].cfg.lam == 2 and cols[-1].cfg.tau == 1 and cols[-1].reads_memory
+    assert cols[2].hf == "defaults" and cols[3].hf == "fixed" and not cols[2].reads_memory
+    with pytest.raises(ValueError, match="unknown method"):
+        make_methods("sd,turbo", CSDConfig())
+
+
+def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
+    """The whole harness, fast: a tiny target, its perturbed copy as the draft, a prompt file, a
+    sweep; every output written, summaries paired, SD equal to AR (float32)."""
+    from test_engine_tiny import make_pair, perturbed
+
+    from bench.harness import run_bench
+    from conftest import tiny_model
+    from csd.models import ModelPair
+
+    class TinyPair(ModelPair):
+        def encode_prompt(self, prompt, chat=True):     # the tiny models know 32 token ids
+            return [ord(c) % 32 for c in prompt] or [1]
+
+    target = tiny_model(2)
+    pair = TinyPair(**vars(make_pair(qwen_tokenizer, target, perturbed(target, 0.05), eos=(7,))))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(3)))
+    res = run_bench(pair, str(prompts), None, "ar,sd,csd", 16, tmp_path / "out", sweep="lam=0,tau=1;lam=6,tau=0.01",
+                    show_bar=False)
+    out = tmp_path / "out"
+    for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
+                 "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
+        assert (out / name).is_file(), name
+    s = res["summary"]["p"]
+    assert set(s) == {"ar", "sd", "csd", "csd[lam=0,tau=1]"}
+    assert all(s[m]["n"] == 3 for m in s) and s["sd"]["identical_to_ar"] == 3     # greedy SD is lossless in fp32
+    for m in ("sd", "csd", "csd[lam=0,tau=1]"):
+        assert s[m]["speedup_over_sd"] == pytest.approx(s["sd"]["wall_s"] / s[m]["wall_s"])
+        assert 0 <= s[m]["eos_share"] <= 1 and s[m]["accuracy_ci95"] is not None
+    assert {p["method"] for p in res["frontier"]} == set(s)
+    assert res["summary"]["p"]["sd"]["tokens_per_s"] > 0          # the contract scripts read
 
 
 def test_cli_parser():
@@ -122,7 +177,7 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
     from bench.harness import run_bench
     from db.store import Store
 
-    methods = ["ar", "sd", "csd", "hf-assisted"]
+    methods = ["ar", "sd", "csd", "hf-assisted", "hf-assisted-fixed"]
     with Store.open("sqlite://") as store:
         res = run_bench(real_pair, "gsm8k,humaneval", 2, ",".join(methods), 12, tmp_path, seed=1, store=store,
                         show_bar=False)
@@ -132,7 +187,8 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
             runs = s.scalar(select(func.count()).select_from(Run).where(Run.kind == "bench"))
         assert runs == 2 * 2 * len(methods)
 
-    for name in ("results.json", "results.md", "speedup.html", "divergences.html", "memory_csd.json.gz"):
+    for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
+                 "memory_csd.json.gz"):
         assert (tmp_path / name).is_file(), name
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["status"] == res["status"] == "finished"

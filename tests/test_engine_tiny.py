@@ -280,3 +280,13 @@ def test_text_of_byte_fallback_tokens_joins_into_characters(qwen_tokenizer):
     pieces = [d.push(i) for i in ids]
     assert "".join(pieces) == qwen_tokenizer.decode(ids) == text
     assert "" in pieces and not any("\ufffd" in p for p in pieces)   # a split character waits for its bytes
+
+
+def test_greedy_fixed_block_makes_one_host_transfer_per_block(close_pair):
+    run = run_all(close_pair, CSDConfig(method="csd", gamma=4, max_new_tokens=40))
+    m = run.metrics
+    assert m.host_syncs == m.target_forwards and run.token_ids == ar_ids(close_pair, 40)
+    # the policy needs each draft token's confidence on the host: one more transfer per draft token
+    auto = run_all(close_pair, CSDConfig(method="sd", gamma="auto", max_new_tokens=40),
+                   costs=costs(lambda k: 100.0 + k, 5.0))
+    assert auto.metrics.host_syncs == auto.metrics.target_forwards + auto.metrics.draft_forwards

@@ -1,5 +1,6 @@
-"""What the app shares (``Services``: the loaded pair, its decoder, the store, settings) and what
-each browser session owns (``Session``: its memory copy, its last run, its teaching run).
+"""What the app shares (``Services``: the loaded pair, its decoder, the store, the model lane,
+settings) and what each browser session owns (``Session``: its memory copy, its last run, its
+teaching run, its requests for model work).
 
 The models are loaded once and shared read-only; everything a user changes lives in their
 ``Session``, held by a ``gr.State``.
@@ -7,25 +8,33 @@ The models are loaded once and shared read-only; everything a user changes lives
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.events import TokenEvent
+from csd.events import RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 from csd.models import ModelPair
+
+from .lane import KINDS, Job, Lane
 
 
 @dataclass
 class Settings:
     queue_size: int = 16              # events waiting in gradio's queue at most
     concurrency: int = 1              # generations (model work) running at once
+    max_prompt_tokens: int = 2048     # longer prompts are refused: their prefill would hold the model for everyone
+    shared_scope: bool = True         # offer the "all runs" scope (every user's runs) in Analyse and Explore
     max_new_tokens: int = 64          # default of the Generate slider
     max_new_tokens_limit: int = 512   # upper end of the sliders
     compare_tokens: int = 48          # default length of a comparison
     teach_tokens: int = 32            # default length of a teaching run
-    calibrate_positions: int = 2000   # default calibration size in the UI (~190 positions/s on 2 cores)
+    calibrate_positions: int = 2000   # default size of a text calibration (~190 positions/s on 2 cores)
+    calibrate_prompts: int = 8        # default number of prompts of a prompt calibration
+    calibrate_answer_tokens: int = 64  # answer tokens per prompt of a prompt calibration
     events_limit: int = 500           # rows shown in the events table
+    status_interval_s: float = 1.0    # how often a waiting or running page refreshes its status line
 
 
 @dataclass
@@ -35,6 +44,7 @@ class Services:
     store: object | None              # db.store.Store, or None to run without recording
     settings: Settings = field(default_factory=Settings)
     base_memory: CorrectionMemory | None = None   # the default memory; each session gets a copy
+    lane: Lane = field(default_factory=Lane)      # every user's requests for model work, in order
 
     def new_memory(self) -> CorrectionMemory:
         if self.base_memory is None:
@@ -42,8 +52,9 @@ class Services:
         return self.base_memory.copy()
 
 
-def make_services(pair: ModelPair, store=None, settings: Settings | None = None) -> Services:
-    decoder = Decoder(pair)
+def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:
+    """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
+    decoder = Decoder(pair, costs=costs)
     return Services(pair, decoder, store, settings or Settings(), decoder.default_memory())
 
 
@@ -55,11 +66,17 @@ class RunView:
     chat: bool
     cfg: CSDConfig
     events: list[TokenEvent] = field(default_factory=list)
-    metrics: dict | None = None
+    metrics: RunMetrics | None = None
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    prompt_tokens: int = 0
     first_token_s: float | None = None
     done: bool = False
+
+    @property
+    def passes(self) -> int:
+        """Target passes whose events are all in ``events``."""
+        return sum(1 for e in self.events if e.pass_end)
 
 
 @dataclass
@@ -67,10 +84,17 @@ class Session:
     session_id: str
     memory: CorrectionMemory
     last: RunView | None = None                 # the last Generate (or Compare CSD) run
-    ar_speed: dict = field(default_factory=dict)  # (prompt, chat) -> tokens/s of an AR run
+    ar_speed: dict = field(default_factory=dict)  # (prompt, chat) -> RunMetrics of an AR run
     teach: RunView | None = None
     teach_step: int = 0
-    stop: bool = False                          # set by a Stop button, read by the running loop
+    pending: dict[str, deque] = field(default_factory=lambda: {k: deque() for k in KINDS})  # asked, not started
+    jobs: dict[str, Job] = field(default_factory=dict)   # the latest job of each kind (for the status line)
+
+    def all_jobs(self, kind: str | None = None) -> list[Job]:
+        kinds = KINDS if kind is None else (kind,)
+        out = [j for k in kinds for j in self.pending[k]]
+        out += [j for k in kinds if (j := self.jobs.get(k)) is not None and j not in out]
+        return out
 
 
 def new_session(services: Services) -> Session:

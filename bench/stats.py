@@ -1,0 +1,44 @@
+"""Small statistics for the benchmark: binomial intervals, the paired test, the Pareto curve."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from csd.rule import top_share
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion k/n (95% by default); None when n = 0."""
+    if n <= 0:
+        return None
+    p = k / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar test on the discordant pairs of a paired comparison: the
+    probability, if both methods were equally accurate, of a split at least this uneven."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    k = min(gained, lost)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def pareto(counts: Counter) -> dict:
+    """The divergence patterns' Pareto curve: cumulative share of divergences covered by the top
+    patterns, and the share covered by the top 20% (the paper reports about 69%)."""
+    values = sorted(counts.values(), reverse=True)
+    total = sum(values)
+    if not total:
+        return {"patterns": 0, "divergences": 0, "top20_share": None, "cumulative": []}
+    cum, acc = [], 0
+    for v in values:
+        acc += v
+        cum.append(acc / total)
+    return {"patterns": len(values), "divergences": total, "top20_patterns": max(1, round(len(values) * 0.2)),
+            "top20_share": top_share(values), "cumulative": cum}
