@@ -28,8 +28,15 @@ from pathlib import Path
 
 from csd.calibrate import PROMPTS_FILE, pydoc_topics
 
-from .datasets import (HUMANEVAL_PROMPT, PROSE_EXCERPT_CHARS, _passages, load_champ, load_gsm8k,
-                       load_humaneval, load_prose)
+from .datasets import (
+    HUMANEVAL_PROMPT,
+    PROSE_EXCERPT_CHARS,
+    _passages,
+    load_champ,
+    load_gsm8k,
+    load_humaneval,
+    load_prose,
+)
 
 NGRAM = 8
 HELDOUT_EVERY = 7

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from csd.config import METHODS, CSDConfig, ConfigError
+from csd.config import METHODS, ConfigError, CSDConfig
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
@@ -188,7 +188,7 @@ class ItemResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ItemResult":
+    def from_dict(cls, d: dict) -> ItemResult:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -307,7 +307,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
 
     decoder = Decoder(pair, costs=costs)
     if gamma == "auto":
-        decoder.costs                      # measure (or read) the profile before any timing
+        _ = decoder.costs                  # measure (or read) the profile before any timing
     start_memory = memory if memory is not None else decoder.default_memory()
     memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
     out = Path(out_dir)

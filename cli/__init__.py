@@ -16,7 +16,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from csd.config import ConfigError  # noqa: E402
 from csd.memory import MemoryFileError  # noqa: E402
-
 from db.cli import add_runs_parser  # noqa: E402
 
 from . import bench, engine, grade  # noqa: E402

@@ -6,8 +6,15 @@ import sys
 from pathlib import Path
 
 from bench.datasets import BUILTIN
-from bench.harness import (BENCH_METHODS, DEFAULT_METHODS, MEMORY_MODES, parse_sweep, run_bench, validate_datasets,
-                           validate_methods)
+from bench.harness import (
+    BENCH_METHODS,
+    DEFAULT_METHODS,
+    MEMORY_MODES,
+    parse_sweep,
+    run_bench,
+    validate_datasets,
+    validate_methods,
+)
 from csd.config import CSDConfig, parse_gamma
 
 from .common import add_model_args, load_from_args, open_store

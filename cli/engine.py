@@ -172,8 +172,9 @@ def cmd_calibrate(args) -> int:
                                    progress=tqdm_progress(), source=str(args.prompts or "shipped prompt set"))
         freq = memory.meta.pop("token_freq", {})
         if args.vocab_out:
-            from csd.fileio import atomic_write
             import gzip
+
+            from csd.fileio import atomic_write
             payload = json.dumps({"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
                                   "ids": [int(k) for k in freq], "counts": list(freq.values())}).encode()
             atomic_write(args.vocab_out, gzip.compress(payload, mtime=0) if args.vocab_out.endswith(".gz") else payload)

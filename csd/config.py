@@ -55,7 +55,7 @@ class CSDConfig:
     def log_tau(self) -> float:
         return log_tau(self.tau)
 
-    def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> "CSDConfig":
+    def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> CSDConfig:
         """Return self if every field is in range, else raise ConfigError with a clear message."""
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")

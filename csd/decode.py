@@ -21,8 +21,18 @@ from dataclasses import replace
 import torch
 
 from .config import CSDConfig
-from .events import (BONUS, CORRECTED, REJECTED, RESCUED, STOP_CANCELLED, STOP_EOS, STOP_MAX, TARGET, RunMetrics,
-                     TokenEvent)
+from .events import (
+    BONUS,
+    CORRECTED,
+    REJECTED,
+    RESCUED,
+    STOP_CANCELLED,
+    STOP_EOS,
+    STOP_MAX,
+    TARGET,
+    RunMetrics,
+    TokenEvent,
+)
 from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
 from .policy import AutoGamma, FixedGamma
@@ -60,7 +70,7 @@ class Decoder:
         return self._default_memory.copy()
 
     def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None,
-            should_stop: Callable[[], bool] | None = None) -> "Run":
+            should_stop: Callable[[], bool] | None = None) -> Run:
         """A run to iterate. ``memory``: the correction memory CSD reads and updates (default: a copy
         of the pair's calibrated memory, as on the command line and in the app). ``should_stop``:
         polled between prefill chunks, before each block and between drafting and verifying."""
@@ -78,7 +88,7 @@ class Decoder:
             policy = AutoGamma(self.costs, cfg.gamma_max) if cfg.gamma == "auto" else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
-    def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> "Run":
+    def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> Run:
         """Encode, run to the end, and return the finished run."""
         run = self.run(self.pair.encode_prompt(prompt, chat), cfg, memory)
         for _ in run:

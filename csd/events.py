@@ -71,7 +71,7 @@ class TokenEvent:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TokenEvent":
+    def from_dict(cls, d: dict) -> TokenEvent:
         names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -147,7 +147,7 @@ class RunMetrics:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunMetrics":
+    def from_dict(cls, d: dict) -> RunMetrics:
         names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
 

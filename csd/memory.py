@@ -63,19 +63,19 @@ class CorrectionMemory:
         """Share of all counted divergences covered by the top ``fraction`` of patterns."""
         return top_share(self._counts.values(), fraction)
 
-    def without(self, token_ids) -> "CorrectionMemory":
+    def without(self, token_ids) -> CorrectionMemory:
         """A copy without the patterns that have one of ``token_ids`` on either side."""
         ids = set(token_ids)
         return CorrectionMemory(self.pair_id, {k: c for k, c in self._counts.items() if not (set(k) & ids)},
                                 dict(self.meta))
 
-    def copy(self) -> "CorrectionMemory":
+    def copy(self) -> CorrectionMemory:
         return CorrectionMemory(self.pair_id, dict(self._counts), dict(self.meta))
 
     def reset(self) -> None:
         self._counts.clear()
 
-    def merge(self, other: "CorrectionMemory") -> None:
+    def merge(self, other: CorrectionMemory) -> None:
         self._check_pair(other.pair_id)
         self._counts.update(other._counts)
 
@@ -85,7 +85,7 @@ class CorrectionMemory:
                 "counts": [[d, t, c] for (d, t), c in self.top()]}
 
     @classmethod
-    def from_dict(cls, data: dict, expected_pair: str | None = None) -> "CorrectionMemory":
+    def from_dict(cls, data: dict, expected_pair: str | None = None) -> CorrectionMemory:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise MemoryFileError("not a CSD Explorer correction-memory file")
         if data.get("version") != VERSION:
@@ -122,7 +122,7 @@ class CorrectionMemory:
         return atomic_write(path, payload)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> "CorrectionMemory":
+    def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> CorrectionMemory:
         path = Path(path)
         try:
             raw = path.read_bytes()

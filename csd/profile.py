@@ -15,10 +15,10 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -92,7 +92,7 @@ class CostModel:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CostModel":
+    def from_dict(cls, d: dict) -> CostModel:
         return cls({int(k): float(v) for k, v in d["verify_ms"].items()}, float(d["draft_ms"]), d.get("key", {}),
                    d.get("measured_at", ""))
 

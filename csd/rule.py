@@ -23,8 +23,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .events import (ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE,
-                     RULE_RESCUE, RULE_SAMPLED, RULE_SPECIAL)
+from .events import (
+    ACCEPTED,
+    REJECTED,
+    RESCUED,
+    RULE_GAP_LOW,
+    RULE_MATCH,
+    RULE_MEMORY_RARE,
+    RULE_NO_RESCUE,
+    RULE_RESCUE,
+    RULE_SAMPLED,
+    RULE_SPECIAL,
+)
 
 CountFn = Callable[[int, int], int]
 
@@ -68,7 +78,7 @@ class Rescue:
         return self.use_ocm or self.use_scg
 
     @classmethod
-    def of(cls, use_ocm: bool, use_scg: bool, lam: float, tau: float, special: Collection[int] = ()) -> "Rescue":
+    def of(cls, use_ocm: bool, use_scg: bool, lam: float, tau: float, special: Collection[int] = ()) -> Rescue:
         return cls(use_ocm, use_scg, lam, log_tau(tau), frozenset(special))
 
 
@@ -107,7 +117,7 @@ class BlockScores:
     z_x: list[float]    # (g,) the target logit of each draft token
     lse: list[float] = ()   # (g + 1,) log of each row's softmax normaliser (target probabilities without a sync)
 
-    def head(self, g: int) -> "BlockScores":
+    def head(self, g: int) -> BlockScores:
         """The scores of the first g draft positions (and the row after them)."""
         return BlockScores(self.t_star[:g + 1], self.z_t[:g + 1], self.z_x[:g], self.lse[:g + 1])
 

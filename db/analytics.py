@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RESCUED, TokenEvent
 from csd.rule import log_tau, rescues
 from csd.rule import top_share as _top_share
-from db.models import Run, TokenEventRow as E
+from db.models import Run
+from db.models import TokenEventRow as E
 
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
 ROW_FIELDS = ["run_id", "seq", *EVENT_FIELDS, "context"]   # one exported event

@@ -124,7 +124,7 @@ class Store:
         self.cache: dict = {}        # per-store memo of db.analytics (what-if arrays)
 
     @classmethod
-    def open(cls, url: str | None = None) -> "Store":
+    def open(cls, url: str | None = None) -> Store:
         """Open (creating if needed) the database at ``url``, else $CSD_DB_URL, else the default SQLite
         file, and upgrade its schema to the newest migration."""
         url = resolve_url(url)
@@ -142,7 +142,7 @@ class Store:
             for suffix in ("", "-wal", "-shm"):
                 Path(self._scratch + suffix).unlink(missing_ok=True)
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -180,10 +180,10 @@ class Store:
             return s.get(Run, run_id)
 
     def recorder(self, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
-                 on_commit: Callable[[int], None] | None = None) -> "RunRecorder":
+                 on_commit: Callable[[int], None] | None = None) -> RunRecorder:
         return RunRecorder(self, run_id, batch_size, flush_interval, on_commit)
 
-    def record(self, **fields) -> "RunRecorder":
+    def record(self, **fields) -> RunRecorder:
         """Start a run (``fields``: Run columns) and return its recorder, meant for a ``with`` block::
 
             with store.record(kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=p) as rec:
@@ -285,7 +285,7 @@ class RunRecorder:
             status = CANCELLED if isinstance(metrics, RunMetrics) and metrics.stopped_by == STOP_CANCELLED else FINISHED
         self._result = (output_text, metrics, status)
 
-    def __enter__(self) -> "RunRecorder":
+    def __enter__(self) -> RunRecorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -362,7 +362,7 @@ class NullRecorder:
     def result(self, output_text: str | None, metrics=None, status: str | None = None) -> None:
         pass
 
-    def __enter__(self) -> "NullRecorder":
+    def __enter__(self) -> NullRecorder:
         return self
 
     def __exit__(self, *exc) -> bool:

@@ -8,8 +8,16 @@ from collections import Counter
 
 import pytest
 
-from bench.datasets import (DatasetError, gsm8k_split, load_champ, load_dataset, load_file, load_gsm8k,
-                            load_humaneval, load_prose)
+from bench.datasets import (
+    DatasetError,
+    gsm8k_split,
+    load_champ,
+    load_dataset,
+    load_file,
+    load_gsm8k,
+    load_humaneval,
+    load_prose,
+)
 from bench.graders import grade
 
 
@@ -130,11 +138,10 @@ def test_methods_and_sweep():
 def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     """The whole harness, fast: a tiny target, its perturbed copy as the draft, a prompt file, a
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
-    from test_engine_tiny import make_pair, perturbed
-
     from bench.harness import run_bench
     from conftest import tiny_model
     from csd.models import ModelPair
+    from test_engine_tiny import make_pair, perturbed
 
     class TinyPair(ModelPair):
         def encode_prompt(self, prompt, chat=True):     # the tiny models know 32 token ids
@@ -181,8 +188,9 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
     with Store.open("sqlite://") as store:
         res = run_bench(real_pair, "gsm8k,humaneval", 2, ",".join(methods), 12, tmp_path, seed=1, store=store,
                         show_bar=False)
-        from db.models import Run
         from sqlalchemy import func, select
+
+        from db.models import Run
         with store.session() as s:
             runs = s.scalar(select(func.count()).select_from(Run).where(Run.kind == "bench"))
         assert runs == 2 * 2 * len(methods)

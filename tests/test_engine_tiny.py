@@ -13,8 +13,7 @@ import torch
 from conftest import tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.events import (ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS,
-                        STOP_MAX)
+from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS, STOP_MAX
 from csd.lm import HFLM, LeanLM
 from csd.memory import CorrectionMemory
 from csd.models import ModelPair

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT, tiny_model
-from csd.config import CSDConfig, ConfigError
+from csd.config import ConfigError, CSDConfig
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.models import ModelLoadError, compare_tokenizers, load_pair
 

@@ -1,11 +1,22 @@
 """The acceptance rule as a pure function, on hand-made logits that make every branch certain."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from csd.events import ACCEPTED, REJECTED, RESCUED, RULE_GAP_LOW, RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE, RULE_RESCUE
-from csd.rule import NO_RESCUE, Rescue
+from csd.events import (
+    ACCEPTED,
+    REJECTED,
+    RESCUED,
+    RULE_GAP_LOW,
+    RULE_MATCH,
+    RULE_MEMORY_RARE,
+    RULE_NO_RESCUE,
+    RULE_RESCUE,
+    RULE_SPECIAL,
+)
+from csd.rule import NO_RESCUE, Rescue, rescues
 from csd.verify import verify_greedy, verify_sampling
 
 V = 8
@@ -98,3 +109,37 @@ def test_sampling_rejection_draws_from_residual():
     g = torch.Generator().manual_seed(0)
     d = verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g)
     assert d.verdicts[0].status == REJECTED and d.next_token == 2 and not d.bonus
+
+
+def test_gate_at_exact_equality_rescues():
+    # gap = 9 - 10 = -1.0 exactly; tau = e^-1, so log tau = -1.0: the gate's ">=" lets it through
+    tau = math.exp(-1.0)
+    assert math.log(tau) == -1.0
+    at = Rescue.of(True, True, lam=6, tau=tau)
+    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), at).verdicts[0].status == RESCUED
+    above = Rescue.of(True, True, lam=6, tau=math.nextafter(tau, 1.0))
+    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), above).verdicts[0].rule == RULE_GAP_LOW
+    # the memory at exact equality too: count == lambda passes, count == lambda - 1 does not
+    assert rescues(6, -1.0, 6, -2.0) and not rescues(5, -1.0, 6, -2.0)
+
+
+def test_special_tokens_are_refused_and_not_observed():
+    special = Rescue.of(True, True, lam=0, tau=1e-9, special={5})
+    d = verify_greedy([4, 2], logits({5: 10, 4: 9.9}, {2: 10}, {7: 10}), counts({(4, 5): 100}), special)
+    assert d.verdicts[0].status == REJECTED and d.verdicts[0].rule == RULE_SPECIAL
+    assert d.verdicts[0].count is None and d.observed == () and d.next_token == 5
+    d = verify_greedy([5], logits({4: 10, 5: 9.9}, {7: 10}), counts({(5, 4): 100}), special)   # x~ special
+    assert d.verdicts[0].rule == RULE_SPECIAL and d.observed == ()
+
+
+def test_rescues_on_arrays_is_the_same_rule():
+    count = np.array([6, 5, np.nan, 7, 9])
+    gap = np.array([-1.0, -1.0, -1.0, -9.0, np.nan])
+    assert rescues(count, gap, 6, LOG_TAU).tolist() == [True, False, False, False, False]
+    for c, g, want in zip(count, gap, [True, False, False, False, False]):
+        assert rescues(None if np.isnan(c) else int(c), None if np.isnan(g) else float(g), 6, LOG_TAU) is want
+    grid = rescues(count[None, None, :], gap[None, None, :], np.array([0, 6, 8])[:, None, None],
+                   np.array([LOG_TAU, 0.0])[None, :, None])                   # (lam, tau, event)
+    assert grid.shape == (3, 2, 5) and grid[1, 0].tolist() == [True, False, False, False, False]
+    assert not grid[:, 1].any() and grid[0, 0].tolist() == [True, True, False, False, False]
+    assert not rescues(count, gap, 6, LOG_TAU, use_ocm=False, use_scg=False).any()

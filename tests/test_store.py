@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, make_url, select
 
-from csd.events import (ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_MATCH, RULE_RESCUE, RunMetrics,
-                        TokenEvent)
+from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_MATCH, RULE_RESCUE, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 from db import analytics as A
 from db.analytics import Filter
