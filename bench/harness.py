@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from csd.config import METHODS, ConfigError, CSDConfig
+from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
@@ -73,36 +73,43 @@ class Method:
         return self.hf is None and self.cfg.use_ocm
 
 
-def setting_name(lam: float, tau: float) -> str:
-    return f"csd[lam={lam:g},tau={tau:g}]"
+def setting_name(setting: dict, base: CSDConfig) -> str:
+    """A CSD column's name: the fields that differ from the ``csd`` column, e.g. csd[lam=3,tau=0.1]."""
+    diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
+            for k in ("lam", "tau", "gamma") if k in setting and setting[k] != getattr(base, k)]
+    return f"csd[{','.join(diff)}]" if diff else "csd"
 
 
-def parse_sweep(sweep: str | Iterable | None) -> list[tuple[float, float]]:
-    """"lam=6,tau=0.01;lam=3,tau=0.1" (or pairs) -> [(6, 0.01), (3, 0.1)], each checked by the engine."""
+def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
+    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per CSD setting (keys lam, tau, gamma),
+    each checked by the engine's config."""
     if not sweep:
         return []
     if not isinstance(sweep, str):
-        return [(float(a), float(b)) for a, b in sweep]
+        return [dict(zip(("lam", "tau"), map(float, x))) if not isinstance(x, dict) else x for x in sweep]
     out = []
     for part in sweep.split(";"):
         if not part.strip():
             continue
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
-        if set(kv) != {"lam", "tau"}:
-            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T (settings separated by ';')")
+        if not kv or set(kv) - {"lam", "tau", "gamma"}:
+            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto] "
+                             "(settings separated by ';')")
         try:
-            lam, tau = float(kv["lam"]), float(kv["tau"])
-        except ValueError:
-            raise ValueError(f"sweep setting {part.strip()!r}: lam and tau must be numbers") from None
-        CSDConfig(lam=lam, tau=tau).validated()
-        if (lam, tau) not in out:
-            out.append((lam, tau))
+            setting = {k: float(v) for k, v in kv.items() if k != "gamma"}
+            if "gamma" in kv:
+                setting["gamma"] = parse_gamma(kv["gamma"])
+            CSDConfig(**setting).validated()
+        except (ValueError, ConfigError) as e:
+            raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
+        if setting not in out:
+            out.append(setting)
     return out
 
 
 def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
-    """The benchmark's columns: named methods, then one CSD column per sweep setting. The sweep
-    setting equal to ``base``'s lambda and tau is the plain ``csd`` column."""
+    """The benchmark's columns: named methods, then one CSD column per sweep setting (the setting
+    equal to ``base`` is the plain ``csd`` column)."""
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     out: list[Method] = []
     for m in dict.fromkeys(names):
@@ -112,12 +119,10 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
             out.append(Method(m, replace(base, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
         else:
             out.append(Method(m, replace(base, method=m)))
-    for lam, tau in parse_sweep(sweep):
-        if (lam, tau) == (base.lam, base.tau):
-            if not any(x.name == "csd" for x in out):
-                out.append(Method("csd", replace(base, method="csd")))
-            continue
-        out.append(Method(setting_name(lam, tau), replace(base, method="csd", lam=lam, tau=tau)))
+    for setting in parse_sweep(sweep):
+        name = setting_name(setting, base)
+        if not any(x.name == name for x in out):
+            out.append(Method(name, replace(base, method="csd", **setting)))
     if not out:
         raise ValueError("no method to benchmark")
     return out

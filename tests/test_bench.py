@@ -123,13 +123,18 @@ def test_methods_and_sweep():
     from bench.harness import make_methods, parse_sweep
     from csd.config import CSDConfig
 
-    assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [(6.0, 0.01), (3.0, 0.1)]
-    for bad in ("lam=6", "lam=x,tau=1", "lam=-1,tau=0.1", "lam=6,tau=2"):
+    assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [{"lam": 6.0, "tau": 0.01},
+                                                                          {"lam": 3.0, "tau": 0.1}]
+    assert parse_sweep("gamma=auto;lam=2,gamma=4") == [{"gamma": "auto"}, {"lam": 2.0, "gamma": 4}]
+    for bad in ("lam", "lam=x,tau=1", "lam=-1,tau=0.1", "lam=6,tau=2", "gamma=0", "speed=9"):
         with pytest.raises(ValueError):
             parse_sweep(bad)
-    cols = make_methods("sd,csd,hf-assisted,hf-assisted-fixed", CSDConfig(method="ar"), "lam=6,tau=0.01;lam=2,tau=1")
-    assert [c.name for c in cols] == ["sd", "csd", "hf-assisted", "hf-assisted-fixed", "csd[lam=2,tau=1]"]
-    assert cols[-1].cfg.lam == 2 and cols[-1].cfg.tau == 1 and cols[-1].reads_memory
+    cols = make_methods("sd,csd,hf-assisted,hf-assisted-fixed", CSDConfig(method="ar"),
+                        "lam=6,tau=0.01;lam=2,tau=1;gamma=auto")
+    assert [c.name for c in cols] == ["sd", "csd", "hf-assisted", "hf-assisted-fixed", "csd[lam=2,tau=1]",
+                                      "csd[gamma=auto]"]
+    assert cols[-1].cfg.gamma == "auto" and cols[-1].cfg.lam == 6
+    assert cols[-2].cfg.lam == 2 and cols[-2].cfg.tau == 1 and cols[-2].reads_memory
     assert cols[2].hf == "defaults" and cols[3].hf == "fixed" and not cols[2].reads_memory
     with pytest.raises(ValueError, match="unknown method"):
         make_methods("sd,turbo", CSDConfig())
@@ -155,7 +160,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
                     show_bar=False)
     out = tmp_path / "out"
     for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
-                 "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
+                 "memory_csd.json.gz", "memory_csd_lam=0_tau=1_.json.gz"):
         assert (out / name).is_file(), name
     s = res["summary"]["p"]
     assert set(s) == {"ar", "sd", "csd", "csd[lam=0,tau=1]"}
