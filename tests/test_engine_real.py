@@ -103,7 +103,8 @@ def test_events_are_complete_and_consistent(real_pair, decoder):
     for e in evs:
         assert e.target_top and len(e.target_top) == 5
         if e.draft_id is not None:
-            assert e.draft_top and e.gap <= 1e-5 and e.target_logit >= e.draft_logit - 1e-5
+            assert e.draft_top and e.gap == pytest.approx(e.draft_logit - e.target_logit)
+            assert e.target_top[0][0] == e.target_text      # t* is the top of the target's distribution
         if e.status == CORRECTED:
             assert e.token_id == e.target_id
     m = run.metrics

@@ -92,13 +92,23 @@ def test_divergence_counts_after_its_own_decision_within_a_block():
     assert [v.status for v in d.verdicts] == [REJECTED]
 
 
-def test_sampling_accepts_when_draft_equals_target_and_bonus_comes_from_p():
-    p = torch.softmax(logits({1: 3, 2: 3}, {3: 5}), -1)
-    q = p[:1].clone()
+def test_sampling_accepts_with_probability_min_1_p_over_q():
+    """Token 1 has q = 0.8 under the draft and p = 0.5 under the target: accepted with probability
+    p/q = 0.625; token 2 (q = 0.2 < p = 0.5) always. Measured over 4000 draws (fixed seed)."""
+    p = torch.zeros(2, V)
+    p[0, 1], p[0, 2], p[1, 3] = 0.5, 0.5, 1.0
+    q = torch.zeros(1, V)
+    q[0, 1], q[0, 2] = 0.8, 0.2
     g = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        d = verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g)
-        assert d.verdicts[0].status == ACCEPTED and d.bonus
+    acc = [verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g).verdicts[0].status == ACCEPTED
+           for _ in range(4000)]
+    assert abs(sum(acc) / len(acc) - 0.625) < 0.03
+    always = [verify_sampling([2], q, p, torch.log(p), counts({}), NO_RESCUE, g) for _ in range(200)]
+    assert all(d.verdicts[0].status == ACCEPTED and d.bonus and d.next_token == 3 for d in always)
+    # a rejected token 1 is replaced from norm(max(0, p - q)) = token 2 only
+    rejected = [d for d in (verify_sampling([1], q, p, torch.log(p), counts({}), NO_RESCUE, g) for _ in range(400))
+                if d.verdicts[0].status == REJECTED]
+    assert rejected and all(d.next_token == 2 for d in rejected)
 
 
 def test_sampling_rejection_draws_from_residual():
