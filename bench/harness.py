@@ -587,6 +587,7 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
         "draft_dtype": pair.draft_dtype,
         "models": pair.describe(),
         "profile": costs,
+        "humaneval_isolation": _isolation(),
         "config": {"datasets": datasets, "limit": limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "hf": m.hf} for m in cols},
@@ -600,6 +601,14 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
         "memory": {"patterns": len(memory), "total": memory.total, "candidates_at_lambda": memory.n_candidates(base.lam),
                    "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration")},
     }
+
+
+def _isolation() -> str:
+    from .sandbox import SandboxError, isolation
+    try:
+        return isolation()
+    except SandboxError as e:
+        return f"unavailable: {e}"
 
 
 def _write_json(path: Path, data: dict) -> None:
