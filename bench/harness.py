@@ -20,7 +20,8 @@ order they run, as a served model's memory would; ``"fresh"``: every item starts
 
 Outputs in ``out_dir``: ``results.json`` (every figure; rewritten after every item, so an
 interrupted run keeps what it finished), ``results.md``, ``speedup.html``, ``divergences.html``,
-``frontier.html`` (Plotly, plotly.js inline) and ``memory_<method>.json.gz``.
+``frontier.html`` (Plotly, plotly.js inline), ``frontier.json`` (the frontier's points, which the
+app's Analyse tab shows) and ``memory_<method>.json.gz``.
 """
 from __future__ import annotations
 
@@ -383,6 +384,10 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         results["meta"]["finished_at"] = _now()
         results["meta"]["loadavg_end"] = _loadavg()
         _write_json(out / "results.json", results)
+        _write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
+                                                     ("command", "started_at", "machine", "dtype", "draft_dtype",
+                                                      "models", "config")},
+                                            "status": results["status"], "points": results.get("frontier", [])})
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         try:
             write_charts(results, out)

@@ -160,7 +160,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
                     show_bar=False)
     out = tmp_path / "out"
     for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
-                 "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
+                 "frontier.json", "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
         assert (out / name).is_file(), name
     s = res["summary"]["p"]
     assert set(s) == {"ar", "sd", "csd", "csd[lam=0,tau=1]"}
