@@ -69,6 +69,8 @@ def add_parsers(sub) -> None:
     pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
     pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
     pf.add_argument("--json", action="store_true", help="print the profile as JSON")
+    pf.add_argument("--drafts", action="store_true",
+                    help="also time each way to run the draft (transformers / lean, float32 / int8, vocabulary)")
     add_model_args(pf)
     pf.set_defaults(func=cmd_profile)
 
@@ -220,7 +222,7 @@ def balanced(prompts: list[dict], per_kind: int | None) -> list[dict]:
 
 
 def cmd_profile(args) -> int:
-    from csd.profile import cached_costs, machine_name
+    from csd.profile import cached_costs, draft_options, machine_name
 
     pair = load_from_args(args)
     costs = cached_costs(pair, refresh=args.refresh, progress=tqdm_progress())
@@ -237,6 +239,17 @@ def cmd_profile(args) -> int:
             print(f"{g:>5} {costs.verify(g + 1):>10.1f} {costs.block_ms(g):>9.1f} "
                   f"{(g + 1) / costs.block_ms(g) * 1000:>12.2f} {costs.bound(g):>10.2f}x")
         print(f"best bound: {b_best:.2f}x AR at gamma {g_best} (every draft token accepted)")
+    if args.drafts:
+        from transformers import AutoModelForCausalLM
+
+        from csd.models import _resolve_source, draft_vocab_ids, resolve_device
+        src, _ = _resolve_source(args.draft, "draft", None)
+        fp32 = AutoModelForCausalLM.from_pretrained(src, dtype="float32").to(resolve_device(args.device)).eval()
+        vocab = draft_vocab_ids(pair.pair_id, pair.tokenizer, pair.special_ids,
+                                fp32.get_output_embeddings().out_features, "auto")
+        print("draft options (ms per token):")
+        for name, ms in draft_options(fp32, vocab).items():
+            print(f"  {name:<32} {ms:7.1f}")
     if args.chart:
         from bench.report import profile_figure
         Path(args.chart).parent.mkdir(parents=True, exist_ok=True)

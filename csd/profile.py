@@ -202,3 +202,19 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     if progress:
         progress(f"target representation: {choice}", 1.0)
     return choice, timings
+
+
+def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
+    """Median ms per draft token of each way to run the draft on this machine: transformers' forward
+    in float32 and int8, the lean path in int8 with the full and with the reduced vocabulary."""
+    from .lm import HFLM, LeanLM
+    from .models import quantize_int8, to_repr
+
+    out = {"hf float32": time_pass(HFLM(draft_fp32), 1, reps)}
+    if vocab_ids is not None:
+        out["lean int8, reduced vocabulary"] = time_pass(LeanLM(draft_fp32, vocab_ids=vocab_ids, int8=True), 1, reps)
+    out["lean int8, full vocabulary"] = time_pass(LeanLM(draft_fp32, int8=True), 1, reps)
+    out["lean float32, full vocabulary"] = time_pass(LeanLM(draft_fp32), 1, reps)
+    if draft_fp32.device.type == "cpu":
+        out["hf int8"] = time_pass(HFLM(quantize_int8(to_repr(draft_fp32, "float32", copy=True))), 1, reps)
+    return out
