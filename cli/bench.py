@@ -15,6 +15,7 @@ from bench.harness import (
     validate_datasets,
     validate_methods,
 )
+from bench.synthetic import add_synthetic_args
 from csd.config import CSDConfig, parse_gamma
 
 from .common import add_model_args, load_from_args, open_store
@@ -25,7 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "bench", help="benchmark AR, SD, CSD and transformers' assisted generation on the same items",
         description="Run every method on the same items (interleaved, rotated order, after a warm-up) and write "
                     "results.json, results.md, speedup.html, divergences.html and frontier.html to --out. "
-                    "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier).")
+                    "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier). --synthetic "
+                    "instead times ar, sd and csd on randomly initialised models with the real pair's "
+                    "architectures (no model files needed: for GPU machines; see bench/synthetic.py).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file (default: gsm8k,humaneval,prose)")
     p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
@@ -47,11 +50,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     add_model_args(p)
-    p.set_defaults(func=cmd_bench)
+    add_synthetic_args(p)
+    p.set_defaults(func=cmd_bench, synthetic_refuses={a: p.get_default(a) for a in _NOT_SYNTHETIC})
     return p
 
 
+# options of the benchmark on real items that mean nothing to the synthetic one
+_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "memory", "draft", "target", "draft_vocab", "device_map", "db")
+
+
 def cmd_bench(args) -> int:
+    if args.synthetic:
+        return cmd_synthetic(args)
     from csd.memory import CorrectionMemory
 
     methods = validate_methods(args.methods.split(","))
@@ -81,6 +91,17 @@ def cmd_bench(args) -> int:
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
     return 0 if res["status"] == "finished" else 1
+
+
+def cmd_synthetic(args) -> int:
+    """``bench --synthetic``: random weights with the real architectures, before any model is loaded."""
+    from bench.synthetic import run_from_args
+
+    given = [a for a, default in args.synthetic_refuses.items() if getattr(args, a) != default]
+    if given:
+        flags = ", ".join("--" + a.replace("_", "-") for a in given)
+        raise ValueError(f"{flags}: not used by --synthetic (it runs ar, sd and csd on random prompts and models)")
+    return run_from_args(args, getattr(args, "command_line", None) or _command_line())
 
 
 def _command_line() -> str:

@@ -33,6 +33,7 @@ from .events import (
     RunMetrics,
     TokenEvent,
 )
+from .lm import ids_tensor
 from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
 from .policy import AutoGamma, FixedGamma
@@ -274,7 +275,7 @@ class Run:
         lm = self.pair.target_lm
         pending = self._seq[lm.length(self.tcache):]
         if torch.is_tensor(drafts):
-            ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=drafts.device), drafts])
+            ids = torch.cat([ids_tensor(pending, drafts.device), drafts])
         else:
             ids = pending + drafts
         logits = lm.forward(self.tcache, ids, len(drafts) + 1)

@@ -21,6 +21,18 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 
+def ids_tensor(ids: list[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Token ids as a 1-D long tensor on ``device``. From the host to a GPU the copy goes through
+    pinned memory without blocking, so that queueing it does not wait for the kernels before it
+    (a host sync would cost the sync-free draft loop its point)."""
+    if torch.is_tensor(ids):
+        return ids.view(-1)
+    t = torch.tensor(ids, dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class LM:
     """A causal LM as the decode loop sees it. ``vocab_ids`` is None for a full output layer, else
     the token id of each logit row (a reduced vocabulary)."""
@@ -68,7 +80,7 @@ class HFLM(LM):
         return cache
 
     def forward(self, cache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
-        x = ids.view(1, -1) if torch.is_tensor(ids) else torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        x = ids_tensor(ids, self.model.device).view(1, -1)
         out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self._cache_kwarg: cache})
         return out.logits[0].float()
 
@@ -211,7 +223,7 @@ class LeanLM(LM):
 
     @torch.inference_mode()
     def forward(self, cache: LeanCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
-        ids = ids if torch.is_tensor(ids) else torch.tensor(ids, dtype=torch.long, device=self._device)
+        ids = ids_tensor(ids, self._device)
         t, start = ids.numel(), cache.n
         self._grow(cache, start + t)
         x = self.embed[ids.view(-1)][None]                                                   # (1, T, hidden)
