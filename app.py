@@ -28,11 +28,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
     ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
+                    help="longest prompt accepted, in tokens (default 2048): a long prompt holds the model for "
+                         "everyone while it is read")
+    ap.add_argument("--no-shared-scope", dest="shared_scope", action="store_false",
+                    help="hide the 'all runs' scope (every user's answers) in Analyse and Explore, e.g. for a "
+                         "public demo; users then see their own runs only")
     args = ap.parse_args(argv)
     if not 1 <= args.port <= 65535:
         ap.error("--port must be in 1..65535")
     if args.queue_size < 1 or args.concurrency < 1:
         ap.error("--queue-size and --concurrency must be at least 1")
+    if args.max_prompt_tokens < 1:
+        ap.error("--max-prompt-tokens must be at least 1")
     return args
 
 
@@ -62,7 +70,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     store = None if (args.db or "").lower() == "none" else Store.open(args.db)
-    services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency))
+    services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
+                                                   max_prompt_tokens=args.max_prompt_tokens,
+                                                   shared_scope=args.shared_scope))
     demo = build_demo(services)
     demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                 **launch_kwargs())

@@ -1,14 +1,19 @@
-"""The whole app in a real headless Chromium (Debian's /usr/bin/chromium driven by playwright).
+"""The app in a real headless Chromium (Debian's /usr/bin/chromium driven by playwright).
 
-Starts ``python app.py`` on a free port with a fresh SQLite store, then: runs a CSD generation and
-waits for streamed coloured tokens (printing the time from the click to the first token), moves
-tau and sees the recolouring, opens the Pareto chart, checks that a prompt containing
-``<img src=x onerror=alert(1)>`` shows as text and runs no script, visits every view, and checks
-that the page fetched nothing from outside 127.0.0.1. Screenshots go to $CSD_SCREENSHOT_DIR
-(default: <tmp>/csd-screenshots).
+One end-to-end test runs ``python app.py`` with the real embedded pair: a CSD answer streams in
+coloured, a click pins a token's details, tau recolours it, the presentation mode puts the answer
+above the fold at 1280x720, the phone layout holds, the Pareto chart and the comparison render,
+and markup in a prompt stays text. The other tests serve the app in this process on tiny models
+(``ui_fixtures``) whose target passes go through a gate, so that the page can be checked while
+the engine is held at a known point: the first pass is on the page before the second ends; Stop
+during the prefill and Stop while queued; two users sharing the model; the phone layout; the
+legends; token details and navigation; Teach; memory upload errors; the CSV export.
+Screenshots go to $CSD_SCREENSHOT_DIR (default: <tmp>/csd-screenshots).
 """
 from __future__ import annotations
 
+import csv
+import json
 import os
 import re
 import tempfile
@@ -22,25 +27,19 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 XSS = "<img src=x onerror=alert(1)>"
 RUN_TIMEOUT_MS = 300_000
+WAIT_MS = 60_000
 
 if not Path(CHROMIUM).exists():
     if os.environ.get("CI"):
         raise RuntimeError(f"{CHROMIUM} is missing: .ci/run must install Debian's chromium")
     pytest.skip(f"{CHROMIUM} is not installed (Debian package chromium)", allow_module_level=True)
-from playwright import sync_api  # noqa: E402
-
 from appserver import running_app  # noqa: E402
+from playwright import sync_api  # noqa: E402
+from ui_fixtures import Gate, served, tiny_services  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """``python app.py`` on a free port with its own SQLite file; stopped after the module.
-    CSD_TEST_APP_URL points the test at an app that is already running instead."""
-    if os.environ.get("CSD_TEST_APP_URL"):
-        yield os.environ["CSD_TEST_APP_URL"].rstrip("/")
-        return
-    with running_app(tmp_path_factory.mktemp("browser-app")) as url:
-        yield url
+pytestmark = pytest.mark.slow
+PROSE = "Write a short paragraph about why people enjoy walking in the mountains."
+TINY_PROMPT = "Write about the cat on the mat and the dog in the park."
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +57,48 @@ def browser():
         b.close()
 
 
-@pytest.fixture()
-def page(browser, app_url):
-    """A fresh page (a fresh gradio session) that records dialogs and requests leaving 127.0.0.1."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+@pytest.fixture(scope="module")
+def gate():
+    return Gate()
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tmp_path_factory, gate):
+    """The app on tiny models, served in this process; its target passes go through ``gate``."""
+    from db.store import Store
+    store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('browser-tiny') / 'ui.sqlite3'}")
+    services = tiny_services(store, gate=gate, status_interval_s=0.5, max_prompt_tokens=220)
+    with served(services) as url:
+        yield url
+    store.close()
+
+
+@pytest.fixture(autouse=True)
+def open_gate(gate):
+    gate.arm(None)
+    yield
+    gate.open()
+
+
+def new_page(browser, url: str, width: int = 1400, height: int = 1000):
+    """A fresh context (a fresh gradio session) whose page records dialogs and outside requests."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
     pg = ctx.new_page()
     pg.dialogs, pg.external = [], []
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
     pg.on("request", lambda r: pg.external.append(r.url)
           if not r.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
-    pg.goto(app_url)
-    pg.wait_for_selector("#generate-btn", timeout=60_000)
+    pg.goto(url)
+    pg.wait_for_selector("#generate-btn", timeout=WAIT_MS)
+    return pg
+
+
+@pytest.fixture()
+def page(browser, tiny_url):
+    pg = new_page(browser, tiny_url)
     yield pg
-    ctx.close()
+    assert pg.external == [], f"the page fetched from outside: {pg.external[:5]}"
+    pg.context.close()
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -86,135 +114,398 @@ def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
-def generate(page, prompt: str, max_new: int) -> float:
-    """Fill the prompt, click Generate, wait for the first streamed token and for the end.
-    Returns the seconds from the click to the first coloured token of this run."""
+def status(page, elem_id: str = "gen-status") -> str:
+    return page.locator(f"#{elem_id}").inner_text()
+
+
+def wait_status(page, text: str, elem_id: str = "gen-status", timeout: int = WAIT_MS) -> None:
+    page.wait_for_function("([id, t]) => document.querySelector('#' + id)?.innerText.includes(t)",
+                           arg=[elem_id, text], timeout=timeout)
+
+
+def start(page, prompt: str, max_new: int, gamma: int | None = None) -> None:
     page.locator("#prompt textarea").fill(prompt)
     set_number(page, "max-new", max_new)
+    if gamma is not None:
+        set_number(page, "gamma", gamma)
     page.wait_for_timeout(300)
-    t0 = time.perf_counter()
     page.click("#generate-btn")
-    # The first streamed update shows this prompt above the answer, with the first token.
+
+
+def generate(page, prompt: str, max_new: int, gamma: int | None = None) -> float:
+    """Fill the prompt, click Generate, wait for the first coloured token and for the end.
+    Returns the seconds from the click to the first token of this run."""
+    t0 = time.perf_counter()
+    start(page, prompt, max_new, gamma)
     page.wait_for_function(
         """p => { const h = document.querySelector('#tokens .csd-prompt');
-                  return h && h.innerText.includes(p) && document.querySelectorAll('#tokens .tok').length > 0; }""",
+                  return h && h.innerText.includes(p.slice(0, 60)) && document.querySelectorAll('#tokens .tok').length > 0; }""",
         arg=prompt.strip(), timeout=RUN_TIMEOUT_MS, polling=50)
     first = time.perf_counter() - t0
     page.wait_for_selector('#metrics [data-state="done"]', timeout=RUN_TIMEOUT_MS)
     return first
 
 
-def token_classes(page) -> list[str]:
-    return page.locator("#tokens .tok").evaluate_all("els => els.map(e => e.className)")
+def token_classes(page, where: str = "#tokens") -> list[str]:
+    return page.locator(f"{where} .tok").evaluate_all("els => els.map(e => e.className)")
 
 
-# -- the test --------------------------------------------------------------------------------------
-def test_app_in_a_real_browser(page, shots):
-    # 1. A CSD generation streams coloured tokens. lambda = 0 lets the memory pass every pattern,
-    #    so the gate (tau) decides and moving tau must change decisions.
+# -- the real pair, end to end ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_url(tmp_path_factory):
+    """``python app.py`` (the real embedded pair) on a free port with its own SQLite file.
+    CSD_TEST_APP_URL points the test at an app that is already running instead."""
+    if os.environ.get("CSD_TEST_APP_URL"):
+        yield os.environ["CSD_TEST_APP_URL"].rstrip("/")
+        return
+    with running_app(tmp_path_factory.mktemp("browser-app")) as url:
+        yield url
+
+
+def test_real_pair_end_to_end(browser, real_url, shots):
+    page = new_page(browser, real_url)
+    # 1. A CSD answer streams in coloured. lambda = 0 lets the memory pass every pattern, so the
+    #    gate (tau) decides and moving tau must change decisions.
     set_number(page, "lam", 0)
-    first = generate(page, "Write a short paragraph about why people enjoy walking in the mountains.", 24)
+    first = generate(page, PROSE, 20)
     server = re.search(r"([0-9.]+) s\s*first token after", page.locator("#metrics").inner_text())
     note = (f"{first:.2f} s from clicking Generate to the first streamed token in the browser"
-            + (f" ({server.group(1)} s of it in the engine's first draft + verify pass)" if server else ""))
+            + (f" ({server.group(1)} s of it in the engine's prefill + first draft + verify pass)" if server else ""))
     print("\n" + note)
     (shots / "first-token.txt").write_text(note + "\n")
     classes = token_classes(page)
-    assert classes and all(c.startswith("tok ") for c in classes)
-    statuses = {c.split()[1] for c in classes}
-    assert statuses <= {"tok-accepted", "tok-rescued", "tok-rejected", "tok-corrected", "tok-bonus"}, statuses
-    assert "tok-accepted" in statuses
-    tip = page.locator("#tokens .tok").first.get_attribute("title")
-    assert "position 0" in tip and "block 0" in tip
+    assert classes and {c.split()[1] for c in classes} <= {"tok-accepted", "tok-rescued", "tok-rejected",
+                                                          "tok-corrected", "tok-bonus"}
+    assert "Done: 20 tokens" in status(page) or "Done:" in status(page)
     metrics = page.locator("#metrics").inner_text()
-    assert "tokens / s" in metrics and "target passes" in metrics
+    assert "target passes" in metrics and "accepted: draft = target" in metrics and "rescued by CSD" in metrics
+    assert "target" in page.locator("#header").inner_text() and "arXiv 2604.13634" in page.inner_text("#header")
+    # a click pins the token's details, with a plain first line
+    page.locator("#tokens .tok").nth(1).click()
+    detail = page.locator("#tokens-detail .csd-detail-body .first")
+    assert detail.inner_text().startswith("The draft wrote") or detail.inner_text().startswith("The target")
     page.screenshot(path=str(shots / "generate.png"), full_page=True)
 
-    # 2. Moving tau recolours the answer: at tau = 1 (log tau = 0) no divergence passes the gate,
-    #    so every rescued token is outlined as "would be rejected"; at tau = 1e-4 more pass.
+    # 2. tau = 1 (log tau = 0): no divergence passes the gate, every rescue is outlined "would be rejected"
     n_rescued = sum("tok-rescued" in c for c in classes)
     n_div = n_rescued + sum("tok-rejected" in c for c in classes)
-    assert n_div > 0, "a 24-token prose answer should diverge somewhere"
+    assert n_div > 0, "a 20-token prose answer should diverge somewhere"
     set_number(page, "log10-tau", 0)
     page.wait_for_function("n => document.querySelectorAll('#tokens .tok.wi-reject').length === n", arg=n_rescued,
-                           timeout=60_000)
-    assert "would be rescued" in page.locator("#whatif-line").inner_text()
-    after_hi = token_classes(page)
-    page.screenshot(path=str(shots / "generate-recoloured-tau1.png"), full_page=True)
-    set_number(page, "log10-tau", -4)
-    page.wait_for_function("() => document.querySelectorAll('#tokens .tok.wi-reject').length === 0",
-                           timeout=60_000)
-    assert token_classes(page) != after_hi or n_rescued == 0
-    if n_rescued == 0:   # nothing rescued to un-rescue: the rejected ones must light up instead
-        assert page.locator("#tokens .tok.wi-rescue").count() > 0
-
-    # 3. The Pareto chart (and the other analyse charts) from the store.
+                           timeout=WAIT_MS)
+    if n_rescued:
+        assert "outlined" in page.locator("#whatif-line").inner_text()
+    page.locator("#tokens").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "generate-recoloured-tau1.png"))
     set_number(page, "log10-tau", -2)
+    page.wait_for_function("() => document.querySelectorAll('#tokens .tok.wi-reject').length === 0", timeout=WAIT_MS)
+
+    # 3. Presentation mode at 1280x720: the answer is above the fold, in large type
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.locator("#present input").check()
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_function("() => document.body.classList.contains('csd-present')")
+    box = page.locator("#tokens .csd-tokens").bounding_box()
+    assert box["y"] + 60 < 720, f"the answer starts at y = {box['y']:.0f}, below the fold"
+    assert page.locator("#tokens .csd-tokens").evaluate("e => parseFloat(getComputedStyle(e).fontSize)") >= 24
+    assert page.locator("#legend").is_visible()
+    page.screenshot(path=str(shots / "generate-1280x720-presentation.png"))
+    page.locator("#present input").uncheck()
+
+    # 4. The phone: nothing wider than the screen, every tab in reach
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(500)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 392
+    page.screenshot(path=str(shots / "generate-phone-390x844.png"))
+    page.set_viewport_size({"width": 1400, "height": 1000})
+
+    # 5. The Pareto chart and the other analyse charts, from the store
     open_tab(page, "Analyse")
-    page.wait_for_selector("#pareto-plot .js-plotly-plot", timeout=60_000)
-    page.wait_for_function("() => document.querySelectorAll('#pareto-plot .bars path').length > 0", timeout=60_000)
-    assert "Pareto" in page.locator("#pareto-plot").inner_text()
-    page.wait_for_selector("#whatif-plot .js-plotly-plot", timeout=60_000)
-    page.wait_for_selector("#gap-plot .js-plotly-plot", timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('#pareto-plot .bars path').length > 0", timeout=WAIT_MS)
     assert "divergences logged" in page.locator("#analyse-summary").inner_text()
+    assert page.locator("#analyse-legend").is_visible()
     page.screenshot(path=str(shots / "analyse.png"), full_page=True)
 
-    # 4. Explore & memory: the events table of this session, the memory's top patterns.
-    open_tab(page, "Explore & memory")
-    page.wait_for_function("() => document.querySelector('#memory-summary')?.innerText.includes('patterns')",
-                           timeout=60_000)
-    page.click("#events-btn")
-    page.wait_for_function("() => document.querySelectorAll('#events-table tbody tr').length > 0", timeout=60_000)
-    page.screenshot(path=str(shots / "explore-memory.png"), full_page=True)
-
-    # 5. Teach: one speculative iteration at a time.
-    open_tab(page, "Teach")
-    set_number(page, "teach-max", 12)
-    page.click("#teach-run")
-    page.wait_for_selector("#teach-view table", timeout=RUN_TIMEOUT_MS)
-    assert "Iteration 1 of" in page.locator("#teach-view").inner_text()
-    page.click("#teach-next")
-    page.wait_for_function("() => document.querySelector('#teach-view').innerText.includes('Iteration 2 of')",
-                           timeout=60_000)
-    page.screenshot(path=str(shots / "teach.png"), full_page=True)
-
-    # 6. Compare: AR, SD, CSD side by side with the chart.
+    # 6. Compare: the chart leads with target passes, the note explains the time
     open_tab(page, "Compare")
-    set_number(page, "c-max-new", 12)
+    set_number(page, "c-max-new", 8)
     page.click("#compare-btn")
     page.wait_for_function("() => document.querySelectorAll('#compare-plot .bars path').length >= 3",
                            timeout=3 * RUN_TIMEOUT_MS)
     for m in ("ar", "sd", "csd"):
         assert page.locator(f"#pane-{m} .tok").count() > 0
+    page.locator("#pane-csd .tok").first.click()
+    assert page.locator("#compare-detail .csd-detail-body .first").inner_text()
+    note = page.locator("#compare-note").inner_text()
+    assert note.startswith("SD used") and "Why speculative decoding can be slower than AR" in note
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
 
-    # 7. A prompt with markup is shown as text and runs nothing.
+    # 7. Teach: one iteration at a time, the thrown-away part of a block greyed out
+    open_tab(page, "Teach")
+    set_number(page, "teach-max", 10)
+    page.click("#teach-run")
+    page.wait_for_selector("#teach-view table", timeout=RUN_TIMEOUT_MS)
+    assert "Iteration 1 of" in page.locator("#teach-view").inner_text()
+    page.screenshot(path=str(shots / "teach.png"), full_page=True)
+
+    # 8. Explore & memory: this session's events, the memory's top patterns and where they come from
+    open_tab(page, "Explore & memory")
+    page.wait_for_function("() => document.querySelector('#memory-summary')?.innerText.includes('your session only')",
+                           timeout=WAIT_MS)
+    page.wait_for_function("() => document.querySelector('#events-caption')?.innerText.includes('events match')",
+                           timeout=WAIT_MS)
+    page.screenshot(path=str(shots / "explore-memory.png"), full_page=True)
+
+    # 9. A prompt with markup is shown as text and runs nothing; bad input is a sentence
     open_tab(page, "Generate")
-    generate(page, f"Repeat exactly this text and nothing else: {XSS}", 16)
+    generate(page, f"Repeat exactly this text and nothing else: {XSS}", 6)
     assert XSS in page.locator("#tokens .csd-prompt").inner_text()
     assert page.locator("img[src='x']").count() == 0
-    page.wait_for_timeout(1000)
-    assert page.dialogs == [], page.dialogs
-    page.screenshot(path=str(shots / "generate-xss.png"), full_page=True)
-    # ... and in the events table too (every status, filtered on the markup's text)
-    open_tab(page, "Explore & memory")
-    page.get_by_label("accepted", exact=True).check()
-    page.get_by_label("Text contains").fill("img")
-    page.click("#events-btn")
-    page.wait_for_function("() => document.querySelectorAll('#events-table tbody tr').length > 0", timeout=60_000)
     page.wait_for_timeout(500)
-    assert page.locator("img[src='x']").count() == 0 and page.dialogs == []
-    assert "<img" in page.locator("#events-table").inner_text()
-    open_tab(page, "Generate")
-
-    # 8. Bad input gets a clear message, and the app keeps working.
+    assert page.dialogs == [], page.dialogs
+    page.locator("#tokens").scroll_into_view_if_needed()
+    page.screenshot(path=str(shots / "generate-xss.png"))
     page.locator("#prompt textarea").fill("   ")
     page.click("#generate-btn")
-    page.wait_for_selector("text=the prompt is empty", timeout=60_000)
-    page.screenshot(path=str(shots / "error.png"))    # the message is a toast over the viewport
-    # ... and the app keeps working after it
-    first_again = generate(page, "What is 2 + 2?", 4)
-    assert page.locator("#tokens .tok").count() > 0 and first_again > 0
-
+    page.locator(".toast-body", has_text="the prompt is empty").wait_for(state="visible", timeout=WAIT_MS)
+    page.wait_for_timeout(500)
+    assert "Starting" not in status(page)          # refused at the click: the request never joined the queue
+    page.screenshot(path=str(shots / "error.png"))
     assert page.external == [], f"the page fetched from outside: {page.external[:5]}"
-    print(f"screenshots in {shots}")
+    page.context.close()
+
+
+# -- streaming: one pass, one burst ----------------------------------------------------------------
+def test_each_verify_pass_is_on_the_page_before_the_next_one_ends(page, gate, shots):
+    """The engine is held inside its second verify pass (target call 3: prefill, pass 1, pass 2).
+    Everything pass 1 decided, up to its last event (the correction or bonus, marked pass_end),
+    must already be on the page: a throttle that holds back the end of a pass fails here."""
+    gate.arm(3)
+    start(page, TINY_PROMPT, 24, gamma=4)
+    assert gate.reached.wait(60), "the engine never reached its second verify pass"
+    page.wait_for_selector('#tokens .tok[data-block="0"][data-pass-end]', timeout=30_000)
+    n0 = page.locator('#tokens .tok[data-block="0"]').count()
+    assert n0 >= 2 and page.locator('#tokens .tok[data-block="1"]').count() == 0
+    assert page.locator("#whatif-line").inner_text().startswith("Verify pass 1:")
+    wait_status(page, "verify pass 2 running")                  # the live status during a long pass
+    assert page.locator('#tokens .tok.latest[data-block="0"]').count() == n0   # the burst that just came
+    gate.open()
+    page.wait_for_selector('#metrics [data-state="done"]', timeout=WAIT_MS)
+    assert page.locator('#tokens .tok[data-block="0"]').count() == n0
+    wait_status(page, "Done: 24 tokens")
+
+
+def test_stop_during_the_prefill(page, gate, shots):
+    """A prompt of two prefill chunks; the engine is held in the first. Stop shows "Stopping…",
+    and the run ends before the second chunk, with no token."""
+    gate.arm(1)
+    start(page, "q" * 200, 16)
+    assert gate.reached.wait(60)
+    wait_status(page, "reading the prompt (200 tokens)")
+    page.click("#stop-btn")
+    wait_status(page, "Stopping…")
+    page.screenshot(path=str(shots / "stopping-during-prefill.png"))
+    gate.open()
+    wait_status(page, "Stopped: 0 tokens")
+    assert page.locator("#tokens .tok").count() == 0 and gate.calls == 1
+
+
+def test_a_prompt_over_the_cap_is_refused_at_the_click(page, gate):
+    assert "at most 220 tokens" in page.locator("#prompt").inner_text()
+    start(page, "q" * 300, 8)
+    page.wait_for_selector("text=this app takes prompts of at most 220 tokens", timeout=WAIT_MS)
+    assert "--max-prompt-tokens" in page.locator(".toast-body").first.inner_text()
+    assert gate.calls == 0 and "Starting" not in status(page)
+
+
+def test_two_users_share_the_model_and_stop_works_while_queued(browser, tiny_url, gate, shots):
+    a, b = new_page(browser, tiny_url), new_page(browser, tiny_url)
+    try:
+        gate.arm(2)                                     # A holds the model inside its first verify pass
+        start(a, TINY_PROMPT, 12, gamma=4)
+        assert gate.reached.wait(60)
+        start(b, "the dog ran to the hill", 12, gamma=4)
+        wait_status(b, "1 request ahead of yours")       # B's queue position, beside B's Generate button
+        assert "verify pass 1 running" in status(b)
+        b.screenshot(path=str(shots / "queued-second-user.png"))
+        b.click("#stop-btn")                            # B gives up while waiting
+        wait_status(b, "Stopping… (it will not start)")
+        gate.open()
+        wait_status(a, "Done: 12 tokens")
+        wait_status(b, "Stopped before it started")
+        passes = int(re.search(r"in (\d+) verify pass", status(a)).group(1))
+        assert gate.calls == 1 + passes                 # A's prefill and passes: B never ran
+        assert b.locator("#tokens .tok").count() == 0
+
+        # both at once: each gets its own answer, and sees only its own runs' events
+        first_run = a.locator("#tokens .tok").count()
+        start(a, TINY_PROMPT, 8)
+        start(b, "the dog ran to the hill", 8)
+        for pg, prompt in ((a, TINY_PROMPT), (b, "the dog ran to the hill")):
+            pg.wait_for_selector('#metrics [data-state="done"]', timeout=WAIT_MS)
+            wait_status(pg, "Done: 8 tokens")
+            assert prompt in pg.locator("#tokens .csd-prompt").inner_text()
+        own = {id(a): first_run + a.locator("#tokens .tok").count(), id(b): b.locator("#tokens .tok").count()}
+        for pg in (a, b):
+            open_tab(pg, "Explore & memory")
+            for st in ("accepted", "corrected", "bonus"):
+                pg.locator("#e-status").get_by_label(st, exact=True).check()
+            pg.click("#events-btn")
+            pg.wait_for_function("n => document.querySelector('#events-caption')?.innerText.startsWith(n + ' events')",
+                                 arg=own[id(pg)], timeout=WAIT_MS)
+    finally:
+        a.context.close()
+        b.context.close()
+
+
+# -- layouts ---------------------------------------------------------------------------------------
+def phone_tab(pg, name: str):
+    """The visible button of a tab, in the tab bar or among the tabs gradio would put in its menu."""
+    return pg.locator("#tabs [role=tablist] button:visible, #tabs .overflow-dropdown button:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
+
+
+def test_phone_layout(browser, tiny_url, shots):
+    pg = new_page(browser, tiny_url, 390, 844)
+    try:
+        assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
+        for name, panel in (("Compare", "#tab-compare"), ("Analyse", "#tab-analyse"),
+                            ("Explore & memory", "#tab-explore"), ("Teach", "#tab-teach"), ("Generate", "#tab-generate")):
+            tab = phone_tab(pg, name)
+            assert tab.count() == 1 and tab.is_visible(), f"tab {name} is not reachable"
+            tab.click()
+            pg.wait_for_selector(f"{panel}", state="visible", timeout=WAIT_MS)
+        assert pg.locator("#tabs .overflow-menu > button").is_hidden()
+        # Teach: the table scrolls sideways, so its decision and why columns can be reached
+        phone_tab(pg, "Teach").click()
+        set_number(pg, "teach-max", 12)
+        pg.click("#teach-run")
+        pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
+        scroller = pg.locator("#teach-view .csd-scroll")
+        assert scroller.evaluate("e => e.scrollWidth > e.clientWidth")
+        scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        why = pg.locator("#teach-view th").last.bounding_box()
+        assert why["x"] >= 0 and why["x"] + why["width"] <= 392
+        assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
+        pg.locator("#teach-view").scroll_into_view_if_needed()
+        pg.screenshot(path=str(shots / "teach-phone-390x844.png"))
+    finally:
+        pg.context.close()
+
+
+def test_legends_on_generate_compare_and_analyse(page):
+    for tab, elem in (("Generate", "#legend"), ("Compare", "#compare-legend"), ("Analyse", "#analyse-legend")):
+        open_tab(page, tab)
+        legend = page.locator(elem)
+        legend.wait_for(state="visible", timeout=WAIT_MS)
+        text = legend.inner_text()
+        for words in ("accepted", "rescued", "struck through", "solid underline", "dotted underline", "end of turn"):
+            assert words in text, (tab, words)
+    assert "wavy magenta underline" in page.locator("#compare-legend").inner_text()
+    assert "dashed box" in page.locator("#analyse-legend").inner_text()
+
+
+# -- a researcher's tools --------------------------------------------------------------------------
+def test_token_details_navigation_and_export(page, tmp_path):
+    set_number(page, "log10-tau", -0.5)          # tau 0.32: some divergences rescued, some rejected
+    generate(page, TINY_PROMPT, 40, gamma=4)
+    assert "rescued:" in page.locator("#summary").inner_text()
+    page.click("#tokens [data-nav=rescued]")
+    pinned = page.locator("#tokens .tok.pinned")
+    assert pinned.get_attribute("data-status") == "rescued"
+    first = page.locator("#tokens-detail .csd-detail-body .first").inner_text()
+    assert first.startswith("The draft wrote") and "kept because the memory has seen this swap" in first
+    i = int(pinned.get_attribute("data-i"))
+    page.click("#tokens [data-nav=rescued]")
+    assert int(page.locator("#tokens .tok.pinned").get_attribute("data-i")) != i or \
+        page.locator('#tokens .tok[data-status="rescued"]').count() == 1
+    # a link in the rescue list jumps to its token
+    page.locator("#summary a[data-goto]").first.click()
+    assert page.locator("#tokens .tok.pinned").get_attribute("data-status") == "rescued"
+    # the coloured answer as files
+    page.click("#export-btn")
+    page.wait_for_selector("#export-files a", timeout=WAIT_MS)
+    names = re.sub(r"\s", "", page.locator("#export-files").inner_text())
+    assert "csd-answer.html" in names and "csd-answer.json" in names
+
+    # the CSV offered is the filtered one
+    open_tab(page, "Explore & memory")
+    page.click("#events-btn")
+    page.wait_for_function("() => document.querySelector('#events-caption')?.innerText.includes('events match')",
+                           timeout=WAIT_MS)
+    page.click("#export-csv-btn")                    # rescued + rejected (the default filter)
+    page.wait_for_selector("#events-csv", state="visible", timeout=WAIT_MS)
+    page.locator("#e-status").get_by_label("rejected", exact=True).uncheck()
+    page.wait_for_selector("#events-csv", state="hidden", timeout=WAIT_MS)   # no stale file on offer
+    page.click("#events-btn")
+    page.wait_for_function("() => document.querySelector('#events-caption')?.innerText.includes('events match')",
+                           timeout=WAIT_MS)
+    page.click("#export-csv-btn")
+    page.wait_for_selector("#events-csv", state="visible", timeout=WAIT_MS)
+    label = page.locator("#events-csv").inner_text()
+    n = int(re.search(r"\((\d+) events\)", label).group(1))
+    with page.expect_download() as dl:
+        page.click("#events-csv")
+    path = tmp_path / "events.csv"
+    dl.value.save_as(path)
+    rows = list(csv.DictReader(path.open(newline="")))
+    assert len(rows) == n and {r["status"] for r in rows} == {"rescued"}
+
+
+def test_teach_shows_the_discarded_tokens_and_steps_by_keys_and_autoplay(page):
+    open_tab(page, "Teach")
+    page.locator("#t-method input").click()
+    page.get_by_role("option", name="sd", exact=True).click()
+    set_number(page, "teach-max", 24)
+    page.click("#teach-run")
+    page.wait_for_selector("#teach-view table", timeout=WAIT_MS)
+    text = page.locator("#teach-view").inner_text()
+    n = int(re.search(r"Iteration 1 of (\d+)", text).group(1))
+    assert n >= 3
+    # t* is a literal star in the explanation, not the start of italics
+    assert "t*ᵢ" in page.locator("#teach-explanation").inner_text()
+    assert page.locator("#teach-explanation em").count() <= 2        # the two *and* / *correction* only
+    page.locator("#teach-view").click()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('#teach-view').innerText.includes('Iteration 2 of')",
+                           timeout=WAIT_MS)
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => document.querySelector('#teach-view').innerText.includes('Iteration 1 of')",
+                           timeout=WAIT_MS)
+    for _ in range(n):                                # find a block where a rejection threw the rest away
+        if page.locator("#teach-view tr.discarded").count():
+            break
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(400)
+    assert page.locator("#teach-view .tok-discarded").count() >= 2
+    assert "Never checked" in page.locator("#teach-view tr.discarded").first.inner_text()
+    # autoplay goes on by itself and stops at the end (started two iterations before it)
+    at = int(re.search(r"Iteration (\d+) of", page.locator("#teach-view").inner_text()).group(1))
+    while at != n - 2:
+        page.keyboard.press("ArrowRight" if at < n - 2 else "ArrowLeft")
+        at += 1 if at < n - 2 else -1
+        page.wait_for_function("k => document.querySelector('#teach-view').innerText.includes(`Iteration ${k} of`)",
+                               arg=at, timeout=WAIT_MS)
+    page.click("#teach-play")
+    page.wait_for_function("n => document.querySelector('#teach-view').innerText.includes(`Iteration ${n} of ${n}`)",
+                           arg=n, timeout=WAIT_MS)
+    page.click("#teach-stop")
+
+
+def test_memory_upload_errors_are_sentences(page, tmp_path):
+    open_tab(page, "Explore & memory")
+    page.wait_for_function("() => document.querySelector('#memory-summary')?.innerText.includes('patterns')",
+                           timeout=WAIT_MS)
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"format": "csd-explorer-memory", "version": 1, "pair": "x", "meta": [1],
+                                "counts": []}))
+    cut = tmp_path / "cut.json.gz"
+    import gzip
+    cut.write_bytes(gzip.compress(b'{"format": "csd-explorer-memory"}' * 20)[:25])
+    for path, message in ((cut, "a damaged or truncated gzip file"), (meta, "'meta' must be an object")):
+        with page.expect_file_chooser() as chooser:
+            page.click("#memory-upload")
+        chooser.value.set_files(str(path))
+        page.wait_for_function("m => document.querySelector('#memory-error')?.innerText.includes(m)", arg=message,
+                               timeout=WAIT_MS)
+        text = page.locator("#memory-error").inner_text()
+        assert text.startswith("Memory not loaded:") and text.strip() != "Error"

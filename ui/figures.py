@@ -1,5 +1,6 @@
 """Plotly figure builders: ``make_*_figure(data) -> go.Figure``, one per chart, pure functions of
-plain data (lists, dicts, arrays, or the dataclasses of ``db.analytics``), testable without a browser.
+plain data (lists, arrays, the dataclasses of ``db.analytics``, ``RunMetrics``), testable without
+a browser. The rescue decision, log tau and the top-20% share come from ``csd.rule``.
 
 Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of HTML in labels.
 """
@@ -7,11 +8,14 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from csd.events import RunMetrics
+from csd.rule import log_tau, rescues, top_share
 
 from .render import show_token
 
@@ -66,15 +70,21 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     fig.add_trace(go.Scatter(x=x, y=cum, name="cumulative share", mode="lines+markers", line_color="#1f3b73",
                              hovertemplate="cumulative %{y:.0%}<extra></extra>"), secondary_y=True)
     k = max(1, round(len(rows) * top_fraction))
-    share = sum(_get(r, "count") for r in rows[:k]) / total
+    share = top_share([_get(r, "count") for r in rows], top_fraction)
     if k <= len(shown):
         fig.add_vline(x=k + 0.5, line_dash="dash", line_color="#c62828")
-    fig.add_annotation(text=f"top {top_fraction:.0%} of patterns ({k} of {len(rows)}) = {share:.0%} of divergences",
-                       xref="paper", yref="paper", x=1, y=1.02, xanchor="right", yanchor="bottom",
-                       showarrow=False, font=dict(color="#c62828"))
-    fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), legend=dict(orientation="h", y=-0.3), bargap=0.15)
-    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=labels, tickangle=-45, title="")
-    fig.update_yaxes(title_text="count", secondary_y=False)
+    # the share is the title's second line and the legend sits under it, above the plot: neither
+    # covers the other, nor the slanted token labels below the bars
+    layout = dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440)
+    fig.update_layout(**layout, bargap=0.15,
+                      title=dict(text=title, y=0.97, subtitle=dict(
+                          text=f"top {top_fraction:.0%} of patterns ({k} of {len(rows)}) = {share:.0%} of divergences",
+                          font=dict(color="#c62828"))),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=labels, tickangle=-45, title="", automargin=True)
+    top = max(counts)
+    fig.update_yaxes(title_text="count", secondary_y=False, rangemode="tozero", tickformat="d",
+                     **(dict(dtick=1) if top <= 10 else {}))
     fig.update_yaxes(title_text="cumulative share", range=[0, 1.05], tickformat=".0%", secondary_y=True)
     return fig
 
@@ -88,18 +98,18 @@ def make_gap_figure(gaps: Sequence[float], counts: Sequence[float] | None, lam: 
     c = np.asarray(counts if counts is not None else np.full(len(g), np.nan), dtype=float)
     ok = np.isfinite(g)
     g, c = g[ok], c[ok]
-    lt = math.log(tau)
+    lt = log_tau(tau)
     if g.size == 0:
         return empty_figure("No divergences with logged gaps in this scope yet.", title)
     lo = float(min(g.min(), lt)) - 0.5
     edges = dict(start=lo, end=0.0, size=max((0.0 - lo) / bins, 0.05))
-    known = c >= lam
+    known = rescues(c, 0.0, lam, -math.inf, use_scg=False)    # the memory half of the rule
     fig = go.Figure()
     fig.add_trace(go.Histogram(x=g[known], xbins=edges, name=f"memory count ≥ λ ({lam:g})", marker_color="#e07b00"))
     fig.add_trace(go.Histogram(x=g[~known], xbins=edges, name="memory count < λ", marker_color="#9aa5b1"))
     fig.add_vrect(x0=lt, x1=0.0, fillcolor="#2e7d32", opacity=0.12, line_width=0)
     fig.add_vline(x=lt, line_color="#2e7d32", line_width=2)
-    n_rescue = int(np.sum(known & (g >= lt)))
+    n_rescue = int(np.sum(rescues(c, g, lam, lt)))
     fig.add_annotation(text=f"log τ = {lt:.2f} · rescue region: {n_rescue} of {g.size} divergences",
                        x=lt, y=1.02, xref="x", yref="paper", showarrow=False, xanchor="left", yanchor="bottom",
                        font=dict(color="#2e7d32"))
@@ -156,19 +166,18 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
     return fig
 
 
-def make_compare_figure(results: Mapping[str, Mapping]) -> go.Figure:
-    """Wall time, target passes and tokens per second for each method (bars side by side).
-
-    results: method -> metrics dict (``RunMetrics.to_dict()``)."""
+def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
+    """Target passes (what speculative decoding saves), wall time and tokens per second for each
+    method, bars side by side. results: method -> ``RunMetrics``."""
     title = "AR vs SD vs CSD on the same prompt"
     if not results:
         return empty_figure("Run a comparison to see the chart.", title)
     methods = list(results)
-    panels = [("wall time (s)", "wall_s", ".2f"), ("target passes", "target_forwards", "d"),
-              ("tokens / s", "tokens_per_s", ".2f")]
+    panels = [("target passes", lambda m: m.target_forwards, "d"), ("wall time (s)", lambda m: m.wall_s, ".2f"),
+              ("tokens / s", lambda m: m.tokens_per_s, ".2f")]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels])
-    for col, (name, key, fmt) in enumerate(panels, start=1):
-        ys = [float(results[m].get(key) or 0) for m in methods]
+    for col, (name, get, fmt) in enumerate(panels, start=1):
+        ys = [float(get(results[m]) or 0) for m in methods]
         fig.add_trace(go.Bar(x=methods, y=ys, name=name, marker_color=[COLORS.get(m, "#555") for m in methods],
                              text=[format(int(y) if fmt == "d" else y, fmt) for y in ys], textposition="auto",
                              hovertemplate="%{x}: %{y:.3g}<extra>" + name + "</extra>", showlegend=False),

@@ -2,64 +2,235 @@
 
 Every piece of model or user text goes through ``html.escape`` before it enters HTML:
 ``gr.HTML`` renders what it is given, so a prompt or an answer containing markup must be
-shown as text here. Tooltips are ``title`` attributes (escaped with quotes).
+shown as text here. A token's details travel in a ``data-detail`` attribute (escaped with
+quotes); the page's script (``JS``) shows them, pinned, when the token is clicked.
+
+The CSD decision is ``csd.rule.rescues`` and log tau is ``csd.rule.log_tau``: nothing here
+re-implements either.
 """
 from __future__ import annotations
 
 import html
+import json
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from csd.events import (ACCEPTED, BONUS, CORRECTED, DIVERGENCE_STATUSES, REJECTED, RESCUED, RULE_GAP_LOW,
-                        RULE_MATCH, RULE_MEMORY_RARE, RULE_NO_RESCUE, RULE_RESCUE, RULE_SAMPLED, TARGET,
-                        TokenEvent)
+from csd.events import (
+    ACCEPTED,
+    BONUS,
+    CORRECTED,
+    DIVERGENCE_STATUSES,
+    REJECTED,
+    RESCUED,
+    RULE_GAP_LOW,
+    RULE_MATCH,
+    RULE_MEMORY_RARE,
+    RULE_NO_RESCUE,
+    RULE_RESCUE,
+    RULE_SAMPLED,
+    RULE_SPECIAL,
+    TARGET,
+    RunMetrics,
+    TokenEvent,
+)
+from csd.rule import log_tau, rescues
 
-# status -> (CSS class, legend label, legend explanation)
+PAPER_URL = "https://arxiv.org/abs/2604.13634"
+
+# status -> (CSS class, legend label, one plain sentence)
 STATUS_STYLE = {
-    ACCEPTED: ("tok-accepted", "accepted", "draft token equal to the target's top-1, kept"),
-    RESCUED: ("tok-rescued", "rescued", "draft token differs from the target's top-1, kept by CSD (memory and gate passed)"),
-    REJECTED: ("tok-rejected", "rejected", "draft token discarded (not part of the answer)"),
-    CORRECTED: ("tok-corrected", "correction", "the target's token emitted in place of a rejected draft token"),
-    BONUS: ("tok-bonus", "bonus", "the target's next token after a fully kept block (free)"),
-    TARGET: ("tok-target", "target (AR)", "a token of the target alone, autoregressive"),
+    ACCEPTED: ("tok-accepted", "accepted", "the draft's token is what the target would have written: kept."),
+    RESCUED: ("tok-rescued", "rescued ★", "boxed, with a star: the target preferred another token, but CSD kept "
+              "the draft's because the memory knows this swap and the gate found it close enough."),
+    REJECTED: ("tok-rejected", "rejected", "struck through: the draft's token was thrown away (with the rest of "
+               "its block), not part of the answer."),
+    CORRECTED: ("tok-corrected", "correction", "solid underline: the target's own token, written where it "
+                "rejected the draft's."),
+    BONUS: ("tok-bonus", "bonus +", "dotted underline and a plus: a free token from the target after it kept the "
+            "whole block."),
+    TARGET: ("tok-target", "target (AR)", "written by the target alone, one pass per token."),
 }
 WHATIF_RESCUE, WHATIF_REJECT = "wi-rescue", "wi-reject"
+WHATIF_STYLE = {
+    WHATIF_RESCUE: ("would be rescued", "dashed box: under the λ/τ sliders this rejected token would be rescued."),
+    WHATIF_REJECT: ("would be rejected", "double box: under the λ/τ sliders this rescued token would be rejected."),
+}
+SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a marker, never part of the text."
+DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
+PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
 CSS = """
 .csd-tokens { font-family: ui-monospace, 'SFMono-Regular', Menlo, Consolas, 'Liberation Mono', monospace;
-  white-space: pre-wrap; word-break: break-word; line-height: 1.9; font-size: 14px;
+  white-space: pre-wrap; word-break: break-word; line-height: 2.0; font-size: 15px;
   padding: 10px; border: 1px solid #d0d4da; border-radius: 6px; min-height: 3em; background: #fff; color: #111; }
 .csd-prompt { font-size: 13px; color: #444; margin-bottom: 6px; white-space: pre-wrap; word-break: break-word; }
-.csd-prompt b { color: #222; }
-.tok { border-radius: 3px; padding: 1px 0; cursor: help; color: #111; }
+.csd-prompt b, .csd-prompt summary { color: #222; cursor: pointer; }
+.tok { border-radius: 3px; padding: 1px 0; cursor: pointer; color: #111; }
 .tok-accepted { background: #c8efc9; }
-.tok-rescued { background: #ffd27a; border-bottom: 2px solid #c77700; }
-.tok-rejected { background: #fde0e0; color: #a12020; text-decoration: line-through; opacity: 0.85; }
-.tok-corrected { background: #bcd7ff; }
-.tok-bonus { background: #e2cff7; }
+.tok-rescued { background: #ffd27a; outline: 2px solid #8a4b00; outline-offset: 0; font-weight: 700; }
+.tok-rescued::after { content: "★"; font-size: 0.7em; vertical-align: super; color: #8a4b00; }
+.tok-rejected { background: #fde0e0; color: #a12020; text-decoration: line-through; text-decoration-thickness: 2px; }
+.tok-corrected { background: #bcd7ff; box-shadow: inset 0 -3px 0 #1d4f91; }
+.tok-bonus { background: #e2cff7; border-bottom: 3px dotted #5b2a86; }
+.tok-bonus::after { content: "+"; font-size: 0.7em; vertical-align: super; color: #5b2a86; font-weight: 700; }
 .tok-target { background: #e8e8e8; }
-.tok.diff { box-shadow: inset 0 -3px 0 #e0007a; }
-.tok.wi-rescue { outline: 2px dashed #1b8a2f; outline-offset: 1px; }
-.tok.wi-reject { outline: 2px dashed #c62828; outline-offset: 1px; }
+.tok-special { font-family: system-ui, sans-serif; font-size: 0.75em; border: 1px dashed #555; border-radius: 8px;
+  padding: 0 4px; margin: 0 2px; color: #333; white-space: nowrap; }
+.tok-bytes { font-size: 0.75em; color: #555; }
+.tok.partial { padding: 1px 2px; }
+.tok.diff { text-decoration: underline wavy #e0007a; text-decoration-thickness: 2px; text-underline-offset: 4px; }
+.tok.wi-rescue { outline: 2px dashed #1b6e2f; outline-offset: 2px; }
+.tok.wi-reject { outline: 4px double #b71c1c; outline-offset: 2px; }
+.tok.latest { background-image: linear-gradient(#0003, #0003); background-size: 100% 2px;
+  background-repeat: no-repeat; background-position: top; }
+.tok.pinned { box-shadow: 0 0 0 3px #1f3b73; }
 .csd-hide-rejected .tok-rejected:not(.wi-rescue) { display: none; }
-.csd-legend { font-size: 12px; display: flex; flex-wrap: wrap; gap: 6px 14px; margin: 4px 0; color: inherit; }
-.csd-legend .tok { padding: 1px 4px; }
-.csd-metrics { display: grid; grid-template-columns: repeat(auto-fill, minmax(130px, 1fr)); gap: 6px; }
+.csd-legend { font-size: 13px; margin: 4px 0; color: inherit; }
+.csd-legend ul { list-style: none; margin: 0; padding: 0; display: grid;
+  grid-template-columns: repeat(auto-fill, minmax(320px, 1fr)); gap: 3px 16px; }
+.csd-legend li { margin: 0; line-height: 1.7; }
+.csd-legend .tok { padding: 1px 4px; margin-right: 4px; }
+.csd-nav { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 4px 0; font-size: 13px; }
+.csd-nav button { border: 1px solid #888; border-radius: 5px; padding: 2px 8px; background: #f6f6f6; color: #111;
+  cursor: pointer; }
+.csd-nav button:disabled { opacity: 0.45; cursor: default; }
+.csd-summary { font-size: 14px; margin: 6px 0; }
+.csd-summary a { cursor: pointer; }
+.csd-detail { font-size: 14px; border: 1px solid #1f3b73; border-radius: 6px; padding: 8px 10px; margin: 6px 0;
+  background: #f3f6fb; color: #111; white-space: pre-wrap; }
+.csd-detail .first { font-weight: 600; font-size: 15px; }
+.csd-detail button { float: right; border: 1px solid #888; border-radius: 4px; background: #fff; cursor: pointer; }
+.csd-metrics { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr)); gap: 6px; }
 .csd-metric { border: 1px solid #d0d4da; border-radius: 6px; padding: 6px 8px; }
 .csd-metric .v { font-size: 20px; font-weight: 600; }
-.csd-metric .k { font-size: 11px; opacity: 0.75; }
-.csd-status { font-size: 12px; opacity: 0.8; margin-top: 4px; }
+.csd-metric .k { font-size: 12px; opacity: 0.8; }
+.csd-status { font-size: 12px; opacity: 0.85; margin-top: 4px; }
+.csd-status-line { font-size: 15px; font-weight: 600; padding: 6px 8px; border-radius: 6px; min-height: 1.6em;
+  border: 1px solid transparent; }
+.csd-status-line[data-state="waiting"] { background: #fff4d6; border-color: #c77700; }
+.csd-status-line[data-state="running"] { background: #e3f0ff; border-color: #1d4f91; }
+.csd-status-line[data-state="stopping"], .csd-status-line[data-state="stopped"] { background: #fdecea;
+  border-color: #b71c1c; }
+.csd-status-line[data-state="done"] { background: #e8f5e9; border-color: #2e7d32; }
+.csd-status-line[data-state="idle"] { font-weight: 400; opacity: 0.8; }
 .csd-error { border: 1px solid #c62828; background: #fdecea; color: #7f1010; padding: 8px 10px; border-radius: 6px; }
-.csd-note { font-size: 12px; opacity: 0.85; }
-.csd-teach table { border-collapse: collapse; font-size: 13px; width: 100%; }
+.csd-note { font-size: 13px; opacity: 0.85; }
+.csd-scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; max-width: 100%; }
+.csd-teach table { border-collapse: collapse; font-size: 13px; min-width: 620px; width: 100%; }
 .csd-teach th, .csd-teach td { border: 1px solid #d0d4da; padding: 4px 6px; vertical-align: top; text-align: left; }
 .csd-teach code { white-space: pre; }
-.csd-teach .why { font-size: 12px; }
+.csd-teach .why { font-size: 12px; min-width: 180px; }
+.csd-teach tr.discarded td { color: #888; background: #f4f4f4; }
+.csd-teach .tok-discarded { color: #888; background: #eee; border: 1px dashed #aaa; text-decoration: none; }
+.csd-block { margin: 6px 0; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 15px; line-height: 2.0; }
+.csd-block .lbl { font-family: system-ui, sans-serif; font-size: 12px; opacity: 0.8; margin-right: 6px; }
+/* every tab reachable on a narrow screen: the tabs that gradio moves into its "more" menu are
+   shown in the bar itself (the menu's button is hidden), and the bar wraps */
+#tabs .tab-wrapper { flex-wrap: wrap; height: auto !important; }
+#tabs .overflow-menu > button { display: none !important; }
+#tabs .overflow-menu { display: contents; }
+#tabs .overflow-dropdown, #tabs .overflow-dropdown.hide { display: flex !important; position: static !important;
+  flex-wrap: wrap; border: 0 !important; box-shadow: none !important; background: transparent !important;
+  padding: 0 !important; margin: 0 !important; min-width: 0 !important; flex-direction: row !important; }
+#tabs .overflow-dropdown button { width: auto !important; padding: 6px 10px !important; border-radius: 0 !important;
+  font-size: var(--text-md) !important; color: var(--body-text-color) !important; }
+@media (max-width: 640px) {
+  #tabs [role="tablist"] button, #tabs .overflow-dropdown button { padding: 6px 7px !important; }
+  .csd-legend ul { grid-template-columns: 1fr; }
+}
+/* presentation mode: a large answer above the fold, the settings out of the way (gradio prefixes these
+   rules with its container, which body is not inside: !important makes the unprefixed ones win) */
+body.csd-present .csd-tokens { font-size: 26px !important; line-height: 1.9 !important; }
+body.csd-present .csd-legend { font-size: 15px !important; }
+body.csd-present .csd-hide-present, body.csd-present #examples { display: none !important; }
+body.csd-present .csd-legend ul { display: flex !important; flex-wrap: wrap !important; gap: 4px 10px !important; }
+body.csd-present .csd-legend .s { display: none !important; }
+body.csd-present #prompt textarea { max-height: 4.6em !important; }
+body.csd-present .csd-prompt { font-size: 15px !important; }
+body.csd-present .csd-status-line { font-size: 18px !important; }
 """
 
+# The page's script (passed to launch(head=...)): token details on click (pinned), next
+# rescued / next rejected, and arrow keys for the Teach view. Listeners sit on the document, so
+# they keep working while gradio replaces the HTML inside the components.
+JS = """
+<script>
+(() => {
+  if (window.csdInstalled) return;
+  window.csdInstalled = true;
+  const pins = {};
+  const show = (tok) => {
+    const box = tok.closest('[data-csd-view]');
+    const view = box ? box.getAttribute('data-csd-view') : 'tokens';
+    document.querySelectorAll('.tok.pinned').forEach(t => { if (t.closest('[data-csd-view]') === box) t.classList.remove('pinned'); });
+    tok.classList.add('pinned');
+    pins[view] = tok.getAttribute('data-i');
+    const name = (box && box.getAttribute('data-csd-panel')) || view;
+    const panel = document.querySelector('#' + name + '-detail .csd-detail-body');
+    if (!panel) return;
+    const lines = (tok.getAttribute('data-detail') || '').split('\\n');
+    panel.parentElement.hidden = false;
+    panel.replaceChildren();
+    const first = document.createElement('div'); first.className = 'first'; first.textContent = lines[0];
+    const rest = document.createElement('div'); rest.textContent = lines.slice(1).join('\\n');
+    panel.append(first, rest);
+  };
+  document.addEventListener('click', (e) => {
+    if (e.target.closest('#generate-btn, #compare-btn')) {     // a new answer: nothing stays pinned
+      for (const k of Object.keys(pins)) delete pins[k];
+      document.querySelectorAll('.csd-detail').forEach(d => { d.hidden = true; });
+      return;
+    }
+    const close = e.target.closest('[data-csd-close]');
+    if (close) { const d = close.closest('.csd-detail'); if (d) d.hidden = true;
+                 document.querySelectorAll('.tok.pinned').forEach(t => t.classList.remove('pinned')); return; }
+    const nav = e.target.closest('[data-nav]');
+    if (nav) {
+      const box = nav.closest('[data-csd-view]');
+      const want = nav.getAttribute('data-nav');
+      const toks = [...box.querySelectorAll('.tok[data-status="' + want + '"]')];
+      if (!toks.length) return;
+      const cur = box.querySelector('.tok.pinned');
+      const at = cur ? Number(cur.getAttribute('data-i')) : -1;
+      const next = toks.find(t => Number(t.getAttribute('data-i')) > at) || toks[0];
+      next.scrollIntoView({block: 'center'});
+      show(next);
+      return;
+    }
+    const go = e.target.closest('[data-goto]');
+    if (go) {
+      const view = go.closest('[data-csd-for]').getAttribute('data-csd-for');
+      const box = document.querySelector('[data-csd-view="' + view + '"]');
+      const t = box && box.querySelector('.tok[data-i="' + go.getAttribute('data-goto') + '"]');
+      if (t) { t.scrollIntoView({block: 'center'}); show(t); }
+      return;
+    }
+    const tok = e.target.closest('[data-csd-view] .tok[data-i]');
+    if (tok) show(tok);
+  });
+  // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
+  new MutationObserver(() => {
+    for (const [view, i] of Object.entries(pins)) {
+      const box = document.querySelector('[data-csd-view="' + view + '"]');
+      const t = box && box.querySelector('.tok[data-i="' + i + '"]');
+      if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
+    }
+  }).observe(document.body, {childList: true, subtree: true});
+  document.addEventListener('keydown', (e) => {
+    if (e.target.closest('input, textarea, select, [contenteditable]')) return;
+    const teach = document.querySelector('#teach-view');
+    if (!teach || teach.offsetParent === null) return;
+    const id = e.key === 'ArrowRight' ? '#teach-next' : e.key === 'ArrowLeft' ? '#teach-prev' : null;
+    if (!id) return;
+    const b = document.querySelector(id);
+    if (b) { e.preventDefault(); b.click(); }
+  });
+})();
+</script>
+"""
 
-def _ev(e) -> TokenEvent:
-    return e if isinstance(e, TokenEvent) else TokenEvent.from_dict(e)
+# the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
+PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 
 
 def esc(s: object) -> str:
@@ -71,28 +242,54 @@ def esc_message(s: object) -> str:
     return html.escape("" if s is None else str(s), quote=False)
 
 
+def esc_md(s: object) -> str:
+    """Text for gr.Markdown: HTML escaped and Markdown's emphasis characters made literal
+    (``t*`` must not italicise what follows)."""
+    out = esc_message(s)
+    for ch in "\\*_`[]":
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
 def show_token(s: str | None) -> str:
-    """A token's text made visible (spaces and newlines drawn), for tables and tooltips."""
+    """A token's text made visible (spaces and newlines drawn), for tables and details."""
     if s is None:
         return "–"
+    s = s.replace("\ufffd", "⟨byte⟩")
     return repr(s)[1:-1].replace(" ", "␣") if s else "''"
 
 
 def show_text(s: str | None) -> str:
     """Running text on one line (newlines drawn as ⏎), for table cells."""
-    return (s or "").replace("\r", "").replace("\n", "⏎")
+    return (s or "").replace("\r", "").replace("\n", "⏎").replace("\ufffd", "⟨byte⟩")
 
 
-def log_tau(tau: float) -> float:
-    return math.log(tau) if tau > 0 else -math.inf
+def special_label(text: str | None) -> str:
+    """A special token's marker: ``<|im_end|>`` -> ``⟨end of turn⟩``, others by name."""
+    t = (text or "").strip()
+    if t in ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|end|>"):
+        return "⟨end of turn⟩" if t != "<|endoftext|>" else "⟨end of text⟩"
+    if t == "<|im_start|>":
+        return "⟨turn start⟩"
+    return f"⟨{t.strip('<|>') or 'special'}⟩"
+
+
+def _fmt(x: float | None, nd: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "−∞" if x < 0 else "∞"
+    return f"{x:.{nd}f}".replace("-", "−")
 
 
 def would_rescue(ev: TokenEvent, lam: float, tau: float) -> bool | None:
-    """The CSD rule replayed on a logged divergence: rescued iff count >= lam and gap >= log tau.
-    None for events that are not divergences or lack the logged values."""
+    """The CSD rule (``csd.rule.rescues``) replayed on a logged divergence; None for events that
+    are not divergences, lack the logged values, or involve a special token (never rescued)."""
     if ev.status not in DIVERGENCE_STATUSES or ev.memory_count is None or ev.gap is None:
         return None
-    return ev.memory_count >= lam and ev.gap >= log_tau(tau)
+    if ev.rule == RULE_SPECIAL:
+        return None
+    return rescues(ev.memory_count, ev.gap, lam, log_tau(tau))
 
 
 def whatif_class(ev: TokenEvent, lam: float, tau: float) -> str | None:
@@ -108,30 +305,69 @@ def whatif_class(ev: TokenEvent, lam: float, tau: float) -> str | None:
     return None
 
 
-def _fmt(x: float | None, nd: int = 2) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and math.isinf(x):
-        return "-inf" if x < 0 else "inf"
-    return f"{x:.{nd}f}"
+# -- one token ---------------------------------------------------------------------------------
+def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
+                   discarded: int | None = None) -> str:
+    """What happened at this token, in one plain sentence (the first line of its details)."""
+    x, t = show_token(ev.draft_text), show_token(ev.target_text)
+    wrote = f"The draft wrote {x}, the target preferred {t}"
+    lam_s = f"λ = {lam:g}" if lam is not None else "λ"
+    lt_s = f"log τ = {_fmt(log_tau(tau))}" if tau else "log τ"
+    rest = "" if not discarded else f" and the block's {discarded} later draft token{'s' if discarded > 1 else ''} " \
+                                    f"{'were' if discarded > 1 else 'was'} discarded unchecked"
+    if ev.special and ev.in_output:
+        return f"A special token ({special_label(ev.text)}): it ends the turn or frames the chat; it is not answer text."
+    if ev.status == TARGET:
+        return f"The target wrote {show_token(ev.text)} by itself (autoregressive: one target pass for this token)."
+    if ev.status == BONUS:
+        return (f"A free token: the target kept the whole block, and its own next token {show_token(ev.text)} "
+                f"comes with the same pass.")
+    if ev.status == CORRECTED:
+        return (f"The target's own token {show_token(ev.text)}, written in place of the draft token it rejected; "
+                f"this verify pass ends here.")
+    if ev.status == ACCEPTED:
+        if ev.rule == RULE_SAMPLED:
+            return f"The draft wrote {x}; rejection sampling kept it (the target gives it enough probability)."
+        return f"The draft wrote {x}, and the target agreed: kept."
+    if ev.status == RESCUED:
+        return (f"{wrote}; kept because the memory has seen this swap {ev.memory_count} times ({lam_s}) and the "
+                f"target found it close enough (logit gap {_fmt(ev.gap)} ≥ {lt_s}).")
+    if ev.status == REJECTED:
+        if ev.rule == RULE_SPECIAL:
+            why = "a special token (end of turn, template) is never rescued"
+        elif ev.rule == RULE_NO_RESCUE:
+            why = "this method keeps only tokens the target agrees with"
+        elif ev.rule == RULE_MEMORY_RARE:
+            why = (f"the memory has seen this swap only {ev.memory_count} time{'s' if ev.memory_count != 1 else ''}"
+                   f" (fewer than {lam_s})")
+        elif ev.rule == RULE_GAP_LOW:
+            why = (f"the target found it too unlikely (logit gap {_fmt(ev.gap)} < {lt_s}), although the memory "
+                   f"knows the swap ({ev.memory_count} times)")
+        else:
+            why = f"rule: {ev.rule or 'none'}"
+        return f"{wrote}; thrown away because {why}. The target's {t} was written instead{rest}."
+    return f"{ev.status} ({ev.rule or 'no rule'})"
 
 
-def token_title(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
-                whatif: tuple[float, float] | None = None) -> str:
-    """The hover text of one token (plain text; escaped by the caller)."""
+def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
+                 whatif: tuple[float, float] | None = None) -> str:
+    """The details of one token (plain text, first line plain language; escaped by the caller)."""
+    n_disc = len(ev.discarded) if ev.discarded else None
     label = STATUS_STYLE.get(ev.status, ("", ev.status, ""))[1]
-    lines = [f"{label} · position {ev.position} · block {ev.block}, index {ev.index_in_block}",
-             f"token: {show_token(ev.text)}"]
+    lines = [plain_sentence(ev, lam, tau, n_disc),
+             f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}, draft position "
+             f"{ev.index_in_block + 1}" + (f" of {ev.block_len}" if ev.block_len else "")]
     if ev.draft_id is not None:
-        lines.append(f"draft x~: {show_token(ev.draft_text)}   target top-1 t*: {show_token(ev.target_text)}")
+        lines.append(f"draft x~ = {show_token(ev.draft_text)}   target top-1 t* = {show_token(ev.target_text)}")
     elif ev.target_text is not None:
         lines.append(f"target top-1: {show_token(ev.target_text)}")
-    if ev.gap is not None:
-        lt = f" vs log τ = {_fmt(log_tau(tau))}" + (" ✓" if ev.gap >= log_tau(tau) else " ✗") if tau else ""
-        lines.append(f"logit gap z(x~) − z(t*) = {_fmt(ev.gap)}{lt}")
+    if ev.gap is not None and ev.status in DIVERGENCE_STATUSES:
+        lt = log_tau(tau) if tau else None
+        lines.append(f"logit gap z(x~) − z(t*) = {_fmt(ev.gap)}" +
+                     (f" vs log τ = {_fmt(lt)}" + (" ✓" if rescues(None, ev.gap, 0, lt, use_ocm=False) else " ✗") if lt is not None else ""))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
-        lc = f" vs λ = {lam:g}" + (" ✓" if ev.memory_count >= lam else " ✗") if lam is not None else ""
-        lines.append(f"memory count(x~ → t*) = {ev.memory_count}{lc}")
+        lines.append(f"memory count(x~ → t*) = {ev.memory_count}" +
+                     (f" vs λ = {lam:g}" + (" ✓" if rescues(ev.memory_count, None, lam, 0, use_scg=False) else " ✗") if lam is not None else ""))
     if ev.target_prob is not None:
         lines.append(f"p_target(token) = {ev.target_prob:.3f}")
     if ev.rule:
@@ -143,89 +379,208 @@ def token_title(ev: TokenEvent, lam: float | None = None, tau: float | None = No
     return "\n".join(lines)
 
 
-def render_tokens(events: Iterable, *, lam: float | None = None, tau: float | None = None,
-                  hide_rejected: bool = False, whatif: tuple[float, float] | None = None,
-                  diff_positions: set[int] | None = None, prompt: str | None = None,
-                  empty: str = "The answer appears here, token by token.") -> str:
-    """The coloured answer: one escaped ``<span>`` per event, a tooltip each.
+def token_text_html(ev: TokenEvent) -> tuple[str, list[str]]:
+    """(escaped visible text, extra classes) of a token: a special token is a labelled marker, an
+    incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?"."""
+    if ev.special:
+        return esc(special_label(ev.text)), ["tok-special"]
+    if ev.text == "":
+        return "", ["partial"]
+    if "\ufffd" in ev.text:
+        return esc(ev.text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>'), []
+    return esc(ev.text), []
 
-    lam/tau: the thresholds the run used (for the tooltips); whatif: other (lam, tau) under which
-    changed decisions are outlined; diff_positions: output positions to mark as departures.
-    """
+
+def _prompt_html(prompt: str | None) -> str:
+    if not prompt:
+        return ""
+    if len(prompt) <= PROMPT_FOLD_CHARS and prompt.count("\n") < 4:
+        return f'<div class="csd-prompt"><b>Prompt:</b> {esc(prompt)}</div>'
+    head = " ".join(prompt[:100].split())
+    return (f'<details class="csd-prompt"><summary><b>Prompt</b> ({len(prompt):,} characters, click to unfold): '
+            f"{esc(head)}…</summary>{esc(prompt)}</details>")
+
+
+def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau: float | None = None,
+                  hide_rejected: bool = False, whatif: tuple[float, float] | None = None,
+                  diff_positions: set[int] | None = None, prompt: str | None = None, latest_block: int | None = None,
+                  view: str = "tokens", panel: str | None = None, nav: bool = True,
+                  empty: str = "The answer appears here, one verify pass at a time.") -> str:
+    """The coloured answer: one escaped ``<span>`` per event, its details in ``data-detail``.
+
+    lam/tau: the thresholds the run used; whatif: other (lam, tau) under which changed decisions
+    are outlined; diff_positions: output positions to mark as departures; latest_block: the pass
+    that just arrived (marked while streaming); view: this answer's name on the page; panel: the id
+    prefix of the details panel a click fills (default: the view's own)."""
     parts = []
-    for e in events:
-        ev = _ev(e)
+    n = {RESCUED: 0, REJECTED: 0}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, TokenEvent):
+            raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
         cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
+        text, extra = token_text_html(ev)
+        cls += extra
         if whatif is not None:
             w = whatif_class(ev, *whatif)
             if w:
                 cls.append(w)
         if diff_positions and ev.in_output and ev.position in diff_positions:
             cls.append("diff")
-        parts.append(f'<span class="{" ".join(cls)}" data-status="{esc(ev.status)}" data-pos="{ev.position}" '
-                     f'title="{esc(token_title(ev, lam, tau, whatif))}">{esc(ev.text)}</span>')
+        if latest_block is not None and ev.block == latest_block:
+            cls.append("latest")
+        if ev.status in n:
+            n[ev.status] += 1
+        attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
+                 + (' data-pass-end="1"' if ev.pass_end else ""))
+        parts.append(f'<span class="{" ".join(cls)}" {attrs} '
+                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif))}">{text}</span>')
     body = "".join(parts) or f'<span class="csd-note">{esc(empty)}</span>'
     wrap = "csd-tokens csd-hide-rejected" if hide_rejected else "csd-tokens"
-    head = f'<div class="csd-prompt"><b>Prompt:</b> {esc(prompt)}</div>' if prompt else ""
-    return f'{head}<div class="{wrap}">{body}</div>'
+    bar = ""
+    if nav and parts:
+        bar = (f'<div class="csd-nav"><button type="button" data-nav="rescued"{"" if n[RESCUED] else " disabled"}>'
+               f'Next rescued ▸</button><button type="button" data-nav="rejected"'
+               f'{"" if n[REJECTED] else " disabled"}>Next rejected ▸</button>'
+               f'<span>{n[RESCUED]} rescued · {n[REJECTED]} rejected · click any token for its details</span></div>')
+    return (f'<div data-csd-view="{esc(view)}" data-csd-panel="{esc(panel or view)}">{_prompt_html(prompt)}{bar}'
+            f'<div class="{wrap}">{body}</div></div>')
 
 
-def render_legend(whatif: bool = True) -> str:
-    items = [f'<span class="tok {cls}" title="{esc(expl)}">{esc(label)}</span>'
-             for cls, label, expl in STATUS_STYLE.values()]
+def detail_panel() -> str:
+    """The (initially hidden) panel where a clicked token's details are pinned; the script fills it."""
+    return ('<div class="csd-detail" hidden role="status"><button type="button" data-csd-close '
+            'aria-label="close">✕</button><div class="csd-detail-body"></div></div>')
+
+
+def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None) -> str:
+    """One plain sentence per colour and mark."""
+    def item(cls: str, label: str, sentence: str) -> str:
+        return f'<li><span class="tok {cls}">{esc(label)}</span><span class="s">{esc(sentence)}</span></li>'
+
+    items = [item(cls, label, sentence)
+             for st, (cls, label, sentence) in STATUS_STYLE.items() if statuses is None or st in statuses]
+    items.append(item("tok-accepted tok-special", "⟨end of turn⟩", SPECIAL_SENTENCE))
     if whatif:
-        items.append(f'<span class="tok tok-rejected {WHATIF_RESCUE}" title="what-if: rescued under the '
-                     f'λ/τ sliders">would be rescued</span>')
-        items.append(f'<span class="tok tok-rescued {WHATIF_REJECT}" title="what-if: rejected under the '
-                     f'λ/τ sliders">would be rejected</span>')
-    return f'<div class="csd-legend">{"".join(items)}</div>'
+        items.append(item(f"tok-rejected {WHATIF_RESCUE}", *WHATIF_STYLE[WHATIF_RESCUE]))
+        items.append(item(f"tok-rescued {WHATIF_REJECT}", *WHATIF_STYLE[WHATIF_REJECT]))
+    if diff:
+        items.append(item("tok-accepted diff", "departs", DIFF_SENTENCE))
+    return f'<div class="csd-legend" role="note"><ul>{"".join(items)}</ul></div>'
 
 
-def whatif_summary(events: Sequence, lam: float, tau: float, run_lam: float | None = None,
-                   run_tau: float | None = None) -> str:
-    """One line: how many of the answer's divergences (lam, tau) would rescue, against the run."""
-    evs = [_ev(e) for e in events]
-    div = [e for e in evs if e.status in DIVERGENCE_STATUSES]
+def changed_decisions(events: Sequence[TokenEvent], lam: float, tau: float) -> int:
+    return sum(1 for e in events if whatif_class(e, lam, tau) is not None)
+
+
+def whatif_summary(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
+    """One line: how many of the answer's divergences (lam, tau) would rescue, against the run;
+    the outline sentence only when some decision changes."""
+    div = [e for e in events if e.status in DIVERGENCE_STATUSES]
     if not div:
         return "No divergences in the last answer: nothing for λ and τ to change."
     would = sum(1 for e in div if would_rescue(e, lam, tau))
     now = sum(1 for e in div if e.status == RESCUED)
-    return (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {log_tau(tau):.2f}): {would} of {len(div)} divergences in the "
-            f"last answer would be rescued; the run rescued {now}. Changed decisions are outlined; the text after "
-            f"the first changed one would differ.")
+    changed = changed_decisions(div, lam, tau)
+    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {len(div)} divergences in "
+            f"the last answer would be rescued; the run rescued {now}.")
+    if changed:
+        line += (f" {changed} changed decision{'s are' if changed > 1 else ' is'} outlined (dashed: would be "
+                 f"rescued, double: would be rejected); the text after the first one would differ.")
+    else:
+        line += " No decision changes."
+    return line
 
 
-# -- metrics ---------------------------------------------------------------------------------
-def render_metrics(m: dict | None, *, running: bool = False, ar_tokens_per_s: float | None = None,
+def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int = 12) -> str:
+    """The rescues of an answer, listed (each a link to its token), or why there are none."""
+    rescued = [(i, e) for i, e in enumerate(events) if e.status == RESCUED]
+    rejected = sum(1 for e in events if e.status == REJECTED)
+    rej = f"{rejected} draft token{'s' if rejected != 1 else ''} rejected"
+    if not rescued:
+        body = "0 rescued" + (f"; {rej}." if rejected else ".")
+    else:
+        links = [f'<a data-goto="{i}" title="show token {e.position}">{esc(show_token(e.draft_text))} kept over '
+                 f'{esc(show_token(e.target_text))} (token {e.position})</a>' for i, e in rescued[:limit]]
+        more = f", and {len(rescued) - limit} more" if len(rescued) > limit else ""
+        body = f"<b>{len(rescued)} rescued:</b> " + "; ".join(links) + more + (f". {rej}." if rejected else ".")
+    return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'
+
+
+# -- metrics -----------------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%" if x >= 0.1 or x == 0 else f"{100 * x:.1f}%"
+
+
+def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetrics | None = None,
                    first_token_s: float | None = None, method: str | None = None, note: str = "") -> str:
-    if not m:
-        return '<div class="csd-note">Metrics appear here while the answer streams.</div>'
-    speed = m.get("tokens_per_s") or 0.0
-    cells = [
-        ("tokens / s", f"{speed:.2f}"),
-        ("new tokens", f"{m.get('new_tokens', 0)}"),
-        ("acceptance rate", f"{100 * (m.get('acceptance_rate') or 0):.1f}%" if method != "ar" else "–"),
-        ("mean acceptance length", f"{m.get('mean_accepted_length') or 0:.2f}"),
-        ("rescued", f"{m.get('rescued', 0)}"),
-        ("target passes", f"{m.get('target_forwards', 0)}"),
-        ("wall time", f"{m.get('wall_s') or 0:.2f} s"),
-    ]
+    """The metrics cards. ``ar``: the metrics of an AR run on the same prompt (for the speed-up)."""
+    if m is None:
+        return '<div class="csd-note">Metrics appear here after the first verify pass.</div>'
+    spec = method not in (None, "ar")
+    saved = m.new_tokens - m.target_forwards
+    cells = [(f"target passes ({saved} fewer than AR)" if spec and saved > 0 else "target passes",
+              f"{m.target_forwards}"),
+             ("new tokens", f"{m.new_tokens}"), ("tokens / s", f"{m.tokens_per_s:.2f}")]
+    if spec:
+        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)),
+                  (f"rescued by CSD ({m.rescued} of {m.drafted} drafted)", _pct(m.rescued_share)),
+                  ("tokens per target pass", f"{m.mean_accepted_length:.2f}"),
+                  ("draft block length γ (mean)", f"{m.mean_block_len:.1f}")]
+    cells.append(("wall time", f"{m.wall_s:.1f} s"))
+    if m.prefill_s:
+        cells.append(("reading the prompt", f"{m.prefill_s:.1f} s"))
+    if spec and (m.draft_s or m.verify_s):
+        cells.append(("drafting / verifying", f"{m.draft_s:.1f} / {m.verify_s:.1f} s"))
     if first_token_s is not None:
         cells.append(("first token after", f"{first_token_s:.2f} s"))
-    if ar_tokens_per_s:
-        cells.append(("speed-up over AR (tokens/s)", f"{speed / ar_tokens_per_s:.2f}×" if speed else "–"))
-    elif method != "ar":
+    if spec and ar is not None and ar.tokens_per_s:
+        cells.append(("speed-up over AR (tokens/s)", f"{m.tokens_per_s / ar.tokens_per_s:.2f}×"
+                      if m.tokens_per_s else "–"))
+    elif spec:
         cells.append(("speed-up over AR: run AR on this prompt first", "–"))
     body = "".join(f'<div class="csd-metric"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
                    for k, v in cells)
-    state = "running…" if running else f"finished ({esc(m.get('stopped_by') or 'done')})"
+    state = "running…" if running else f"finished ({esc(m.stopped_by or 'done')})"
     extra = f" · {esc(note)}" if note else ""
     return (f'<div class="csd-metrics" data-state="{"running" if running else "done"}">{body}</div>'
             f'<div class="csd-status">{state}{extra}</div>')
 
 
+def render_status(text: str, state: str = "idle") -> str:
+    """The status line beside a Run button: waiting / running / stopping / stopped / done / idle."""
+    return f'<div class="csd-status-line" data-state="{esc(state)}" role="status" aria-live="polite">{esc(text)}</div>'
+
+
 def render_error(msg: str) -> str:
     return f'<div class="csd-error" role="alert">{esc(msg)}</div>'
+
+
+# -- export ------------------------------------------------------------------------------------
+def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict, lam: float,
+                       tau: float, metrics: RunMetrics | None, method: str) -> str:
+    """A self-contained HTML page of a coloured answer (styles inline, details as hover titles,
+    no script, nothing fetched)."""
+    spans = []
+    for ev in events:
+        cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
+        text, extra = token_text_html(ev)
+        spans.append(f'<span class="{" ".join(cls + extra)}" title="{esc(token_detail(ev, lam, tau))}">{text}</span>')
+    fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+            f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"
+            f"table{{border-collapse:collapse;font-size:13px}}th,td{{text-align:left;padding:2px 8px}}{CSS}</style>"
+            f"</head><body><h1>{esc(title)}</h1>{_prompt_html(prompt)}"
+            f'<div class="csd-tokens">{"".join(spans)}</div>{render_legend(whatif=False)}'
+            f"{render_metrics(metrics, method=method)}<table>{fact_rows}</table>"
+            f'<p>Calibrated Speculative Decoding: <a href="{PAPER_URL}">arXiv 2604.13634</a>. Hover a token for its '
+            f"details.</p></body></html>")
+
+
+def export_json(events: Sequence[TokenEvent], **fields) -> str:
+    def clean(x):
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+    data = dict(fields, events=[{k: clean(v) for k, v in e.to_dict().items()} for e in events])
+    return json.dumps(data, ensure_ascii=False, indent=1, default=str)
 
 
 # -- teach -----------------------------------------------------------------------------------
@@ -243,6 +598,8 @@ def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
         return f"x~ = t* = {x}: the target agrees, accepted."
     if ev.rule == RULE_SAMPLED:
         return f"Rejection sampling accepted {x} (u ≤ p(x~)/q(x~))."
+    if ev.rule == RULE_SPECIAL:
+        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued: rejected, {t} is emitted."
     if ev.rule == RULE_NO_RESCUE:
         return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
     if ev.rule == RULE_MEMORY_RARE:
@@ -263,13 +620,23 @@ def _top_list(top: list | None) -> str:
     return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top)
 
 
-def render_teach_step(block: Sequence, *, step: int, n_steps: int, text_before: str, lam: float, tau: float,
-                      method: str) -> str:
-    """One speculative iteration: the draft's proposals, the target's top 5, each decision and its rule."""
-    evs = [_ev(e) for e in block]
-    kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{esc(e.text)}</span>'
+def _chip(text: str, cls: str, title: str = "") -> str:
+    return f'<span class="tok {cls}" title="{esc(title)}">{esc(show_token(text))}</span>'
+
+
+def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, lam: float,
+                      tau: float, method: str, discarded_texts: Sequence[str] = ()) -> str:
+    """One speculative iteration: every token the draft proposed (kept, rejected, and the ones
+    thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
+    evs = list(block)
+    kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
                    for e in evs if e.in_output)
+    drafted = [e for e in evs if e.draft_id is not None]
     rejected = [e for e in evs if e.status == REJECTED]
+    chips = [_chip(e.draft_text, STATUS_STYLE[e.status][0], STATUS_STYLE[e.status][1]) for e in drafted]
+    chips += [_chip(t, "tok-discarded", "discarded unchecked: after a rejection the rest of the block is thrown away")
+              for t in discarded_texts]
+    block_len = evs[0].block_len if evs and evs[0].block_len else len(drafted) + len(discarded_texts)
     rows = []
     for e in evs:
         if e.draft_id is not None:
@@ -280,37 +647,49 @@ def render_teach_step(block: Sequence, *, step: int, n_steps: int, text_before: 
         else:
             proposal = "— (target's own token)"
         target = f"<code>{esc(show_token(e.target_text))}</code>" if e.target_text is not None else "–"
-        decision = f'<span class="tok {STATUS_STYLE.get(e.status, ("",))[0]}">{esc(STATUS_STYLE.get(e.status, ("", e.status))[1])}</span>'
+        cls, label = STATUS_STYLE.get(e.status, ("", e.status))[:2]
+        decision = f'<span class="tok {cls}">{esc(label)}</span>'
         rows.append(
-            f"<tr><td>{e.index_in_block}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
+            f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
             f'<td class="why">{esc(explain_decision(e, lam, tau))}</td></tr>')
-    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): "
-               f"{sum(1 for e in evs if e.draft_id is not None)} draft positions decided, "
+        if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
+            first = e.index_in_block + 2
+            for k, t in enumerate(discarded_texts):
+                rows.append(f'<tr class="discarded"><td>{first + k}</td><td><code>{esc(show_token(t))}</code></td>'
+                            f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
+                            f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
+                            f'is thrown away.</td></tr>')
+    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
+               f"{block_len} token{'s' if block_len != 1 else ''}, {len(drafted)} checked, "
                f"{sum(1 for e in evs if e.in_output)} tokens emitted, one target pass"
-               + (f", {len(rejected)} draft token rejected." if rejected else "."))
+               + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
     return (f'<div class="csd-teach"><p>{summary}</p>'
+            f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
             f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
-            f"<table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th><th>target t*</th>"
-            f"<th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div>")
+            f'<div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
+            f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div></div>")
 
 
-TEACH_EXPLANATION = """
+TEACH_EXPLANATION = r"""
 ### How one speculative iteration works
 1. **Draft.** The small model proposes γ tokens x̃₁ … x̃_γ, one after the other (cheap).
 2. **Verify.** The large target model scores the whole block in **one** forward pass: at each
-   position i it has its own top-1 token t*ᵢ and logits z.
+   position i it has its own top-1 token t\*ᵢ and logits z.
 3. **Decide, left to right** (CSD, greedy):
-   - x̃ᵢ = t*ᵢ → **accepted**.
-   - else, if the Online Correction Memory has seen the pattern x̃ᵢ → t*ᵢ at least **λ** times
-     *and* the Semantic Consistency Gate passes, z(x̃ᵢ) − z(t*ᵢ) ≥ **log τ** → **rescued**: the
+   - x̃ᵢ = t\*ᵢ → **accepted**.
+   - else, if the Online Correction Memory has seen the pattern x̃ᵢ → t\*ᵢ at least **λ** times
+     *and* the Semantic Consistency Gate passes, z(x̃ᵢ) − z(t\*ᵢ) ≥ **log τ** → **rescued**: the
      draft token is kept and verification continues.
-   - else → **rejected**: t*ᵢ is emitted instead (the *correction*) and the rest of the block is thrown away.
+   - else → **rejected**: t\*ᵢ is emitted instead (the *correction*) and the rest of the block is
+     thrown away unchecked (greyed out in the drafted block).
 4. **Learn.** Every divergence (rescued or rejected) adds one to its pattern's count, after its own decision.
 5. If every draft token was kept, the target's prediction after the block is a free **bonus** token.
 
 Standard speculative decoding (SD) is the same loop without step 3's rescue: its output equals
 the target's alone. CSD trades that exactness for fewer target passes on harmless differences
 (`' the'` → `' a'`, `','` → `'.'`).
+
+Keys: **←** and **→** step through the iterations; **Play** steps by itself.
 """
