@@ -25,7 +25,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "dir); 'none' runs without recording")
     ap.add_argument("--draft", default="embedded", help="draft model: 'embedded', a Hugging Face id or a local path")
     ap.add_argument("--target", default="embedded", help="target model: 'embedded', a Hugging Face id or a local path")
-    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    from csd.models import TARGET_REPRS
+    ap.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
+                    help="the target's representation (auto: the fastest measured on this machine, once)")
     ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
     ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
@@ -69,6 +71,11 @@ def main(argv=None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if pair.draft_lm is not None:   # gamma "auto" needs this machine's costs: measure them now, not in a request
+        from csd.profile import cached_costs, costs_cached
+        if not costs_cached(pair):
+            print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
+        cached_costs(pair, progress=ConsoleProgress())
     store = None if (args.db or "").lower() == "none" else Store.open(args.db)
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,

@@ -141,9 +141,11 @@ def cmd_prepare(args) -> int:
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)
-    pair = load_pair(load_draft=False, progress=tqdm_progress())
-    print(f"embedded models ready in {cache_dir()}; target representation on this machine: {pair.target_repr}",
-          file=sys.stderr)
+    from csd.profile import cached_costs
+    pair = load_pair(progress=tqdm_progress())
+    costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
+    print(f"embedded models ready in {cache_dir()}; target representation on this machine: {pair.target_repr}; "
+          f"draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token pass", file=sys.stderr)
     return 0
 
 
@@ -169,10 +171,13 @@ def cmd_calibrate(args) -> int:
     t0 = time.perf_counter()
     lam = CSDConfig().lam
     if mode == "prompts":
+        from collections import Counter
+        freq: Counter = Counter()
         memory = calibrate_prompts(pair, prompts, memory, max_new_tokens=args.answer_tokens,
                                    batch_size=args.batch_size or 8, heldout=heldout, lam=lam,
-                                   progress=tqdm_progress(), source=str(args.prompts or "shipped prompt set"))
-        freq = memory.meta.pop("token_freq", {})
+                                   progress=tqdm_progress(), source=str(args.prompts or "shipped prompt set"),
+                                   token_freq=freq)
+        freq = dict(freq.most_common())
         if args.vocab_out:
             import gzip
 

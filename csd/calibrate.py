@@ -175,19 +175,28 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
         if progress:
             progress(f"calibrating: {positions} positions, {divergences} divergences", min(1.0, done / max(1, total_chunks)))
 
-    for chunk in chunks:
-        batch.append(chunk)
-        if len(batch) == batch_size:
+    stopped = False
+    try:
+        for chunk in chunks:
+            batch.append(chunk)
+            if len(batch) == batch_size:
+                flush()
+        if batch:
             flush()
-    if batch:
-        flush()
+    except Stop:
+        stopped = True
+    if positions == 0 and stopped:
+        raise Stop
     if positions == 0:
         raise ValueError(f"the corpus is too short: every text has fewer than {chunk_tokens} tokens")
     prev = memory.meta.get("calibration", [])
     memory.meta["calibration"] = prev + [{"mode": "text", "corpus": corpus_name, "positions": positions,
                                            "divergences": divergences, "agreement": 1 - divergences / positions,
                                            "chunk_tokens": chunk_tokens, "skip_first": skip_first,
-                                           "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}]
+                                           "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
+                                          | ({"stopped": True} if stopped else {})]
+    if stopped:
+        raise Stop
     return memory
 
 
@@ -297,48 +306,69 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
 def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: CorrectionMemory | None = None, *,
                       max_new_tokens: int = 320, batch_size: int = 8, chat: bool = True,
                       heldout: Sequence[dict | str] = (), lam: float = 6, progress: Progress | None = None,
-                      source: str = "") -> CorrectionMemory:
+                      source: str = "", token_freq: Counter | None = None) -> CorrectionMemory:
     """Calibrate on the target's own answers to ``prompts``; with ``heldout`` prompts, also measure
     how the memory's patterns cover divergences it never counted. Everything measured goes into
-    ``memory.meta["calibration"]`` (and the answers' token frequencies into ``meta["token_freq"]``
-    for the draft's reduced vocabulary)."""
+    ``memory.meta["calibration"]``; ``token_freq``, if given, counts the answers' tokens (the draft's
+    reduced vocabulary is ranked by them). Work goes batch by batch: a progress callback that raises
+    ``Stop`` ends it with the counts so far kept and recorded (``"stopped": true``), then re-raises."""
     if pair.draft is None:
         raise ValueError("calibration needs both models")
     memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
     if memory.pair_id != pair.pair_id:
         raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to {pair.pair_id!r}")
-    texts = [p if isinstance(p, str) else p["prompt"] for p in prompts]
-    if not texts:
+    rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
+    if not rows:
         raise ValueError("no prompts to calibrate on")
     t0, c0 = time.perf_counter(), time.process_time()
-    ids = [pair.encode_prompt(t, chat) for t in texts]
-    answers = answer_prompts(pair, ids, max_new_tokens, batch_size, progress)
-    stats = count_answers(pair, ids, answers, memory, progress)
+    ids = [pair.encode_prompt(r["prompt"], chat) for r in rows]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))       # similar lengths share a batch
     eos = set(pair.eos_ids)
-    info = {"mode": "prompts", "source": source, "prompts": len(texts),
-            "kinds": dict(Counter(p.get("kind", "?") for p in prompts if isinstance(p, dict))),
-            "answer_tokens": sum(map(len, answers)), "answers_ended": sum(1 for a in answers if a and a[-1] in eos),
-            "max_new_tokens": max_new_tokens, "positions": stats["positions"], "divergences": stats["divergences"],
-            "agreement": 1 - stats["divergences"] / max(1, stats["positions"]),
-            "patterns": len(stats["patterns"]), "top20_share": top_share(stats["patterns"].values()),
-            "memory_patterns": len(memory), "memory_at_lambda": memory.n_candidates(lam), "lambda": lam,
-            "memory_top20_share": memory.top_share(0.2),
+    patterns: Counter = Counter()
+    freq = token_freq if token_freq is not None else Counter()
+    info = {"mode": "prompts", "source": source, "prompts": 0, "kinds": {}, "answer_tokens": 0, "answers_ended": 0,
+            "max_new_tokens": max_new_tokens, "positions": 0, "divergences": 0,
             "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
-    freq = Counter(memory.meta.get("token_freq") or {})
-    for a in answers:
-        freq.update(str(t) for t in a)
-    memory.meta["token_freq"] = dict(freq.most_common())
-    if heldout:
-        h_texts = [p if isinstance(p, str) else p["prompt"] for p in heldout]
-        h_ids = [pair.encode_prompt(t, chat) for t in h_texts]
-        h_answers = answer_prompts(pair, h_ids, max_new_tokens, batch_size, progress, label="held-out answers")
-        h = count_answers(pair, h_ids, h_answers, None, progress)
-        covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= lam)
-        info["heldout"] = {"prompts": len(h_texts), "answer_tokens": sum(map(len, h_answers)),
-                           "positions": h["positions"], "divergences": h["divergences"],
-                           "patterns": len(h["patterns"]), "top20_share": top_share(h["patterns"].values()),
-                           "covered_at_lambda": covered / max(1, h["divergences"])}
-    info["wall_s"] = time.perf_counter() - t0
-    info["cpu_s"] = time.process_time() - c0
-    memory.meta["calibration"] = list(memory.meta.get("calibration", [])) + [info]
+
+    def record(stopped: bool) -> None:
+        info.update(agreement=1 - info["divergences"] / max(1, info["positions"]), patterns=len(patterns),
+                    top20_share=top_share(patterns.values()), memory_patterns=len(memory),
+                    memory_at_lambda=memory.n_candidates(lam), memory_top20_share=memory.top_share(0.2), **{
+                        "lambda": lam, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+        if stopped:
+            info["stopped"] = True
+        memory.meta["calibration"] = list(memory.meta.get("calibration", [])) + [info]
+
+    try:
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            answers = answer_prompts(pair, [ids[i] for i in idx], max_new_tokens, len(idx))
+            stats = count_answers(pair, [ids[i] for i in idx], answers, memory)
+            patterns.update(stats["patterns"])
+            for i, a in zip(idx, answers):
+                info["prompts"] += 1
+                kind = rows[i].get("kind", "?")
+                info["kinds"][kind] = info["kinds"].get(kind, 0) + 1
+                info["answer_tokens"] += len(a)
+                info["answers_ended"] += bool(a and a[-1] in eos)
+                freq.update(str(t) for t in a)
+            info["positions"] += stats["positions"]
+            info["divergences"] += stats["divergences"]
+            if progress:
+                progress(f"calibrating: {info['prompts']}/{len(rows)} prompts, {info['answer_tokens']} answer tokens, "
+                         f"{info['divergences']} divergences", info["prompts"] / len(rows))
+        if heldout:
+            h_rows = [{"prompt": p} if isinstance(p, str) else p for p in heldout]
+            h_ids = [pair.encode_prompt(r["prompt"], chat) for r in h_rows]
+            h_answers = answer_prompts(pair, h_ids, max_new_tokens, batch_size, progress, label="held-out answers")
+            h = count_answers(pair, h_ids, h_answers, None, progress)
+            covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= lam)
+            info["heldout"] = {"prompts": len(h_rows), "answer_tokens": sum(map(len, h_answers)),
+                               "positions": h["positions"], "divergences": h["divergences"],
+                               "patterns": len(h["patterns"]), "top20_share": top_share(h["patterns"].values()),
+                               "covered_at_lambda": covered / max(1, h["divergences"])}
+    except Stop:
+        record(stopped=True)
+        raise
+    record(stopped=False)
     return memory

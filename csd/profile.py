@@ -145,6 +145,11 @@ def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None
     return CostModel(verify, draft, profile_key(pair), _now())
 
 
+def costs_cached(pair) -> bool:
+    """Whether this machine's cost model for the pair is already measured (``gamma="auto"`` is then instant)."""
+    return _cache_file("costs", profile_key(pair)).exists()
+
+
 def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) -> CostModel:
     """The pair's cost model on this machine: read from the cache, or measured once and cached."""
     key = profile_key(pair)

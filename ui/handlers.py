@@ -785,8 +785,7 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
             else:
                 calibrate(services.pair, texts, work, max_positions=n, progress=cb, corpus_name=name)
         except CalibrationStop:
-            note = (" Stopped early: a prompt calibration counts at the end, so nothing was added."
-                    if prompts_mode else " Stopped early: the counts so far are kept.")
+            note = " Stopped early: the counts so far are kept."
         except ValueError as e:
             job.summary = f"Not run: {e}"
             raise _error(str(e)) from None
@@ -801,7 +800,7 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
             except Exception as e:
                 log.exception("could not save the calibrated memory")
                 _warn(f"The calibrated memory is in your session but not saved in the store: {e}")
-        last = (work.meta.get("calibration") or [{}])[-1] if not note else {}
+        last = (work.meta.get("calibration") or [{}])[-1]
         what = f"{last.get('positions')} positions" if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
                        f": {work.total - before} divergences added.{note}")
