@@ -54,3 +54,37 @@ def tiny_pair(qwen_tokenizer):
     return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer, pair_id="tiny-draft->tiny-target",
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
                      dtype=torch.float32, eos_ids=(), context_limit=256)
+
+
+def perturbed(model, scale: float, seed: int = 0):
+    """A copy of ``model`` with Gaussian noise of relative size ``scale`` on every weight: a draft
+    that agrees with its target most of the time."""
+    import copy
+
+    import torch
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(1e-3))
+    return m
+
+
+def make_pair(tokenizer, target, draft, eos=(), draft_lm=None, special=None, pair_id="tiny-copy"):
+    """A ModelPair of in-process models (float32, CPU)."""
+    import torch
+
+    from csd.models import ModelPair
+    return ModelPair(draft=draft, target=target, tokenizer=tokenizer, pair_id=pair_id, draft_name="draft",
+                     target_name="target", device=torch.device("cpu"), dtype=torch.float32, eos_ids=tuple(eos),
+                     context_limit=256, draft_lm=draft_lm, special_ids=frozenset(special if special is not None else eos))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run faster on one thread (no OpenMP spin on a busy 2-core machine)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

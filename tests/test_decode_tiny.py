@@ -13,15 +13,6 @@ from csd.events import CORRECTED, REJECTED
 PROMPT = [3, 7, 1, 4]
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run faster on one thread (no OpenMP spin on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def fresh_last_logits(model, ids):
     with torch.inference_mode():
         return model(input_ids=torch.tensor([ids])).logits[0, -1].float()

@@ -10,13 +10,12 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS, STOP_MAX
 from csd.lm import HFLM, LeanLM
 from csd.memory import CorrectionMemory
-from csd.models import ModelPair
 from csd.policy import AutoGamma, FixedGamma
 from csd.profile import CostModel
 
@@ -25,27 +24,8 @@ V = 32
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)
-
-
-def perturbed(model, scale: float, seed: int = 0):
-    """A copy of ``model`` with Gaussian noise of relative size ``scale`` on every weight."""
-    m = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(1e-3))
-    return m
-
-
-def make_pair(tokenizer, target, draft, eos=(), draft_lm=None, special=None) -> ModelPair:
-    return ModelPair(draft=draft, target=target, tokenizer=tokenizer, pair_id="tiny-copy", draft_name="draft",
-                     target_name="target", device=torch.device("cpu"), dtype=torch.float32, eos_ids=tuple(eos),
-                     context_limit=256, draft_lm=draft_lm, special_ids=frozenset(special if special is not None else eos))
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ byte tokens and two special tokens, so that the app's rendering meets each case.
 from __future__ import annotations
 
 import contextlib
-import copy
 import socket
 import threading
 from dataclasses import replace
 
 import torch
 
-from conftest import tiny_model
+from conftest import perturbed, tiny_model
 from csd.lm import HFLM
 from csd.memory import CorrectionMemory
 from csd.models import ModelPair
@@ -70,16 +69,6 @@ class TinyTokenizer:
         ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
         return b"".join(self._bytes(i) for i in ids if not (skip_special_tokens and i in SPECIAL)).decode(
             "utf-8", errors="replace")
-
-
-def perturbed(model, scale: float, seed: int = 0):
-    """A copy of ``model`` with Gaussian noise of relative size ``scale`` on every weight."""
-    m = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(1e-3))
-    return m
 
 
 class Gate:
