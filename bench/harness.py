@@ -134,15 +134,27 @@ def validate_methods(methods: Iterable[str]) -> list[str]:
 
 
 def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
-    """Dataset names from "a,b" or a list: built-in names or existing files."""
+    """Dataset names from "a,b" or a list: built-in names or existing files, each optionally with
+    its own item count ("gsm8k:40,prose:10")."""
     names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
     names = list(dict.fromkeys(d for d in names if d))
     if not names:
         raise ValueError("no dataset to benchmark")
     for d in names:
-        if d not in BUILTIN and not Path(d).expanduser().is_file():
-            raise ValueError(f"unknown dataset {d!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
+        name, n = split_limit(d)
+        if name not in BUILTIN and not Path(name).expanduser().is_file():
+            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
     return names
+
+
+def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
+    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit)."""
+    name, sep, n = spec.rpartition(":")
+    if sep and n.isdigit() and not Path(spec).expanduser().is_file():
+        if int(n) < 1:
+            raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
+        return name, int(n)
+    return spec, limit
 
 
 # -- one method on one item -------------------------------------------------------------------------
@@ -305,8 +317,9 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
 
     items: list[Item] = []
-    for name in datasets:
-        items.extend(load_dataset(name, limit, seed))
+    for spec in datasets:
+        name, n = split_limit(spec, limit)
+        items.extend(load_dataset(name, n, seed))
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     for ids in prompts.values():
         base.validated(pair.context_limit, len(ids))

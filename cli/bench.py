@@ -30,7 +30,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "instead times ar, sd and csd on randomly initialised models with the real pair's "
                     "architectures (no model files needed: for GPU machines; see bench/synthetic.py).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
-                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file (default: gsm8k,humaneval,prose)")
+                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each optionally with its own item "
+                        "count, e.g. gsm8k:40,humaneval:40,prose:10 (default: gsm8k,humaneval,prose)")
     p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")

@@ -260,3 +260,14 @@ def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
     assert [it["method"] for it in res["items"]] == ["ar", "sd"]        # the first item, complete
     assert res["summary"]["gsm8k"]["ar"]["n"] == 1
     assert "interrupted" in (tmp_path / "results.md").read_text()
+
+
+def test_per_dataset_item_counts():
+    from bench.harness import split_limit, validate_datasets
+
+    assert split_limit("gsm8k:40", 5) == ("gsm8k", 40) and split_limit("prose", 5) == ("prose", 5)
+    assert validate_datasets("gsm8k:40,humaneval:2") == ["gsm8k:40", "humaneval:2"]
+    with pytest.raises(ValueError, match="unknown dataset"):
+        validate_datasets("nope:3")
+    with pytest.raises(ValueError, match="at least 1"):
+        split_limit("gsm8k:0")
