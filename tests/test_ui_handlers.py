@@ -715,3 +715,22 @@ def test_command_line_options():
 def test_session_objects_are_per_user(services):
     a, b = H.ensure_session(services, None), H.ensure_session(services, None)
     assert isinstance(a, Session) and a.session_id != b.session_id and a.memory is not b.memory
+
+
+def test_frontier_panel_reads_the_benchmark_file(tmp_path):
+    from ui import figures
+    assert figures.load_frontier(str(tmp_path / "missing.json")) is None
+    assert "No frontier yet" in figures.make_frontier_figure(None).layout.annotations[0].text
+    data = {"meta": {"command": "python -m csd bench --sweep x", "machine": {"cpu": "CPU <b>"}, "dtype": "int8"},
+            "points": [{"method": "sd", "tokens_per_s": 10.0, "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7],
+                        "n": 4, "target_passes_per_token": 0.2, "rescued": 0},
+                       {"method": "csd", "tokens_per_s": 11.0, "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "n": 4,
+                        "target_passes_per_token": 0.18, "rescued": 3,
+                        "accuracy_vs_sd": {"n": 4, "gained": 1, "lost": 1}}]}
+    path = tmp_path / "frontier.json"
+    path.write_text(__import__("json").dumps(data))
+    loaded = figures.load_frontier(str(path))
+    fig = figures.make_frontier_figure(loaded)
+    assert [t.name for t in fig.data] == ["sd", "csd"] and fig.data[1].x[0] == 11.0
+    table = figures.frontier_table(loaded)
+    assert "| csd | 11.00 | 0.180 | 3 | 50% [30, 70] | +1 / −1 |" in table and "CPU &lt;b&gt;" in table

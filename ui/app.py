@@ -170,6 +170,11 @@ def build_demo(services: Services) -> gr.Blocks:
                 with gr.Row():
                     positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
                     heat = gr.Plot(label="What-if heatmap", show_label=False, elem_id="whatif-plot")
+                with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
+                                  elem_id="frontier-panel"):
+                    frontier_data = figures.load_frontier(s.frontier_file)
+                    gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
+                    gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
                 a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
                 a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
                 gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")

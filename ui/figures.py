@@ -184,3 +184,46 @@ def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
                       row=1, col=col)
     fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98))
     return fig
+
+
+def load_frontier(path: str) -> dict | None:
+    """The speed/quality frontier a benchmark run wrote (``frontier.json``), or None if absent or unreadable."""
+    import json
+    from pathlib import Path
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
+
+
+def make_frontier_figure(data: dict | None) -> go.Figure:
+    """One point per setting of the benchmark's lambda/tau sweep: tokens per second against accuracy."""
+    if not data or not data.get("points"):
+        return empty_figure("No frontier yet: run python -m csd bench ... --sweep 'lam=L,tau=T;...' and copy its "
+                            "frontier.json to docs/bench/frontier/.", "Speed / quality frontier")
+    from bench.report import frontier_figure
+    fig = frontier_figure(data["points"], data.get("meta"))
+    fig.update_layout(height=420)
+    return fig
+
+
+def frontier_table(data: dict | None) -> str:
+    """The frontier's figures as a Markdown table (method, tok/s, accuracy and interval, vs SD)."""
+    if not data or not data.get("points"):
+        return ""
+    meta = data.get("meta") or {}
+    rows = ["| setting | tok/s | target passes / token | rescued | accuracy [95% CI] | vs SD (gained / lost) |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for p in data["points"]:
+        acc, ci, vs = p.get("accuracy"), p.get("accuracy_ci95"), p.get("accuracy_vs_sd") or {}
+        acc_s = "–" if acc is None else f"{100 * acc:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
+        tps = p.get("tokens_per_s")
+        ppt = p.get("target_passes_per_token")
+        vs_s = f"+{vs.get('gained', 0)} / −{vs.get('lost', 0)}" if vs.get("n") else "–"
+        resc = p.get("rescued") if p.get("rescued") is not None else "–"
+        rows.append(f"| {html.escape(str(p.get('method')))} | {'–' if tps is None else f'{tps:.2f}'} | "
+                    f"{'–' if ppt is None else f'{ppt:.3f}'} | {resc} | {acc_s} | {vs_s} |")
+    machine = (meta.get("machine") or {}).get("cpu", "")
+    return (f"Measured by `{html.escape(str(meta.get('command') or 'python -m csd bench'))}` on {html.escape(machine)} "
+            f"(target {html.escape(str(meta.get('dtype')))}); N = {data['points'][0].get('n')} items.\n\n" + "\n".join(rows))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from csd.config import CSDConfig
 from csd.decode import Decoder
@@ -35,6 +36,7 @@ class Settings:
     calibrate_answer_tokens: int = 64  # answer tokens per prompt of a prompt calibration
     events_limit: int = 500           # rows shown in the events table
     status_interval_s: float = 1.0    # how often a waiting or running page refreshes its status line
+    frontier_file: str = str(Path(__file__).resolve().parents[1] / "docs" / "bench" / "frontier" / "frontier.json")
 
 
 @dataclass
