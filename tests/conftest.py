@@ -88,3 +88,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that loads the real 1.5B pair is slow (the quick loop is ``-m "not slow"``)."""
+    for item in items:
+        if "real_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

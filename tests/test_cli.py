@@ -5,9 +5,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 from csd.memory import CorrectionMemory
 from csd.models import EMBEDDED_PAIR_ID
+
+pytestmark = pytest.mark.slow
 
 
 def cli(*args, timeout=900):

@@ -96,6 +96,7 @@ def cli(*args, timeout=120):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["generate", "--prompt", "   "], "error: the prompt is empty"),
     (["generate", "--prompt", "hi", "--gamma", "0"], "error: gamma must be an integer in 1..32"),
