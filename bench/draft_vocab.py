@@ -43,14 +43,16 @@ def build(answer_counts: dict[int, int], corpus: Counter, size: int = DEFAULT_SI
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.draft_vocab", description=__doc__.splitlines()[0])
-    ap.add_argument("--answers", required=True, help="token frequencies written by `calibrate --vocab-out`")
+    ap.add_argument("--answers", required=True, nargs="+", help="token frequencies written by `calibrate --vocab-out`")
     ap.add_argument("--out", default=str(DRAFT_VOCAB_FILE))
     ap.add_argument("--size", type=int, default=DEFAULT_SIZE, help=f"rows used by default (default {DEFAULT_SIZE})")
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
-    raw = Path(args.answers).read_bytes()
-    data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    answers = {int(t): int(c) for t, c in zip(data["ids"], data["counts"])}
+    answers: Counter = Counter()
+    for path in args.answers:
+        raw = Path(path).read_bytes()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        answers.update({int(t): int(c) for t, c in zip(data["ids"], data["counts"])})
     tok = AutoTokenizer.from_pretrained(prepare_embedded("target"))
     result = build(answers, corpus_counts(tok), args.size)
     payload = json.dumps(result).encode()

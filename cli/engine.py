@@ -44,6 +44,8 @@ def add_parsers(sub) -> None:
     c.add_argument("--limit", type=int, default=None, help="prompt mode: use the first N prompts")
     c.add_argument("--per-kind", type=int, default=None,
                    help="prompt mode: use the first N prompts of each kind (prose, code, math) of the prompt set")
+    c.add_argument("--skip-per-kind", type=int, default=0,
+                   help="prompt mode: skip the first N prompts of each kind (to extend a memory with new prompts)")
     c.add_argument("--heldout", type=int, default=0,
                    help="prompt mode: also answer N prompts of the shipped held-out split and report how the memory "
                         "covers their divergences (default 0)")
@@ -160,7 +162,8 @@ def cmd_calibrate(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be >= 1")
     if mode == "prompts":
-        prompts = balanced(read_prompts(args.prompts or PROMPTS_FILE, split="calibration"), args.per_kind)[:args.limit]
+        prompts = balanced(read_prompts(args.prompts or PROMPTS_FILE, split="calibration"), args.per_kind,
+                           args.skip_per_kind)[:args.limit]
         heldout = balanced(read_prompts(PROMPTS_FILE, split="heldout"), -(-args.heldout // 3))[:args.heldout] \
             if args.heldout > 0 else []
     else:
@@ -215,15 +218,15 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def balanced(prompts: list[dict], per_kind: int | None) -> list[dict]:
-    """The first ``per_kind`` prompts of each kind, interleaved (all of them when None)."""
-    if per_kind is None:
+def balanced(prompts: list[dict], per_kind: int | None, skip: int = 0) -> list[dict]:
+    """The first ``per_kind`` prompts of each kind after its first ``skip``, interleaved (all when None)."""
+    if per_kind is None and not skip:
         return prompts
     by_kind: dict[str, list[dict]] = {}
     for p in prompts:
         by_kind.setdefault(p.get("kind", ""), []).append(p)
-    groups = [g[:per_kind] for g in by_kind.values()]
-    return [g[i] for i in range(per_kind) for g in groups if i < len(g)]
+    groups = [g[skip:] if per_kind is None else g[skip:skip + per_kind] for g in by_kind.values()]
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
 def cmd_profile(args) -> int:
