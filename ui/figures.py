@@ -7,6 +7,7 @@ Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of 
 from __future__ import annotations
 
 import html
+import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -18,6 +19,8 @@ from csd.events import RunMetrics
 from csd.rule import log_tau, rescues, top_share
 
 from .render import show_token
+
+log = logging.getLogger(__name__)
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd"}
 LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=50, b=50), height=360,
@@ -192,7 +195,10 @@ def load_frontier(path: str) -> dict | None:
     from pathlib import Path
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError):
+        log.warning("cannot read the frontier file %s", path, exc_info=True)
         return None
     return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
 
