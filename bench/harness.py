@@ -4,7 +4,7 @@ assisted generation on the same items, measured the way the CSD paper measures t
 
 Fairness on a noisy machine:
 - every method runs on the same items in one process, after one warm-up generation each;
-- items are interleaved: item 1 with every method, then item 2 ...; the method order rotates by
+- items are interleaved: item 1 with every method, then item 2 ... (datasets take turns); the method order rotates by
   one per item so that no method always runs first (cache, thermal or load effects);
 - every wall time is taken here, around the whole generation, so that all methods pay for their
   own overheads; summaries count an item only when every method finished it (paired).
@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from itertools import zip_longest
 from pathlib import Path
 
 from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
@@ -316,10 +317,9 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     if pair.draft is None and any(m.cfg.uses_draft or m.hf for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
 
-    items: list[Item] = []
-    for spec in datasets:
-        name, n = split_limit(spec, limit)
-        items.extend(load_dataset(name, n, seed))
+    # datasets take turns (gsm8k 1, humaneval 1, gsm8k 2, ...): a run stopped early stays balanced
+    per_dataset = [load_dataset(*split_limit(spec, limit), seed) for spec in datasets]
+    items: list[Item] = [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     for ids in prompts.values():
         base.validated(pair.context_limit, len(ids))

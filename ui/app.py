@@ -78,7 +78,7 @@ def build_demo(services: Services) -> gr.Blocks:
                                       elem_id="present")
         with gr.Row(equal_height=True, elem_classes=HIDE_PRESENT):
             gamma = gr.Slider(1, 32, value=6, step=1, label="γ (draft block length)", elem_id="gamma")
-            auto_gamma = gr.Checkbox(False, label="γ = auto (per block, from this machine's measured costs; "
+            auto_gamma = gr.Checkbox(True, label="γ = auto (per block, from this machine's measured costs; "
                                      "Generate and Compare; Teach keeps the number)", elem_id="auto-gamma")
             lam = gr.Slider(0, 64, value=6, step=1, label="λ (memory count threshold)", elem_id="lam")
             log10_tau = gr.Slider(-4, 0, value=-2, step=0.05, label="log₁₀ τ (gate threshold, τ up to 1)",
