@@ -58,6 +58,9 @@ class CostModel:
     key: dict = field(default_factory=dict)
     measured_at: str = ""
 
+    def __post_init__(self):
+        self.verify_ms = monotone(self.verify_ms)    # also for profiles cached before this rule
+
     def verify(self, k: int) -> float:
         """Time of a k-token pass, interpolated between the measured lengths (linear beyond them)."""
         ks = sorted(self.verify_ms)
@@ -143,6 +146,17 @@ def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None
     if progress:
         progress("profiling: done", 1.0)
     return CostModel(verify, draft, profile_key(pair), _now())
+
+
+def monotone(verify_ms: dict[int, float]) -> dict[int, float]:
+    """A pass over more tokens never costs less than one over fewer: a shorter pass timed slower than a
+    longer one was slowed by something else (another process on a shared machine), so it takes the
+    longer pass's time. Keeps the draft-length policy from avoiding short blocks on such noise."""
+    out, floor = {}, float("inf")
+    for k in sorted(verify_ms, reverse=True):
+        floor = min(floor, verify_ms[k])
+        out[k] = floor
+    return dict(sorted(out.items()))
 
 
 def costs_cached(pair) -> bool:

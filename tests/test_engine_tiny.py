@@ -269,3 +269,13 @@ def test_greedy_fixed_block_makes_one_host_transfer_per_block(close_pair):
     auto = run_all(close_pair, CSDConfig(method="sd", gamma="auto", max_new_tokens=40),
                    costs=costs(lambda k: 100.0 + k, 5.0))
     assert auto.metrics.host_syncs == auto.metrics.target_forwards + auto.metrics.draft_forwards
+
+
+def test_profile_noise_cannot_make_a_short_pass_dearer_than_a_long_one():
+    from csd.profile import monotone
+    noisy = {1: 364.0, 2: 431.0, 3: 416.0, 4: 136.0, 5: 104.0, 6: 117.0, 7: 169.0}   # measured beside a test run
+    clean = monotone(noisy)
+    assert list(clean) == sorted(noisy)
+    assert all(clean[a] <= clean[b] for a, b in zip(list(clean), list(clean)[1:]))
+    assert clean[7] == 169.0 and clean[6] == 117.0 and clean[1] == 104.0      # only slowed values move
+    assert all(clean[k] <= noisy[k] for k in noisy)
