@@ -123,7 +123,7 @@ def write_charts(results: dict, out: Path) -> list[Path]:
                       barmode="group", yaxis_title="speed-up over AR (ratio of summed wall times)",
                       xaxis_title="dataset", template="plotly_white")
     p = out / "speedup.html"
-    fig.write_html(p, include_plotlyjs=True, full_html=True)
+    fig.write_html(p, include_plotlyjs="directory", full_html=True)
     paths.append(p)
 
     div = results.get("divergences") or {}
@@ -154,11 +154,11 @@ def write_charts(results: dict, out: Path) -> list[Path]:
     fig.update_yaxes(title_text="count", row=2, col=1)
     fig.update_layout(title=title, template="plotly_white", showlegend=False, height=800)
     p = out / "divergences.html"
-    fig.write_html(p, include_plotlyjs=True, full_html=True)
+    fig.write_html(p, include_plotlyjs="directory", full_html=True)
     paths.append(p)
     if results.get("frontier"):
         p = out / "frontier.html"
-        frontier_figure(results["frontier"], results["meta"]).write_html(p, include_plotlyjs=True, full_html=True)
+        frontier_figure(results["frontier"], results["meta"]).write_html(p, include_plotlyjs="directory", full_html=True)
         paths.append(p)
     return paths
 
