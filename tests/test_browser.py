@@ -126,7 +126,8 @@ def wait_status(page, text: str, elem_id: str = "gen-status", timeout: int = WAI
 def start(page, prompt: str, max_new: int, gamma: int | None = None) -> None:
     page.locator("#prompt textarea").fill(prompt)
     set_number(page, "max-new", max_new)
-    if gamma is not None:
+    if gamma is not None:                     # a fixed block: gamma auto (the default) off
+        page.locator("#auto-gamma input[type=checkbox]").uncheck()
         set_number(page, "gamma", gamma)
     page.wait_for_timeout(300)
     page.click("#generate-btn")
