@@ -1,0 +1,68 @@
+"""The one-way layers: ui -> cli -> (csd, db, bench); the engine never loads the store, the UI or the
+plotting stack, the store never loads torch. Checked in fresh interpreters (what an import really
+pulls in) and on the sources (what a lazy import inside a function would pull in later)."""
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import importlib, json, pkgutil, sys
+pkg = importlib.import_module({pkg!r})
+for m in pkgutil.walk_packages(pkg.__path__, {pkg!r} + "."):
+    if m.name.split(".")[-1] != "__main__" and ".migrations" not in m.name:
+        importlib.import_module(m.name)
+print(json.dumps(sorted(n for n in {forbidden!r} if n in sys.modules)))
+"""
+
+
+def loaded(pkg: str, forbidden: tuple[str, ...]) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(pkg=pkg, forbidden=forbidden)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow            # fresh interpreters importing torch: about 6 s each
+def test_importing_the_engine_loads_no_store_ui_or_plotting():
+    assert loaded("csd", ("sqlalchemy", "alembic", "gradio", "plotly", "ui", "db", "bench", "cli")) == []
+
+
+@pytest.mark.slow
+def test_importing_the_store_loads_no_torch_and_no_ui():
+    assert loaded("db", ("torch", "transformers", "gradio", "plotly", "ui", "bench", "cli")) == []
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level names of every import in a file, the ones inside functions included."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package, never", [
+    ("csd", {"db", "ui", "bench", "cli", "sqlalchemy", "alembic", "gradio", "plotly"}),
+    ("db", {"ui", "bench", "cli", "torch", "transformers", "gradio", "plotly"}),
+    ("bench", {"ui", "cli", "gradio"}),
+])
+def test_no_source_file_imports_against_the_layers(package, never):
+    # csd/__main__.py is the `python -m csd` entry point: it hands over to the command line, and no
+    # engine module imports it
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_packages(p) & never)
+                 for p in (ROOT / package).rglob("*.py") if p.relative_to(ROOT) != Path("csd/__main__.py")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.slow
+def test_the_probe_can_fail():
+    """The fresh-interpreter probe sees what a package pulls in (here: the UI loads gradio)."""
+    assert "gradio" in loaded("ui", ("gradio",))
