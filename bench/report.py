@@ -172,7 +172,9 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    pts = [p for p in points if p.get("tokens_per_s") is not None]
+    merged = len((meta or {}).get("runs") or []) > 1     # several runs (bench.merge): speed relative to SD per run
+    xkey = "speed_vs_sd" if merged else "tokens_per_s"
+    pts = [p for p in points if p.get(xkey) is not None]
     for p in pts:
         name = p["method"]
         acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
@@ -183,9 +185,11 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
             err = dict(type="data", symmetric=False, array=[ci[1] - acc], arrayminus=[acc - ci[0]], thickness=1)
         vs = p.get("accuracy_vs_sd") or {}
         fig.add_scatter(
-            x=[p["tokens_per_s"]], y=[acc], mode="markers+text", name=name, text=[name], textposition="top center",
+            x=[p[xkey]], y=[acc], mode="markers+text", name=name, text=[name], textposition="top center",
             marker=dict(size=12, color=colour, symbol=symbol, line=dict(width=1, color="#333")), error_y=err,
-            hovertemplate=(f"<b>{name}</b><br>%{{x:.2f}} tokens/s<br>accuracy %{{y:.1%}}"
+            hovertemplate=(f"<b>{name}</b><br>{p['tokens_per_s']:.2f} tokens/s"
+                           + (f" ({p[xkey]:.2f}x SD in run {p.get('run')})" if merged else "")
+                           + "<br>accuracy %{y:.1%}"
                            f"<br>passes/token {_fmt(p.get('target_passes_per_token'), '.3f')}"
                            f"<br>rescued {p.get('rescued') if p.get('rescued') is not None else '–'}"
                            f"<br>vs SD: +{vs.get('gained', 0)} / -{vs.get('lost', 0)}<extra></extra>"))
@@ -193,7 +197,9 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     if meta:
         title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {meta.get('draft_dtype')}, " \
                  f"N = {pts[0]['n'] if pts else 0} items</sup>"
-    fig.update_layout(title=title, template="plotly_white", xaxis_title="tokens per second (all items)",
+    xtitle = ("tokens per second relative to SD in the same run (all items)" if merged
+              else "tokens per second (all items)")
+    fig.update_layout(title=title, template="plotly_white", xaxis_title=xtitle,
                       yaxis_title="accuracy (graded items)", yaxis_tickformat=".0%", showlegend=False, height=520)
     return fig
 
