@@ -10,11 +10,9 @@ added at load time (``csd.models.draft_vocab_ids``).
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections import Counter
-from pathlib import Path
 
+from csd.fileio import read_json, write_json
 from csd.models import DRAFT_VOCAB_FILE, EMBEDDED_PAIR_ID, prepare_embedded
 
 DEFAULT_SIZE = 32768
@@ -50,13 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
     answers: Counter = Counter()
     for path in args.answers:
-        raw = Path(path).read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        data = read_json(path)
         answers.update({int(t): int(c) for t, c in zip(data["ids"], data["counts"])})
     tok = AutoTokenizer.from_pretrained(prepare_embedded("target"))
     result = build(answers, corpus_counts(tok), args.size)
-    payload = json.dumps(result).encode()
-    Path(args.out).write_bytes(gzip.compress(payload, mtime=0) if args.out.endswith(".gz") else payload)
+    write_json(args.out, result)
     print(f"{len(result['ids'])} ranked tokens ({len(answers)} seen in answers); the first {args.size} cover "
           f"{100 * result['corpus_coverage_at_default']:.2f}% of the corpus's tokens; written to {args.out}")
     return 0

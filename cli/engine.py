@@ -183,12 +183,9 @@ def cmd_calibrate(args) -> int:
                                    token_freq=freq)
         freq = dict(freq.most_common())
         if args.vocab_out:
-            import gzip
-
-            from csd.fileio import atomic_write
-            payload = json.dumps({"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
-                                  "ids": [int(k) for k in freq], "counts": list(freq.values())}).encode()
-            atomic_write(args.vocab_out, gzip.compress(payload, mtime=0) if args.vocab_out.endswith(".gz") else payload)
+            from csd.fileio import write_json
+            write_json(args.vocab_out, {"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
+                                        "ids": [int(k) for k in freq], "counts": list(freq.values())})
     else:
         memory = calibrate(pair, texts, memory, chunk_tokens=args.chunk_tokens, batch_size=args.batch_size or 4,
                            max_positions=args.max_positions, progress=tqdm_progress(),

@@ -1,8 +1,13 @@
-"""Atomic file writes: a killed process leaves the old file or the new one, never half of one."""
+"""Data files: atomic writes (a killed process leaves the old file or the new one, never half of
+one) and JSON that is gzipped when the name ends in ``.gz`` (read by its magic bytes, so a plain
+file with a ``.gz`` name still loads)."""
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 
@@ -33,3 +38,31 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
     finally:
         os.close(dfd)
     return path
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def write_json(path: str | os.PathLike, obj) -> Path:
+    """``obj`` as JSON, gzipped (reproducibly: no time stamp) when the name ends in ``.gz``; atomic."""
+    payload = json.dumps(obj).encode()
+    if str(path).endswith(".gz"):
+        payload = gzip.compress(payload, mtime=0)
+    return atomic_write(path, payload)
+
+
+def read_maybe_gzip(path: str | os.PathLike) -> bytes:
+    """The file's bytes, decompressed when they are gzip. OSError when it cannot be read;
+    ValueError when it is damaged or truncated gzip."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{Path(path).name}: a damaged or truncated gzip file ({e})") from None
+    return raw
+
+
+def read_json(path: str | os.PathLike):
+    """JSON from a plain or gzipped file (OSError: unreadable; ValueError: damaged or not JSON)."""
+    return json.loads(read_maybe_gzip(path))

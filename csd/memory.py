@@ -8,14 +8,12 @@ calibrated with other representations than the loaded pair's still loads, and ``
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import zlib
 from collections import Counter
 from pathlib import Path
 
-from .fileio import atomic_write
+from .fileio import read_maybe_gzip, write_json
 from .rule import top_share
 
 DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
@@ -116,24 +114,17 @@ class CorrectionMemory:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a killed process leaves the old file or the new one, never half)."""
-        path = Path(path)
-        payload = json.dumps(self.to_dict()).encode()
-        if path.name.endswith(".gz"):
-            payload = gzip.compress(payload, mtime=0)
-        return atomic_write(path, payload)
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> CorrectionMemory:
         path = Path(path)
         try:
-            raw = path.read_bytes()
+            raw = read_maybe_gzip(path)
         except OSError as e:
             raise MemoryFileError(f"cannot read memory file {str(path)!r}: {e.strerror}") from None
-        if raw[:2] == b"\x1f\x8b":
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError, zlib.error) as e:
-                raise MemoryFileError(f"{path.name}: a damaged or truncated gzip file ({e})") from None
+        except ValueError as e:
+            raise MemoryFileError(str(e)) from None
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):

@@ -8,7 +8,6 @@ overrides it).
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib.metadata as md
 import json
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .fileio import read_json
 from .lm import HFLM, LM, LeanLM, lean_unsupported
 
 log = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
             return None
         raise ModelLoadError("a reduced draft vocabulary (--draft-vocab N) needs a token list; only the embedded "
                              "pair ships one")
-    data = json.loads(gzip.decompress(DRAFT_VOCAB_FILE.read_bytes()))
+    data = read_json(DRAFT_VOCAB_FILE)
     ids = [int(i) for i in data["ids"]]
     n = data.get("default", len(ids)) if choice == "auto" else int(choice)
     if not 1 <= n:

@@ -67,6 +67,26 @@ def test_memory_files(tmp_path):
         CorrectionMemory.load(tmp_path / "y.bin")
     with pytest.raises(MemoryFileError, match="cannot read memory file"):
         CorrectionMemory.load(tmp_path / "missing.json")
+    whole = (tmp_path / "m.json.gz").read_bytes()
+    (tmp_path / "cut.json.gz").write_bytes(whole[: len(whole) // 2])      # a copy cut off half way
+    with pytest.raises(MemoryFileError, match="damaged or truncated gzip"):
+        CorrectionMemory.load(tmp_path / "cut.json.gz")
+
+
+def test_json_data_files_gzip_by_name_and_read_by_content(tmp_path):
+    from csd.fileio import read_json, write_json
+
+    obj = {"ids": list(range(50)), "counts": [3] * 50}
+    write_json(tmp_path / "a.json.gz", obj)
+    write_json(tmp_path / "a.json", obj)
+    assert (tmp_path / "a.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert json.loads((tmp_path / "a.json").read_text()) == obj
+    assert read_json(tmp_path / "a.json.gz") == obj == read_json(tmp_path / "a.json")
+    write_json(tmp_path / "b.json.gz", obj)                              # reproducible: no time stamp inside
+    assert (tmp_path / "b.json.gz").read_bytes() == (tmp_path / "a.json.gz").read_bytes()
+    (tmp_path / "plain.json.gz").write_text(json.dumps(obj))              # a plain file under a .gz name
+    assert read_json(tmp_path / "plain.json.gz") == obj
+    assert not list(tmp_path.glob(".*.tmp"))                             # atomic writes leave no temporary
 
 
 def test_unknown_model_name_is_a_clear_error():
