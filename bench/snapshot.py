@@ -9,19 +9,27 @@ import shutil
 from pathlib import Path
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+# headless, and nothing that reaches out to the network by itself (the browser tests use the same)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def find_chromium() -> str | None:
+    """The Chromium that playwright drives here (Debian's package), or None."""
+    return next((c for c in CHROMIUM_CANDIDATES if Path(c).exists()), None) or shutil.which("chromium")
 
 
 def snapshot(html: str | Path, png: str | Path, width: int = 1100, height: int = 620) -> Path:
     from playwright.sync_api import sync_playwright
 
-    exe = next((c for c in CHROMIUM_CANDIDATES if Path(c).exists()), None) or shutil.which("chromium")
+    exe = find_chromium()
     if exe is None:
         raise SystemExit("no Chromium found: install Debian's chromium (apt-get install chromium)")
     src = Path(html).resolve()
     if not src.is_file():
         raise SystemExit(f"{html}: no such file")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
             page.goto(src.as_uri())

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+from bench.snapshot import CHROMIUM_ARGS, find_chromium
+
+CHROMIUM = find_chromium()
 XSS = "<img src=x onerror=alert(1)>"
 RUN_TIMEOUT_MS = 300_000
 WAIT_MS = 60_000
 
-if not Path(CHROMIUM).exists():
+if CHROMIUM is None:
     if os.environ.get("CI"):
-        raise RuntimeError(f"{CHROMIUM} is missing: .ci/run must install Debian's chromium")
-    pytest.skip(f"{CHROMIUM} is not installed (Debian package chromium)", allow_module_level=True)
+        raise RuntimeError("Chromium is missing: .ci/run must install Debian's chromium")
+    pytest.skip("Chromium is not installed (Debian package chromium)", allow_module_level=True)
 from appserver import running_app  # noqa: E402
 from playwright import sync_api  # noqa: E402
 from ui_fixtures import Gate, served, tiny_services  # noqa: E402
