@@ -235,7 +235,9 @@ def cmd_profile(args) -> int:
     g_best, b_best = costs.best_bound()
     if args.json:
         print(json.dumps({**costs.to_dict(), "bound": {str(g): costs.bound(g) for g in range(1, 33)},
-                          "best": {"gamma": g_best, "speedup": b_best}}, indent=1))
+                          "best": {"gamma": g_best, "speedup": b_best},
+                          "expected": {f"{a:.1f}": dict(zip(("gamma", "speedup"), costs.best_expected(a)))
+                                       for a in (0.6, 0.7, 0.8, 0.9)}}, indent=1))
     else:
         print(f"{machine_name(pair.device)}: target {pair.target_repr}, draft {pair.draft_dtype} "
               f"({pair.draft_lm.impl}, {pair.draft_vocab_size} tokens); measured {costs.measured_at}")
@@ -245,6 +247,9 @@ def cmd_profile(args) -> int:
             print(f"{g:>5} {costs.verify(g + 1):>10.1f} {costs.block_ms(g):>9.1f} "
                   f"{(g + 1) / costs.block_ms(g) * 1000:>12.2f} {costs.bound(g):>10.2f}x")
         print(f"best bound: {b_best:.2f}x AR at gamma {g_best} (every draft token accepted)")
+        print("expected at a per-token acceptance a (independent tokens): "
+              + ", ".join(f"a={a:.1f}: {x:.2f}x at gamma {g}"
+                          for a in (0.6, 0.7, 0.8, 0.9) for g, x in [costs.best_expected(a)]))
     if args.drafts:
         from transformers import AutoModelForCausalLM
 

@@ -89,6 +89,19 @@ class CostModel:
         g = max(range(1, g_max + 1), key=self.bound)
         return g, self.bound(g)
 
+    def expected(self, g: int, acceptance: float) -> float:
+        """Expected speed-up over AR at block length g when every draft token is kept with the same
+        probability, independently (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block.
+        Real acceptance comes in runs (easy stretches, hard ones), which a policy that adapts the
+        block length can exploit, so a measured speed-up may beat it."""
+        a = min(max(acceptance, 0.0), 1.0)
+        tokens = g + 1 if a >= 1.0 else (1 - a ** (g + 1)) / (1 - a)
+        return tokens / self.block_ms(g) * self.verify(1)
+
+    def best_expected(self, acceptance: float, g_max: int = 32) -> tuple[int, float]:
+        g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
+        return g, self.expected(g, acceptance)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["verify_ms"] = {str(k): v for k, v in self.verify_ms.items()}

@@ -53,3 +53,15 @@ def test_calibrate_writes_a_memory_bound_to_the_pair(tmp_path):
     mem = CorrectionMemory.load(out, expected_pair=EMBEDDED_PAIR_ID)
     info = mem.meta["calibration"][-1]
     assert info["positions"] >= 400 and info["divergences"] == mem.total
+
+
+def test_profile_prints_the_bound_and_the_expected_speedup():
+    out = json.loads(cli("profile", "--json").stdout)
+    bound, best = out["bound"], out["best"]
+    assert set(bound) == {str(g) for g in range(1, 33)}
+    assert best["speedup"] == pytest.approx(max(bound.values())) and bound[str(best["gamma"])] == best["speedup"]
+    exp = out["expected"]
+    assert list(exp) == ["0.6", "0.7", "0.8", "0.9"]
+    speedups = [exp[a]["speedup"] for a in exp]
+    assert speedups == sorted(speedups) and speedups[-1] <= best["speedup"]
+    assert all(1 <= exp[a]["gamma"] <= 32 for a in exp)

@@ -279,3 +279,19 @@ def test_profile_noise_cannot_make_a_short_pass_dearer_than_a_long_one():
     assert all(clean[a] <= clean[b] for a, b in zip(list(clean), list(clean)[1:]))
     assert clean[7] == 169.0 and clean[6] == 117.0 and clean[1] == 104.0      # only slowed values move
     assert all(clean[k] <= noisy[k] for k in noisy)
+
+
+def test_expected_speedup_spans_one_token_per_block_to_the_bound():
+    c = costs(lambda k: 100.0 + 3 * k, 20.0)
+    for g in (1, 3, 6, 11):
+        assert c.expected(g, 1.0) == pytest.approx(c.bound(g))                     # all kept: the bound
+        assert c.expected(g, 0.0) == pytest.approx(c.verify(1) / c.block_ms(g))    # one token per block
+        xs = [c.expected(g, a) for a in (0.0, 0.3, 0.6, 0.8, 0.95, 1.0)]
+        assert xs == sorted(xs)
+    # sampling the block outcome gives the same mean as the closed form
+    import random
+    rng, a, g = random.Random(0), 0.8, 5
+    blocks = [next((i for i in range(g) if rng.random() >= a), g) + 1 for _ in range(40_000)]
+    assert sum(blocks) / len(blocks) / c.block_ms(g) * c.verify(1) == pytest.approx(c.expected(g, a), rel=0.02)
+    g_best, x_best = c.best_expected(0.8)
+    assert x_best <= c.best_bound()[1] and x_best == max(c.expected(g, 0.8) for g in range(1, 33))
