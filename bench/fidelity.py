@@ -29,25 +29,29 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, seed: int = 0,
-        progress=None) -> dict:
+        progress=None, pair=None) -> dict:
+    """``pair``: the embedded pair in float32 (loaded when None); it is left as it is, each other
+    representation's target is a copy."""
+    from dataclasses import replace
+
     import torch
 
     from csd.decode import Decoder
+    from csd.lm import HFLM
     from csd.memory import CorrectionMemory
     from csd.models import load_pair, to_repr
     from csd.profile import machine_name
 
     items = [it for d in datasets for it in load_dataset(d, limit, seed)]
-    pair = load_pair(dtype="float32")
+    base_pair = pair if pair is not None else load_pair(dtype="float32")
+    if base_pair.target_repr != "float32":
+        raise ValueError(f"the reference is the float32 target, got a {base_pair.target_repr} one")
     answers: dict[str, dict] = {}
-    done = [r for r in reprs]
-    base = pair.target
-    for r in done:
+    for r in reprs:
+        pair = base_pair
         if r != "float32":
-            pair.target = to_repr(base, r, copy=True)
-            from csd.lm import HFLM
-            pair.target_lm = HFLM(pair.target)
-            pair.target_repr = r
+            target = to_repr(base_pair.target, r, copy=True)
+            pair = replace(base_pair, target=target, target_lm=HFLM(target), target_repr=r)
         dec = Decoder(pair)
         per = answers.setdefault(r, {})
         t0 = time.perf_counter()
@@ -74,7 +78,7 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
             s["mean_common_prefix"] = sum(common_prefix(per[k]["ar"], ref[k]["ar"]) for k in keys) / len(keys)
             s["mean_answer_tokens"] = sum(len(ref[k]["ar"]) for k in keys) / len(keys)
         summary[r] = s
-    return {"machine": machine_name(pair.device), "torch": torch.__version__, "datasets": datasets, "limit": limit,
+    return {"machine": machine_name(base_pair.device), "torch": torch.__version__, "datasets": datasets, "limit": limit,
             "max_new_tokens": max_new_tokens, "summary": summary,
             "answers": {r: {k: v for k, v in per.items() if k != "_seconds"} for r, per in answers.items()}}
 
