@@ -20,7 +20,7 @@ order they run, as a served model's memory would; ``"fresh"``: every item starts
 
 Outputs in ``out_dir``: ``results.json`` (every figure; rewritten after every item, so an
 interrupted run keeps what it finished), ``results.md``, ``speedup.html``, ``divergences.html``,
-``frontier.html`` (Plotly, plotly.js inline), ``frontier.json`` (the frontier's points, which the
+``frontier.html`` (Plotly; one ``plotly.min.js`` beside the charts), ``frontier.json`` (the frontier's points, which the
 app's Analyse tab shows) and ``memory_<method>.json.gz``.
 """
 from __future__ import annotations
