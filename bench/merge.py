@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from csd.fileio import atomic_write
+
 
 class MergeError(ValueError):
     pass
@@ -52,14 +54,13 @@ def merge(runs: list[dict]) -> dict:
             raise MergeError(f"{run['_path']}: no SD column; run each part with --methods sd,... so that its "
                              "speed can be compared side by side")
         sds.append(sd)
-    first = _sd_answers(runs[0])
-    for run in runs[1:]:
-        other = _sd_answers(run)
+    first, *others = [_sd_answers(run) for run in runs]
+    for run, other in zip(runs[1:], others):
         if set(other) != set(first):
-            missing = sorted(set(first) ^ set(other))[:3]
+            differ = sorted(set(first) ^ set(other))[:3]
             raise MergeError(f"{run['_path']}: not the same items as {runs[0]['_path']} "
-                             f"({len(other)} against {len(first)}; e.g. {missing})")
-    sd_identical = [sum(_sd_answers(run)[k] == first[k] for k in first) for run in runs[1:]]
+                             f"({len(other)} against {len(first)}; e.g. {differ})")
+    sd_identical = [sum(other[k] == first[k] for k in first) for other in others]
     points, seen = [], set()
     for i, (run, sd) in enumerate(zip(runs, sds)):
         for p in run["frontier"]:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "frontier.json").write_text(json.dumps(merged, indent=1), encoding="utf-8")
+    atomic_write(out / "frontier.json", json.dumps(merged, indent=1).encode())
     from .report import frontier_figure
     frontier_figure(merged["points"], merged["meta"]).write_html(out / "frontier.html", include_plotlyjs="directory",
                                                                  full_html=True)

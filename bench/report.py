@@ -166,13 +166,18 @@ def write_charts(results: dict, out: Path) -> list[Path]:
 FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00"}
 
 
+def is_merged(meta: dict | None) -> bool:
+    """A frontier joined from several runs by bench.merge: its speed compares only within a run."""
+    return len((meta or {}).get("runs") or []) > 1
+
+
 def frontier_figure(points: list[dict], meta: dict | None = None):
     """Speed against accuracy, one point per setting, with 95% intervals on accuracy; SD (exact)
     and the baselines as references."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    merged = len((meta or {}).get("runs") or []) > 1     # several runs (bench.merge): speed relative to SD per run
+    merged = is_merged(meta)                             # speed relative to SD in its own run
     xkey = "speed_vs_sd" if merged else "tokens_per_s"
     pts = [p for p in points if p.get(xkey) is not None]
     for p in pts:

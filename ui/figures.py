@@ -219,7 +219,8 @@ def frontier_table(data: dict | None) -> str:
     if not data or not data.get("points"):
         return ""
     meta = data.get("meta") or {}
-    merged = len(meta.get("runs") or []) > 1        # several runs merged by bench.merge: speed is per run
+    from bench.report import is_merged
+    merged = is_merged(meta)                          # several runs joined by bench.merge: speed is per run
     rows = ["| setting | tok/s | " + ("× SD, same run | " if merged else "") +
             "target passes / token | rescued | accuracy [95% CI] | vs SD (gained / lost) |",
             "|---|---:|" + ("---:|" if merged else "") + "---:|---:|---:|---:|"]
