@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sqlite3
 import tempfile
 import threading
 import time
@@ -89,6 +90,25 @@ def _make_engine(url: str) -> tuple[Engine, str | None]:
     return engine, scratch
 
 
+def _retry_busy(step: Callable[[], object], wait_ms: int = SQLITE_BUSY_MS) -> None:
+    """Run ``step`` until SQLite stops answering "database is locked", for at most ``wait_ms``.
+
+    Switching a database to WAL needs an exclusive lock, and SQLite reports a competing opener as
+    busy at once there instead of calling its busy handler (seen when several processes or threads
+    open a new file together), so busy_timeout alone does not cover it."""
+    deadline = time.monotonic() + wait_ms / 1000
+    pause = 0.005
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 def _sqlite_setup(engine: Engine) -> None:
     # SQLAlchemy's recipe for real SQLite transactions (pysqlite's legacy mode does not BEGIN before
     # DDL); writers BEGIN IMMEDIATE so that they queue on busy_timeout instead of failing on upgrade.
@@ -96,8 +116,8 @@ def _sqlite_setup(engine: Engine) -> None:
     def _connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")   # first: switching to WAL may wait too
-        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        _retry_busy(lambda: cur.execute("PRAGMA journal_mode=WAL"))
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
