@@ -528,7 +528,7 @@ def frontier(summary: dict) -> list[dict]:
                        "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
                        "rescues_per_divergence": s.get("rescues_per_divergence"),
                        "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
-                       "accuracy_vs_sd": s.get("accuracy_vs_sd")})
+                       "eos_share": s.get("eos_share"), "accuracy_vs_sd": s.get("accuracy_vs_sd")})
     return points
 
 

@@ -69,7 +69,8 @@ def merge(runs: list[dict]) -> dict:
             name = p["method"] if p["method"] not in seen else f"{p['method']} (run {i + 1})"
             seen.add(name)
             tps = p.get("tokens_per_s")
-            points.append({**p, "method": name, "run": i + 1,
+            eos = ((run.get("summary") or {}).get("all") or {}).get(p["method"], {}).get("eos_share")
+            points.append({"eos_share": eos, **p, "method": name, "run": i + 1,
                            "speed_vs_sd": tps / sd["tokens_per_s"] if tps else None})
     meta = {k: runs[0]["meta"].get(k) for k in ("machine", "dtype", "draft_dtype", "models")}
     meta["command"] = " ; ".join(str(r["meta"].get("command")) for r in runs)
@@ -97,21 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "frontier.json", json.dumps(merged, indent=1).encode())
-    from .report import frontier_figure
+    from .report import frontier_figure, frontier_markdown
     frontier_figure(merged["points"], merged["meta"]).write_html(out / "frontier.html", include_plotlyjs="directory",
                                                                  full_html=True)
     c = merged["checks"]
     print(f"{c['items']} items; SD identical to run 1's on {c['sd_identical_to_run_1']} of {c['items']}; "
           f"same machine: {c['same_machine']}; same representations: {c['same_representations']}")
-    print("| setting | run | tok/s | vs SD (same run) | passes/token | rescued | accuracy | vs SD |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for p in merged["points"]:
-        vs = p.get("accuracy_vs_sd") or {}
-        acc = "–" if p.get("accuracy") is None else f"{100 * p['accuracy']:.0f}%"
-        vs_s = f"+{vs['gained']}/−{vs['lost']}" if vs.get("n") else "–"
-        print(f"| {p['method']} | {p['run']} | {p['tokens_per_s']:.2f} | {p['speed_vs_sd']:.2f}x | "
-              f"{p['target_passes_per_token']:.3f} | {p.get('rescued', 0)} | {acc} | "
-              f"{vs_s} |")
+    print(frontier_markdown(merged["points"], merged["meta"]))
     print(f"written to {out}/frontier.json and frontier.html", file=sys.stderr)
     return 0
 

@@ -23,7 +23,8 @@ def _acc(s: dict) -> str:
 def _vs(p: dict | None) -> str:
     if not p or not p.get("n"):
         return "–"
-    return f"+{p['gained']} / −{p['lost']} (p = {p['p_value']:.2f})"
+    pv = f" (p = {p['p_value']:.2f})" if p.get("p_value") is not None else ""
+    return f"+{p['gained']} / −{p['lost']}{pv}"
 
 
 def render_markdown(results: dict) -> str:
@@ -91,6 +92,8 @@ def render_markdown(results: dict) -> str:
             if a and a.get("n"):
                 lines.append(f"- CSD accuracy against {ref.upper()}: {a['gained']} items gained, {a['lost']} lost of "
                              f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
+    if len(results.get("frontier") or []) > 1:
+        lines += ["", "## Frontier (all items)", "", frontier_markdown(results["frontier"], meta)]
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
             lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "
@@ -209,6 +212,36 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     return fig
 
 
+def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) -> str:
+    """The frontier as a Markdown table: one row per setting with tok/s (and its ratio to SD in the
+    same run when several runs were merged), target passes per token, rescues, accuracy with its 95%
+    interval, and items gained / lost against SD. ``escape`` is applied to every text taken from the
+    data (the app passes ``html.escape``)."""
+    if not points:
+        return ""
+    meta = meta or {}
+    merged = is_merged(meta)
+    rows = ["| setting | tok/s | " + ("× SD, same run | " if merged else "") +
+            "target passes / token | rescued | ended (EOS) | accuracy [95% CI] | vs SD (gained / lost) |",
+            "|---|---:|" + ("---:|" if merged else "") + "---:|---:|---:|---:|---:|"]
+    for p in points:
+        acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
+        acc_s = "–" if acc is None else f"{100 * acc:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
+        rel = p.get("speed_vs_sd")
+        rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
+        resc = p.get("rescued") if p.get("rescued") is not None else "–"
+        rows.append(f"| {escape(str(p.get('method')))} | {_fmt(p.get('tokens_per_s'))} | {rel_s}"
+                    f"{_fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {_pct(p.get('eos_share'), 0)} | "
+                    f"{acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
+    machine = escape(str((meta.get("machine") or {}).get("cpu", "")))
+    where = f"on {machine} (target {escape(str(meta.get('dtype')))}); N = {points[0].get('n')} items"
+    if merged:
+        cmds = "; ".join(f"run {i + 1}: `{escape(str(r.get('command')))}`" for i, r in enumerate(meta["runs"]))
+        head = (f"Merged from {len(meta['runs'])} runs on the same items ({cmds}) {where}; "
+                "tokens/s compare only within a run.")
+    else:
+        head = f"Measured by `{escape(str(meta.get('command') or 'python -m csd bench'))}` {where}."
+    return head + "\n\n" + "\n".join(rows)
 
 
 def profile_figure(costs, title: str = ""):

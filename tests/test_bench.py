@@ -162,6 +162,8 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
                  "frontier.json", "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
         assert (out / name).is_file(), name
+    frontier_md = (out / "results.md").read_text().split("## Frontier (all items)")[1]
+    assert "| csd[lam=0,tau=1] | " in frontier_md and "| sd | " in frontier_md
     s = res["summary"]["p"]
     assert set(s) == {"ar", "sd", "csd", "csd[lam=0,tau=1]"}
     assert all(s[m]["n"] == 3 for m in s) and s["sd"]["identical_to_ar"] == 3     # greedy SD is lossless in fp32

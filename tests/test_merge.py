@@ -17,7 +17,8 @@ def _run(path, sd_tps, settings, items=(("gsm8k", "1"), ("gsm8k", "2")), sd_ids=
                        "n": len(items), "target_passes_per_token": 0.3, "rescued": 5,
                        "accuracy_vs_sd": {"n": 2, "gained": 0, "lost": 1, "p_value": 1.0, "diff": -0.5}})
     data = {"meta": {"command": f"python -m csd bench --out {path}", "machine": {"cpu": "test CPU"}, "dtype": "int8",
-                     "draft_dtype": "int8", "started_at": "t0"}, "status": status, "items": recs, "frontier": points}
+                     "draft_dtype": "int8", "started_at": "t0"}, "status": status, "items": recs, "frontier": points,
+            "summary": {"all": {p["method"]: {"eos_share": 0.5 if p["method"] == "sd" else 1.0} for p in points}}}
     data["_path"] = str(path)
     return data
 
@@ -68,6 +69,9 @@ def test_cli_writes_a_frontier_the_app_shows(tmp_path, capsys):
     data = figures.load_frontier(str(tmp_path / "m" / "frontier.json"))
     table = figures.frontier_table(data)
     assert "× SD, same run" in table and "1.30x (run 2)" in table and "Merged from 2 runs" in table
+    # one table for the command line and the app: EOS share from each run's summary, McNemar p when known
+    assert "| csd[lam=3] | 6.50 | 1.30x (run 2) | 0.300 | 5 | 100% | 50% [10, 90] | +0 / −1 (p = 1.00) |" in table
+    assert "| sd | 10.00 | 1.00x (run 1) | 0.330 | 0 | 50% |" in table
     fig = figures.make_frontier_figure(data)
     assert "relative to SD" in fig.layout.xaxis.title.text
     assert sorted(round(t.x[0], 2) for t in fig.data) == [1.0, 1.2, 1.3]

@@ -733,4 +733,4 @@ def test_frontier_panel_reads_the_benchmark_file(tmp_path):
     fig = figures.make_frontier_figure(loaded)
     assert [t.name for t in fig.data] == ["sd", "csd"] and fig.data[1].x[0] == 11.0
     table = figures.frontier_table(loaded)
-    assert "| csd | 11.00 | 0.180 | 3 | 50% [30, 70] | +1 / −1 |" in table and "CPU &lt;b&gt;" in table
+    assert "| csd | 11.00 | 0.180 | 3 | – | 50% [30, 70] | +1 / −1 |" in table and "CPU &lt;b&gt;" in table

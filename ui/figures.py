@@ -215,31 +215,8 @@ def make_frontier_figure(data: dict | None) -> go.Figure:
 
 
 def frontier_table(data: dict | None) -> str:
-    """The frontier's figures as a Markdown table (method, tok/s, accuracy and interval, vs SD)."""
+    """The frontier's figures as a Markdown table (bench.report's, with the data's text HTML-escaped)."""
     if not data or not data.get("points"):
         return ""
-    meta = data.get("meta") or {}
-    from bench.report import is_merged
-    merged = is_merged(meta)                          # several runs joined by bench.merge: speed is per run
-    rows = ["| setting | tok/s | " + ("× SD, same run | " if merged else "") +
-            "target passes / token | rescued | accuracy [95% CI] | vs SD (gained / lost) |",
-            "|---|---:|" + ("---:|" if merged else "") + "---:|---:|---:|---:|"]
-    for p in data["points"]:
-        acc, ci, vs = p.get("accuracy"), p.get("accuracy_ci95"), p.get("accuracy_vs_sd") or {}
-        acc_s = "–" if acc is None else f"{100 * acc:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
-        tps = p.get("tokens_per_s")
-        ppt = p.get("target_passes_per_token")
-        vs_s = f"+{vs.get('gained', 0)} / −{vs.get('lost', 0)}" if vs.get("n") else "–"
-        resc = p.get("rescued") if p.get("rescued") is not None else "–"
-        rel = p.get("speed_vs_sd")
-        rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
-        rows.append(f"| {html.escape(str(p.get('method')))} | {'–' if tps is None else f'{tps:.2f}'} | {rel_s}"
-                    f"{'–' if ppt is None else f'{ppt:.3f}'} | {resc} | {acc_s} | {vs_s} |")
-    machine = (meta.get("machine") or {}).get("cpu", "")
-    if merged:
-        cmds = "; ".join(f"run {i + 1}: `{html.escape(str(r.get('command')))}`" for i, r in enumerate(meta["runs"]))
-        return (f"Merged from {len(meta['runs'])} runs on the same items ({cmds}) on {html.escape(machine)} "
-                f"(target {html.escape(str(meta.get('dtype')))}); tokens/s compare only within a run. "
-                f"N = {data['points'][0].get('n')} items.\n\n" + "\n".join(rows))
-    return (f"Measured by `{html.escape(str(meta.get('command') or 'python -m csd bench'))}` on {html.escape(machine)} "
-            f"(target {html.escape(str(meta.get('dtype')))}); N = {data['points'][0].get('n')} items.\n\n" + "\n".join(rows))
+    from bench.report import frontier_markdown
+    return frontier_markdown(data["points"], data.get("meta"), escape=html.escape)
