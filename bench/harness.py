@@ -75,11 +75,16 @@ class Method:
         return self.hf is None and self.cfg.use_ocm
 
 
+SWEEP_KEYS = ("lam", "tau", "gamma", "lookup")
+
+
 def setting_name(setting: dict, base: CSDConfig) -> str:
-    """A CSD column's name: the fields that differ from the ``csd`` column, e.g. csd[lam=3,tau=0.1]."""
+    """A sweep column's name: its method (csd unless the setting says) and the fields that differ
+    from that method's column, e.g. csd[lam=3,tau=0.1] or sd[lookup=8]."""
+    method = setting.get("method", "csd")
     diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
-            for k in ("lam", "tau", "gamma") if k in setting and setting[k] != getattr(base, k)]
-    return f"csd[{','.join(diff)}]" if diff else "csd"
+            for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
+    return f"{method}[{','.join(diff)}]" if diff else method
 
 
 def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
@@ -94,13 +99,19 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
         if not part.strip():
             continue
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
-        if not kv or set(kv) - {"lam", "tau", "gamma"}:
-            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto] "
-                             "(settings separated by ';')")
+        if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
+            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N]"
+                             "[,method=sd|csd|...] (settings separated by ';')")
         try:
-            setting = {k: float(v) for k, v in kv.items() if k != "gamma"}
+            setting = {k: float(v) for k, v in kv.items() if k in ("lam", "tau")}
             if "gamma" in kv:
                 setting["gamma"] = parse_gamma(kv["gamma"])
+            if "lookup" in kv:
+                setting["lookup"] = int(kv["lookup"])
+            if "method" in kv:
+                setting["method"] = kv["method"]
+            if setting.get("method") in ("ar", *HF_METHODS):
+                raise ValueError("a sweep column is sd, csd or an ablation")
             CSDConfig(**setting).validated()
         except (ValueError, ConfigError) as e:
             raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
@@ -124,7 +135,7 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
     for setting in parse_sweep(sweep):
         name = setting_name(setting, base)
         if not any(x.name == name for x in out):
-            out.append(Method(name, replace(base, method="csd", **setting)))
+            out.append(Method(name, replace(base, **{"method": "csd", **setting})))
     if not out:
         raise ValueError("no method to benchmark")
     return out
@@ -185,6 +196,9 @@ class ItemResult:
     identical_to_sd: bool | None = None  # same token ids as SD on this item (None without SD)
     text: str = ""
     token_ids: list = field(default_factory=list)
+    lookup_blocks: int | None = None   # target passes over tokens copied from the context (csd.lookup)
+    lookup_drafted: int | None = None
+    lookup_kept: int | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -234,7 +248,9 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
                       mt.drafted if drafting else None, mt.accepted if drafting else None,
                       mt.rescued if drafting else None, mt.divergences if drafting else None,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
-                      token_ids=list(run.token_ids)), run
+                      token_ids=list(run.token_ids),
+                      **({"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted,
+                          "lookup_kept": mt.lookup_kept} if cfg.lookup else {})), run
 
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None
@@ -500,6 +516,11 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
         "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
         "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
     }
+    if rs and all(r.lookup_blocks is not None for r in rs):
+        blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
+        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=sum(r.lookup_kept for r in rs),
+                 lookup_pass_share=blocks / tp if tp else None,
+                 lookup_acceptance=sum(r.lookup_kept for r in rs) / proposed if proposed else None)
     for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
                      (HF_FIXED, "speedup_over_hf_fixed")):
         if rows and ref in rows[0]:

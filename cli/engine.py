@@ -86,6 +86,10 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
     p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
     p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
+    p.add_argument("--lookup", type=int, default=d.lookup,
+                   help="also propose up to N tokens copied from the prompt or the answer where the last tokens "
+                        "occurred before (prompt lookup), verified exactly, when the measured costs say it pays "
+                        "(greedy only; 0, the default, turns it off)")
 
 
 def cmd_generate(args) -> int:
@@ -94,7 +98,8 @@ def cmd_generate(args) -> int:
     from db.store import recording
 
     cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
-                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed).validated()
+                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                    lookup=args.lookup).validated()
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)
@@ -126,7 +131,7 @@ def cmd_generate(args) -> int:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
                           "pair": pair.pair_id, "dtype": pair.target_repr, "models": pair.describe(),
                           "config": {k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
-                                                                  "max_new_tokens", "seed")},
+                                                                  "max_new_tokens", "seed", "lookup")},
                           "events": [e.to_dict() for e in run.events], "metrics": run.metrics.to_dict()}))
     else:
         m = run.metrics

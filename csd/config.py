@@ -38,6 +38,7 @@ class CSDConfig:
     seed: int | None = None      # seeds the one torch.Generator of a run (sampling only)
     explain: bool = False        # attach draft/target top-k probabilities to events (teach mode)
     explain_top_k: int = 5       # how many target candidates an explained event carries
+    lookup: int = 0              # propose up to this many tokens copied from the context when they pay (0: off)
 
     @property
     def uses_draft(self) -> bool:
@@ -79,6 +80,14 @@ class CSDConfig:
             raise ConfigError(
                 f"prompt ({prompt_tokens} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds the "
                 f"model's context of {context_limit} tokens")
+        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) \
+                or not 0 <= self.lookup <= GAMMA_RANGE[1]:
+            raise ConfigError(f"lookup must be an integer in 0..{GAMMA_RANGE[1]} (0 turns it off), got {self.lookup!r}")
+        if self.lookup and not self.uses_draft:
+            raise ConfigError("lookup proposals are verified like draft tokens: use them with sd, csd or an "
+                              "ablation, not ar")
+        if self.lookup and self.temperature > 0:
+            raise ConfigError("lookup proposals are for greedy decoding (temperature 0) only")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         return self

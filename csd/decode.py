@@ -34,6 +34,7 @@ from .events import (
     TokenEvent,
 )
 from .lm import ids_tensor
+from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
 from .policy import AutoGamma, FixedGamma
@@ -136,6 +137,9 @@ class Run:
         width = policy.max_len if policy is not None else 0
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
         self.rescue = Rescue.of(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.tau, pair.special_ids)
+        self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
+        self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None) \
+            if cfg.lookup and cfg.uses_draft else None
         self.eos = frozenset(pair.eos_ids)
         self.gen = None
         if cfg.temperature > 0:     # one generator per run, never the process-wide one
@@ -322,21 +326,34 @@ class Run:
         self.metrics.host_syncs += 1
         return float(p[row, token])
 
-    def _emit(self, drafts, confs, d: Decision, scores, tl, p, q_rows, d_logits) -> Iterator[TokenEvent]:
-        """Step 5: one event per decided draft position, then the target's own token."""
+    def _emit(self, drafts, confs, d: Decision, scores, tl, p, q_rows, d_logits,
+              source: str | None = None) -> Iterator[TokenEvent]:
+        """Step 5: one event per decided draft position, then the target's own token. Tokens copied
+        from the context (``source="lookup"``) are counted apart from the draft's, and a rejected
+        one is not an event: it is not a divergence of the draft model."""
         cfg, m = self.cfg, self.metrics
         g = len(drafts)
         explain = cfg.explain
-        m.drafted += g
-        m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
+        copied = source is not None
+        if copied:
+            m.lookup_blocks += 1
+            m.lookup_drafted += g
+        else:
+            m.drafted += g
+            m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
         for i, v in enumerate(d.verdicts):
-            m.per_position_drafted[i] += 1
             kept = v.status != REJECTED
+            if copied and not kept:
+                break
+            if not copied:
+                m.per_position_drafted[i] += 1
             text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
             extra = {}
             if explain:
-                q = torch.softmax(d_logits[i] / (cfg.temperature or 1.0), -1)
-                extra = dict(draft_top=self._top(q, self.pair.draft_lm.vocab_ids), target_top=self._top(p[i]))
+                extra = dict(target_top=self._top(p[i]))
+                if d_logits:
+                    q = torch.softmax(d_logits[i] / (cfg.temperature or 1.0), -1)
+                    extra["draft_top"] = self._top(q, self.pair.draft_lm.vocab_ids)
             ev = TokenEvent(
                 len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
                 draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
@@ -344,14 +361,17 @@ class Run:
                 memory_count=v.count, rule=v.rule, target_prob=self._prob(scores, p, i, v.x_tilde, v.z_x),
                 draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else (confs[i] if confs and self._need_conf else None),
                 block_len=g, special=v.x_tilde in self.pair.special_ids,
-                discarded=list(drafts[i + 1:]) if not kept else None, **extra)
+                discarded=list(drafts[i + 1:]) if not kept else None, source=source, **extra)
             if not kept:
                 yield ev
                 break
-            m.per_position_kept[i] += 1
-            if v.status == RESCUED:
+            if copied:
+                m.lookup_kept += 1
+            elif v.status == RESCUED:
+                m.per_position_kept[i] += 1
                 m.rescued += 1
             else:
+                m.per_position_kept[i] += 1
                 m.accepted += 1
             self._seq.append(v.x_tilde)
             m.new_tokens += 1
@@ -387,7 +407,14 @@ class Run:
             self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
 
     def _speculate(self) -> Iterator[TokenEvent]:
-        """One block: steps 1-6."""
+        """One block: steps 1-6 (a block of tokens copied from the context instead when one pays)."""
+        m = self.metrics
+        if self.lookup is not None:
+            copied = self._lookup_proposals()
+            if copied:
+                yield from self._speculate_copied(copied)
+                return
+        n0 = len(self._seq)
         drafts, confs, q_rows, d_logits = self._draft()
         self._check_stop()
         tl = self._verify(drafts)
@@ -398,7 +425,37 @@ class Run:
             kept = [v.status != REJECTED for v in d.verdicts]
             tp = time.perf_counter()
             self.policy.observe(confs[:len(kept)], kept)
-            self.metrics.policy_s += time.perf_counter() - tp
+            if self.lookup is not None:
+                self.lookup.observe_model(len(self._seq) - n0, len(drafts))
+            m.policy_s += time.perf_counter() - tp
+            self._block += 1
+
+    def _lookup_proposals(self) -> list[int]:
+        """Tokens that followed the sequence's suffix earlier in the context, when a block of them is
+        expected to pay more than the draft model (``csd.lookup``); [] otherwise."""
+        tp = time.perf_counter()
+        room = self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
+        copied = self.lookup.choose(self.lookup.continuation(self._seq)[:max(room, 0)])
+        self.metrics.policy_s += time.perf_counter() - tp
+        return copied
+
+    def _speculate_copied(self, copied: list[int]) -> Iterator[TokenEvent]:
+        """A block of copied tokens: the target verifies them with the exact rule (no rescue, no
+        memory update), so greedy output is unchanged; the draft model catches up later."""
+        m = self.metrics
+        self._check_stop()
+        tl = self._verify(copied)
+        m.host_syncs += 1
+        drafts, scores = score_block(copied, tl)
+        cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
+        drafts, scores = (drafts[:cut], scores.head(cut)) if cut < len(drafts) else (drafts, scores)
+        d = decide(drafts, scores, self.memory.count, self.exact)
+        p = torch.softmax(tl.float(), -1) if self.cfg.explain else None
+        try:
+            yield from self._emit(drafts, [], d, scores, tl, p, [], [], source="lookup")
+        finally:
+            kept = next((i for i, v in enumerate(d.verdicts) if v.status == REJECTED), len(d.verdicts))
+            self.lookup.observe(len(drafts), kept)
             self._block += 1
 
     def _autoregress(self) -> Iterator[TokenEvent]:

@@ -58,6 +58,7 @@ class TokenEvent:
     pass_end: bool = False             # the last event of its target pass: a viewer can draw the pass now
     discarded: list | None = None      # REJECTED only: the block's later draft token ids, thrown away unverified
     special: bool = False              # the token is a special token (end of turn, chat template)
+    source: str | None = None          # "lookup": proposed by copying from the context (csd.lookup), not by the draft
 
     @property
     def in_output(self) -> bool:
@@ -96,6 +97,9 @@ class RunMetrics:
     host_syncs: int = 0              # device-to-host transfers (greedy, fixed gamma: one per block)
     per_position_drafted: list = field(default_factory=list)   # per draft position: times it was decided
     per_position_kept: list = field(default_factory=list)      # per draft position: times it was kept
+    lookup_blocks: int = 0           # target passes that verified tokens copied from the context (csd.lookup)
+    lookup_drafted: int = 0          # tokens proposed that way (not in ``drafted``)
+    lookup_kept: int = 0             # of those, kept (not in ``accepted``)
     stopped_by: str = ""             # "eos", "max_new_tokens" or "cancelled"
 
     @property

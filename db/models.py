@@ -104,6 +104,7 @@ class TokenEventRow(Base):
     pass_end: Mapped[bool] = mapped_column(default=False, server_default=false())   # last event of its target pass
     discarded: Mapped[list | None] = mapped_column(JSON)   # REJECTED: the block's later draft ids, never verified
     special: Mapped[bool] = mapped_column(default=False, server_default=false())    # a special token
+    source: Mapped[str | None] = mapped_column(String(16))   # "lookup": copied from the context (csd.lookup)
 
 
 class MemorySnapshot(Base):

@@ -78,6 +78,7 @@ CSS = """
   padding: 0 4px; margin: 0 2px; color: #333; white-space: nowrap; }
 .tok-bytes { font-size: 0.75em; color: #555; }
 .tok.partial { padding: 1px 2px; }
+.tok.copied { text-decoration: underline dotted #1f3b73; text-decoration-thickness: 2px; text-underline-offset: 3px; }
 .tok.diff { text-decoration: underline wavy #e0007a; text-decoration-thickness: 2px; text-underline-offset: 4px; }
 .tok.wi-rescue { outline: 2px dashed #1b6e2f; outline-offset: 2px; }
 .tok.wi-reject { outline: 4px double #b71c1c; outline-offset: 2px; }
@@ -325,6 +326,9 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
     if ev.status == CORRECTED:
         return (f"The target's own token {show_token(ev.text)}, written in place of the draft token it rejected; "
                 f"this verify pass ends here.")
+    if ev.status == ACCEPTED and ev.source == "lookup":
+        return ("Copied from earlier in the prompt or the answer (the tokens before it occurred there too), "
+                "not drafted; the target agreed: kept.")
     if ev.status == ACCEPTED:
         if ev.rule == RULE_SAMPLED:
             return f"The draft wrote {x}; rejection sampling kept it (the target gives it enough probability)."
@@ -428,6 +432,8 @@ def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau
             cls.append("diff")
         if latest_block is not None and ev.block == latest_block:
             cls.append("latest")
+        if ev.source == "lookup":
+            cls.append("copied")
         if ev.status in n:
             n[ev.status] += 1
         attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'

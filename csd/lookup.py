@@ -1,0 +1,92 @@
+"""Proposals copied from the context (prompt lookup): when the last few tokens of the sequence
+occurred earlier in the prompt or the answer, the tokens that followed them there are proposed as
+the next block, at no draft cost. The target verifies them in its usual pass with the exact rule
+(never rescued, never counted into the memory: the memory is about the draft model's divergences),
+so greedy output stays the target's own.
+
+Code answers repeat the prompt's signatures and names, math answers its numbers; on this project's
+benchmark answers a 3-gram match proposes tokens the target keeps 65% of the time on HumanEval and
+18% on GSM8K (``docs``: README, "Speed"). So whether a lookup block pays is decided per block, by the
+machine's cost model (``csd.profile.CostModel``) and what this run has seen: the expected tokens of a
+lookup block of k proposals over its verify time, against the tokens per millisecond the run's draft
+model blocks have made so far.
+"""
+from __future__ import annotations
+
+N_MAX = 4            # longest suffix matched
+PRIOR = (0.5, 2.0)   # keep rate of a lookup position before the run has seen it: (rate, weight)
+
+
+class Lookup:
+    """Finds the continuation of the sequence's longest matched suffix (``n_min``..N_MAX tokens;
+    the most recent earlier occurrence wins) and chooses how many of its tokens to propose.
+
+    The index of n-grams grows with the sequence (the committed sequence never shrinks), so a
+    proposal costs a few dictionary lookups however long the context is."""
+
+    def __init__(self, max_len: int, costs=None, n_min: int = 3):
+        if not 1 <= n_min <= N_MAX:
+            raise ValueError(f"n_min must be in 1..{N_MAX}, got {n_min}")
+        self.max_len, self.costs, self.n_min = max_len, costs, n_min
+        self._index: dict[int, dict[tuple, int]] = {n: {} for n in range(n_min, N_MAX + 1)}
+        self._done = 0                               # positions whose n-grams ending there are indexed
+        self._kept = [0.0] * (max_len + 1)           # per proposal position: kept / decided
+        self._n = [0.0] * (max_len + 1)
+        self.model_tokens = 0.0                      # what the run's draft-model blocks made ...
+        self.model_ms = 0.0                          # ... and what they cost by the cost model
+
+    def _extend(self, seq: list[int], end: int) -> None:
+        """Index the n-grams ending at positions up to ``end`` (exclusive of ``seq[end]``'s own)."""
+        for e in range(self._done, end):
+            for n, idx in self._index.items():
+                if e >= n:
+                    idx[tuple(seq[e - n:e])] = e
+        self._done = max(self._done, end)
+
+    def continuation(self, seq: list[int]) -> list[int]:
+        """Up to ``max_len`` tokens that followed the latest earlier occurrence of the longest
+        matching suffix of ``seq`` (empty when no suffix of ``n_min`` tokens or more recurs)."""
+        self._extend(seq, len(seq))        # n-grams ending before the last token: the suffix itself is not one
+        for n in range(N_MAX, self.n_min - 1, -1):
+            if len(seq) <= n:
+                continue
+            e = self._index[n].get(tuple(seq[-n:]))
+            if e is not None:
+                return seq[e:e + self.max_len]
+        return []
+
+    def rate(self, j: int) -> float:
+        rate, w = PRIOR
+        return (self._kept[j] + rate * w) / (self._n[j] + w)
+
+    def choose(self, candidates: list[int]) -> list[int]:
+        """The proposals worth a verify pass: the prefix of ``candidates`` with the best expected
+        tokens per millisecond, if that beats the draft model's rate in this run (without a cost
+        model: all of them)."""
+        if not candidates or self.costs is None:
+            return candidates
+        best_k, best = 0, 0.0
+        e, prod = 1.0, 1.0
+        for k in range(1, len(candidates) + 1):
+            prod *= self.rate(k)
+            e += prod
+            r = e / self.costs.verify(k + 1)
+            if r > best:
+                best_k, best = k, r
+        model = self.model_tokens / self.model_ms if self.model_ms > 0 else 0.0
+        return candidates[:best_k] if best > model else []
+
+    def observe(self, proposed: int, kept: int) -> None:
+        """A verified lookup block: ``proposed`` tokens, the first ``kept`` of them kept."""
+        for j in range(1, min(proposed, self.max_len) + 1):
+            self._n[j] += 1
+            self._kept[j] += j <= kept
+
+    def observe_model(self, tokens: int, drafted: int) -> None:
+        """A draft-model block: the tokens it added (kept + the target's) for ``drafted`` draft
+        tokens, costed by the same model as the copies (measured times would mix in the load of the
+        moment)."""
+        if self.costs is None:
+            return
+        self.model_tokens += tokens
+        self.model_ms += drafted * self.costs.draft_ms + self.costs.verify(drafted + 1)
