@@ -162,3 +162,13 @@ def test_the_app_marks_copied_tokens():
     html = render_tokens([ev, TokenEvent(**{**ev.to_dict(), "source": None})])
     assert html.count("copied") == 1 and "&lt;b&gt;" in html and "<b>" not in html
     assert plain_sentence(ev).startswith("Copied from earlier")
+
+
+def test_position_rates_are_conditional_on_the_tokens_before():
+    from csd.lookup import PRIOR
+
+    lk = Lookup(16)
+    for _ in range(30):
+        lk.observe(8, 2)                  # two kept, the third rejected, five never decided
+    assert lk.rate(1) > 0.9 and lk.rate(2) > 0.9 and lk.rate(3) < 0.1
+    assert lk.rate(4) == pytest.approx(PRIOR[0])      # undecided positions teach nothing
