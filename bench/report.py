@@ -94,6 +94,11 @@ def render_markdown(results: dict) -> str:
                              f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
     if len(results.get("frontier") or []) > 1:
         lines += ["", "## Frontier (all items)", "", frontier_markdown(results["frontier"], meta)]
+    for m, st in ((summary.get("all") or next(iter(summary.values()), {})) if summary else {}).items():
+        if st.get("lookup_blocks") is not None:
+            lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
+                          f"({_pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
+                          f"copied tokens and kept {st['lookup_kept']} ({_pct(st.get('lookup_acceptance'), 0)})."]
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
             lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "

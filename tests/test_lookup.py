@@ -172,3 +172,20 @@ def test_position_rates_are_conditional_on_the_tokens_before():
         lk.observe(8, 2)                  # two kept, the third rejected, five never decided
     assert lk.rate(1) > 0.9 and lk.rate(2) > 0.9 and lk.rate(3) < 0.1
     assert lk.rate(4) == pytest.approx(PRIOR[0])      # undecided positions teach nothing
+
+
+def test_the_report_counts_the_copies():
+    from bench.report import render_markdown
+
+    stats = {"n": 2, "tokens_per_s": 10.0, "mean_accepted_length": 3.0, "acceptance_rate": 0.8,
+             "lookup_blocks": 7, "lookup_drafted": 30, "lookup_kept": 21, "lookup_pass_share": 0.25,
+             "lookup_acceptance": 0.7}
+    results = {"meta": {"command": "x", "started_at": "t", "machine": {"cpu": "c", "torch_threads": 2, "torch": "t",
+                                                                        "transformers": "t"},
+                        "pair": {"draft": "d", "target": "t"}, "dtype": "int8",
+                        "config": {"max_new_tokens": 9, "gamma": "auto", "seed": 0, "lam": 6, "memory_mode": "online"},
+                        "memory": {"patterns": 1, "candidates_at_lambda": 0}},
+               "summary": {"all": {"csd[lookup=16]": stats}}}
+    md = render_markdown(results)
+    assert "Copies from the context in `csd[lookup=16]`: 7 target passes (25% of its passes) verified 30 " \
+           "copied tokens and kept 21 (70%)." in md
