@@ -43,7 +43,7 @@ from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
-from .report import render_markdown, write_charts
+from .report import overall, render_markdown, write_charts
 from .stats import mcnemar_exact, pareto, wilson
 
 log = logging.getLogger(__name__)
@@ -518,9 +518,10 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
     }
     if rs and all(r.lookup_blocks is not None for r in rs):
         blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
-        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=sum(r.lookup_kept for r in rs),
+        copies_kept = sum(r.lookup_kept for r in rs)
+        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=copies_kept,
                  lookup_pass_share=blocks / tp if tp else None,
-                 lookup_acceptance=sum(r.lookup_kept for r in rs) / proposed if proposed else None)
+                 lookup_acceptance=copies_kept / proposed if proposed else None)
     for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
                      (HF_FIXED, "speedup_over_hf_fixed")):
         if rows and ref in rows[0]:
@@ -540,7 +541,7 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
 
 def frontier(summary: dict) -> list[dict]:
     """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
-    stats = summary.get("all") or (next(iter(summary.values())) if summary else {})
+    stats = overall(summary)
     points = []
     for name, s in stats.items():
         points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),

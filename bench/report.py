@@ -27,6 +27,11 @@ def _vs(p: dict | None) -> str:
     return f"+{p['gained']} / −{p['lost']}{pv}"
 
 
+def overall(summary: dict) -> dict:
+    """Per-method figures over all items: the "all" row, or the only dataset's."""
+    return summary.get("all") or (next(iter(summary.values())) if summary else {})
+
+
 def render_markdown(results: dict) -> str:
     meta, summary = results["meta"], results.get("summary") or {}
     cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
@@ -94,7 +99,7 @@ def render_markdown(results: dict) -> str:
                              f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
     if len(results.get("frontier") or []) > 1:
         lines += ["", "## Frontier (all items)", "", frontier_markdown(results["frontier"], meta)]
-    for m, st in ((summary.get("all") or next(iter(summary.values()), {})) if summary else {}).items():
+    for m, st in overall(summary).items():
         if st.get("lookup_blocks") is not None:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
                           f"({_pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "

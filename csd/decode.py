@@ -287,11 +287,13 @@ class Run:
         self.metrics.target_forwards += 1
         return logits
 
-    def _decide(self, drafts, tl, q_rows) -> tuple[list[int], Decision, BlockScores, torch.Tensor | None]:
+    def _decide(self, drafts, tl, q_rows, rescue: Rescue | None = None,
+                learn: bool = True) -> tuple[list[int], Decision, BlockScores, torch.Tensor | None]:
         """Steps 3-4: the rule on the target's logits, then the memory learns the block's divergences.
         Greedy: one host transfer for the whole block (``score_block``). Returns the draft tokens
         (cut after an end token), the decision, the scores and, when sampling or explaining, the
-        target's probabilities."""
+        target's probabilities. ``rescue``: the rule (default the run's; copied tokens use the exact
+        one); ``learn``: whether the memory counts the block's divergences (not for copies)."""
         cfg, m = self.cfg, self.metrics
         m.host_syncs += 1
         if cfg.temperature == 0:
@@ -300,7 +302,7 @@ class Run:
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
             tb = time.perf_counter()
-            d = decide(drafts, scores, self.memory.count, self.rescue)
+            d = decide(drafts, scores, self.memory.count, rescue or self.rescue)
             p = torch.softmax(tl.float(), -1) if cfg.explain else None
         else:
             tb = time.perf_counter()
@@ -308,7 +310,7 @@ class Run:
             q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
             d = verify_sampling(drafts, q, p, tl, self.memory.count, self.rescue, self.gen)
             scores = None
-        for x_t, t_t in d.observed:
+        for x_t, t_t in d.observed if learn else ():
             self.memory.observe(x_t, t_t)
         m.bookkeeping_s += time.perf_counter() - tb
         return drafts, d, scores, p
@@ -442,15 +444,9 @@ class Run:
     def _speculate_copied(self, copied: list[int]) -> Iterator[TokenEvent]:
         """A block of copied tokens: the target verifies them with the exact rule (no rescue, no
         memory update), so greedy output is unchanged; the draft model catches up later."""
-        m = self.metrics
         self._check_stop()
         tl = self._verify(copied)
-        m.host_syncs += 1
-        drafts, scores = score_block(copied, tl)
-        cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
-        drafts, scores = (drafts[:cut], scores.head(cut)) if cut < len(drafts) else (drafts, scores)
-        d = decide(drafts, scores, self.memory.count, self.exact)
-        p = torch.softmax(tl.float(), -1) if self.cfg.explain else None
+        drafts, d, scores, p = self._decide(copied, tl, [], rescue=self.exact, learn=False)
         try:
             yield from self._emit(drafts, [], d, scores, tl, p, [], [], source="lookup")
         finally:
