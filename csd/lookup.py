@@ -14,7 +14,7 @@ millisecond (same cost model) of the run's draft-model blocks so far.
 from __future__ import annotations
 
 N_MAX = 4            # longest suffix matched
-PRIOR = (0.7, 2.0)   # chance of keeping a copied token given the ones before it, before the run has seen it
+PRIOR = (0.7, 2.0)   # chance of keeping the first copied token before the run has seen one, and its weight
 
 
 class Lookup:
@@ -55,10 +55,22 @@ class Lookup:
                 return seq[e:e + self.max_len]
         return []
 
+    def rates(self, k: int) -> list[float]:
+        """``rates(k)[j - 1]``: the chance that copied token j (1..k) is kept, given that tokens
+        1..j-1 were. Each position's estimate starts from the one before it (the first from
+        ``PRIOR``) and moves towards what the run has seen there, so a position never proposed
+        yet inherits the deepest decided one's rate: a run whose copied spans go on learns to
+        propose longer ones, and one whose copies fail learns not to."""
+        out, prev = [], PRIOR[0]
+        w = PRIOR[1]
+        for j in range(1, k + 1):
+            prev = (self._kept[j] + prev * w) / (self._n[j] + w)
+            out.append(prev)
+        return out
+
     def rate(self, j: int) -> float:
         """The chance that copied token j is kept, given that tokens 1..j-1 were."""
-        rate, w = PRIOR
-        return (self._kept[j] + rate * w) / (self._n[j] + w)
+        return self.rates(j)[-1]
 
     def choose(self, candidates: list[int]) -> list[int]:
         """The proposals worth a verify pass: the prefix of ``candidates`` with the best expected
@@ -68,8 +80,8 @@ class Lookup:
             return candidates
         best_k, best = 0, 0.0
         e, prod = 1.0, 1.0
-        for k in range(1, len(candidates) + 1):
-            prod *= self.rate(k)
+        for k, rate in enumerate(self.rates(len(candidates)), start=1):
+            prod *= rate
             e += prod
             r = e / self.costs.verify(k + 1)
             if r > best:

@@ -66,7 +66,7 @@ def test_choice_weighs_the_verify_cost_against_the_drafts_rate():
     lk = Lookup(16, flat)
     for _ in range(20):                              # the draft makes 3 tokens per 3-token block (220 ms)
         lk.observe_model(tokens=3, drafted=3)
-    assert lk.choose(cand)                           # copies at the prior's 50% do
+    assert lk.choose(cand)                           # copies at the prior's rate do
     for _ in range(50):                              # copies were always wrong: a pass for one token
         lk.observe(16, 0)
     assert lk.choose(cand) == []
@@ -171,7 +171,12 @@ def test_position_rates_are_conditional_on_the_tokens_before():
     for _ in range(30):
         lk.observe(8, 2)                  # two kept, the third rejected, five never decided
     assert lk.rate(1) > 0.9 and lk.rate(2) > 0.9 and lk.rate(3) < 0.1
-    assert lk.rate(4) == pytest.approx(PRIOR[0])      # undecided positions teach nothing
+    assert lk.rate(4) == pytest.approx(lk.rate(3))    # an undecided position inherits the deepest decided one
+    assert Lookup(16).rate(5) == pytest.approx(PRIOR[0])
+    long = Lookup(16)
+    for _ in range(30):
+        long.observe(2, 2)                # short proposals that were always kept ...
+    assert long.rate(8) > 0.9             # ... make the longer ones worth trying
 
 
 def test_the_report_counts_the_copies():
