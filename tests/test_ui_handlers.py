@@ -326,8 +326,10 @@ def services(store, gate):
     return tiny_services(store, gate=gate)
 
 
-def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24):
-    return H.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, 0, max_new, 0, False, sess)
+def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
+        lookup=False, temperature=0):
+    return H.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
+                      lookup, sess)
 
 
 @pytest.fixture(scope="module")
@@ -456,6 +458,22 @@ def test_auto_gamma_on_generate(services):
     view = final[-1].last
     assert view.cfg.gamma == "auto" and view.metrics.new_tokens == 16
     assert all(1 <= e.block_len <= 16 for e in view.events if e.block_len)
+
+
+def test_copies_on_generate_keep_sd_output(services):
+    """The Generate tab's copy switch: greedy SD with copies is still SD's answer (the exact rule
+    verifies them), and every kept copy, and nothing else, is underlined."""
+    prompt = "Repeat this line three times: alpha beta gamma delta alpha beta gamma delta"
+    *_, plain = gen(services, prompt=prompt, method="sd", max_new=48)
+    *_, copied = gen(services, prompt=prompt, method="sd", max_new=48, lookup=True)
+    a, b = plain[-1].last, copied[-1].last
+    assert b.cfg.lookup == H.LOOKUP_TOKENS and a.cfg.lookup == 0
+    assert [e.token_id for e in b.events if e.in_output] == [e.token_id for e in a.events if e.in_output]
+    kept = [e for e in b.events if e.source == "lookup"]
+    assert b.metrics.lookup_blocks > 0 and len(kept) == b.metrics.lookup_kept    # the tiny model repeats itself
+    assert copied[0].count("copied") == len(kept)
+    with pytest.raises(gr.Error, match="greedy"):
+        list(gen(services, prompt=prompt, method="sd", lookup=True, temperature=0.7))
 
 
 def test_special_tokens_from_the_engine_render_as_markers(services):

@@ -108,6 +108,9 @@ def build_demo(services: Services) -> gr.Blocks:
                         max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
                                             label="Max new tokens", elem_id="max-new")
                         seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
+                        lookup = gr.Checkbox(False, label=f"Copy from the context: propose up to {H.LOOKUP_TOKENS} "
+                                             "tokens that followed the last few earlier, where the costs say it "
+                                             "pays (greedy, sd and csd; underlined)", elem_id="lookup")
                 gr.HTML(render.render_legend(), elem_id="legend")
                 tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
                 gr.HTML(render.detail_panel(), elem_id="tokens-detail")
@@ -279,7 +282,7 @@ def build_demo(services: Services) -> gr.Blocks:
 
         gen = model_job(gen_btn, "generate", gen_status, partial(H.generate, services),
                         [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
-                         hide_rejected, sess],
+                         hide_rejected, lookup, sess],
                         [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
                         prompt_in=(prompt, chat))
         analyse_inputs = [scope, lam, log10_tau, hide_rejected, sess]

@@ -38,6 +38,7 @@ from .state import RunView, Services, Session, new_session
 log = logging.getLogger(__name__)
 
 SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
+LOOKUP_TOKENS = 16   # the Generate tab's copy length when copying is on (the CLI's --lookup 16)
 WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
 NO_STORE = "No store: start the app with --db to record runs."
@@ -81,15 +82,17 @@ def _as_int(name: str, v) -> int:
 
 
 def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens, seed=None,
-                explain: bool = False, auto_gamma: bool = False) -> CSDConfig:
+                explain: bool = False, auto_gamma: bool = False, lookup: bool = False) -> CSDConfig:
     """The engine's config from slider values (floats from the page), validated by the engine.
-    ``auto_gamma``: the block length is chosen per block from the machine's measured costs."""
+    ``auto_gamma``: the block length is chosen per block from the machine's measured costs;
+    ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     seed = None if seed is None or seed == "" else _as_int("seed", seed)
     cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else _as_int("gamma", gamma), lam=float(lam),
                     tau=tau_from_log10(log10_tau), temperature=float(temperature),
-                    max_new_tokens=_as_int("max new tokens", max_new_tokens), seed=seed, explain=explain)
+                    max_new_tokens=_as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
+                    lookup=LOOKUP_TOKENS if lookup else 0)
     return cfg.validated()
 
 
@@ -386,7 +389,7 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 
 
 def generate(services: Services, prompt: str, chat: bool, method: str, gamma, auto_gamma: bool, lam, log10_tau,
-             temperature, max_new_tokens, seed, hide_rejected: bool, sess: Session | None):
+             temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, sess: Session | None):
     """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
     metrics html, metrics json, what-if line, status line, session)."""
     sess = ensure_session(services, sess)
@@ -396,7 +399,8 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
         return
     with _in_lane(services, job):
-        cfg = _config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma)
+        cfg = _config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma,
+                      lookup=bool(lookup))
         t0 = time.perf_counter()
         run, view = _start(services, sess, job, prompt, chat, cfg, sess.memory)
         sess.last = view
