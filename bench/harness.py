@@ -75,7 +75,7 @@ class Method:
         return self.hf is None and self.cfg.use_ocm
 
 
-SWEEP_KEYS = ("lam", "tau", "gamma", "lookup")
+SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram")
 
 
 def setting_name(setting: dict, base: CSDConfig) -> str:
@@ -100,14 +100,16 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
             continue
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
         if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
-            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N]"
+            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
+                             "[,lookup_ngram=M]]"
                              "[,method=sd|csd|...] (settings separated by ';')")
         try:
             setting = {k: float(v) for k, v in kv.items() if k in ("lam", "tau")}
             if "gamma" in kv:
                 setting["gamma"] = parse_gamma(kv["gamma"])
-            if "lookup" in kv:
-                setting["lookup"] = int(kv["lookup"])
+            for key in ("lookup", "lookup_ngram"):
+                if key in kv:
+                    setting[key] = int(kv[key])
             if "method" in kv:
                 setting["method"] = kv["method"]
             if setting.get("method") in ("ar", *HF_METHODS):

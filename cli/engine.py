@@ -90,6 +90,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="also propose up to N tokens copied from the prompt or the answer where the last tokens "
                         "occurred before (prompt lookup), verified exactly, when the measured costs say it pays "
                         "(greedy only; 0, the default, turns it off)")
+    p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
+                   help=f"the shortest run of recent tokens that must have occurred before for --lookup to copy what "
+                        f"followed it (1..4, default {d.lookup_ngram})")
 
 
 def cmd_generate(args) -> int:
@@ -99,7 +102,7 @@ def cmd_generate(args) -> int:
 
     cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                    lookup=args.lookup).validated()
+                    lookup=args.lookup, lookup_ngram=args.lookup_ngram).validated()
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)

@@ -19,6 +19,7 @@ METHOD_HELP = {
     "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
 }
 GAMMA_RANGE = (1, 32)
+LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
 
 
@@ -39,6 +40,7 @@ class CSDConfig:
     explain: bool = False        # attach draft/target top-k probabilities to events (teach mode)
     explain_top_k: int = 5       # how many target candidates an explained event carries
     lookup: int = 0              # propose up to this many tokens copied from the context when they pay (0: off)
+    lookup_ngram: int = 3        # the shortest recurring suffix (in tokens) that the lookup copies after (1..4)
 
     @property
     def uses_draft(self) -> bool:
@@ -88,6 +90,9 @@ class CSDConfig:
                               "ablation, not ar")
         if self.lookup and self.temperature > 0:
             raise ConfigError("lookup proposals are for greedy decoding (temperature 0) only")
+        if isinstance(self.lookup_ngram, bool) or not isinstance(self.lookup_ngram, int) \
+                or not 1 <= self.lookup_ngram <= LOOKUP_NGRAM_MAX:
+            raise ConfigError(f"lookup_ngram must be an integer in 1..{LOOKUP_NGRAM_MAX}, got {self.lookup_ngram!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         return self

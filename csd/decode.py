@@ -138,7 +138,7 @@ class Run:
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
         self.rescue = Rescue.of(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.tau, pair.special_ids)
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
-        self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None) \
+        self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None, cfg.lookup_ngram) \
             if cfg.lookup and cfg.uses_draft else None
         self.eos = frozenset(pair.eos_ids)
         self.gen = None

@@ -13,7 +13,8 @@ millisecond (same cost model) of the run's draft-model blocks so far.
 """
 from __future__ import annotations
 
-N_MAX = 4            # longest suffix matched
+from .config import LOOKUP_NGRAM_MAX as N_MAX  # longest suffix matched
+
 PRIOR = (0.7, 2.0)   # chance of keeping the first copied token before the run has seen one, and its weight
 
 

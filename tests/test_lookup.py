@@ -83,12 +83,12 @@ def test_choice_weighs_the_verify_cost_against_the_drafts_rate():
 
 
 @pytest.mark.parametrize("method", ["sd", "csd"])
-@pytest.mark.parametrize("gamma", [4, "auto"])
-def test_copied_tokens_keep_greedy_output_and_are_never_rescued(pair, method, gamma):
+@pytest.mark.parametrize("gamma,ngram", [(4, 3), ("auto", 3), ("auto", 1)])
+def test_copied_tokens_keep_greedy_output_and_are_never_rescued(pair, method, gamma, ngram):
     n = 80
     ref = run_all(pair, CSDConfig(method="ar", max_new_tokens=n)).token_ids
     # lam 0 with the widest gate: CSD would rescue any divergence of the draft's
-    cfg = CSDConfig(method=method, gamma=gamma, lam=0, tau=1e-9, max_new_tokens=n, lookup=8)
+    cfg = CSDConfig(method=method, gamma=gamma, lam=0, tau=1e-9, max_new_tokens=n, lookup=8, lookup_ngram=ngram)
     cheap = costs(lambda k: 100.0 + k, 40.0)
     run = run_all(pair, cfg, costs=cheap)
     if method == "sd":
@@ -123,6 +123,9 @@ def test_lookup_is_validated():
         with pytest.raises(ConfigError, match="lookup must be"):
             CSDConfig(lookup=bad).validated()
     assert CSDConfig(lookup=0, temperature=0.7).validated()
+    for bad in (0, 5, 2.0, True):
+        with pytest.raises(ConfigError, match="lookup_ngram must be an integer in 1..4"):
+            CSDConfig(lookup=8, lookup_ngram=bad).validated()
 
 
 def test_the_store_keeps_the_source(tmp_path):
@@ -143,13 +146,17 @@ def test_the_store_keeps_the_source(tmp_path):
 def test_sweep_columns_with_copies():
     from bench.harness import make_methods, parse_sweep
 
-    cols = make_methods("sd,csd", CSDConfig(gamma="auto"), sweep="method=sd,lookup=8;lookup=8;lam=2,lookup=8")
-    assert [c.name for c in cols] == ["sd", "csd", "sd[lookup=8]", "csd[lookup=8]", "csd[lam=2,lookup=8]"]
+    cols = make_methods("sd,csd", CSDConfig(gamma="auto"),
+                        sweep="method=sd,lookup=8;lookup=8;lam=2,lookup=8;lookup=8,lookup_ngram=2")
+    assert [c.name for c in cols] == ["sd", "csd", "sd[lookup=8]", "csd[lookup=8]", "csd[lam=2,lookup=8]",
+                                      "csd[lookup=8,lookup_ngram=2]"]
+    assert cols[-1].cfg.lookup_ngram == 2 and cols[-2].cfg.lookup_ngram == 3
     by = {c.name: c.cfg for c in cols}
     assert by["sd[lookup=8]"].method == "sd" and by["sd[lookup=8]"].lookup == 8 and by["sd"].lookup == 0
     assert by["csd[lam=2,lookup=8]"].lam == 2 and by["csd[lam=2,lookup=8]"].gamma == "auto"
     for bad, needle in (("method=ar,lookup=8", "sd, csd or an ablation"), ("lookup=-3", "lookup must be"),
-                        ("speed=9", "write lam=L")):
+                        ("speed=9", "write lam=L"), ("lookup=8,lookup_ngram=7", "lookup_ngram must be"),
+                        ("lookup=8,lookup_ngram=two", "invalid literal")):
         with pytest.raises(ValueError, match=needle):
             parse_sweep(bad)
 
