@@ -228,8 +228,11 @@ def test_command_line(tmp_path, capsys):
     res = json.loads((tmp_path / "a" / "results.json").read_text())
     assert res["summary"]["synthetic-tiny"]["sd"]["tokens_per_s"] > 0
     assert "| csd |" in capsys.readouterr().out
-    assert synthetic_main([*args, "--out", str(tmp_path / "b")]) == 0       # torch + transformers only
+    assert synthetic_main([*args, "--repeats", "2", "--out", str(tmp_path / "b")]) == 0   # torch + transformers only
     assert (tmp_path / "b" / "results.md").exists()
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["meta"]["config"]["repeats"] == 2
+    assert synthetic_main([*args, "--repeats", "0", "--out", str(tmp_path / "e")]) == 2
+    assert "--repeats must be a whole number in 1..20" in capsys.readouterr().err
     assert main(["bench", "--synthetic", "--dataset", "gsm8k", "--out", str(tmp_path / "c")]) == 2
     assert "--dataset" in capsys.readouterr().err and not (tmp_path / "c").exists()
     assert synthetic_main(["--acceptance", "1.5", "--out", str(tmp_path / "d")]) == 2
