@@ -327,14 +327,17 @@ def test_two_users_share_the_model_and_stop_works_while_queued(browser, tiny_url
         assert gate.reached.wait(60)
         start(b, "the dog ran to the hill", 12, gamma=4)
         wait_status(b, "1 request ahead of yours")       # B's queue position, beside B's Generate button
-        assert "verify pass 1 running" in status(b)
+        wait_status(b, "verify pass 1 running")          # and what the request ahead is doing
         b.screenshot(path=str(shots / "queued-second-user.png"))
         b.click("#stop-btn")                            # B gives up while waiting
         wait_status(b, "Stopping… (it will not start)")
         gate.open()
         wait_status(a, "Done: 12 tokens")
         wait_status(b, "Stopped before it started")
-        passes = int(re.search(r"in (\d+) verify pass", status(a)).group(1))
+        # read it when it is there: a status timer's re-render can leave the line empty for a moment
+        done = a.wait_for_function("() => { const t = document.querySelector('#gen-status')?.innerText || '';"
+                                   " return /in \\d+ verify pass/.test(t) ? t : null; }", timeout=WAIT_MS).json_value()
+        passes = int(re.search(r"in (\d+) verify pass", done).group(1))
         assert gate.calls == 1 + passes                 # A's prefill and passes: B never ran
         assert b.locator("#tokens .tok").count() == 0
 
