@@ -295,6 +295,7 @@ class Run:
         target's probabilities. ``rescue``: the rule (default the run's; copied tokens use the exact
         one); ``learn``: whether the memory counts the block's divergences (not for copies)."""
         cfg, m = self.cfg, self.metrics
+        rule = rescue or self.rescue
         m.host_syncs += 1
         if cfg.temperature == 0:
             drafts, scores = score_block(drafts, tl)        # the argmax work SD needs anyway (not bookkeeping)
@@ -302,13 +303,13 @@ class Run:
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
             tb = time.perf_counter()
-            d = decide(drafts, scores, self.memory.count, rescue or self.rescue)
+            d = decide(drafts, scores, self.memory.count, rule)
             p = torch.softmax(tl.float(), -1) if cfg.explain else None
         else:
             tb = time.perf_counter()
             p = torch.softmax(tl / cfg.temperature, -1)
             q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
-            d = verify_sampling(drafts, q, p, tl, self.memory.count, self.rescue, self.gen)
+            d = verify_sampling(drafts, q, p, tl, self.memory.count, rule, self.gen)
             scores = None
         for x_t, t_t in d.observed if learn else ():
             self.memory.observe(x_t, t_t)

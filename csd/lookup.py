@@ -62,8 +62,7 @@ class Lookup:
         ``PRIOR``) and moves towards what the run has seen there, so a position never proposed
         yet inherits the deepest decided one's rate: a run whose copied spans go on learns to
         propose longer ones, and one whose copies fail learns not to."""
-        out, prev = [], PRIOR[0]
-        w = PRIOR[1]
+        out, (prev, w) = [], PRIOR
         for j in range(1, k + 1):
             prev = (self._kept[j] + prev * w) / (self._n[j] + w)
             out.append(prev)
