@@ -178,6 +178,7 @@ class LeanLM(LM):
         self.n_layers = len(self.layers)
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.inter = base.layers[0].mlp.gate_proj.weight.shape[0]
+        self._hidden_shape = (cfg.hidden_size,)
 
     @property
     def device(self) -> torch.device:
@@ -197,9 +198,9 @@ class LeanLM(LM):
         cache.n = length
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * h.to(x.dtype)
+        # one fused kernel (ATen's _fused_rms_norm, float accumulation): 2x faster per call than the
+        # five elementwise ops of transformers' Qwen2RMSNorm on the AMD EPYC, and the same values
+        return F.rms_norm(x, self._hidden_shape, w, self.eps)
 
     def _rope(self, start: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(start, start + t, dtype=torch.float32, device=self._device)
@@ -210,7 +211,7 @@ class LeanLM(LM):
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+        return x * cos + torch.cat((x[..., half:].neg(), x[..., :half]), -1) * sin
 
     def _grow(self, cache: LeanCache, need: int) -> None:
         cap = cache.k.shape[2]
@@ -226,23 +227,24 @@ class LeanLM(LM):
         ids = ids_tensor(ids, self._device)
         t, start = ids.numel(), cache.n
         self._grow(cache, start + t)
-        x = self.embed[ids.view(-1)][None]                                                   # (1, T, hidden)
-        cos, sin = self._rope(start, t)                                              # (T, D)
+        x = self.embed[ids.view(-1)][None]                                             # (1, T, hidden)
+        cos, sin = self._rope(start, t)
+        cos, sin = cos[:, None], sin[:, None]                                  # (T, 1, D): over all heads
         mask = None
         if t > 1:   # causal within the new tokens, everything cached is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=self._device).tril(start)
         end = start + t
+        h_q, h_qk = self.n_heads, self.n_heads + self.n_kv
         for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(self.layers):
-            h = qkv(self._rms(x, ln1))                                              # (1, T, (H + 2KV) D)
-            q, k, v = h.split((self.q_size, self.kv_size, self.kv_size), -1)
-            q = self._rotate(q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)  # (1, H, T, D)
-            k = self._rotate(k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)     # (1, KV, T, D)
-            cache.k[li, :, start:end] = k[0]
-            cache.v[li, :, start:end] = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
-            a = F.scaled_dot_product_attention(q, cache.k[li:li + 1, :, :end], cache.v[li:li + 1, :, :end],
-                                               attn_mask=mask, scale=self.scaling, enable_gqa=True)  # (1, H, T, D)
+            h = qkv(self._rms(x, ln1)).view(t, h_qk + self.n_kv, self.head_dim)    # (T, H + 2 KV, D)
+            qk = self._rotate(h[:, :h_qk], cos, sin)              # queries and keys rotated in one go
+            cache.k[li, :, start:end] = qk[:, h_q:].transpose(0, 1)
+            cache.v[li, :, start:end] = h[:, h_qk:].transpose(0, 1)
+            a = F.scaled_dot_product_attention(qk[:, :h_q].transpose(0, 1)[None], cache.k[li:li + 1, :, :end],
+                                               cache.v[li:li + 1, :, :end], attn_mask=mask, scale=self.scaling,
+                                               enable_gqa=True)                             # (1, H, T, D)
             x = x + o(a.transpose(1, 2).reshape(1, t, self.q_size))
-            g, u = gate_up(self._rms(x, ln2)).split((self.inter, self.inter), -1)
-            x = x + down(F.silu(g) * u)
+            gu = gate_up(self._rms(x, ln2))
+            x = x + down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
         cache.n = end
         return self.head(self._rms(x[0, -keep:], self.norm)).float()                # (keep, V or len(vocab_ids))
