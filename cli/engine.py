@@ -89,7 +89,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup", type=int, default=d.lookup,
                    help="also propose up to N tokens copied from the prompt or the answer where the last tokens "
                         "occurred before (prompt lookup), verified exactly, when the measured costs say it pays "
-                        "(greedy only; 0, the default, turns it off)")
+                        "(greedy or sampled: the output's distribution stays the target's; 0, the default, turns it off)")
     p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
                    help=f"the shortest run of recent tokens that must have occurred before for --lookup to copy what "
                         f"followed it (1..4, default {d.lookup_ngram})")

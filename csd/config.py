@@ -88,8 +88,6 @@ class CSDConfig:
         if self.lookup and not self.uses_draft:
             raise ConfigError("lookup proposals are verified like draft tokens: use them with sd, csd or an "
                               "ablation, not ar")
-        if self.lookup and self.temperature > 0:
-            raise ConfigError("lookup proposals are for greedy decoding (temperature 0) only")
         if isinstance(self.lookup_ngram, bool) or not isinstance(self.lookup_ngram, int) \
                 or not 1 <= self.lookup_ngram <= LOOKUP_NGRAM_MAX:
             raise ConfigError(f"lookup_ngram must be an integer in 1..{LOOKUP_NGRAM_MAX}, got {self.lookup_ngram!r}")

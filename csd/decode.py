@@ -444,12 +444,20 @@ class Run:
 
     def _speculate_copied(self, copied: list[int]) -> Iterator[TokenEvent]:
         """A block of copied tokens: the target verifies them with the exact rule (no rescue, no
-        memory update), so greedy output is unchanged; the draft model catches up later."""
+        memory update), so the output is distributed as the target's, greedy or sampled; the draft
+        model catches up later. When sampling, a copy is a proposal with all its mass on one token
+        (q = one-hot): rejection sampling keeps it with probability p(x) and otherwise draws from p
+        without x, the target's distribution again (Leviathan et al. 2023, with a point-mass draft)."""
         self._check_stop()
         tl = self._verify(copied)
-        drafts, d, scores, p = self._decide(copied, tl, [], rescue=self.exact, learn=False)
+        q_rows = []
+        if self.cfg.temperature > 0:
+            q = torch.zeros(len(copied), tl.shape[-1], device=tl.device)
+            q[torch.arange(len(copied)), ids_tensor(copied, tl.device)] = 1.0
+            q_rows = list(q)
+        drafts, d, scores, p = self._decide(copied, tl, q_rows, rescue=self.exact, learn=False)
         try:
-            yield from self._emit(drafts, [], d, scores, tl, p, [], [], source="lookup")
+            yield from self._emit(drafts, [], d, scores, tl, p, q_rows, [], source="lookup")
         finally:
             kept = next((i for i, v in enumerate(d.verdicts) if v.status == REJECTED), len(d.verdicts))
             self.lookup.observe(len(drafts), kept)

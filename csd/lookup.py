@@ -2,7 +2,9 @@
 occurred earlier in the prompt or the answer, the tokens that followed them there are proposed as
 the next block, at no draft cost. The target verifies them in its usual pass with the exact rule
 (never rescued, never counted into the memory: the memory is about the draft model's divergences),
-so greedy output stays the target's own.
+so greedy output stays the target's own, and sampled output keeps the target's distribution (a
+copy is a proposal with all its mass on one token: kept with probability p(x), else replaced by a
+draw from p without x).
 
 Code answers repeat the prompt's signatures and names, math answers its numbers: replaying SD's
 94 frontier answers (the target's greedy output), a 3-gram match proposes 8 tokens of which the

@@ -58,15 +58,18 @@ def exact_two_token_distribution(model, prompt, temp):
     return out
 
 
-def sample_pairs(tiny_pair, method, n, temp):
+def sample_pairs(tiny_pair, method, n, temp, prompt=PROMPT, lookup=0, runs=None):
     dec = Decoder(tiny_pair)
     g = torch.Generator().manual_seed(1234)
     seeds = torch.randint(0, 2 ** 31, (n,), generator=g).tolist()
     c = Counter()
     for s in seeds:
-        run = dec.run(PROMPT, CSDConfig(method=method, gamma=3, temperature=temp, max_new_tokens=2, seed=s))
+        run = dec.run(prompt, CSDConfig(method=method, gamma=3, temperature=temp, max_new_tokens=2, seed=s,
+                                        lookup=lookup))
         list(run)
         c[tuple(run.token_ids[:2])] += 1
+        if runs is not None:
+            runs.append(run)
     return c
 
 
@@ -108,3 +111,26 @@ def test_sampled_runs_are_reproducible_with_a_seed(tiny_pair, one_thread):
     b = dec.run(PROMPT, CSDConfig(method="sd", temperature=0.8, seed=7, max_new_tokens=20))
     list(a), list(b)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20
+
+
+def test_sampled_copies_keep_the_target_distribution(tiny_pair, one_thread):
+    """Copies from the context while sampling: the prompt ends with a 3-gram seen before, so every
+    run's first pass verifies the copied token that followed it (a point-mass proposal). Kept with
+    probability p(x), replaced by a draw from p without x otherwise: the two new tokens must still
+    follow the target's joint distribution. Accepting copies outright would put the copied token's
+    mass near 1 at the first position, which the marginal check rejects."""
+    prompt, copied, temp, n = [10, 4, 6, 15, 10, 4, 6], 15, 1.0, 2000   # p(copy) = 0.29 under the tiny target
+    exact = exact_two_token_distribution(tiny_pair.target, prompt, temp)
+    first = marginal(exact, 0)
+    assert 0.05 < first.get(copied, 0.0) < 0.6, "the copied token should be neither rare nor certain"
+    runs = []
+    got = sample_pairs(tiny_pair, "sd", n, temp, prompt=prompt, lookup=8, runs=runs)
+    assert all(r.metrics.lookup_blocks >= 1 for r in runs), "every run should start with a copy"
+    kept = sum(r.metrics.lookup_kept for r in runs) / n
+    assert abs(kept - first[copied]) < 0.04, f"copies kept {kept:.3f} of the time, p(copy) = {first[copied]:.3f}"
+    # this joint is flatter than the other test's: 2,000 exact draws are 0.044 away from it on average
+    # (0.055 at most in 20 tries), so the joint's tolerance is 0.07; a verifier that drew the
+    # replacement from p instead of p without the copy would move the first marginal by 0.2
+    assert total_variation(got, exact) < 0.07
+    for i in (0, 1):
+        assert total_variation(Counter(marginal(got, i)), marginal(exact, i)) < 0.04

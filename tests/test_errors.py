@@ -125,7 +125,7 @@ def cli(*args, timeout=120):
     (["generate", "--prompt", "hi", "--temperature", "-1"], "error: temperature must be >= 0"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "error: max_new_tokens must be an integer >= 1"),
     (["generate", "--prompt", "hi", "--lookup", "-1"], "error: lookup must be an integer in 0..32"),
-    (["generate", "--prompt", "hi", "--lookup", "8", "--temperature", "0.7"], "greedy decoding (temperature 0) only"),
+    (["generate", "--prompt", "hi", "--lookup", "8", "--method", "ar"], "use them with sd, csd or an ablation, not ar"),
     (["generate", "--prompt", "hi", "--lookup", "8", "--lookup-ngram", "0"], "error: lookup_ngram must be an integer in 1..4"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "40000", "--no-db"], "exceeds the model's context of 32768"),
     (["generate", "--prompt", "hi", "--no-db", "--draft", "nobody/none", "--target", "nobody/none"],

@@ -110,7 +110,7 @@ def build_demo(services: Services) -> gr.Blocks:
                         seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
                         lookup = gr.Checkbox(False, label=f"Copy from the context: propose up to {H.LOOKUP_TOKENS} "
                                              "tokens that followed the last few earlier, where the costs say it "
-                                             "pays (greedy, sd and csd; underlined)", elem_id="lookup")
+                                             "pays (sd and csd; underlined)", elem_id="lookup")
                 gr.HTML(render.render_legend(), elem_id="legend")
                 tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
                 gr.HTML(render.detail_panel(), elem_id="tokens-detail")
