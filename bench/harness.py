@@ -124,14 +124,18 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
 
 def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
     """The benchmark's columns: named methods, then one CSD column per sweep setting (the setting
-    equal to ``base`` is the plain ``csd`` column)."""
+    equal to ``base`` is the plain ``csd`` column). ``base.lookup`` is the drafting columns' copy
+    length; ar and the transformers columns never copy."""
+    plain = replace(base, lookup=0)
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     out: list[Method] = []
     for m in dict.fromkeys(names):
         if m not in BENCH_METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
         if m in HF_METHODS:
-            out.append(Method(m, replace(base, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
+            out.append(Method(m, replace(plain, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
+        elif m == "ar":
+            out.append(Method(m, replace(plain, method="ar")))
         else:
             out.append(Method(m, replace(base, method=m)))
     for setting in parse_sweep(sweep):
@@ -313,11 +317,12 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
               max_new_tokens: int = 128, out_dir: str | os.PathLike = "bench-results", seed: int = 0,
               store=None, progress: Progress | None = None, *, gamma: int | str = 6, lam: float = 6,
               tau: float = 0.01, sweep=None, memory=None, memory_mode: str = "online", warmup: bool = True,
-              show_bar: bool = True, command: str = "", costs=None, gamma_max: int = 16) -> dict:
+              show_bar: bool = True, command: str = "", costs=None, gamma_max: int = 16, lookup: int = 0) -> dict:
     """Benchmark ``methods`` (and one CSD column per ``sweep`` setting) on ``limit`` items of each
     dataset (fixed by ``seed``) and write the outputs to ``out_dir``. ``store``: a ``db.store.Store``
     to record every generation in, or None. ``memory``: the start memory of the memory methods
-    (default: the pair's calibrated memory). Returns the results dict (also in ``results.json``).
+    (default: the pair's calibrated memory). ``lookup``: copies from the context in the drafting
+    columns (0: none, the paper's methods alone). Returns the results dict (also in ``results.json``).
     On KeyboardInterrupt, the outputs hold the finished items and the interrupt propagates."""
     from tqdm.auto import tqdm
 
@@ -327,8 +332,8 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     if memory_mode not in MEMORY_MODES:
         raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {memory_mode!r}")
     try:
-        base = CSDConfig(method="ar", gamma=gamma, gamma_max=gamma_max, lam=lam, tau=tau,
-                         max_new_tokens=max_new_tokens).validated()
+        base = CSDConfig(method="csd", gamma=gamma, gamma_max=gamma_max, lam=lam, tau=tau,
+                         max_new_tokens=max_new_tokens, lookup=lookup).validated()
     except ConfigError as e:
         raise ValueError(str(e)) from None
     cols = make_methods(methods, base, sweep)
@@ -632,8 +637,9 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
         "humaneval_isolation": _isolation(),
         "config": {"datasets": datasets, "limit": limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
-                                         "tau": m.cfg.tau, "hf": m.hf} for m in cols},
-                   "max_new_tokens": base.max_new_tokens, "seed": seed, "gamma": base.gamma, "lam": base.lam,
+                                         "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf} for m in cols},
+                   "max_new_tokens": base.max_new_tokens, "seed": seed, "gamma": base.gamma, "lookup": base.lookup,
+                   "lam": base.lam,
                    "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": memory_mode,
                    "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
                    "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "

@@ -4,6 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _copies(lookup) -> str:
+    """The drafting columns' copy length as the header says it (runs before it existed had none)."""
+    return f"up to {lookup} (--lookup)" if lookup else "off"
+
+
 def _fmt(x, spec=".2f", suffix="") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
@@ -46,7 +51,7 @@ def render_markdown(results: dict) -> str:
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**, draft "
         f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
-        f"seed {cfg['seed']}",
+        f"copies from the context {_copies(cfg.get('lookup'))}, seed {cfg['seed']}",
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
         f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
     ]

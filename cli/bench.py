@@ -16,7 +16,7 @@ from bench.harness import (
     validate_methods,
 )
 from bench.synthetic import add_synthetic_args
-from csd.config import CSDConfig, parse_gamma
+from csd.config import DEFAULT_LOOKUP, CSDConfig, parse_gamma
 
 from .common import add_model_args, load_from_args, open_store
 
@@ -45,6 +45,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
     p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda of the csd column")
     p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau of the csd column")
+    p.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
+                   help=f"copies from the context in the sd, csd and ablation columns: up to N tokens proposed where "
+                        f"the costs say they pay, verified exactly (default {DEFAULT_LOOKUP}; 0: the paper's methods "
+                        f"alone, as in the README's earlier figures)")
     p.add_argument("--sweep", default=None,
                    help="more CSD settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...'")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
@@ -58,7 +62,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
-_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "memory", "draft", "target", "draft_vocab", "device_map", "db")
+_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db")
 
 
 def cmd_bench(args) -> int:
@@ -83,7 +87,8 @@ def cmd_bench(args) -> int:
         res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
                         args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
                         tau=args.tau, sweep=args.sweep, memory=memory, memory_mode=args.memory_mode,
-                        warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max)
+                        warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max,
+                        lookup=args.lookup)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
         return 130

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from csd.config import GAMMA_AUTO, METHOD_HELP, METHODS, CSDConfig, parse_gamma
+from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHOD_HELP, METHODS, CSDConfig, default_lookup, parse_gamma
 
 from .common import add_model_args, load_from_args, open_store, tqdm_progress, warn_memory_mismatch
 
@@ -86,10 +86,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
     p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
     p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
-    p.add_argument("--lookup", type=int, default=d.lookup,
+    p.add_argument("--lookup", type=int, default=None,
                    help="also propose up to N tokens copied from the prompt or the answer where the last tokens "
                         "occurred before (prompt lookup), verified exactly, when the measured costs say it pays "
-                        "(greedy or sampled: the output's distribution stays the target's; 0, the default, turns it off)")
+                        f"(greedy or sampled: the output's distribution stays the target's; default {DEFAULT_LOOKUP} "
+                        "with sd, csd and the ablations; 0 turns it off: the paper's method alone)")
     p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
                    help=f"the shortest run of recent tokens that must have occurred before for --lookup to copy what "
                         f"followed it (1..4, default {d.lookup_ngram})")
@@ -102,7 +103,8 @@ def cmd_generate(args) -> int:
 
     cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                    lookup=args.lookup, lookup_ngram=args.lookup_ngram).validated()
+                    lookup=default_lookup(args.method) if args.lookup is None else args.lookup,
+                    lookup_ngram=args.lookup_ngram).validated()
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)
@@ -141,7 +143,9 @@ def cmd_generate(args) -> int:
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
               f"accepted {m.accepted_share:.1%} and rescued {m.rescued_share:.1%} of {m.drafted} draft tokens "
-              f"({m.rescued} rescued); target {pair.target_repr}, draft {pair.draft_dtype or '-'}", file=sys.stderr)
+              f"({m.rescued} rescued)" + (f"; {m.lookup_kept} of {m.lookup_drafted} tokens copied from the context kept "
+                                          f"in {m.lookup_blocks} passes" if cfg.lookup else "") +
+              f"; target {pair.target_repr}, draft {pair.draft_dtype or '-'}", file=sys.stderr)
     return 130 if cancelled else 0
 
 

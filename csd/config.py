@@ -21,6 +21,14 @@ METHOD_HELP = {
 GAMMA_RANGE = (1, 32)
 LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
+# Copies from the context proposed by the command line, the benchmark and the Generate tab unless told
+# otherwise (csd.lookup; faster on code, verified exactly). CSDConfig itself keeps 0: the paper's method.
+DEFAULT_LOOKUP = 16
+
+
+def default_lookup(method: str) -> int:
+    """The product's copy length for ``method``: copies are verified like draft tokens, so ar has none."""
+    return 0 if method == "ar" else DEFAULT_LOOKUP
 
 
 class ConfigError(ValueError):

@@ -28,7 +28,9 @@ def test_generate_json_records_and_exports(tmp_path):
     assert out["text"] and len(out["token_ids"]) == 16 == out["metrics"]["new_tokens"]
     assert {"target_forwards", "mean_accepted_length", "rescued", "wall_s"} <= set(out["metrics"])
     m = out["metrics"]
-    kept = m["accepted"] + m["rescued"]   # each target pass adds one token of its own (no EOS within 16 here)
+    assert out["config"]["lookup"] == 16    # the command line copies from the context unless --lookup 0
+    # each target pass adds one token of its own (no EOS within 16 here), besides the kept draft tokens and copies
+    kept = m["accepted"] + m["rescued"] + m["lookup_kept"]
     assert m["new_tokens"] == kept + m["target_forwards"] or m["stopped_by"] == "eos"
     statuses = [e["status"] for e in out["events"]]
     assert set(statuses) <= {"accepted", "rescued", "rejected", "corrected", "bonus"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_pair, perturbed, tiny_model
-from csd.config import ConfigError, CSDConfig
+from csd.config import DEFAULT_LOOKUP, ConfigError, CSDConfig, default_lookup
 from csd.decode import Decoder
 from csd.events import ACCEPTED, RESCUED, RULE_MATCH, TokenEvent
 from csd.lookup import Lookup
@@ -158,6 +158,22 @@ def test_sweep_columns_with_copies():
                         ("lookup=8,lookup_ngram=two", "invalid literal")):
         with pytest.raises(ValueError, match=needle):
             parse_sweep(bad)
+
+
+def test_the_benchmark_copies_in_its_drafting_columns_only():
+    """``bench --lookup N`` (default 16) gives the sd, csd and ablation columns copies; ar and the
+    transformers columns never have any, and a sweep column can turn them off (the paper's method)."""
+    from bench.harness import make_methods
+    from cli import build_parser
+
+    assert build_parser().parse_args(["bench"]).lookup == DEFAULT_LOOKUP == 16
+    assert default_lookup("csd") == default_lookup("sd") == 16 and default_lookup("ar") == 0   # generate's default
+    cols = make_methods("ar,sd,csd,ocm-only,hf-assisted,hf-assisted-fixed", CSDConfig(gamma="auto", lookup=16),
+                        sweep="lookup=0;method=sd,lookup=0")
+    by = {c.name: c.cfg.lookup for c in cols}
+    assert by == {"ar": 0, "sd": 16, "csd": 16, "ocm-only": 16, "hf-assisted": 0, "hf-assisted-fixed": 0,
+                  "csd[lookup=0]": 0, "sd[lookup=0]": 0}
+    assert all(c.cfg.validated() for c in cols)
 
 
 def test_the_app_marks_copied_tokens():

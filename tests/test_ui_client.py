@@ -59,18 +59,19 @@ def test_endpoints_are_named(client):
         assert name in names, name
 
 
-def test_generate_takes_the_copy_switch_last_and_defaults_it_off(client):
-    """Scripts written before the switch existed (11 values) still work; a 12th turns copying on."""
+def test_generate_takes_the_copy_switch_last_and_defaults_it_on(client):
+    """Scripts written before the switch existed (11 values) still work, with the tab's default
+    (copies on, as the command line's --lookup 16); a 12th value False turns copying off."""
     params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
-    assert params[-1]["parameter_name"] == "lookup" and params[-1]["parameter_default"] is False
+    assert params[-1]["parameter_name"] == "lookup" and params[-1]["parameter_default"] is True
     code = "Repeat this code exactly, in a python block:\ndef add(a, b):\n    total = a + b\n    return total"
-    tokens, *_, metrics, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32), True,
+    tokens, *_, metrics, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32),
                                                             api_name="/generate")
     assert metrics["lookup_blocks"] > 0                          # the answer repeats the prompt's tokens
     assert len(re.findall(r'class="tok [^"]*\bcopied\b', tokens)) == metrics["lookup_kept"]
-    *_, plain, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32),
+    *_, plain, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32), False,
                                                   api_name="/generate")
-    assert plain["lookup_blocks"] == 0                            # 11 values: the switch stays off
+    assert plain["lookup_blocks"] == 0                            # the 12th value turns it off
 
 
 def test_generate_streams_one_update_per_verify_pass(client):

@@ -472,8 +472,12 @@ def test_copies_on_generate_keep_sd_output(services):
     kept = [e for e in b.events if e.source == "lookup"]
     assert b.metrics.lookup_blocks > 0 and len(kept) == b.metrics.lookup_kept    # the tiny model repeats itself
     assert copied[0].count("copied") == len(kept)
-    with pytest.raises(gr.Error, match="greedy"):
-        list(gen(services, prompt=prompt, method="sd", lookup=True, temperature=0.7))
+    # sampled copies run too (their distribution is tested in test_decode_tiny), and the switch means
+    # nothing to ar, which has no draft block to copy into
+    *_, sampled = gen(services, prompt=prompt, method="sd", max_new=48, lookup=True, temperature=0.7)
+    assert sampled[-1].last.cfg.lookup == H.LOOKUP_TOKENS and sampled[-1].last.metrics.new_tokens > 0
+    *_, ar = gen(services, prompt=prompt, method="ar", max_new=8, lookup=True)
+    assert ar[-1].last.cfg.lookup == 0 and ar[-1].last.metrics.lookup_blocks == 0
 
 
 def test_special_tokens_from_the_engine_render_as_markers(services):

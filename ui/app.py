@@ -108,7 +108,7 @@ def build_demo(services: Services) -> gr.Blocks:
                         max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
                                             label="Max new tokens", elem_id="max-new")
                         seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
-                        lookup = gr.Checkbox(False, label=f"Copy from the context: propose up to {H.LOOKUP_TOKENS} "
+                        lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {H.LOOKUP_TOKENS} "
                                              "tokens that followed the last few earlier, where the costs say it "
                                              "pays (sd and csd; underlined)", elem_id="lookup")
                 gr.HTML(render.render_legend(), elem_id="legend")

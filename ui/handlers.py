@@ -24,7 +24,7 @@ import numpy as np
 
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
-from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig
+from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig
 from csd.events import REJECTED, STATUSES, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import log_tau, rescues
@@ -38,7 +38,7 @@ from .state import RunView, Services, Session, new_session
 log = logging.getLogger(__name__)
 
 SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
-LOOKUP_TOKENS = 16   # the Generate tab's copy length when copying is on (the CLI's --lookup 16)
+LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
 WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
 NO_STORE = "No store: start the app with --db to record runs."
@@ -85,14 +85,15 @@ def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens,
                 explain: bool = False, auto_gamma: bool = False, lookup: bool = False) -> CSDConfig:
     """The engine's config from slider values (floats from the page), validated by the engine.
     ``auto_gamma``: the block length is chosen per block from the machine's measured costs;
-    ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay."""
+    ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
+    and the ablations; the switch means nothing to ar)."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     seed = None if seed is None or seed == "" else _as_int("seed", seed)
     cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else _as_int("gamma", gamma), lam=float(lam),
                     tau=tau_from_log10(log10_tau), temperature=float(temperature),
                     max_new_tokens=_as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
-                    lookup=LOOKUP_TOKENS if lookup else 0)
+                    lookup=LOOKUP_TOKENS if lookup and method != "ar" else 0)   # ar drafts nothing to copy into
     return cfg.validated()
 
 
