@@ -451,7 +451,7 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
                   label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200],
                   target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None)
     if m.hf is None and m.cfg.uses_draft:
-        fields.update({k: v for k, v in m.cfg.run_fields().items() if k in ("gamma", "lam", "tau")})
+        fields.update({k: v for k, v in m.cfg.run_fields().items() if k in ("gamma", "lam", "tau", "lookup")})
     with store.record(**fields) as rec:
         if run is None:
             rec.result(r.text, {"new_tokens": r.new_tokens, "target_forwards": r.target_passes,

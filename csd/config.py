@@ -106,7 +106,8 @@ class CSDConfig:
     def run_fields(self) -> dict:
         """The parameters a stored run records (gamma "auto" is stored as 0)."""
         return dict(method=self.method, gamma=0 if self.gamma == GAMMA_AUTO else self.gamma, lam=self.lam,
-                    tau=self.tau, temperature=self.temperature, seed=self.seed, max_new_tokens=self.max_new_tokens)
+                    tau=self.tau, temperature=self.temperature, seed=self.seed, max_new_tokens=self.max_new_tokens,
+                    lookup=self.lookup)
 
 
 def parse_gamma(value: str | int) -> int | str:

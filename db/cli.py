@@ -41,7 +41,8 @@ def _fmt(v) -> str:
 def cmd_runs_list(args) -> int:
     with Store.open(getattr(args, "db", None)) as store:
         runs = runs_list(store, getattr(args, "limit", 20))
-    cols = ("id", "created_at", "kind", "method", "pair_id", "gamma", "lam", "tau", "status", "n_events", "label")
+    cols = ("id", "created_at", "kind", "method", "pair_id", "gamma", "lam", "tau", "lookup", "status", "n_events",
+            "label")
     table = [cols] + [tuple(_fmt(r[c].strftime("%Y-%m-%d %H:%M:%S") if c == "created_at" else r[c])
                             for c in cols) for r in runs]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]

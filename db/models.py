@@ -55,6 +55,7 @@ class Run(Base):
     temperature: Mapped[float | None]
     seed: Mapped[int | None] = mapped_column(BigInteger)
     max_new_tokens: Mapped[int | None]
+    lookup: Mapped[int | None]                                         # copies from the context: up to N, 0 none
     prompt: Mapped[str] = mapped_column(Text, default="")
     output_text: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict | None]                                       # RunMetrics.to_dict()

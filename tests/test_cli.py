@@ -37,7 +37,11 @@ def test_generate_json_records_and_exports(tmp_path):
     assert [e["token_id"] for e in out["events"] if e["status"] != "rejected"] == out["token_ids"]
 
     runs = cli("runs", "list", "--db", db).stdout
-    assert "csd" in runs and "finished" in runs
+    assert "csd" in runs and "finished" in runs and "lookup" in runs.splitlines()[0]
+    from db import analytics
+    from db.store import Store
+    with Store.open(db) as store:
+        assert analytics.runs_list(store)[0]["lookup"] == 16          # the run records its copy length
     exported = cli("runs", "export", "1", "--format", "csv", "--db", db).stdout
     rows = list(csv.DictReader(io.StringIO(exported)))
     assert [r["status"] for r in rows] == statuses
