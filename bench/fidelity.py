@@ -4,6 +4,11 @@ For each representation (float32 is the reference): greedy AR answers compared w
 (whole answers identical, length of the common prefix), greedy SD compared with AR within the
 same representation (identical answers: SD is exact only when the verify pass rounds like a
 one-token pass), and accuracy of the AR answers on the graded items. Items as in the benchmark.
+
+``--compare A/results.json B/results.json`` instead pairs two benchmark runs item by item (the same
+seed draws the same items, so a smaller run is a prefix of a larger one): graded accuracy of each
+with the exact McNemar test, identical answers and the common prefix. That is how long answers in
+two representations are compared without running both again (a float32 run beside an int8 one).
 """
 from __future__ import annotations
 
@@ -26,6 +31,40 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = ("a", "b")) -> dict:
+    """Two benchmark results (``results.json``) paired on the items both ran with ``method``:
+    per dataset and over all, each run's graded accuracy (Wilson interval), the discordant pairs
+    and their exact McNemar p, answers identical token for token, the mean common prefix."""
+    from .stats import mcnemar_exact, wilson
+
+    def answers(res):
+        return {(r["dataset"], r["item_id"]): r for r in res["items"] if r["method"] == method}
+    ra, rb = answers(a), answers(b)
+    both = [k for k in ra if k in rb]
+    if not both:
+        raise ValueError(f"the two runs have no item in common with method {method!r}")
+    out = {}
+    for ds in [*sorted({k[0] for k in both}), "all"]:
+        keys = [k for k in both if ds == "all" or k[0] == ds]
+        graded = [k for k in keys if ra[k].get("correct") is not None and rb[k].get("correct") is not None]
+        ka = sum(bool(ra[k]["correct"]) for k in graded)
+        kb = sum(bool(rb[k]["correct"]) for k in graded)
+        only_a = sum(bool(ra[k]["correct"]) and not rb[k]["correct"] for k in graded)
+        only_b = sum(bool(rb[k]["correct"]) and not ra[k]["correct"] for k in graded)
+        out[ds] = {"items": len(keys), "graded": len(graded),
+                   f"correct_{names[0]}": ka, f"correct_{names[1]}": kb,
+                   f"interval_{names[0]}": wilson(ka, len(graded)), f"interval_{names[1]}": wilson(kb, len(graded)),
+                   f"only_{names[0]}": only_a, f"only_{names[1]}": only_b, "mcnemar_p": mcnemar_exact(only_a, only_b),
+                   "identical": sum(ra[k]["token_ids"] == rb[k]["token_ids"] for k in keys),
+                   "mean_common_prefix": sum(common_prefix(ra[k]["token_ids"], rb[k]["token_ids"]) for k in keys)
+                   / len(keys),
+                   f"mean_tokens_{names[0]}": sum(ra[k]["new_tokens"] for k in keys) / len(keys),
+                   f"mean_tokens_{names[1]}": sum(rb[k]["new_tokens"] for k in keys) / len(keys)}
+    return {"method": method, "names": list(names), "summary": out,
+            "machine": [a.get("meta", {}).get("machine", {}).get("cpu"), b.get("meta", {}).get("machine", {}).get("cpu")],
+            "reprs": [a.get("meta", {}).get("dtype"), b.get("meta", {}).get("dtype")]}
 
 
 def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, seed: int = 0,
@@ -90,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=4, help="items per dataset")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="fidelity.json")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                    help="pair two benchmark runs' results.json item by item instead of generating")
+    ap.add_argument("--method", default="sd", help="with --compare: the column to pair (default sd)")
     args = ap.parse_args(argv)
+    if args.compare:
+        return _compare_main(args)
     reprs = [r.strip() for r in args.reprs.split(",") if r.strip()]
     res = run(reprs, [d.strip() for d in args.dataset.split(",")], args.limit, args.max_new_tokens,
               progress=lambda m, f: print(m, file=sys.stderr, flush=True))
@@ -103,6 +147,36 @@ def main(argv: list[str] | None = None) -> int:
         acc = "–" if s["accuracy"] is None else f"{100 * s['accuracy']:.0f}% of {s['n_graded']}"
         print(f"| {r} | {s['items']} | {ident} | {pref} | {s['sd_equals_ar']}/{s['items']} | {acc} |")
     print(f"({res['machine']}; written to {args.out})", file=sys.stderr)
+    return 0
+
+
+def _compare_main(args) -> int:
+    runs = []
+    for path in args.compare:
+        p = Path(path)
+        p = p / "results.json" if p.is_dir() else p
+        if not p.is_file():
+            print(f"error: no benchmark results at {path}", file=sys.stderr)
+            return 2
+        runs.append(json.loads(p.read_text(encoding="utf-8")))
+    names = tuple(r.get("meta", {}).get("dtype") or f"run {i + 1}" for i, r in enumerate(runs))
+    if names[0] == names[1]:
+        names = ("a", "b")
+    try:
+        res = compare_runs(runs[0], runs[1], args.method, names)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    a, b = names
+    print(f"| dataset | items | {a} correct | {b} correct | only {a} / only {b} (McNemar p) | identical | "
+          "mean common prefix |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for ds, s in res["summary"].items():
+        print(f"| {ds} | {s['items']} | {s[f'correct_{a}']}/{s['graded']} | {s[f'correct_{b}']}/{s['graded']} | "
+              f"{s[f'only_{a}']} / {s[f'only_{b}']} (p = {s['mcnemar_p']:.2f}) | {s['identical']} | "
+              f"{s['mean_common_prefix']:.0f} |")
+    print(f"(written to {args.out})", file=sys.stderr)
     return 0
 
 

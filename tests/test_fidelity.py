@@ -1,9 +1,51 @@
-"""bench.fidelity on the real pair: float32 is the reference, and within float32 SD is AR."""
+"""bench.fidelity on the real pair: float32 is the reference, and within float32 SD is AR; and
+the pairing of two benchmark runs item by item (``--compare``)."""
+import json
+import subprocess
+import sys
+
 import pytest
 
-pytestmark = pytest.mark.slow
+from conftest import ROOT
 
 
+def item(ds, iid, correct, ids, method="sd"):
+    return {"dataset": ds, "item_id": iid, "method": method, "correct": correct, "token_ids": ids,
+            "new_tokens": len(ids)}
+
+
+def test_compare_pairs_two_runs_item_by_item(tmp_path):
+    from bench.fidelity import compare_runs
+    a = {"meta": {"dtype": "float32"}, "items": [
+        item("gsm8k", "1", True, [1, 2, 3]), item("gsm8k", "2", True, [4, 5]), item("gsm8k", "3", False, [6]),
+        item("prose", "p", None, [7, 8]), item("gsm8k", "9", True, [1], method="csd")]}
+    b = {"meta": {"dtype": "int8"}, "items": [
+        item("gsm8k", "2", False, [4, 9, 9]), item("gsm8k", "1", True, [1, 2, 3]), item("gsm8k", "3", True, [5]),
+        item("prose", "p", None, [7, 8]), item("gsm8k", "4", True, [1]), item("gsm8k", "9", False, [1], method="csd")]}
+    s = compare_runs(a, b, "sd", ("float32", "int8"))["summary"]
+    assert s["gsm8k"]["items"] == 3 and s["all"]["items"] == 4 and s["all"]["graded"] == 3   # item 4: b only
+    assert (s["all"]["correct_float32"], s["all"]["correct_int8"]) == (2, 2)
+    assert (s["all"]["only_float32"], s["all"]["only_int8"]) == (1, 1) and s["all"]["mcnemar_p"] == 1.0
+    assert s["all"]["identical"] == 2 and s["all"]["mean_common_prefix"] == (3 + 1 + 0 + 2) / 4
+    assert s["gsm8k"]["mean_tokens_int8"] == (3 + 3 + 1) / 3
+    with pytest.raises(ValueError, match="no item in common"):
+        compare_runs(a, b, "ar")
+    # the command line: a directory or a file, and a clear error for a missing run
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    out = tmp_path / "cmp.json"
+    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare", str(tmp_path / "a"), str(tmp_path / "b.json"),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| all | 4 | 2/3 | 2/3 | 1 / 1 (p = 1.00) | 2 | 2 |" in r.stdout
+    assert json.loads(out.read_text())["names"] == ["float32", "int8"]
+    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare", str(tmp_path / "nope"), str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no benchmark results at" in r.stderr
+
+
+@pytest.mark.slow
 def test_fidelity_compares_representations_with_float32(real_pair):
     from bench.fidelity import run
 
