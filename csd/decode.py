@@ -453,7 +453,7 @@ class Run:
         q_rows = []
         if self.cfg.temperature > 0:
             q = torch.zeros(len(copied), tl.shape[-1], device=tl.device)
-            q[torch.arange(len(copied)), ids_tensor(copied, tl.device)] = 1.0
+            q[torch.arange(len(copied), device=tl.device), ids_tensor(copied, tl.device)] = 1.0
             q_rows = list(q)
         drafts, d, scores, p = self._decide(copied, tl, q_rows, rescue=self.exact, learn=False)
         try:
