@@ -37,7 +37,7 @@ def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = 
     """Two benchmark results (``results.json``) paired on the items both ran with ``method``:
     per dataset and over all, each run's graded accuracy (Wilson interval), the discordant pairs
     and their exact McNemar p, answers identical token for token, the mean common prefix."""
-    from .stats import mcnemar_exact, wilson
+    from .stats import paired_accuracy, wilson
 
     def answers(res):
         return {(r["dataset"], r["item_id"]): r for r in res["items"] if r["method"] == method}
@@ -51,12 +51,11 @@ def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = 
         graded = [k for k in keys if ra[k].get("correct") is not None and rb[k].get("correct") is not None]
         ka = sum(bool(ra[k]["correct"]) for k in graded)
         kb = sum(bool(rb[k]["correct"]) for k in graded)
-        only_a = sum(bool(ra[k]["correct"]) and not rb[k]["correct"] for k in graded)
-        only_b = sum(bool(rb[k]["correct"]) and not ra[k]["correct"] for k in graded)
+        vs = paired_accuracy((ra[k]["correct"], rb[k]["correct"]) for k in graded)   # a gained / lost against b
         out[ds] = {"items": len(keys), "graded": len(graded),
                    f"correct_{names[0]}": ka, f"correct_{names[1]}": kb,
                    f"interval_{names[0]}": wilson(ka, len(graded)), f"interval_{names[1]}": wilson(kb, len(graded)),
-                   f"only_{names[0]}": only_a, f"only_{names[1]}": only_b, "mcnemar_p": mcnemar_exact(only_a, only_b),
+                   f"only_{names[0]}": vs["gained"], f"only_{names[1]}": vs["lost"], "mcnemar_p": vs["p_value"],
                    "identical": sum(ra[k]["token_ids"] == rb[k]["token_ids"] for k in keys),
                    "mean_common_prefix": sum(common_prefix(ra[k]["token_ids"], rb[k]["token_ids"]) for k in keys)
                    / len(keys),
@@ -151,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compare_main(args) -> int:
+    from .merge import MergeError, load_results
     runs = []
     for path in args.compare:
-        p = Path(path)
-        p = p / "results.json" if p.is_dir() else p
-        if not p.is_file():
-            print(f"error: no benchmark results at {path}", file=sys.stderr)
+        try:
+            runs.append(load_results(Path(path)))
+        except MergeError as e:
+            print(f"error: no benchmark results at {path}: {e}", file=sys.stderr)
             return 2
-        runs.append(json.loads(p.read_text(encoding="utf-8")))
     names = tuple(r.get("meta", {}).get("dtype") or f"run {i + 1}" for i, r in enumerate(runs))
     if names[0] == names[1]:
         names = ("a", "b")

@@ -44,7 +44,7 @@ from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
 from .report import overall, render_markdown, write_charts
-from .stats import mcnemar_exact, pareto, wilson
+from .stats import paired_accuracy, pareto, wilson
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
@@ -484,12 +484,8 @@ def _paired(rows, m: str, ref: str) -> dict | None:
     """Accuracy of m against ref on the items both graded: gained, lost, exact McNemar p."""
     if not rows or ref not in rows[0] or m == ref:
         return None
-    both = [(row[m].correct, row[ref].correct) for row in rows
-            if row[m].correct is not None and row[ref].correct is not None]
-    gained = sum(1 for x, a in both if x and not a)
-    lost = sum(1 for x, a in both if a and not x)
-    return {"n": len(both), "gained": gained, "lost": lost, "p_value": mcnemar_exact(gained, lost),
-            "diff": (gained - lost) / len(both) if both else None}
+    return paired_accuracy((row[m].correct, row[ref].correct) for row in rows
+                           if row[m].correct is not None and row[ref].correct is not None)
 
 
 def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:

@@ -25,7 +25,8 @@ class MergeError(ValueError):
     pass
 
 
-def _load(path: Path) -> dict:
+def load_results(path: Path) -> dict:
+    """A benchmark run's results.json, from its output directory or the file; MergeError says what is wrong."""
     f = path / "results.json" if path.is_dir() else path
     try:
         data = json.loads(f.read_text(encoding="utf-8"))
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for frontier.json and frontier.html")
     args = ap.parse_args(argv)
     try:
-        merged = merge([_load(Path(p)) for p in args.runs])
+        merged = merge([load_results(Path(p)) for p in args.runs])
     except MergeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,16 @@ def mcnemar_exact(gained: int, lost: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def paired_accuracy(pairs) -> dict:
+    """(correct by m, correct by ref) per item graded by both: items m gained and lost against ref,
+    with the exact McNemar p."""
+    both = list(pairs)
+    gained = sum(1 for x, a in both if x and not a)
+    lost = sum(1 for x, a in both if a and not x)
+    return {"n": len(both), "gained": gained, "lost": lost, "p_value": mcnemar_exact(gained, lost),
+            "diff": (gained - lost) / len(both) if both else None}
+
+
 def pareto(counts: Counter) -> dict:
     """The divergence patterns' Pareto curve: cumulative share of divergences covered by the top
     patterns, and the share covered by the top 20% (the paper reports about 69%)."""

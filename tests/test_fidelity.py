@@ -16,10 +16,10 @@ def item(ds, iid, correct, ids, method="sd"):
 
 def test_compare_pairs_two_runs_item_by_item(tmp_path):
     from bench.fidelity import compare_runs
-    a = {"meta": {"dtype": "float32"}, "items": [
+    a = {"meta": {"dtype": "float32"}, "frontier": [], "items": [
         item("gsm8k", "1", True, [1, 2, 3]), item("gsm8k", "2", True, [4, 5]), item("gsm8k", "3", False, [6]),
         item("prose", "p", None, [7, 8]), item("gsm8k", "9", True, [1], method="csd")]}
-    b = {"meta": {"dtype": "int8"}, "items": [
+    b = {"meta": {"dtype": "int8"}, "frontier": [], "items": [
         item("gsm8k", "2", False, [4, 9, 9]), item("gsm8k", "1", True, [1, 2, 3]), item("gsm8k", "3", True, [5]),
         item("prose", "p", None, [7, 8]), item("gsm8k", "4", True, [1]), item("gsm8k", "9", False, [1], method="csd")]}
     s = compare_runs(a, b, "sd", ("float32", "int8"))["summary"]

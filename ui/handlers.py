@@ -24,7 +24,7 @@ import numpy as np
 
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
-from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig
+from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
 from csd.events import REJECTED, STATUSES, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import log_tau, rescues
@@ -93,7 +93,7 @@ def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens,
     cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else _as_int("gamma", gamma), lam=float(lam),
                     tau=tau_from_log10(log10_tau), temperature=float(temperature),
                     max_new_tokens=_as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
-                    lookup=LOOKUP_TOKENS if lookup and method != "ar" else 0)   # ar drafts nothing to copy into
+                    lookup=default_lookup(method) if lookup else 0)   # ar drafts nothing to copy into
     return cfg.validated()
 
 
