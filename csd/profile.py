@@ -1,5 +1,5 @@
 """What the models cost on this machine, measured once and cached (keyed by machine, torch
-version, pair and representations): the target's time for a pass of k tokens, the draft's time
+version, pair, representations and the engine's code, see ``engine_revision``): the target's time for a pass of k tokens, the draft's time
 per token, and from them the ideal speed-up bound of speculative decoding at each block length.
 
 It also chooses the target's representation when asked for ``auto``: the one with the fastest
@@ -8,6 +8,7 @@ than by a CPU flag; within 10% the more exact representation wins (float32 > bfl
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -135,8 +136,23 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+ENGINE_FILES = ("lm.py", "models.py")   # the forward passes and how each representation is built
+
+
+@functools.cache
+def engine_revision() -> str:
+    """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py``, the
+    representations built in ``csd/models.py``): a change there makes the cached profile a miss, so
+    a faster draft is re-timed instead of planned with its old cost."""
+    h = hashlib.sha1()
+    for name in ENGINE_FILES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
 def profile_key(pair) -> dict:
     return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
+            "engine": engine_revision(),
             "pair": pair.pair_id, "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype,
             "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
             "draft_vocab": pair.draft_vocab_size}
@@ -206,7 +222,8 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     from .lm import HFLM
     from .models import to_repr
 
-    key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name}
+    key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
+           "engine": engine_revision()}
     path = _cache_file("repr", key)
     if not refresh and path.exists():
         try:
