@@ -66,8 +66,8 @@ def add_parsers(sub) -> None:
 
     pf = sub.add_parser("profile", help="measure the target's verify time by block length and the draft's time per "
                                         "token on this machine; print the speed-up bound",
-                        description="Measured once and cached per machine, torch version, pair and representations "
-                                    "(--refresh measures again). Writes a Plotly chart with --chart.")
+                        description="Measured once and cached per machine, torch version, pair, representations "
+                                    "and engine code (--refresh measures again). Writes a Plotly chart with --chart.")
     pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
     pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
     pf.add_argument("--json", action="store_true", help="print the profile as JSON")
