@@ -9,6 +9,11 @@ def _copies(lookup) -> str:
     return f"up to {lookup} (--lookup)" if lookup else "off"
 
 
+def _impl(models: dict) -> str:
+    """The target's forward path as the header says it (runs before it was recorded had none)."""
+    return f" ({models['target_impl']} path)" if models.get("target_impl") else ""
+
+
 def _fmt(x, spec=".2f", suffix="") -> str:
     return "–" if x is None else f"{x:{spec}}{suffix}"
 
@@ -48,7 +53,8 @@ def render_markdown(results: dict) -> str:
         f"- Machine: {meta['machine']['cpu']}, {meta['machine']['torch_threads']} torch threads, torch "
         f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
         f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
-        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**, draft "
+        f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
+        f"{_impl(models)}, draft "
         f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
         f"copies from the context {_copies(cfg.get('lookup'))}, seed {cfg['seed']}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_REPRS
+from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS, TARGET_REPRS
 
 
 def tqdm_progress():
@@ -38,6 +38,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
                    help="the draft's forward pass: lean (fused, for Llama-family drafts), hf (transformers), "
                         "auto (lean where it can)")
+    p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
+                   help="the target's forward pass in the decode loop: lean (fused, Llama-family), hf "
+                        "(transformers), auto (lean for an int8 target, where it computes the same logits; "
+                        "transformers otherwise)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -51,7 +55,8 @@ def load_from_args(args, need_draft: bool = True):
     from csd.models import load_pair
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
-                     draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab)
+                     draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
+                     target_impl=args.target_impl)
 
 
 def warn_memory_mismatch(memory, pair) -> None:

@@ -1,13 +1,15 @@
 """The three calls the decode loop makes on a model: ``new_cache()``, ``forward(cache, ids, keep)``
 and ``crop(cache, length)``.
 
-``HFLM`` wraps any transformers causal LM with its ``DynamicCache`` (the target always runs this
-way, so that greedy SD equals the target's own ``generate``). ``LeanLM`` is a lean decode path for
-Llama-family drafts (Qwen2, Llama with default RoPE and full attention), in the manner of gpt-fast:
-fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its length,
-a few Python calls per layer, and optionally an output layer reduced to a subset of the
-vocabulary. The draft only proposes, so none of this can change what SD outputs, only how fast
-it gets there; ``tests/test_lean.py`` checks that it computes the same function as transformers.
+``HFLM`` wraps any transformers causal LM with its ``DynamicCache`` (the float32 reference target
+runs this way, so that greedy SD equals the target's own ``generate``). ``LeanLM`` is a lean decode
+path for Llama-family models (Qwen2, Llama with default RoPE and full attention), in the manner of
+gpt-fast: fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its
+length, a few Python calls per layer, and for a draft optionally an output layer reduced to a
+subset of the vocabulary. The draft only proposes, so none of this can change what SD outputs,
+only how fast it gets there. An int8 target runs it too (``load_pair``'s ``target_impl``): with
+dynamic int8 the fused projections quantise the same rows with the same scales, so it computes
+what the transformers int8 model computes. ``tests/test_engine_tiny.py`` checks both.
 """
 from __future__ import annotations
 
@@ -134,8 +136,8 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torc
 
 
 class LeanLM(LM):
-    """A Llama-family decoder for drafting: the same function as the transformers model it is
-    built from, with fewer and fused calls. ``vocab_ids``: keep only these rows of the output
+    """A Llama-family decoder: the same function as the transformers model it is built from, with
+    fewer and fused calls. ``vocab_ids``: keep only these rows of the output
     layer (logit row i is token vocab_ids[i]); ``int8``: dynamic int8 linear layers (CPU)."""
 
     impl = "lean"

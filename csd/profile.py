@@ -153,7 +153,8 @@ def engine_revision() -> str:
 def profile_key(pair) -> dict:
     return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
             "engine": engine_revision(),
-            "pair": pair.pair_id, "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype,
+            "pair": pair.pair_id, "target_repr": pair.target_repr, "target_impl": pair.target_lm.impl,
+            "draft_repr": pair.draft_dtype,
             "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
             "draft_vocab": pair.draft_vocab_size}
 

@@ -1,0 +1,79 @@
+"""The target's lean path (``load_pair(target_impl=...)``): an int8 target run by ``LeanLM``
+computes what the transformers int8 model computes, SD still equals AR with it, and ``auto``
+picks it for int8 only. Tiny in-process models and tiny model directories; no real weights."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import make_pair, perturbed, tiny_model
+from csd.config import CSDConfig
+from csd.decode import Decoder
+from csd.lm import HFLM, LeanLM
+from csd.memory import CorrectionMemory
+from csd.models import ModelLoadError, load_pair, quantize_int8
+
+PROMPT = [3, 7, 1, 4]
+
+
+def tokens(pair, method: str, n: int = 30) -> list[int]:
+    run = Decoder(pair).run(PROMPT, CSDConfig(method=method, gamma=4, max_new_tokens=n), CorrectionMemory(pair.pair_id))
+    list(run)
+    return run.token_ids
+
+
+def test_lean_int8_target_is_the_transformers_int8_target(qwen_tokenizer, one_thread):
+    target = tiny_model(2)
+    draft = perturbed(target, 0.05)
+    hf_int8 = quantize_int8(copy.deepcopy(target)).eval()
+    hf, lean = HFLM(hf_int8), LeanLM(target, int8=True)       # lean is built from float32 weights
+    with torch.inference_mode():
+        c1, c2 = hf.new_cache(), lean.new_cache(capacity=4)
+        torch.testing.assert_close(lean.forward(c2, PROMPT, 4), hf.forward(c1, PROMPT, 4), rtol=1e-5, atol=1e-5)
+        for block in ([9, 2, 11], [5], [8, 9, 1, 2, 6, 7, 3]):          # passes of several lengths, as verify does
+            torch.testing.assert_close(lean.forward(c2, block, len(block)), hf.forward(c1, block, len(block)),
+                                       rtol=1e-5, atol=1e-5)
+        hf.crop(c1, 6)
+        lean.crop(c2, 6)
+        torch.testing.assert_close(lean.forward(c2, [8, 9], 2), hf.forward(c1, [8, 9], 2), rtol=1e-5, atol=1e-5)
+
+    base = make_pair(qwen_tokenizer, hf_int8, draft)
+    lean_pair = replace(base, target_lm=lean)
+    ar = tokens(lean_pair, "ar")
+    assert ar == tokens(base, "ar")                  # the same greedy answer as the transformers int8 target
+    assert tokens(lean_pair, "sd") == ar             # and SD is still exactly AR on it
+    # a pass that differs from AR would show here: the lean target must not be silently the draft
+    assert tokens(replace(base, target_lm=HFLM(draft)), "ar") != ar
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, qwen_tokenizer):
+    root = tmp_path_factory.mktemp("tiny-models")
+    dirs = []
+    for seed, name in ((1, "draft"), (2, "target")):
+        d = root / name
+        tiny_model(seed).save_pretrained(d)
+        qwen_tokenizer.save_pretrained(d)
+        dirs.append(str(d))
+    return dirs
+
+
+@pytest.mark.parametrize("dtype,impl,expected", [
+    ("int8", "auto", "lean"),        # auto: lean where it computes the same logits (int8)
+    ("float32", "auto", "hf"),       # the float32 reference runs transformers' own code
+    ("int8", "hf", "hf"),
+    ("float32", "lean", "lean"),
+])
+def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_thread):
+    pair = load_pair(*tiny_dirs, dtype=dtype, target_impl=impl)
+    assert pair.target_lm.impl == expected and pair.describe()["target_impl"] == expected
+    assert pair.target_repr == dtype
+    assert tokens(pair, "sd") == tokens(pair, "ar")
+
+
+def test_unknown_target_impl_is_a_clear_error(tiny_dirs):
+    with pytest.raises(ModelLoadError, match="unknown target implementation 'fast'; choose auto, hf, lean"):
+        load_pair(*tiny_dirs, dtype="int8", target_impl="fast")
