@@ -59,7 +59,8 @@ WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that 
 WARMUP_TOKENS = 8
 # The figures the issues ask for, checked over the mix of all datasets.
 TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "csd_over_sd": 1.0, "csd_passes_vs_sd": 0.9,
-           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9}
+           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9,
+           "share_of_bound": 0.8}
 
 
 # -- what runs ------------------------------------------------------------------------------------
@@ -407,7 +408,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
                     for r in item_records.values():
                         setattr(r, f"identical_to_{ref}", r.token_ids == ids)
             records.extend(item_records[m.name] for m in cols if m.name in item_records)
-            results.update(_assemble(records, cols, divergences, token_text, "running"))
+            results.update(_assemble(records, cols, divergences, token_text, "running", _bound(results)))
             _write_json(out / "results.json", results)
             (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         status = "finished"
@@ -416,7 +417,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         raise
     finally:
         bar.close()
-        results.update(_assemble(records, cols, divergences, token_text, status))
+        results.update(_assemble(records, cols, divergences, token_text, status, _bound(results)))
         results["meta"]["finished_at"] = _now()
         results["meta"]["loadavg_end"] = _loadavg()
         _write_json(out / "results.json", results)
@@ -557,7 +558,13 @@ def frontier(summary: dict) -> list[dict]:
     return points
 
 
-def _assemble(records, cols: list[Method], divergences: dict[str, Counter], token_text: dict, status: str) -> dict:
+def _bound(results: dict) -> float | None:
+    """The profile's ideal speed-up over AR (every draft token accepted), if the run has a profile."""
+    return (((results.get("meta") or {}).get("profile") or {}).get("best_bound") or {}).get("speedup")
+
+
+def _assemble(records, cols: list[Method], divergences: dict[str, Counter], token_text: dict, status: str,
+              bound: float | None = None) -> dict:
     div = {}
     for m, counts in divergences.items():
         p = pareto(counts)
@@ -568,12 +575,14 @@ def _assemble(records, cols: list[Method], divergences: dict[str, Counter], toke
     names = [m.name for m in cols]
     summary = summarize(records, names)
     return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
-            "targets": check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {})),
+            "targets": check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}), bound),
             "frontier": frontier(summary), "divergences": div}
 
 
-def check_targets(stats: dict) -> dict:
-    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured)."""
+def check_targets(stats: dict, bound: float | None = None) -> dict:
+    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured).
+    ``bound``: the profile's ideal speed-up over AR; where it is below the 2x goal, CSD's share of it
+    is the goal instead (at least 80%), where it is 2x or more that share is reported, not judged."""
     def get(m, k):
         return (stats.get(m) or {}).get(k)
 
@@ -584,6 +593,7 @@ def check_targets(stats: dict) -> dict:
     return {"csd_over_ar": t(get("csd", "speedup_wall"), TARGETS["csd_over_ar"]),
             "csd_over_hf": t(get("csd", "speedup_over_hf"), TARGETS["csd_over_hf"]),
             "csd_over_sd": t(get("csd", "speedup_over_sd"), TARGETS["csd_over_sd"]),
+            "csd_share_of_bound": _share_of_bound(get("csd", "speedup_wall"), bound),
             "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
             "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
             "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
@@ -591,6 +601,13 @@ def check_targets(stats: dict) -> dict:
             "sd_eos_share": t(get("sd", "eos_share"), TARGETS["eos_share_sd"]),
             "csd_accuracy_vs_sd": get("csd", "accuracy_vs_sd"),
             "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
+
+
+def _share_of_bound(speedup: float | None, bound: float | None) -> dict:
+    value = speedup / bound if speedup is not None and bound else None
+    applies = bound is not None and bound < TARGETS["csd_over_ar"]
+    return {"value": value, "threshold": TARGETS["share_of_bound"], "bound": bound,
+            "met": None if value is None or not applies else value >= TARGETS["share_of_bound"]}
 
 
 # -- outputs ------------------------------------------------------------------------------------------

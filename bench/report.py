@@ -103,6 +103,12 @@ def render_markdown(results: dict) -> str:
             val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
             thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
             lines.append(f"- {label}: {val} (goal {op} {thr}: {'met' if t['met'] else 'missed'})")
+        share = targets.get("csd_share_of_bound") or {}
+        if share.get("value") is not None:
+            verdict = ("the goal where the bound is under 2x: at least 80%: " + ("met" if share["met"] else "missed")
+                       if share["met"] is not None else "the bound allows 2x, so the 2x goal applies")
+            lines.append(f"- CSD share of the profile's bound ({share['bound']:.2f}x AR, every draft token "
+                         f"accepted): {100 * share['value']:.0f}% ({verdict})")
         for ref in ("sd", "ar"):
             a = targets.get(f"csd_accuracy_vs_{ref}")
             if a and a.get("n"):

@@ -102,6 +102,18 @@ def test_summary_speedups_and_pairing():
     assert s["ar"]["acceptance_rate"] is None
     t = check_targets(s)
     assert t["csd_over_ar"]["value"] is None and t["csd_over_ar"]["met"] is None
+    assert t["csd_share_of_bound"]["value"] is None
+
+
+def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
+    from bench.harness import check_targets
+    stats = {"csd": {"speedup_wall": 1.36}}
+    low = check_targets(stats, bound=1.66)["csd_share_of_bound"]
+    assert low["value"] == pytest.approx(1.36 / 1.66) and low["met"] is True
+    assert check_targets(stats, bound=1.75)["csd_share_of_bound"]["met"] is False        # 78% of 1.75x
+    high = check_targets(stats, bound=2.1)["csd_share_of_bound"]
+    assert high["value"] == pytest.approx(1.36 / 2.1) and high["met"] is None           # 2x is the goal there
+    assert check_targets(stats)["csd_share_of_bound"]["value"] is None                   # no profile
 
 
 def test_pareto_wilson_mcnemar():
