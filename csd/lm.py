@@ -7,7 +7,7 @@ path for Llama-family models (Qwen2, Llama with default RoPE and full attention)
 gpt-fast: fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its
 length, a few Python calls per layer, and for a draft optionally an output layer reduced to a
 subset of the vocabulary. The draft only proposes, so none of this can change what SD outputs,
-only how fast it gets there. An int8 target runs it too (``load_pair``'s ``target_impl``): with
+only how fast it gets there. An int8 target can run it too (``--target-impl lean``): with
 dynamic int8 the fused projections quantise the same rows with the same scales, so it computes
 what the transformers int8 model computes. ``tests/test_engine_tiny.py`` checks both.
 """
@@ -122,6 +122,36 @@ class LeanCache:
     n: int = 0             # tokens held
 
 
+def _is_int8(mod: torch.nn.Module) -> bool:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+    return isinstance(mod, DynamicInt8Linear)
+
+
+def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
+    """One Linear whose output rows are those of ``mods`` in order. Modules that are already dynamic
+    int8 (a model after ``quantize_int8``) are fused without quantising again: their int8 rows and
+    per-row scales are stacked as they are, so the fused product computes what they compute, and
+    the build takes seconds, not the half minute of quantising the float weights again."""
+    if len(mods) == 1 and (_is_int8(mods[0]) or not int8):
+        return mods[0]                      # nothing to fuse or quantise: the module serves as it is
+    if all(_is_int8(m) for m in mods):
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+        ws = [m.weight() for m in mods]
+        if any(w.qscheme() != torch.per_channel_affine for w in ws):
+            raise ValueError("only per-channel int8 weights can be fused")
+        w = torch._make_per_channel_quantized_tensor(
+            torch.cat([x.int_repr() for x in ws]), torch.cat([x.q_per_channel_scales() for x in ws]),
+            torch.cat([x.q_per_channel_zero_points() for x in ws]), 0)
+        biases = [m.bias() for m in mods]
+        bias = torch.cat(biases) if all(b is not None for b in biases) else None
+        out = DynamicInt8Linear(w.shape[1], w.shape[0], bias_=bias is not None, dtype=torch.qint8)
+        out.set_weight_bias(w, bias)
+        return out.eval()
+    biases = [m.bias for m in mods]
+    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+    return _linear(torch.cat([m.weight for m in mods]), bias, int8)
+
+
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torch.nn.Module:
     lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype,
                           device=weight.device)
@@ -159,27 +189,30 @@ class LeanLM(LM):
         with torch.no_grad():
             for layer in base.layers:
                 a, m = layer.self_attn, layer.mlp
-                bias = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
-                qkv_b = torch.cat(bias) if all(b is not None for b in bias) else None
                 self.layers.append((
                     layer.input_layernorm.weight.detach(),
-                    _linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b, int8),
-                    _linear(a.o_proj.weight, a.o_proj.bias, int8),
+                    _fuse([a.q_proj, a.k_proj, a.v_proj], int8),
+                    _fuse([a.o_proj], int8),                    # an int8 module is used as it is
                     layer.post_attention_layernorm.weight.detach(),
-                    _linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, int8),
-                    _linear(m.down_proj.weight, m.down_proj.bias, int8),
+                    _fuse([m.gate_proj, m.up_proj], int8),
+                    _fuse([m.down_proj], int8),
                 ))
             self.norm = base.norm.weight.detach()
-            head = model.get_output_embeddings().weight
             self.vocab_ids = None if vocab_ids is None else vocab_ids.to(torch.long).to(self._device)
-            rows = head if self.vocab_ids is None else head.index_select(0, self.vocab_ids)
-            self.head = _linear(rows.detach(), None, int8)
+            out = model.get_output_embeddings()
+            if _is_int8(out) and self.vocab_ids is None:
+                self.head = out
+            else:
+                if _is_int8(out):
+                    raise ValueError("a reduced vocabulary needs the float output layer")
+                rows = out.weight if self.vocab_ids is None else out.weight.index_select(0, self.vocab_ids)
+                self.head = _linear(rows.detach(), None, int8)
         theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                        device=self._device) / self.head_dim))
         self.n_layers = len(self.layers)
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.inter = base.layers[0].mlp.gate_proj.weight.shape[0]
+        self.inter = cfg.intermediate_size
         self._hidden_shape = (cfg.hidden_size,)
 
     @property

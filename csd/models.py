@@ -330,13 +330,13 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes, so in SD its dtype,
     path and vocabulary change the speed, never the output.
 
-    ``target_impl``: the target's forward pass in the decode loop: "lean" (``csd.lm.LeanLM``),
-    "hf", or "auto": lean for an int8 target on one device, where it computes what the transformers
-    int8 model computes (the same per-channel int8 weights and per-pass activation scales, fused
-    into fewer calls: 0.0 logit difference on the embedded pair) in about 0.8x its time (0.79-0.86x
-    for passes of 1-12 tokens, side by side on a 2-core AMD EPYC); transformers otherwise, so that
-    the float32 reference and the GPU dtypes run transformers' own code. The transformers model
-    stays in ``pair.target`` for calibration and assisted generation."""
+    ``target_impl``: the target's forward pass in the decode loop: "hf" (and "auto": transformers'
+    own code), or "lean" (``csd.lm.LeanLM``). For an int8 target lean computes what the transformers
+    int8 model computes (its int8 rows and per-row scales fused as they are, the same per-pass
+    activation scale: 0.0 logit difference on the embedded pair) in about 0.8x its time (0.79-0.86x
+    for passes of 1-12 tokens, side by side on a 2-core AMD EPYC), but packing the fused layers adds
+    about 19 s to every load there, so it is opt-in. The transformers model stays in ``pair.target``
+    for calibration and assisted generation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -395,15 +395,13 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
     if target_impl == "lean" and why_t:
         raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-    lean_target = target_impl == "lean" or (target_impl == "auto" and target_repr == "int8" and not why_t)
-    target_lm = None
-    if lean_target and target_repr == "int8":      # built from the float32 weights, as quantize_dynamic is
-        if progress:
-            progress("building the lean target path", 0.4)
-        target_lm = LeanLM(target_model, int8=True)
+    lean_target = target_impl == "lean"
     if target_repr != "float32" or target_model.dtype != torch.float32:
         target_model = to_repr(target_model, target_repr)
-    if lean_target and target_lm is None:
+    target_lm = None
+    if lean_target:     # an int8 model's quantised layers are fused as they are (seconds, no second quantisation)
+        if progress:
+            progress("building the lean target path", 0.9)
         target_lm = LeanLM(target_model)
     act_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
 

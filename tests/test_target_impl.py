@@ -1,6 +1,6 @@
 """The target's lean path (``load_pair(target_impl=...)``): an int8 target run by ``LeanLM``
-computes what the transformers int8 model computes, SD still equals AR with it, and ``auto``
-picks it for int8 only. Tiny in-process models and tiny model directories; no real weights."""
+computes what the transformers int8 model computes, SD still equals AR with it, and it runs only
+when asked for (``auto`` is transformers). Tiny in-process models and tiny model directories; no real weights."""
 from __future__ import annotations
 
 import copy
@@ -29,7 +29,21 @@ def test_lean_int8_target_is_the_transformers_int8_target(qwen_tokenizer, one_th
     target = tiny_model(2)
     draft = perturbed(target, 0.05)
     hf_int8 = quantize_int8(copy.deepcopy(target)).eval()
-    hf, lean = HFLM(hf_int8), LeanLM(target, int8=True)       # lean is built from float32 weights
+    hf = HFLM(hf_int8)
+    for lean in (LeanLM(hf_int8), LeanLM(target, int8=True)):     # from the int8 model (load_pair), from float32
+        same_logits(hf, lean)
+    assert LeanLM(hf_int8).layers[0][2] is hf_int8.model.layers[0].self_attn.o_proj      # unfused int8 layers shared
+
+    base = make_pair(qwen_tokenizer, hf_int8, draft)
+    lean_pair = replace(base, target_lm=LeanLM(hf_int8))
+    ar = tokens(lean_pair, "ar")
+    assert ar == tokens(base, "ar")                  # the same greedy answer as the transformers int8 target
+    assert tokens(lean_pair, "sd") == ar             # and SD is still exactly AR on it
+    # a pass that differs from AR would show here: the lean target must not be silently the draft
+    assert tokens(replace(base, target_lm=HFLM(draft)), "ar") != ar
+
+
+def same_logits(hf, lean):
     with torch.inference_mode():
         c1, c2 = hf.new_cache(), lean.new_cache(capacity=4)
         torch.testing.assert_close(lean.forward(c2, PROMPT, 4), hf.forward(c1, PROMPT, 4), rtol=1e-5, atol=1e-5)
@@ -39,14 +53,6 @@ def test_lean_int8_target_is_the_transformers_int8_target(qwen_tokenizer, one_th
         hf.crop(c1, 6)
         lean.crop(c2, 6)
         torch.testing.assert_close(lean.forward(c2, [8, 9], 2), hf.forward(c1, [8, 9], 2), rtol=1e-5, atol=1e-5)
-
-    base = make_pair(qwen_tokenizer, hf_int8, draft)
-    lean_pair = replace(base, target_lm=lean)
-    ar = tokens(lean_pair, "ar")
-    assert ar == tokens(base, "ar")                  # the same greedy answer as the transformers int8 target
-    assert tokens(lean_pair, "sd") == ar             # and SD is still exactly AR on it
-    # a pass that differs from AR would show here: the lean target must not be silently the draft
-    assert tokens(replace(base, target_lm=HFLM(draft)), "ar") != ar
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +68,9 @@ def tiny_dirs(tmp_path_factory, qwen_tokenizer):
 
 
 @pytest.mark.parametrize("dtype,impl,expected", [
-    ("int8", "auto", "lean"),        # auto: lean where it computes the same logits (int8)
+    ("int8", "auto", "hf"),          # auto: transformers' own code (lean costs more at load)
     ("float32", "auto", "hf"),       # the float32 reference runs transformers' own code
-    ("int8", "hf", "hf"),
+    ("int8", "lean", "lean"),
     ("float32", "lean", "lean"),
 ])
 def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_thread):
