@@ -39,9 +39,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the draft's forward pass: lean (fused, for Llama-family drafts), hf (transformers), "
                         "auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
-                   help="the target's forward pass in the decode loop: hf (transformers; auto), or lean "
-                        "(fused, Llama-family: for an int8 target the same logits in about 0.8x the time, "
-                        "after about 19 s more at load)")
+                   help="the target's forward pass in the decode loop: hf (transformers), lean (fused, "
+                        "Llama-family: for an int8 target the same logits in about 0.8x the time), or auto "
+                        "(lean for an int8 target, hf otherwise)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")

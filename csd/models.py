@@ -96,10 +96,22 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     import warnings
 
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(model.float(), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                inplace=True)   # in place: no second float copy of the weights in memory
+
+    from .lm import in_threads
+
+    def quantize(m: torch.nn.Module) -> torch.nn.Module:
+        with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
+            warnings.simplefilter("ignore")
+            return quantize_dynamic(m, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                                    inplace=True)   # in place: no second float copy of the weights in memory
+
+    model = model.float()
+    # the decoder blocks (the longest ModuleList) one per thread, then what is left (the output layer):
+    # each block is quantised by the same call as in one pass over the model, so the weights are too
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
+    if blocks is not None:
+        in_threads(quantize, list(blocks))
+    return quantize(model)
 
 
 def to_repr(model: torch.nn.Module, name: str, copy: bool = False) -> torch.nn.Module:
@@ -330,13 +342,14 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes, so in SD its dtype,
     path and vocabulary change the speed, never the output.
 
-    ``target_impl``: the target's forward pass in the decode loop: "hf" (and "auto": transformers'
-    own code), or "lean" (``csd.lm.LeanLM``). For an int8 target lean computes what the transformers
-    int8 model computes (its int8 rows and per-row scales fused as they are, the same per-pass
-    activation scale: 0.0 logit difference on the embedded pair) in about 0.8x its time (0.79-0.86x
-    for passes of 1-12 tokens, side by side on a 2-core AMD EPYC), but packing the fused layers adds
-    about 19 s to every load there, so it is opt-in. The transformers model stays in ``pair.target``
-    for calibration and assisted generation."""
+    ``target_impl``: the target's forward pass in the decode loop: "hf" (transformers' own code),
+    "lean" (``csd.lm.LeanLM``), or "auto": lean for an int8 target that it can run, transformers
+    otherwise. For an int8 target lean computes what the transformers int8 model computes (its int8
+    rows and per-row scales fused as they are, the same per-pass activation scale: 0.0 logit
+    difference on the embedded pair) in about 0.8x its time (0.79-0.86x for passes of 1-12 tokens,
+    side by side on a 2-core AMD EPYC). Packing the fused layers costs seconds per load, paid for by
+    quantising the decoder blocks on all cores. The transformers model stays in ``pair.target`` for
+    calibration and assisted generation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -392,14 +405,16 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     if target_repr == "auto":
         from .profile import choose_target_repr
         target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress)
-    why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
-    if target_impl == "lean" and why_t:
-        raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-    lean_target = target_impl == "lean"
+    if target_impl != "hf":    # auto: lean for an int8 target (where it is faster), transformers otherwise
+        why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
+        if target_impl == "lean" and why_t:
+            raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
+        if target_impl == "auto" and (why_t or target_repr != "int8"):
+            target_impl = "hf"
     if target_repr != "float32" or target_model.dtype != torch.float32:
         target_model = to_repr(target_model, target_repr)
     target_lm = None
-    if lean_target:     # an int8 model's quantised layers are fused as they are (seconds, no second quantisation)
+    if target_impl != "hf":     # an int8 model's quantised layers are fused as they are (no second quantisation)
         if progress:
             progress("building the lean target path", 0.9)
         target_lm = LeanLM(target_model)

@@ -1,6 +1,7 @@
 """The target's lean path (``load_pair(target_impl=...)``): an int8 target run by ``LeanLM``
-computes what the transformers int8 model computes, SD still equals AR with it, and it runs only
-when asked for (``auto`` is transformers). Tiny in-process models and tiny model directories; no real weights."""
+computes what the transformers int8 model computes, SD still equals AR with it, and ``auto`` picks it
+for an int8 target only (the float32 reference keeps transformers' code). Tiny in-process models and
+tiny model directories; no real weights."""
 from __future__ import annotations
 
 import copy
@@ -12,7 +13,7 @@ import torch
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.lm import HFLM, LeanLM
+from csd.lm import HFLM, LeanLM, _is_int8
 from csd.memory import CorrectionMemory
 from csd.models import ModelLoadError, load_pair, quantize_int8
 
@@ -43,6 +44,23 @@ def test_lean_int8_target_is_the_transformers_int8_target(qwen_tokenizer, one_th
     assert tokens(replace(base, target_lm=HFLM(draft)), "ar") != ar
 
 
+def test_quantising_block_by_block_gives_the_weights_of_one_pass(one_thread):
+    """``quantize_int8`` quantises the decoder blocks on several threads: every int8 weight, scale and
+    bias must be what torch's ``quantize_dynamic`` over the whole model gives."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    target = tiny_model(3)
+    ours = quantize_int8(copy.deepcopy(target))
+    ref = quantize_dynamic(copy.deepcopy(target), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    layers = {n: m for n, m in ref.named_modules() if _is_int8(m)}
+    assert len(layers) == 7 * len(target.model.layers) + 1          # q k v o gate up down per block, and the head
+    for name, m in ours.named_modules():
+        if name in layers:
+            (a, ab), (b, bb) = m._weight_bias(), layers.pop(name)._weight_bias()
+            assert torch.equal(a.int_repr(), b.int_repr()) and torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales())
+            assert (ab is None and bb is None) or torch.equal(ab, bb)
+    assert not layers, f"not quantised: {sorted(layers)}"
+
+
 def same_logits(hf, lean):
     with torch.inference_mode():
         c1, c2 = hf.new_cache(), lean.new_cache(capacity=4)
@@ -68,8 +86,9 @@ def tiny_dirs(tmp_path_factory, qwen_tokenizer):
 
 
 @pytest.mark.parametrize("dtype,impl,expected", [
-    ("int8", "auto", "hf"),          # auto: transformers' own code (lean costs more at load)
+    ("int8", "auto", "lean"),        # auto: lean for an int8 target
     ("float32", "auto", "hf"),       # the float32 reference runs transformers' own code
+    ("int8", "hf", "hf"),
     ("int8", "lean", "lean"),
     ("float32", "lean", "lean"),
 ])
