@@ -55,6 +55,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
+    p.add_argument("--bound-checks", type=_count, default=2, metavar="N",
+                   help="with gamma auto, re-measure the profile N times beside the run (one before the items, the "
+                        "rest after them; about a minute each) and judge CSD against the median bound (default 2; "
+                        "0: the cached profile alone)")
     add_model_args(p)
     add_synthetic_args(p)
     p.set_defaults(func=cmd_bench, synthetic_refuses={a: p.get_default(a) for a in _NOT_SYNTHETIC})
@@ -62,6 +66,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, got {text!r}")
+    return n
+
+
 _NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db")
 
 
@@ -88,7 +102,7 @@ def cmd_bench(args) -> int:
                         args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
                         tau=args.tau, sweep=args.sweep, memory=memory, memory_mode=args.memory_mode,
                         warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max,
-                        lookup=args.lookup)
+                        lookup=args.lookup, bound_checks=args.bound_checks)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from collections import Counter
 
 import pytest
@@ -184,6 +185,38 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
         assert 0 <= s[m]["eos_share"] <= 1 and s[m]["accuracy_ci95"] is not None
     assert {p["method"] for p in res["frontier"]} == set(s)
     assert res["summary"]["p"]["sd"]["tokens_per_s"] > 0          # the contract scripts read
+
+
+def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, qwen_tokenizer):
+    """With gamma auto the harness re-measures the profile beside the run (``bound_checks``) and judges
+    CSD against the median bound; the policy keeps the profile it started with."""
+    from bench.harness import run_bench
+    from conftest import tiny_model
+    from csd.profile import CostModel
+    from test_engine_tiny import make_pair, perturbed
+
+    target = tiny_model(2, vocab=1200)     # the profile times passes on token ids 100-1099
+    pair = make_pair(qwen_tokenizer, target, perturbed(target, 0.05), eos=(7,))
+    pair.encode_prompt = lambda prompt, chat=True: [ord(c) % 32 for c in prompt] or [1]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(2)))
+    # a deliberately odd starting profile: a draft that costs nothing gives a bound far above any re-measurement
+    given = CostModel({1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0}, 0.0)
+    res = run_bench(pair, str(prompts), None, "ar,csd", 8, tmp_path / "a", gamma="auto", costs=given,
+                    bound_checks=2, show_bar=False)
+    checks = res["meta"]["profile_checks"]
+    assert len(checks) == 2 and all(c["measured_at"] and c["draft_ms"] > 0 for c in checks)
+    found = [given.best_bound()[1]] + [c["best_bound"]["speedup"] for c in checks]
+    share = res["targets"]["csd_share_of_bound"]
+    assert share["bound"] == pytest.approx(statistics.median(found)) and share["bound"] < found[0]
+    assert share["value"] == pytest.approx(res["summary"]["p"]["csd"]["speedup_wall"] / share["bound"])
+    md = (tmp_path / "a" / "results.md").read_text()
+    assert md.count("re-measured beside the run") == 2 and "the median of 3 profiles" in md
+
+    res0 = run_bench(pair, str(prompts), None, "ar,csd", 8, tmp_path / "b", gamma="auto", costs=given,
+                     bound_checks=0, show_bar=False)
+    assert "profile_checks" not in res0["meta"]
+    assert res0["targets"]["csd_share_of_bound"]["bound"] == pytest.approx(found[0])
 
 
 def test_cli_parser():
