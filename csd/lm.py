@@ -7,9 +7,10 @@ path for Llama-family models (Qwen2, Llama with default RoPE and full attention)
 gpt-fast: fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its
 length, a few Python calls per layer, and for a draft optionally an output layer reduced to a
 subset of the vocabulary. The draft only proposes, so none of this can change what SD outputs,
-only how fast it gets there. An int8 target can run it too (``--target-impl lean``): with
-dynamic int8 the fused projections quantise the same rows with the same scales, so it computes
-what the transformers int8 model computes. ``tests/test_engine_tiny.py`` checks both.
+only how fast it gets there. An int8 target runs it too (by default; ``--target-impl hf`` turns it
+off): with dynamic int8 the fused projections stack the same int8 rows with the same scales, so it
+computes what the transformers int8 model computes. ``tests/test_engine_tiny.py`` and
+``tests/test_target_impl.py`` check both.
 """
 from __future__ import annotations
 
