@@ -402,15 +402,15 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     load_dtype = torch.float32 if target_repr in ("auto", "int8") else DTYPES[target_repr]
     target_model = _load(t_src, t_disp, "target", load_dtype, device_map)
+    why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
+    if target_impl == "lean" and why_t:
+        raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
     if target_repr == "auto":
         from .profile import choose_target_repr
-        target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress)
-    if target_impl != "hf":    # auto: lean for an int8 target (where it is faster), transformers otherwise
-        why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
-        if target_impl == "lean" and why_t:
-            raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-        if target_impl == "auto" and (why_t or target_repr != "int8"):
-            target_impl = "hf"
+        target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress,
+                                            int8_lean=target_impl != "hf" and not why_t)
+    if target_impl == "auto":   # lean for an int8 target (where it is faster), transformers otherwise
+        target_impl = "lean" if target_repr == "int8" and not why_t else "hf"
     if target_repr != "float32" or target_model.dtype != torch.float32:
         target_model = to_repr(target_model, target_repr)
     target_lm = None
@@ -457,6 +457,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
             draft_lm = HFLM(draft_model)
 
     ctx = int(getattr(target_model.config, "max_position_embeddings", 0) or 2048)
+    from .profile import release_memory
+    release_memory()            # the float weights that quantising replaced
     if progress:
         progress("models ready", 1.0)
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,

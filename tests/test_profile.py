@@ -55,3 +55,24 @@ def test_engine_revision_follows_the_engine_files(tmp_path, monkeypatch):
         assert profile.engine_revision() != before
     finally:
         profile.engine_revision.cache_clear()
+
+
+def test_target_representation_is_chosen_by_timing_the_path_it_will_run(cache, one_thread):
+    """``auto``'s choice: every candidate timed (int8 on the lean path where load_pair will run it
+    there), the most exact one within ``TIE`` of the fastest 7-token pass, cached per int8 path."""
+    import torch
+
+    model = tiny_model(2, vocab=1200)
+    choice, timings = profile.choose_target_repr(model, "tiny-repr", torch.device("cpu"), int8_lean=True)
+    assert set(timings) == set(profile.candidate_reprs(torch.device("cpu")))
+    assert all(t["1"] > 0 and t["7"] > 0 for t in timings.values())
+    fastest = min(t["7"] for t in timings.values())
+    assert timings[choice]["7"] <= fastest * (1 + profile.TIE)
+    assert not any(timings[r]["7"] <= fastest * (1 + profile.TIE)
+                   for r in profile.EXACTNESS[:profile.EXACTNESS.index(choice)] if r in timings)
+    files = list(cache.glob("repr-*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["int8_impl"] == "lean"
+    assert profile.choose_target_repr(model, "tiny-repr", torch.device("cpu"), int8_lean=True) == (choice, timings)
+    profile.choose_target_repr(model, "tiny-repr", torch.device("cpu"))          # transformers' int8: another entry
+    assert len(list(cache.glob("repr-*.json"))) == 2
+    assert next(model.parameters()).dtype == torch.float32      # the candidates are copies
