@@ -92,13 +92,31 @@ class AutoGamma:
                 return True
         return False
 
+    def plan(self, room: int) -> int:
+        """The block length decided before drafting, from the run's keep rate per position alone: the
+        length with the most expected tokens per ms (0: verify without drafting). For the GPU's
+        sync-free draft loop, which cannot read the draft's confidences without waiting for the
+        device after every token."""
+        self.start()
+        e, c, prod = self._e, self._c, self._prod
+        best, best_rate = 0, e / c
+        for m in range(min(self.max_len, max(room, 0))):
+            prod *= self.position_rate(m + 1)
+            e += prod
+            c += self._d + self._marginal[m]
+            if e / c > best_rate:
+                best, best_rate = m + 1, e / c
+        return best
+
     # -- after the verify pass -------------------------------------------------------------------
     def observe(self, confidences: list[float], kept: list[bool]) -> None:
-        """The decided positions of a block: their draft confidences and whether each was kept."""
-        for j, (c, k) in enumerate(zip(confidences, kept), 1):
-            b = min(BINS - 1, max(0, int(c * BINS)))
-            self._n[b] += 1
-            self._acc[b] += k
+        """The decided positions of a block: whether each was kept, and the draft's confidence in
+        it where it was read (none from the sync-free draft loop: then the positions alone learn)."""
+        for j, k in enumerate(kept, 1):
+            if j <= len(confidences):
+                b = min(BINS - 1, max(0, int(confidences[j - 1] * BINS)))
+                self._n[b] += 1
+                self._acc[b] += k
             if j <= self.max_len:
                 self._pos_n[j] += 1
                 self._pos_kept[j] += k

@@ -271,6 +271,36 @@ def test_greedy_fixed_block_makes_one_host_transfer_per_block(close_pair):
     assert auto.metrics.host_syncs == auto.metrics.target_forwards + auto.metrics.draft_forwards
 
 
+def test_gamma_auto_without_confidences_makes_one_host_transfer_per_block(close_pair, monkeypatch):
+    """On a GPU (``SYNC_FREE_AUTO_DEVICES``) gamma auto plans each block from its position keep rates
+    and drafts on the device: one host transfer per block, and greedy SD still equals AR. The CPU is
+    added to the list here so that the path runs in CI."""
+    import csd.decode
+    monkeypatch.setattr(csd.decode, "SYNC_FREE_AUTO_DEVICES", ("cpu",))
+    cheap, dear = costs(lambda k: 100.0 + k, 5.0), costs(lambda k: 100.0 * k, 80.0)
+    long_run = run_all(close_pair, CSDConfig(method="sd", gamma="auto", gamma_max=12, max_new_tokens=40), costs=cheap)
+    m = long_run.metrics
+    assert m.host_syncs == m.target_forwards and long_run.token_ids == ar_ids(close_pair, 40)
+    assert m.mean_block_len > 4                                  # cheap verify passes: long planned blocks
+    short_run = run_all(close_pair, CSDConfig(method="csd", gamma="auto", max_new_tokens=40), costs=dear)
+    assert short_run.metrics.draft_forwards == 0 and short_run.metrics.host_syncs == short_run.metrics.target_forwards
+
+
+def test_auto_gamma_plans_from_position_rates():
+    p = AutoGamma(costs(lambda k: 100.0 + k, 5.0), max_len=8)
+    assert 1 < p.plan(room=100) <= 8                           # cheap drafting, the prior's keep rate
+    for _ in range(50):                                        # every position kept so far
+        p.observe([], [True] * 8)
+    assert p.plan(room=100) == 8 and p.plan(room=3) == 3       # as long as allowed
+    p = AutoGamma(costs(lambda k: 100.0 + k, 5.0), max_len=8)
+    for _ in range(200):                                       # a run whose second position is always rejected
+        p.observe([], [True, False])
+    assert p.plan(room=100) == 1
+    assert AutoGamma(costs(lambda k: 100.0 * k, 80.0), max_len=8).plan(room=100) == 0    # drafting never pays
+    p.observe([0.9], [True])                                  # with a confidence: its bin learns too
+    assert p._n[9] == 1 and sum(p._n) == 1
+
+
 def test_profile_noise_cannot_make_a_short_pass_dearer_than_a_long_one():
     from csd.profile import monotone
     noisy = {1: 364.0, 2: 431.0, 3: 416.0, 4: 136.0, 5: 104.0, 6: 117.0, 7: 169.0}   # measured beside a test run
