@@ -15,7 +15,8 @@ tokens for C_j = j * draft_ms + verify_ms(j + 1); one more token is drafted iff 
 with the position rates standing in for the chances of the tokens not drafted yet, has a higher
 E_m / C_m than E_j / C_j. A draft that turns unsure stops the block early; a cheap verify
 pass and a confident draft make it long. The arithmetic is a few float operations per draft
-token (``RunMetrics.policy_s`` measures it).
+token (``RunMetrics.policy_s`` measures it). On a GPU, where reading a confidence waits for the
+device, ``plan`` fixes the block's length before drafting from the position rates alone.
 """
 from __future__ import annotations
 
