@@ -269,8 +269,8 @@ def build_demo(services: Services) -> gr.Blocks:
         log10_tau.change(H.describe_tau, log10_tau, tau_text, api_visibility="private", show_progress="hidden",
                          **light)
         present.change(None, present, None, js=render.PRESENT_JS, api_visibility="private")
-        status_timer.tick(partial(H.poll_status, services), [sess],
-                          [gen_status, c_status, t_status, m_status, status_timer], queue=False,
+        status_io = ([sess], [gen_status, c_status, t_status, m_status, status_timer])
+        status_timer.tick(partial(H.poll_status, services), *status_io, queue=False,
                           show_progress="hidden", api_visibility="private")
 
         def model_job(btn, kind: str, status, fn, inputs, outputs, api_name: str, prompt_in=()):
@@ -279,7 +279,12 @@ def build_demo(services: Services) -> gr.Blocks:
             queued handler runs."""
             ask = btn.click(partial(H.request_job, services, kind), [sess, *prompt_in], [sess, status, status_timer],
                             show_progress="hidden", api_visibility="private", **light)
-            return ask.success(fn, inputs, outputs, api_name=api_name, show_progress="hidden", **model)
+            run = ask.success(fn, inputs, outputs, api_name=api_name, show_progress="hidden", **model)
+            # the last word on the status lines: a timer tick computed just before the run ended can land
+            # after the run's last update and show it still running; this poll is sent after the run ends
+            run.then(partial(H.poll_status, services), *status_io, queue=False, show_progress="hidden",
+                     api_visibility="private")
+            return run
 
         gen = model_job(gen_btn, "generate", gen_status, partial(H.generate, services),
                         [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
