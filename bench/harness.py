@@ -572,11 +572,14 @@ def _check_profile(results: dict, pair, decoder, progress: Progress | None) -> N
     if decoder._costs is None:
         return
     from csd.profile import measure as measure_costs
-    c = measure_costs(pair, progress=progress)
-    g, b = c.best_bound()
-    results["meta"].setdefault("profile_checks", []).append(
-        {"measured_at": c.measured_at, "draft_ms": c.draft_ms, "verify_ms": {str(k): v for k, v in c.verify_ms.items()},
-         "best_bound": {"gamma": g, "speedup": b}})
+    results["meta"].setdefault("profile_checks", []).append(_profile_record(measure_costs(pair, progress=progress)))
+
+
+def _profile_record(c) -> dict:
+    """A cost model as the results hold it: its figures, its bound at a few block lengths, its best bound."""
+    g_best, b_best = c.best_bound()
+    return {**c.to_dict(), "bound": {str(g): c.bound(g) for g in (1, 2, 4, 6, 8, 12, 16)},
+            "best_bound": {"gamma": g_best, "speedup": b_best}}
 
 
 def _bound(results: dict) -> float | None:
@@ -652,12 +655,7 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
 
     from csd.profile import machine_name
 
-    costs = None
-    if decoder._costs is not None:
-        c = decoder.costs
-        g_best, b_best = c.best_bound()
-        costs = {**c.to_dict(), "bound": {str(g): c.bound(g) for g in (1, 2, 4, 6, 8, 12, 16)},
-                 "best_bound": {"gamma": g_best, "speedup": b_best}}
+    costs = _profile_record(decoder.costs) if decoder._costs is not None else None
     return {
         "bench_id": bench_id, "command": command, "started_at": _now(),
         "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),

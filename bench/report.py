@@ -50,6 +50,13 @@ def bounds(results: dict) -> list[float]:
     return [b for p in profiles if (b := (p.get("best_bound") or {}).get("speedup"))]
 
 
+def _profile_figures(p: dict, bound_label: str) -> str:
+    b = p.get("best_bound") or {}
+    return (f"draft {p['draft_ms']:.1f} ms/token, target {p['verify_ms'].get('1', 0):.1f} ms for 1 token and "
+            f"{p['verify_ms'].get('7', 0):.1f} ms for 7; {bound_label} {b.get('speedup', 0):.2f}x AR at gamma "
+            f"{b.get('gamma')}")
+
+
 def render_markdown(results: dict) -> str:
     meta, summary = results["meta"], results.get("summary") or {}
     cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
@@ -70,16 +77,9 @@ def render_markdown(results: dict) -> str:
         f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
     ]
     if prof:
-        b = prof.get("best_bound") or {}
-        lines.append(f"- Profile of this machine: draft {prof['draft_ms']:.1f} ms/token, target "
-                     f"{prof['verify_ms'].get('1', 0):.1f} ms for 1 token and {prof['verify_ms'].get('7', 0):.1f} ms "
-                     f"for 7; ideal bound {b.get('speedup', 0):.2f}x AR at gamma {b.get('gamma')}")
+        lines.append(f"- Profile of this machine: {_profile_figures(prof, 'ideal bound')}")
         for c in meta.get("profile_checks") or []:
-            cb = c.get("best_bound") or {}
-            lines.append(f"  - re-measured beside the run ({c.get('measured_at', '')}): draft {c['draft_ms']:.1f} "
-                         f"ms/token, target {c['verify_ms'].get('1', 0):.1f} ms for 1 token and "
-                         f"{c['verify_ms'].get('7', 0):.1f} ms for 7; bound {cb.get('speedup', 0):.2f}x AR at gamma "
-                         f"{cb.get('gamma')}")
+            lines.append(f"  - re-measured beside the run ({c.get('measured_at', '')}): {_profile_figures(c, 'bound')}")
     lines += [
         "- Speed-up: ratio of summed wall times on the same items. Passes/token: target passes per generated "
         "token. Acc. vs SD: items gained / lost against SD on the same items, exact McNemar p. Accuracy: "

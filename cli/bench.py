@@ -65,7 +65,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-# options of the benchmark on real items that mean nothing to the synthetic one
 def _count(text: str) -> int:
     try:
         n = int(text)
@@ -76,6 +75,7 @@ def _count(text: str) -> int:
     return n
 
 
+# options of the benchmark on real items that mean nothing to the synthetic one
 _NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db")
 
 

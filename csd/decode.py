@@ -234,8 +234,6 @@ class Run:
         room = cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
         feed = self._seq[lm.length(self.dcache):]
         if self._on_device:
-            if isinstance(self.policy, FixedGamma):
-                return self._draft_on_device(min(self.policy.gamma, max(room, 0)), feed)
             tp = time.perf_counter()
             g = self.policy.plan(room)
             m.policy_s += time.perf_counter() - tp

@@ -41,6 +41,10 @@ class FixedGamma:
         """After drafting j tokens (the last with this top-1 probability): draft another?"""
         return j < self.gamma
 
+    def plan(self, room: int) -> int:
+        """The block length decided before drafting (the device's draft loop): gamma, within ``room``."""
+        return min(self.gamma, max(room, 0))
+
     def observe(self, confidences: list[float], kept: list[bool]) -> None:
         pass
 

@@ -225,6 +225,7 @@ def test_auto_gamma_policy_arithmetic():
     assert not p.more(1, 0.15)                               # an unsure draft ends the block
     assert not p.more(8, 1.0)                                # never past max_len
     assert FixedGamma(6).more(5, 0.0) and not FixedGamma(6).more(6, 1.0)
+    assert [FixedGamma(6).plan(r) for r in (100, 3, -1)] == [6, 3, 0]     # the device loop's block: within room
 
 
 def test_stop_during_prefill_and_between_draft_and_verify(close_pair):
