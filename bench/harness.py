@@ -44,7 +44,7 @@ from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
 from .report import bounds, overall, render_markdown, write_charts
-from .stats import paired_accuracy, pareto, wilson
+from .stats import paired_accuracy, pareto, ratio_ci, wilson
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
@@ -539,6 +539,9 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
         if rows and ref in rows[0]:
             ref_wall = sum(row[ref].wall_s for row in rows)
             s[key] = ref_wall / wall if wall > 0 else None
+            if ref != m:     # how much of the ratio the choice of items decides (bootstrap over items)
+                ci = ratio_ci((row[ref].wall_s, row[m].wall_s) for row in rows)
+                s[key + "_ci95"] = list(ci) if ci else None
     if rows and "ar" in rows[0]:
         ar = [row["ar"] for row in rows]
         ratios = [r.tokens_per_s / a.tokens_per_s for r, a in zip(rs, ar) if a.tokens_per_s > 0]
@@ -605,6 +608,19 @@ def _assemble(records, cols: list[Method], divergences: dict[str, Counter], toke
             "frontier": frontier(summary), "divergences": div}
 
 
+def resummarize(results: dict) -> dict:
+    """The summary, goals and frontier of a run again, from its stored items by the current code (after
+    the report gains a figure); the items, profiles and divergences stay as they were measured."""
+    records = [ItemResult.from_dict(d) for d in results.get("items") or []]
+    before = results.get("summary") or {}
+    names = list(next(iter(before.values()), {})) or list(dict.fromkeys(r.method for r in records))
+    summary = summarize(records, names)
+    results.update(summary=summary, frontier=frontier(summary),
+                   targets=check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}),
+                                         _bound(results)))
+    return results
+
+
 def check_targets(stats: dict, bound: float | None = None) -> dict:
     """The issues' figures over the mix: value, threshold and whether it is met (None: not measured).
     ``bound``: the profile's ideal speed-up over AR; where it is below the 2x goal, CSD's share of it
@@ -612,13 +628,19 @@ def check_targets(stats: dict, bound: float | None = None) -> dict:
     def get(m, k):
         return (stats.get(m) or {}).get(k)
 
-    def t(value, threshold, higher=True):
-        return {"value": value, "threshold": threshold,
-                "met": None if value is None else (value >= threshold if higher else value <= threshold)}
+    def t(value, threshold, higher=True, ci=None):
+        out = {"value": value, "threshold": threshold,
+               "met": None if value is None else (value >= threshold if higher else value <= threshold)}
+        if ci is not None:      # a speed-up's bootstrap interval over the items: reported, not judged
+            out["ci95"] = ci
+        return out
 
-    return {"csd_over_ar": t(get("csd", "speedup_wall"), TARGETS["csd_over_ar"]),
-            "csd_over_hf": t(get("csd", "speedup_over_hf"), TARGETS["csd_over_hf"]),
-            "csd_over_sd": t(get("csd", "speedup_over_sd"), TARGETS["csd_over_sd"]),
+    def speedup(key, target):
+        return t(get("csd", key), TARGETS[target], ci=get("csd", key + "_ci95"))
+
+    return {"csd_over_ar": speedup("speedup_wall", "csd_over_ar"),
+            "csd_over_hf": speedup("speedup_over_hf", "csd_over_hf"),
+            "csd_over_sd": speedup("speedup_over_sd", "csd_over_sd"),
             "csd_share_of_bound": _share_of_bound(get("csd", "speedup_wall"), bound),
             "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
             "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),

@@ -1,6 +1,11 @@
-"""The benchmark's outputs for people: the paper-style Markdown table and the Plotly charts."""
+"""The benchmark's outputs for people: the paper-style Markdown table and the Plotly charts.
+
+``python -m bench.report RUN_DIR``: a finished run's summary, goals, table and charts again from its
+stored items, by the current code (the measurements themselves are not touched)."""
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
 
@@ -116,6 +121,9 @@ def render_markdown(results: dict) -> str:
                 continue
             val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
             thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
+            ci = t.get("ci95")
+            if ci:
+                val += f" (95% bootstrap interval over the items: {ci[0]:.2f}-{ci[1]:.2f}{unit})"
             lines.append(f"- {label}: {val} (goal {op} {thr}: {'met' if t['met'] else 'missed'})")
         share = targets.get("csd_share_of_bound") or {}
         if share.get("value") is not None:
@@ -307,3 +315,27 @@ def profile_figure(costs, title: str = ""):
     fig.update_xaxes(title_text="draft block length gamma")
     fig.update_layout(title=title or "Measured costs", template="plotly_white", height=420)
     return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a benchmark output directory (holding results.json)")
+    args = ap.parse_args(argv)
+    from .harness import _write_json, resummarize
+    from .merge import MergeError, load_results
+    try:
+        results = load_results(Path(args.run))
+    except MergeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = Path(results.pop("_path"))
+    resummarize(results)
+    _write_json(path, results)
+    (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    write_charts(results, path.parent)
+    print(f"re-rendered {path} and {path.parent / 'results.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

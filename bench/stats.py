@@ -1,7 +1,9 @@
-"""Small statistics for the benchmark: binomial intervals, the paired test, the Pareto curve."""
+"""Small statistics for the benchmark: binomial intervals, the paired test, a bootstrap interval of a
+speed-up, the Pareto curve."""
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 from csd.rule import top_share
@@ -37,6 +39,29 @@ def paired_accuracy(pairs) -> dict:
     lost = sum(1 for x, a in both if a and not x)
     return {"n": len(both), "gained": gained, "lost": lost, "p_value": mcnemar_exact(gained, lost),
             "diff": (gained - lost) / len(both) if both else None}
+
+
+def ratio_ci(pairs, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval, over items, of sum(num) / sum(den) for paired (num, den) per
+    item: how far a speed-up measured on these items could move on another draw of items like them
+    (the answers, and with them the lengths and what can be copied, differ per item and method).
+    Seeded, so a report renders the same twice; None with fewer than 2 items."""
+    rows = [(float(a), float(b)) for a, b in pairs]
+    if len(rows) < 2:
+        return None
+    rng, n, stats = random.Random(seed), len(rows), []
+    for _ in range(reps):
+        num = den = 0.0
+        for _ in range(n):
+            a, b = rows[rng.randrange(n)]
+            num, den = num + a, den + b
+        if den > 0:
+            stats.append(num / den)
+    if not stats:
+        return None
+    stats.sort()
+    tail = (1 - level) / 2
+    return stats[int(tail * (len(stats) - 1))], stats[math.ceil((1 - tail) * (len(stats) - 1))]
 
 
 def pareto(counts: Counter) -> dict:

@@ -132,6 +132,28 @@ def test_pareto_wilson_mcnemar():
     assert mcnemar_exact(10, 0) == pytest.approx(2 / 1024) and mcnemar_exact(0, 10) == mcnemar_exact(10, 0)
 
 
+def test_speedup_interval_over_items():
+    from bench.harness import check_targets, summarize
+    from bench.stats import ratio_ci
+
+    steady = [(2.0 + 0.01 * (i % 3), 1.0) for i in range(20)]          # every item about 2x
+    lo, hi = ratio_ci(steady)
+    assert 1.99 < lo <= sum(a for a, _ in steady) / 20 <= hi < 2.03
+    mixed = [(3.0, 1.0), (0.5, 1.0)] * 5                               # items disagree: the interval is wide
+    lo_m, hi_m = ratio_ci(mixed)
+    assert lo_m < 1.75 < hi_m and hi_m - lo_m > 0.5
+    assert ratio_ci(mixed) == (lo_m, hi_m)                               # seeded: a report renders the same
+    assert ratio_ci([(2.0, 1.0)]) is None and ratio_ci([]) is None
+    # the summary and the goals carry it for each speed-up, from the items' wall times
+    recs = [_rec("a", str(i), "ar", 10.0, 10, 10) for i in range(6)] + \
+        [_rec("a", str(i), "csd", 5.0 + i, 10, 4, drafted=12, accepted=8, rescued=1) for i in range(6)]
+    s = summarize(recs, ["ar", "csd"])["a"]
+    lo_s, hi_s = s["csd"]["speedup_wall_ci95"]
+    assert s["csd"]["speedup_wall"] == pytest.approx(60 / 45) and lo_s < 60 / 45 < hi_s
+    assert "speedup_wall_ci95" not in s["ar"]
+    assert check_targets(s)["csd_over_ar"]["ci95"] == [lo_s, hi_s]
+
+
 def test_methods_and_sweep():
     from bench.harness import make_methods, parse_sweep
     from csd.config import CSDConfig
@@ -185,6 +207,20 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
         assert 0 <= s[m]["eos_share"] <= 1 and s[m]["accuracy_ci95"] is not None
     assert {p["method"] for p in res["frontier"]} == set(s)
     assert res["summary"]["p"]["sd"]["tokens_per_s"] > 0          # the contract scripts read
+    # a run re-rendered by the current code: a run from before a figure existed gains it, nothing else moves
+    from bench.report import main as rerender
+    md = (out / "results.md").read_text()
+    assert "bootstrap interval over the items" in md
+    old = json.loads((out / "results.json").read_text())
+    for stats in old["summary"].values():
+        for s_m in stats.values():
+            for k in [k for k in s_m if k.endswith("_ci95") and k.startswith("speedup")]:
+                del s_m[k]
+    (out / "results.json").write_text(json.dumps(old))
+    assert rerender([str(out)]) == 0
+    assert (out / "results.md").read_text() == md
+    assert json.loads((out / "results.json").read_text())["summary"] == json.loads(json.dumps(res["summary"]))
+    assert rerender([str(tmp_path / "nowhere")]) == 2
 
 
 def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, qwen_tokenizer):
