@@ -170,12 +170,12 @@ def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
         w = torch._make_per_channel_quantized_tensor(
             torch.cat([x.int_repr() for x in ws]), torch.cat([x.q_per_channel_scales() for x in ws]),
             torch.cat([x.q_per_channel_zero_points() for x in ws]), 0)
-        biases = [m.bias() for m in mods]
-        bias = torch.cat(biases) if all(b is not None for b in biases) else None
-        return PackedInt8Linear(torch.ops.quantized.linear_prepack(w, bias))
-    biases = [m.bias for m in mods]
-    bias = torch.cat(biases) if all(b is not None for b in biases) else None
-    return _linear(torch.cat([m.weight for m in mods]), bias, int8)
+        return PackedInt8Linear(torch.ops.quantized.linear_prepack(w, _cat_bias([m.bias() for m in mods])))
+    return _linear(torch.cat([m.weight for m in mods]), _cat_bias([m.bias for m in mods]), int8)
+
+
+def _cat_bias(biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return torch.cat(biases) if all(b is not None for b in biases) else None
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torch.nn.Module:

@@ -223,7 +223,7 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached.
     ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto)."""
     from .lm import HFLM, LeanLM
-    from .models import to_repr
+    from .models import release_memory, to_repr
 
     key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
            "engine": engine_revision(), "int8_impl": "lean" if int8_lean else "hf"}
@@ -255,21 +255,6 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     if progress:
         progress(f"target representation: {choice}", 1.0)
     return choice, timings
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
-    its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
-    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):    # not glibc (macOS, Windows, musl): nothing to trim
-        pass
 
 
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
