@@ -3,7 +3,6 @@ speed-up, the Pareto curve."""
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 
 from csd.rule import top_share
@@ -46,22 +45,19 @@ def ratio_ci(pairs, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tup
     item: how far a speed-up measured on these items could move on another draw of items like them
     (the answers, and with them the lengths and what can be copied, differ per item and method).
     Seeded, so a report renders the same twice; None with fewer than 2 items."""
-    rows = [(float(a), float(b)) for a, b in pairs]
+    import numpy as np
+
+    rows = np.array([(float(a), float(b)) for a, b in pairs]).reshape(-1, 2)
     if len(rows) < 2:
         return None
-    rng, n, stats = random.Random(seed), len(rows), []
-    for _ in range(reps):
-        num = den = 0.0
-        for _ in range(n):
-            a, b = rows[rng.randrange(n)]
-            num, den = num + a, den + b
-        if den > 0:
-            stats.append(num / den)
-    if not stats:
+    pick = np.random.default_rng(seed).integers(0, len(rows), size=(reps, len(rows)))
+    num, den = rows[pick, 0].sum(1), rows[pick, 1].sum(1)
+    ratios = num[den > 0] / den[den > 0]
+    if not len(ratios):
         return None
-    stats.sort()
-    tail = (1 - level) / 2
-    return stats[int(tail * (len(stats) - 1))], stats[math.ceil((1 - tail) * (len(stats) - 1))]
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(ratios, [tail, 100 - tail])
+    return float(lo), float(hi)
 
 
 def pareto(counts: Counter) -> dict:
