@@ -206,6 +206,7 @@ class ItemResult:
     lookup_blocks: int | None = None   # target passes over tokens copied from the context (csd.lookup)
     lookup_drafted: int | None = None
     lookup_kept: int | None = None
+    leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
 
     @property
     def tokens_per_s(self) -> float:
@@ -413,6 +414,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
                     ids = item_records[ref].token_ids
                     for r in item_records.values():
                         setattr(r, f"identical_to_{ref}", r.token_ids == ids)
+            mark_where_answers_leave_sd(item_records.values(), pair.tokenizer.decode)
             records.extend(item_records[m.name] for m in cols if m.name in item_records)
             results.update(_assemble(records, cols, divergences, token_text, "running", _bound(results)))
             _write_json(out / "results.json", results)
@@ -475,6 +477,25 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
 
 
 # -- summaries ----------------------------------------------------------------------------------------
+def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
+    """Where an answer first differs from the reference answer: [position, the reference's token, this
+    answer's token] as text ("" past an answer's end); None when they are the same."""
+    if ids == ref_ids:
+        return None
+    i = next((k for k, (a, b) in enumerate(zip(ref_ids, ids)) if a != b), min(len(ref_ids), len(ids)))
+    return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
+
+
+def mark_where_answers_leave_sd(records, decode) -> None:
+    """Set ``leaves_sd_at`` on one item's records (every method but SD, where SD ran). On the embedded
+    pair nearly every HumanEval answer of CSD leaves SD's at its first rescue, token 3 of the code block."""
+    records = list(records)
+    sd = next((r for r in records if r.method == "sd"), None)
+    for r in records:
+        if sd is not None and r is not sd:
+            r.leaves_sd_at = leaves_at(sd.token_ids, r.token_ids, decode)
+
+
 def summarize(records: list[ItemResult], methods: list[str]) -> dict:
     """Per dataset (and "all"), per method, over the items that every method finished."""
     by_item: dict[tuple, dict[str, ItemResult]] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 
@@ -60,6 +61,39 @@ def _profile_figures(p: dict, bound_label: str) -> str:
     return (f"draft {p['draft_ms']:.1f} ms/token, target {p['verify_ms'].get('1', 0):.1f} ms for 1 token and "
             f"{p['verify_ms'].get('7', 0):.1f} ms for 7; {bound_label} {b.get('speedup', 0):.2f}x AR at gamma "
             f"{b.get('gamma')}")
+
+
+def leave_sd_lines(results: dict, top: int = 8) -> list[str]:
+    """Where each CSD column's answers first leave SD's, grouped by the pair of tokens there (SD's token,
+    which is the target's choice, and the one CSD kept instead): the rescues that changed answers."""
+    by_method: dict[str, dict[tuple, list]] = {}
+    for it in results.get("items") or []:
+        at = it.get("leaves_sd_at")
+        if at and it["method"].startswith("csd"):
+            by_method.setdefault(it["method"], {}).setdefault((at[1], at[2]), []).append((it["dataset"], at[0]))
+    lines = []
+    for m, groups in by_method.items():
+        n = sum(len(v) for v in groups.values())
+        lines += ["", f"Where `{m}`'s answers first leave SD's ({n} answers differ; SD's token there is the target's "
+                      f"choice, the other the token {m} kept, by a rescue or, in int8, by the pass's rounding):", "",
+                  "| SD's token | kept instead | answers | datasets | positions |", "|---|---|---:|---|---|"]
+        ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        for (a, b), rows in ranked[:top]:
+            ds = ", ".join(f"{d} {c}" for d, c in Counter(d for d, _ in rows).most_common())
+            pos = sorted(p for _, p in rows)
+            where = str(pos[0]) if pos[0] == pos[-1] else f"{pos[0]}-{pos[-1]}"
+            lines.append(f"| {_tok(a)} | {_tok(b)} | {len(rows)} | {ds} | {where} |")
+        if len(ranked) > top:
+            lines.append(f"| (other pairs) | | {sum(len(v) for _, v in ranked[top:])} | | |")
+    return lines
+
+
+def _tok(text: str) -> str:
+    """A token as Markdown inline code, newlines and tabs escaped, pipes kept out of the table."""
+    if not text:
+        return "(end)"
+    t = repr(text)[1:-1].replace("|", "\\|")
+    return f"`` {t} ``" if "`" in t else f"`{t}`"
 
 
 def render_markdown(results: dict) -> str:
@@ -146,6 +180,7 @@ def render_markdown(results: dict) -> str:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
                           f"({_pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
                           f"copied tokens and kept {st['lookup_kept']} ({_pct(st.get('lookup_acceptance'), 0)})."]
+    lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
             lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "
@@ -317,6 +352,29 @@ def profile_figure(costs, title: str = ""):
     return fig
 
 
+def _fill_leaves_sd_at(results: dict) -> None:
+    """A run from before ``leaves_sd_at`` existed gains it, from its stored token ids, where its pair is the
+    embedded one (whose tokenizer is at hand); others are left as they are."""
+    items = results.get("items") or []
+    if all("leaves_sd_at" in it for it in items):
+        return
+    from csd.models import EMBEDDED_PAIR_ID, prepare_embedded
+    if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
+        return
+    from transformers import AutoTokenizer
+
+    from .harness import leaves_at
+    decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
+    by_item: dict[tuple, list[dict]] = {}
+    for it in items:
+        by_item.setdefault((it["dataset"], it["item_id"]), []).append(it)
+    for group in by_item.values():
+        sd = next((it for it in group if it["method"] == "sd"), None)
+        for it in group:
+            if sd is not None and it is not sd:
+                it["leaves_sd_at"] = leaves_at(sd["token_ids"], it["token_ids"], decode)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a benchmark output directory (holding results.json)")
@@ -329,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = Path(results.pop("_path"))
+    _fill_leaves_sd_at(results)
     resummarize(results)
     _write_json(path, results)
     (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")

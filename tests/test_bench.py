@@ -154,6 +154,28 @@ def test_speedup_interval_over_items():
     assert check_targets(s)["csd_over_ar"]["ci95"] == [lo_s, hi_s]
 
 
+def test_where_answers_leave_sd():
+    from bench.harness import leaves_at
+    from bench.report import leave_sd_lines
+
+    def dec(ids):
+        return "".join(chr(96 + i) for i in ids)
+
+    assert leaves_at([1, 2, 3], [1, 2, 3], dec) is None
+    assert leaves_at([1, 2, 3], [1, 5, 3], dec) == [1, "b", "e"]
+    assert leaves_at([1, 2], [1, 2, 4], dec) == [2, "", "d"]            # past SD's end
+    items = [{"dataset": "h", "item_id": str(i), "method": "csd", "leaves_sd_at": [3, "def", "from"]} for i in range(3)]
+    items += [{"dataset": "g", "item_id": "9", "method": "csd", "leaves_sd_at": [0, "a|b", "`x\n"]},
+              {"dataset": "g", "item_id": "8", "method": "ar", "leaves_sd_at": [1, "q", "r"]},
+              {"dataset": "g", "item_id": "7", "method": "csd", "leaves_sd_at": None}]
+    table = "\n".join(leave_sd_lines({"items": items}))
+    assert "(4 answers differ" in table
+    assert "| `def` | `from` | 3 | h 3 | 3 |" in table                      # grouped by the pair, most first
+    assert "| `a\\|b` | `` `x\\n `` | 1 | g 1 | 0 |" in table            # escaped for a Markdown table
+    assert "`q`" not in table                                          # AR is not a CSD column
+    assert leave_sd_lines({"items": items[-2:]}) == []
+
+
 def test_methods_and_sweep():
     from bench.harness import make_methods, parse_sweep
     from csd.config import CSDConfig
@@ -207,6 +229,8 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
         assert 0 <= s[m]["eos_share"] <= 1 and s[m]["accuracy_ci95"] is not None
     assert {p["method"] for p in res["frontier"]} == set(s)
     assert res["summary"]["p"]["sd"]["tokens_per_s"] > 0          # the contract scripts read
+    for it in res["items"]:                                        # where each answer leaves SD's, if it does
+        assert (it["leaves_sd_at"] is None) == (it["method"] == "sd" or it["identical_to_sd"])
     # a run re-rendered by the current code: a run from before a figure existed gains it, nothing else moves
     from bench.report import main as rerender
     md = (out / "results.md").read_text()
