@@ -242,6 +242,8 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     assert page.locator("#compare-detail .csd-detail-body .first").inner_text()
     note = page.locator("#compare-note").inner_text()
     assert note.startswith("SD used") and "Why speculative decoding can be slower than AR" in note
+    cap = page.locator("#cap-csd").inner_text()                  # where CSD's answer leaves SD's, if it does
+    assert "same tokens as SD" in cap or ("leaves SD's answer at token" in cap and "<code>" not in cap)
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
 
     # 7. Teach: one iteration at a time, the thrown-away part of a block greyed out

@@ -294,6 +294,30 @@ def test_departures_mark_replaced_and_inserted_positions():
     assert H.departures([1, 2, 3], [1, 2, 7, 8, 3]) == {2, 3}
 
 
+def test_compare_caption_says_where_csd_leaves_sd():
+    from csd.config import CSDConfig
+    from csd.events import ACCEPTED, BONUS, RESCUED
+    from ui.state import RunView
+
+    def view(method, events):
+        kept = [e for e in events if e.status != "rejected"]
+        return RunView(None, "p", True, CSDConfig(method=method), events=events, done=True,
+                       metrics=RunMetrics(new_tokens=len(kept), target_forwards=1, wall_s=1.0),
+                       token_ids=[e.token_id for e in kept])
+
+    sd = view("sd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0), TokenEvent(1, 6, "def", BONUS, 0, 1)])
+    csd = view("csd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0),
+                       TokenEvent(1, 7, XSS, RESCUED, 0, 1, draft_id=7, target_id=6, target_text="def", memory_count=68)])
+    cap = H._compare_caption("csd", csd, None, None, sd)
+    assert "leaves SD's answer at token 1" in cap and "<code>def</code>" in cap and "seen this divergence 68 times" in cap
+    assert "<img" not in cap and "&lt;img src=x onerror=alert(1)&gt;" in cap          # token text escaped
+    assert "same tokens as SD" in H._compare_caption("csd", sd, None, None, sd)
+    short = view("csd", sd.events[:1])
+    assert "where CSD ended" in H._compare_caption("csd", short, None, None, sd)
+    sd_cap = H._compare_caption("sd", sd, None, None, sd)                             # only CSD's caption says it
+    assert "same tokens as SD" not in sd_cap and "leaves SD" not in sd_cap
+
+
 def test_lane_orders_requests_and_forgets_abandoned_ones():
     lane = Lane(stale_s=30)
     a, b, c = lane.request("s1", "generate"), lane.request("s2", "generate"), lane.request("s3", "compare")
@@ -565,6 +589,7 @@ def test_compare_leads_with_target_passes_saved(services):
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd
+    assert "same tokens as SD" in cap_csd or "leaves SD's answer at token" in cap_csd
     assert note.startswith("**SD** used") and "saved" in note and "Why speculative decoding can be slower" in note
     assert [t.type for t in fig.data] == ["bar"] * 3 and list(fig.data[0].x) == ["ar", "sd", "csd"]
     assert sess.last.cfg.method == "csd" and isinstance(sess.ar_speed[("the cat sat", True)], RunMetrics)

@@ -11,6 +11,7 @@ an unexpected failure is logged with its traceback first and shown as a sentence
 from __future__ import annotations
 
 import difflib
+import html
 import logging
 import math
 import tempfile
@@ -25,7 +26,7 @@ import numpy as np
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
 from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
-from csd.events import REJECTED, STATUSES, RunMetrics, TokenEvent
+from csd.events import REJECTED, RESCUED, STATUSES, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import log_tau, rescues
 from db import analytics as A
@@ -469,7 +470,31 @@ def departures(base_ids: list[int], other_ids: list[int]) -> set[int]:
     return out
 
 
-def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None) -> str:
+def _code(text: str) -> str:
+    """A token's text as inline code in a Markdown caption, escaped (it reaches the page as HTML)."""
+    return f"<code>{html.escape(repr(text)[1:-1])}</code>"
+
+
+def leaves_sd(csd: RunView, sd: RunView) -> str:
+    """Where CSD's answer first leaves SD's (SD's token there is the target's choice) and why: a rescue
+    (with the memory's count) or, in a representation whose passes round differently, the rounding."""
+    a, b = sd.token_ids, csd.token_ids
+    if a == b:
+        return " · same tokens as SD"
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if i >= len(a) or i >= len(b):
+        return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else 'CSD'} ended"
+    ev, sd_ev = (next((e for e in v.events if e.position == i and e.status != REJECTED), None) for v in (csd, sd))
+    head = (f" · leaves SD's answer at token {i}: SD (the target's choice) wrote {_code(sd_ev.text if sd_ev else '')}, "
+            f"CSD kept {_code(ev.text if ev else '')}")
+    if ev is not None and ev.status == RESCUED:
+        seen = f"the memory had seen this divergence {ev.memory_count} times" if ev.memory_count else "the gate let it through"
+        return head + f", a rescue ({seen}); everything after it follows from that token"
+    return head
+
+
+def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None,
+                     sd: RunView | None = None) -> str:
     if view is None:
         return f"**{method.upper()}**: waiting"
     m = view.metrics
@@ -487,6 +512,8 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
             f" · departs from AR at token {min(diff)}; {len(diff)} tokens differ (wavy underline)"
         if ar.metrics and ar.metrics.tokens_per_s and m.tokens_per_s:
             head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× AR tokens/s"
+    if method == "csd" and sd is not None and sd.done:
+        head += leaves_sd(view, sd)
     return head
 
 
@@ -543,7 +570,7 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
                               panel="compare")
                  if views[m] else render.render_tokens([], empty="waiting…", view=f"pane-{m}", panel="compare")
                  for m in COMPARE_METHODS]
-        caps = [_compare_caption(m, views[m], ar, diffs[m]) for m in COMPARE_METHODS]
+        caps = [_compare_caption(m, views[m], ar, diffs[m], views["sd"]) for m in COMPARE_METHODS]
         fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics}) \
             if final else gr.skip()
         note = compare_note(views) if final else gr.skip()
