@@ -356,8 +356,8 @@ def _fill_leaves_sd_at(results: dict) -> None:
     """A run from before ``leaves_sd_at`` existed gains it, from its stored token ids, where its pair is the
     embedded one (whose tokenizer is at hand); others are left as they are."""
     items = results.get("items") or []
-    if all("leaves_sd_at" in it for it in items):
-        return
+    if all("leaves_sd_at" in it for it in items) or not any(it["method"] == "sd" for it in items):
+        return                   # nothing to fill, or no SD to compare with: no tokenizer needed
     from csd.models import EMBEDDED_PAIR_ID, prepare_embedded
     if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
         return
