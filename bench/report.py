@@ -363,16 +363,16 @@ def _fill_leaves_sd_at(results: dict) -> None:
         return
     from transformers import AutoTokenizer
 
-    from .harness import leaves_at
+    from .harness import ItemResult, mark_where_answers_leave_sd
     decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
-    by_item: dict[tuple, list[dict]] = {}
-    for it in items:
-        by_item.setdefault((it["dataset"], it["item_id"]), []).append(it)
-    for group in by_item.values():
-        sd = next((it for it in group if it["method"] == "sd"), None)
-        for it in group:
-            if sd is not None and it is not sd:
-                it["leaves_sd_at"] = leaves_at(sd["token_ids"], it["token_ids"], decode)
+    records = [ItemResult.from_dict(it) for it in items]
+    by_item: dict[tuple, list[ItemResult]] = {}
+    for r in records:
+        by_item.setdefault((r.dataset, r.item_id), []).append(r)
+    for group in by_item.values():         # the run's own pairing, one item at a time
+        mark_where_answers_leave_sd(group, decode)
+    for it, r in zip(items, records):
+        it["leaves_sd_at"] = r.leaves_sd_at
 
 
 def main(argv: list[str] | None = None) -> int:
