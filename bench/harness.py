@@ -154,7 +154,7 @@ def validate_methods(methods: Iterable[str]) -> list[str]:
 
 def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
     """Dataset names from "a,b" or a list: built-in names or existing files, each optionally with
-    its own item count ("gsm8k:40,prose:10")."""
+    its own item count ("gsm8k:40,prose:10") or range of items ("gsm8k:16-40", see ``item_range``)."""
     names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
     names = list(dict.fromkeys(d for d in names if d))
     if not names:
@@ -167,13 +167,28 @@ def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
 
 
 def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
-    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit)."""
+    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit); "gsm8k:16-40" -> ("gsm8k", 40)."""
+    name, start, stop = item_range(spec, limit)
+    return name, stop
+
+
+def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | None]:
+    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40);
+    "gsm8k:16-40" -> ("gsm8k", 15, 40), items 16 to 40 (from 1) of the seeded draw, which is
+    prefix-stable: a run on "gsm8k:15" and one on "gsm8k:16-40" cover "gsm8k:40" between them,
+    so a long accuracy run can be extended without repeating the items it has."""
     name, sep, n = spec.rpartition(":")
-    if sep and n.isdigit() and not Path(spec).expanduser().is_file():
-        if int(n) < 1:
-            raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
-        return name, int(n)
-    return spec, limit
+    if not sep or Path(spec).expanduser().is_file():
+        return spec, 0, limit
+    first, dash, last = n.partition("-")
+    if not (first.isdigit() and (not dash or last.isdigit())):
+        return spec, 0, limit
+    lo, hi = (int(first), int(last)) if dash else (1, int(first))
+    if hi < 1 or lo < 1:
+        raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
+    if lo > hi:
+        raise ValueError(f"dataset {spec!r}: the range's first item comes after its last")
+    return name, lo - 1, hi
 
 
 # -- one method on one item -------------------------------------------------------------------------
@@ -347,7 +362,10 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
 
     # datasets take turns (gsm8k 1, humaneval 1, gsm8k 2, ...): a run stopped early stays balanced
-    per_dataset = [load_dataset(*split_limit(spec, limit), seed) for spec in datasets]
+    per_dataset = []
+    for spec in datasets:
+        name, skip, stop = item_range(spec, limit)
+        per_dataset.append(load_dataset(name, stop, seed)[skip:])
     items: list[Item] = [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     for ids in prompts.values():

@@ -31,7 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "architectures (no model files needed: for GPU machines; see bench/synthetic.py).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each optionally with its own item "
-                        "count, e.g. gsm8k:40,humaneval:40,prose:10 (default: gsm8k,humaneval,prose)")
+                        "count, e.g. gsm8k:40,humaneval:40,prose:10, or range of the seeded draw, e.g. gsm8k:16-40 (the "
+                        "items a run on gsm8k:15 left out) (default: gsm8k,humaneval,prose)")
     p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")

@@ -403,3 +403,21 @@ def test_per_dataset_item_counts():
         validate_datasets("nope:3")
     with pytest.raises(ValueError, match="at least 1"):
         split_limit("gsm8k:0")
+
+
+def test_an_item_range_draws_the_items_a_shorter_run_left_out():
+    from bench.datasets import load_dataset
+    from bench.harness import item_range, validate_datasets
+
+    assert item_range("gsm8k:16-40") == ("gsm8k", 15, 40) and item_range("gsm8k:40") == ("gsm8k", 0, 40)
+    assert item_range("prose", 5) == ("prose", 0, 5)
+    assert validate_datasets("gsm8k:16-40") == ["gsm8k:16-40"]
+    whole = [it.item_id for it in load_dataset("gsm8k", 40)]
+    first = [it.item_id for it in load_dataset("gsm8k", 15)]
+    name, skip, stop = item_range("gsm8k:16-40")
+    rest = [it.item_id for it in load_dataset(name, stop)[skip:]]
+    assert first + rest == whole and len(rest) == 25
+    with pytest.raises(ValueError, match="comes after"):
+        item_range("gsm8k:40-16")
+    with pytest.raises(ValueError, match="at least 1"):
+        item_range("gsm8k:0-3")
