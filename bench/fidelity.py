@@ -9,6 +9,8 @@ one-token pass), and accuracy of the AR answers on the graded items. Items as in
 seed draws the same items, so a smaller run is a prefix of a larger one): graded accuracy of each
 with the exact McNemar test, identical answers and the common prefix. That is how long answers in
 two representations are compared without running both again (a float32 run beside an int8 one).
+Either side may be several runs of one representation, comma-separated (``A1,A2``): their items are
+pooled, so a run extended later (``--dataset gsm8k:16-40`` beside ``gsm8k:15``) counts as one.
 """
 from __future__ import annotations
 
@@ -121,6 +123,22 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
             "answers": {r: {k: v for k, v in per.items() if k != "_seconds"} for r, per in answers.items()}}
 
 
+def pool_runs(runs: list[dict]) -> dict:
+    """Several benchmark results of one representation as one: the first run's meta, the items of
+    all of them (an item that two runs share is taken from the first: greedy answers repeat)."""
+    reprs = {r.get("meta", {}).get("dtype") for r in runs}
+    if len(reprs) > 1:
+        raise ValueError(f"runs pooled on one side must share a target representation, got {sorted(map(str, reprs))}")
+    seen, items = set(), []
+    for r in runs:
+        for it in r["items"]:
+            key = (it["dataset"], it["item_id"], it["method"])
+            if key not in seen:
+                seen.add(key)
+                items.append(it)
+    return {**runs[0], "items": items}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--reprs", default="float32,int8", help="representations, float32 (the reference) first")
@@ -129,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="fidelity.json")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                    help="pair two benchmark runs' results.json item by item instead of generating")
+                    help="pair two benchmark runs' results.json item by item instead of generating; "
+                         "either may be several runs of one representation, comma-separated")
     ap.add_argument("--method", default="sd", help="with --compare: the column to pair (default sd)")
     args = ap.parse_args(argv)
     if args.compare:
@@ -152,11 +171,18 @@ def main(argv: list[str] | None = None) -> int:
 def _compare_main(args) -> int:
     from .merge import MergeError, load_results
     runs = []
-    for path in args.compare:
+    for side in args.compare:
+        parts = []
+        for path in (p for p in side.split(",") if p):
+            try:
+                parts.append(load_results(Path(path)))
+            except MergeError as e:
+                print(f"error: no benchmark results at {path}: {e}", file=sys.stderr)
+                return 2
         try:
-            runs.append(load_results(Path(path)))
-        except MergeError as e:
-            print(f"error: no benchmark results at {path}: {e}", file=sys.stderr)
+            runs.append(pool_runs(parts))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
     names = tuple(r.get("meta", {}).get("dtype") or f"run {i + 1}" for i, r in enumerate(runs))
     if names[0] == names[1]:

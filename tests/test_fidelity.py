@@ -43,6 +43,21 @@ def test_compare_pairs_two_runs_item_by_item(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare", str(tmp_path / "nope"), str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no benchmark results at" in r.stderr
+    # one side pooled from two runs of the same representation (a run extended by an item range)
+    a1 = {**a, "items": a["items"][:2]}
+    a2 = {**a, "items": a["items"][1:]}          # item 2 in both: taken once
+    (tmp_path / "a1.json").write_text(json.dumps(a1))
+    (tmp_path / "a2.json").write_text(json.dumps(a2))
+    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare",
+                        f"{tmp_path / 'a1.json'},{tmp_path / 'a2.json'}", str(tmp_path / "b.json"), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| all | 4 | 2/3 | 2/3 | 1 / 1 (p = 1.00) | 2 | 2 |" in r.stdout
+    (tmp_path / "b8.json").write_text(json.dumps({**b, "items": b["items"][:1]}))
+    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare",
+                        f"{tmp_path / 'a1.json'},{tmp_path / 'b8.json'}", str(tmp_path / "b.json"), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must share a target representation" in r.stderr
 
 
 @pytest.mark.slow
