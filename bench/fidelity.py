@@ -21,18 +21,10 @@ import time
 from pathlib import Path
 
 from csd.config import CSDConfig
+from csd.events import common_prefix
 
 from .datasets import load_dataset
 from .graders import grade
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = ("a", "b")) -> dict:

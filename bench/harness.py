@@ -40,6 +40,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
+from csd.events import common_prefix
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
@@ -500,7 +501,7 @@ def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
     answer's token] as text ("" past an answer's end); None when they are the same."""
     if ids == ref_ids:
         return None
-    i = next((k for k, (a, b) in enumerate(zip(ref_ids, ids)) if a != b), min(len(ref_ids), len(ids)))
+    i = common_prefix(ref_ids, ids)
     return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
 
 

@@ -157,3 +157,15 @@ class RunMetrics:
 
 
 _FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in (TokenEvent, RunMetrics)}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two answers share from their start: the position where they first differ
+    (the shorter one's length when one is a prefix of the other). The benchmark's fidelity figures,
+    its ``leaves_sd_at`` and the Compare tab's caption all ask this of two runs' token ids."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -14,6 +14,13 @@ def item(ds, iid, correct, ids, method="sd"):
             "new_tokens": len(ids)}
 
 
+def test_common_prefix_is_where_two_answers_first_differ():
+    from csd.events import common_prefix
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([5], [6, 5]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2 and common_prefix([], [1]) == 0
+    assert common_prefix([7, 8], [7, 8]) == 2
+
+
 def test_compare_pairs_two_runs_item_by_item(tmp_path):
     from bench.fidelity import compare_runs
     a = {"meta": {"dtype": "float32"}, "frontier": [], "items": [

@@ -26,7 +26,7 @@ import numpy as np
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
 from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
-from csd.events import REJECTED, RESCUED, STATUSES, RunMetrics, TokenEvent
+from csd.events import REJECTED, RESCUED, STATUSES, RunMetrics, TokenEvent, common_prefix
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import log_tau, rescues
 from db import analytics as A
@@ -481,7 +481,7 @@ def leaves_sd(csd: RunView, sd: RunView) -> str:
     a, b = sd.token_ids, csd.token_ids
     if a == b:
         return " · same tokens as SD"
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    i = common_prefix(a, b)
     if i >= len(a) or i >= len(b):
         return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else 'CSD'} ended"
     ev, sd_ev = (next((e for e in v.events if e.position == i and e.status != REJECTED), None) for v in (csd, sd))
