@@ -1,7 +1,11 @@
 """The benchmark's outputs for people: the paper-style Markdown table and the Plotly charts.
 
 ``python -m bench.report RUN_DIR``: a finished run's summary, goals, table and charts again from its
-stored items, by the current code (the measurements themselves are not touched)."""
+stored items, by the current code (the measurements themselves are not touched).
+
+``python -m bench.report RUN_A RUN_B ... --out DIR``: runs of one set-up on different items pooled
+into one report (``pool``), so that a speed-up's interval narrows with more items without one
+sitting long enough to run them all."""
 from __future__ import annotations
 
 import argparse
@@ -115,6 +119,9 @@ def render_markdown(results: dict) -> str:
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
         f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
     ]
+    for i, r in enumerate(meta.get("pooled_from") or []):
+        lines.append(f"- Pooled, run {i + 1} of {len(meta['pooled_from'])}: `{r['command']}` ({r['items']} items, "
+                     f"{r['started_at']}, {r['status']}); divergence patterns: see that run's own report")
     if prof:
         lines.append(f"- Profile of this machine: {_profile_figures(prof, 'ideal bound')}")
         for c in meta.get("profile_checks") or []:
@@ -375,24 +382,89 @@ def _fill_leaves_sd_at(results: dict) -> None:
         it["leaves_sd_at"] = r.leaves_sd_at
 
 
+POOL_SETUP = ("methods", "max_new_tokens", "gamma", "lookup", "lam", "tau", "seed", "memory_mode", "temperature")
+
+
+def _setup(results: dict) -> dict:
+    """What must be the same for two runs' items to count as one sample."""
+    meta = results["meta"]
+    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
+            "target path": (meta.get("models") or {}).get("target_impl"),
+            "machine": (meta.get("machine") or {}).get("cpu"),
+            **{k: meta["config"].get(k) for k in POOL_SETUP}}
+
+
+def pool(runs: list[dict], command: str = "") -> dict:
+    """Benchmark runs of one set-up (pair, representations, machine kind, methods and settings) on
+    different items, as one run: every speed-up is again a ratio of summed walls over all items and
+    its bootstrap interval is over all of them. That is sound because each item's methods ran side
+    by side, interleaved, in its own run; the runs' own speeds may differ (a shared machine drifts),
+    which widens the interval rather than biasing the ratio. The bound is the median of every
+    profile the runs measured. Divergence patterns are not pooled (each run's memory evolved on its
+    own items): see each run's report."""
+    import copy
+
+    from .harness import resummarize
+    from .merge import MergeError
+    if len(runs) < 2:
+        raise MergeError("pooling needs at least two runs")
+    first = _setup(runs[0])
+    for r in runs[1:]:
+        other = _setup(r)
+        diff = [k for k in first if first[k] != other[k]]
+        if diff:
+            raise MergeError(f"the runs differ in {', '.join(diff)}: only runs of one set-up can be pooled")
+    seen, items = set(), []
+    for r in runs:
+        for it in r["items"]:
+            key = (it["dataset"], it["item_id"], it["method"])
+            if key in seen:
+                raise MergeError(f"item {it['dataset']} {it['item_id']} ({it['method']}) is in two runs: "
+                                 "pool runs on different items (--dataset gsm8k:11-20 draws the next ten)")
+            seen.add(key)
+            items.append(it)
+    out = copy.deepcopy({k: v for k, v in runs[0].items() if k != "_path"})
+    meta = out["meta"]
+    meta["command"] = command or meta["command"]
+    meta["pooled_from"] = [{"command": r["meta"].get("command"), "started_at": r["meta"].get("started_at"),
+                            "status": r.get("status"), "items": len({(i["dataset"], i["item_id"]) for i in r["items"]}),
+                            "loadavg_start": r["meta"].get("loadavg_start")} for r in runs]
+    meta["profile_checks"] = list(meta.get("profile_checks") or []) + [
+        p for r in runs[1:] for p in [r["meta"].get("profile")] + list(r["meta"].get("profile_checks") or []) if p]
+    meta["config"]["datasets"] = list(dict.fromkeys(d for r in runs for d in r["meta"]["config"].get("datasets") or []))
+    out.update(items=items, divergences={}, status="pooled")
+    return resummarize(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
-    ap.add_argument("run", help="a benchmark output directory (holding results.json)")
+    ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
+    ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
     from .harness import _write_json, resummarize
     from .merge import MergeError, load_results
+    if len(args.run) > 1 and not args.out:
+        print("error: several runs are pooled into a new report: give it a directory with --out", file=sys.stderr)
+        return 2
     try:
-        results = load_results(Path(args.run))
+        runs = [load_results(Path(r)) for r in args.run]
+        for r in runs:
+            _fill_leaves_sd_at(r)
+        if len(runs) > 1:
+            results = pool(runs, "python -m bench.report " + " ".join(args.run) + f" --out {args.out}")
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            path = Path(args.out) / "results.json"
+        else:
+            results = runs[0]
+            path = Path(results.pop("_path"))
+            resummarize(results)
     except MergeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    path = Path(results.pop("_path"))
-    _fill_leaves_sd_at(results)
-    resummarize(results)
     _write_json(path, results)
     (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_charts(results, path.parent)
-    print(f"re-rendered {path} and {path.parent / 'results.md'}", file=sys.stderr)
+    print(f"{'pooled into' if len(runs) > 1 else 're-rendered'} {path} and {path.parent / 'results.md'}", file=sys.stderr)
     return 0
 
 

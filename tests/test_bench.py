@@ -269,6 +269,29 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     assert (out / "results.md").read_text() == md
     assert json.loads((out / "results.json").read_text())["summary"] == json.loads(json.dumps(res["summary"]))
     assert rerender([str(tmp_path / "nowhere")]) == 2
+    # runs of one set-up on different items pooled into one report: the speed-ups are over all the items
+    other = json.loads((out / "results.json").read_text())
+    for it in other["items"]:
+        it["item_id"] += "b"
+        it["wall_s"] *= 3 if it["method"] == "sd" else 1       # a second run where SD was slower
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run2" / "results.json").write_text(json.dumps(other))
+    assert rerender([str(out), str(tmp_path / "run2"), "--out", str(tmp_path / "pooled")]) == 0
+    pooled = json.loads((tmp_path / "pooled" / "results.json").read_text())
+    ps, items = pooled["summary"]["p"], pooled["items"]
+    assert pooled["status"] == "pooled" and ps["csd"]["n"] == 6 and len(pooled["meta"]["pooled_from"]) == 2
+    wall = {m: sum(it["wall_s"] for it in items if it["method"] == m) for m in ("sd", "csd")}
+    assert ps["csd"]["speedup_over_sd"] == pytest.approx(wall["sd"] / wall["csd"])
+    lo, hi = ps["csd"]["speedup_over_sd_ci95"]
+    assert lo <= ps["csd"]["speedup_over_sd"] <= hi
+    assert "Pooled, run 2 of 2" in (tmp_path / "pooled" / "results.md").read_text()
+    # the same items twice, a different set-up, or several runs without --out: refused, nothing written
+    assert rerender([str(out), str(out), "--out", str(tmp_path / "twice")]) == 2
+    other["meta"]["config"]["max_new_tokens"] = 99
+    (tmp_path / "run2" / "results.json").write_text(json.dumps(other))
+    assert rerender([str(out), str(tmp_path / "run2"), "--out", str(tmp_path / "mixed")]) == 2
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "mixed").exists()
+    assert rerender([str(out), str(tmp_path / "run2")]) == 2
 
 
 def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, qwen_tokenizer):
