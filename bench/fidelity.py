@@ -11,6 +11,12 @@ with the exact McNemar test, identical answers and the common prefix. That is ho
 two representations are compared without running both again (a float32 run beside an int8 one).
 Either side may be several runs of one representation, comma-separated (``A1,A2``): their items are
 pooled, so a run extended later (``--dataset gsm8k:16-40`` beside ``gsm8k:15``) counts as one.
+
+``--agreement RUN`` measures a representation token by token instead: the float32 target's greedy
+answers of a float32 run are fed back (teacher forcing, in passes of 7 tokens like a verify pass)
+and each representation's top-1 is compared with the token float32 chose. Whole answers part at the
+first flip and never meet again, so that figure moves with one near-tie; this one counts every flip,
+in minutes instead of hours (int8 with and without ``csd.smoothing``, bfloat16).
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from pathlib import Path
 from csd.config import CSDConfig
 from csd.events import common_prefix
 
-from .datasets import load_dataset
+from .datasets import get_item, load_dataset
 from .graders import grade
 
 
@@ -73,6 +79,7 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
     from csd.memory import CorrectionMemory
     from csd.models import load_pair, to_repr
     from csd.profile import machine_name
+    from csd.smoothing import cached_maxima, supported
 
     items = [it for d in datasets for it in load_dataset(d, limit, seed)]
     base_pair = pair if pair is not None else load_pair(dtype="float32")
@@ -82,7 +89,9 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
     for r in reprs:
         pair = base_pair
         if r != "float32":
-            target = to_repr(base_pair.target, r, copy=True)
+            maxima = cached_maxima(base_pair.target, base_pair.target_name, base_pair.encode_prompt) \
+                if r == "int8" and supported(base_pair.target) else None        # as load_pair's int8 target
+            target = to_repr(base_pair.target, r, copy=True, maxima=maxima)
             pair = replace(base_pair, target=target, target_lm=HFLM(target), target_repr=r)
         dec = Decoder(pair)
         per = answers.setdefault(r, {})
@@ -115,6 +124,65 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
             "answers": {r: {k: v for k, v in per.items() if k != "_seconds"} for r, per in answers.items()}}
 
 
+AGREEMENT_VARIANTS = {"int8": ("int8", True), "int8-unsmoothed": ("int8", False),
+                      "bfloat16": ("bfloat16", False), "float32": ("float32", False)}
+
+
+def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int | None = None,
+              pass_tokens: int = 7, progress=None, pair=None) -> dict:
+    """Teacher-forced top-1 agreement of each representation in ``variants`` (keys of
+    ``AGREEMENT_VARIANTS``) with the float32 greedy answers of ``run`` (a float32 benchmark run's
+    results.json, its SD column: greedy SD in float32 is the target's own greedy output)."""
+    import torch
+
+    from csd.lm import LeanLM
+    from csd.models import load_pair, release_memory, to_repr
+    from csd.profile import machine_name
+    from csd.smoothing import cached_maxima, supported
+
+    if run.get("meta", {}).get("dtype") != "float32":
+        raise ValueError("the reference answers must come from a float32 run (--dtype float32)")
+    for v in variants:
+        if v not in AGREEMENT_VARIANTS:
+            raise ValueError(f"unknown variant {v!r}: choose from {', '.join(AGREEMENT_VARIANTS)}")
+    refs = [r for r in run["items"] if r["method"] == "sd" and r.get("token_ids")][:items]
+    if not refs:
+        raise ValueError("the run has no SD answers to compare with")
+    pair = pair if pair is not None else load_pair(None, dtype="float32")
+    if pair.target_repr != "float32":
+        raise ValueError(f"the representations are built from the float32 target, got a {pair.target_repr} one")
+    prompts = [pair.encode_prompt(get_item(r["dataset"], r["item_id"]).prompt) for r in refs]
+    out = {"machine": machine_name(pair.device), "torch": torch.__version__, "pass_tokens": pass_tokens,
+           "max_tokens": max_tokens, "items": len(refs), "summary": {}}
+    for v in variants:
+        repr_, smoothed = AGREEMENT_VARIANTS[v]
+        maxima = cached_maxima(pair.target, pair.target_name, pair.encode_prompt) \
+            if smoothed and supported(pair.target) else None
+        model = pair.target if repr_ == "float32" else to_repr(pair.target, repr_, copy=True, maxima=maxima)
+        lm = LeanLM(model)
+        per: dict[str, list[int]] = {}
+        with torch.inference_mode():
+            for k, (r, p) in enumerate(zip(refs, prompts)):
+                ans = r["token_ids"][:max_tokens]
+                cache = lm.new_cache(len(p) + len(ans) + pass_tokens)
+                lm.forward(cache, p[:-1], 1)
+                fed, ok = [p[-1]] + ans[:-1], 0
+                for s in range(0, len(fed), pass_tokens):
+                    chunk = fed[s:s + pass_tokens]
+                    pred = lm.forward(cache, chunk, len(chunk)).argmax(-1).tolist()
+                    ok += sum(int(a == b) for a, b in zip(pred, ans[s:s + pass_tokens]))
+                for ds in (r["dataset"], "all"):
+                    acc = per.setdefault(ds, [0, 0])
+                    acc[0] += ok
+                    acc[1] += len(ans)
+                if progress:
+                    progress(f"{v}: {k + 1}/{len(refs)}", (k + 1) / len(refs))
+        out["summary"][v] = {ds: {"agree": a, "tokens": n, "share": a / n if n else None} for ds, (a, n) in per.items()}
+        del lm, model
+        release_memory()
+    return out
+
+
 def pool_runs(runs: list[dict]) -> dict:
     """Several benchmark results of one representation as one: the first run's meta, the items of
     all of them (an item that two runs share is taken from the first: greedy answers repeat)."""
@@ -142,9 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="pair two benchmark runs' results.json item by item instead of generating; "
                          "either may be several runs of one representation, comma-separated")
     ap.add_argument("--method", default="sd", help="with --compare: the column to pair (default sd)")
+    ap.add_argument("--agreement", metavar="RUN",
+                    help="a float32 benchmark run (or several, comma-separated): teacher-forced top-1 agreement "
+                         "with its answers instead "
+                         f"(variants from --reprs: {', '.join(AGREEMENT_VARIANTS)})")
+    ap.add_argument("--items", type=int, default=None, help="with --agreement: the first N answers")
     args = ap.parse_args(argv)
     if args.compare:
         return _compare_main(args)
+    if args.agreement:
+        return _agreement_main(args)
     reprs = [r.strip() for r in args.reprs.split(",") if r.strip()]
     res = run(reprs, [d.strip() for d in args.dataset.split(",")], args.limit, args.max_new_tokens,
               progress=lambda m, f: print(m, file=sys.stderr, flush=True))
@@ -156,6 +231,28 @@ def main(argv: list[str] | None = None) -> int:
         pref = f"{s['mean_common_prefix']:.0f} of {s['mean_answer_tokens']:.0f}" if "mean_common_prefix" in s else "–"
         acc = "–" if s["accuracy"] is None else f"{100 * s['accuracy']:.0f}% of {s['n_graded']}"
         print(f"| {r} | {s['items']} | {ident} | {pref} | {s['sd_equals_ar']}/{s['items']} | {acc} |")
+    print(f"({res['machine']}; written to {args.out})", file=sys.stderr)
+    return 0
+
+
+def _agreement_main(args) -> int:
+    from .merge import MergeError, load_results
+    try:
+        run = pool_runs([load_results(Path(p)) for p in args.agreement.split(",") if p])
+        variants = [v.strip() for v in args.reprs.split(",") if v.strip()]
+        res = agreement(run, variants, args.max_new_tokens, args.items,
+                        progress=lambda m, f: print(m, file=sys.stderr, flush=True))
+    except (MergeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res["reference"] = run.get("meta", {}).get("command")
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    datasets = [d for d in next(iter(res["summary"].values())) if d != "all"] + ["all"]
+    print("| representation | " + " | ".join(datasets) + " |")
+    print("|---|" + "---:|" * len(datasets))
+    for v, per in res["summary"].items():
+        cells = [f"{100 * per[d]['share']:.2f}% of {per[d]['tokens']}" if d in per else "–" for d in datasets]
+        print(f"| {v} | " + " | ".join(cells) + " |")
     print(f"({res['machine']}; written to {args.out})", file=sys.stderr)
     return 0
 

@@ -20,8 +20,10 @@ def _copies(lookup) -> str:
 
 
 def _impl(models: dict) -> str:
-    """The target's forward path as the header says it (runs before it was recorded had none)."""
-    return f" ({models['target_impl']} path)" if models.get("target_impl") else ""
+    """The target's forward path (and an int8 target's smoothing) as the header says it (runs before
+    they were recorded had none)."""
+    path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
+    return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
 
 
 def _fmt(x, spec=".2f", suffix="") -> str:

@@ -42,6 +42,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the target's forward pass in the decode loop: hf (transformers), lean (fused, "
                         "Llama-family: for an int8 target the same logits in about 0.8x the time), or auto "
                         "(lean for an int8 target, hf otherwise)")
+    p.add_argument("--int8-smoothing", default="on", choices=("on", "off"),
+                   help="for an int8 target: move activation outliers into the weights before quantising "
+                        "(SmoothQuant; the float function is unchanged, int8 rounds closer to it) (default on)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -56,7 +59,7 @@ def load_from_args(args, need_draft: bool = True):
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
                      draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
-                     target_impl=args.target_impl)
+                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on")
 
 
 def warn_memory_mismatch(memory, pair) -> None:

@@ -129,11 +129,16 @@ def release_memory() -> None:
         pass
 
 
-def to_repr(model: torch.nn.Module, name: str, copy: bool = False) -> torch.nn.Module:
-    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original."""
+def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
+            maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original.
+    ``maxima`` (int8 only): activation maxima to smooth the model with first (``csd.smoothing``)."""
     import copy as copy_mod
     m = copy_mod.deepcopy(model) if copy else model
     if name == "int8":
+        if maxima is not None:
+            from .smoothing import smooth
+            smooth(m, maxima)
         return quantize_int8(m).eval()
     return m.to(DTYPES[name]).eval()
 
@@ -249,6 +254,7 @@ class ModelPair:
     target_lm: LM | None = None         # what the decode loop calls (csd.lm)
     draft_lm: LM | None = None
     draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
+    target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
 
     def __post_init__(self):
         if not self.target_repr:
@@ -274,7 +280,7 @@ class ModelPair:
         """How the pair runs here, for every result: representations, draft path, device."""
         return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
                 "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
-                "target_impl": self.target_lm.impl,
+                "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
                 "threads": torch.get_num_threads()}
@@ -285,16 +291,20 @@ class ModelPair:
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of a prompt, through the chat template when asked and available."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("the prompt is empty")
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]
+        return encode_prompt(self.tokenizer, prompt, chat)
+
+
+def encode_prompt(tok, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt for tokenizer ``tok``, through the chat template when asked and available."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]
 
 
 def _resolve_source(name: str, role: str, progress: Progress | None) -> tuple[str, str]:
@@ -347,7 +357,8 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, dtype: str | torch.dtype | None = "auto",
               device: str | None = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
               progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
-              draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto") -> ModelPair:
+              draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto",
+              int8_smoothing: bool = True) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
     ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
@@ -364,7 +375,12 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     difference on the embedded pair) in about 0.8x its time (0.79-0.86x for passes of 1-12 tokens,
     side by side on a 2-core AMD EPYC). Packing the fused layers costs seconds per load, paid for by
     quantising the decoder blocks on all cores. The transformers model stays in ``pair.target`` for
-    calibration and assisted generation."""
+    calibration and assisted generation.
+
+    ``int8_smoothing``: before an int8 target is quantised, its activation outliers are moved into
+    the weights (``csd.smoothing``, SmoothQuant; the float function is unchanged), so the per-pass
+    activation scale of dynamic int8 rounds the other channels less coarsely. Llama-family targets
+    only; the maxima it needs are measured once per model and cached."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -426,8 +442,18 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
                                             int8_lean=target_impl != "hf" and not why_t)
     if target_impl == "auto":   # lean for an int8 target (where it is faster), transformers otherwise
         target_impl = "lean" if target_repr == "int8" and not why_t else "hf"
+    maxima, smoothing = None, ""
+    if target_repr == "int8" and int8_smoothing:
+        from . import smoothing as sq
+        try:
+            if not sq.supported(target_model):
+                raise ValueError("not a Llama-family decoder")
+            maxima = sq.cached_maxima(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
+            smoothing = f"SmoothQuant alpha {sq.ALPHA}"
+        except ValueError as e:
+            log.info("int8 target %s is quantised without smoothing: %s", t_disp, e)
     if target_repr != "float32" or target_model.dtype != torch.float32:
-        target_model = to_repr(target_model, target_repr)
+        target_model = to_repr(target_model, target_repr, maxima=maxima)
     target_lm = None
     if target_impl != "hf":     # an int8 model's quantised layers are fused as they are (no second quantisation)
         if progress:
@@ -478,4 +504,4 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
                      torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
                      draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
-                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm)
+                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothing)

@@ -89,3 +89,27 @@ def test_fidelity_compares_representations_with_float32(real_pair):
     with pytest.raises(ValueError, match="reference is the float32 target"):
         from dataclasses import replace
         run(["float32"], ["prose"], 1, 4, pair=replace(real_pair, target_repr="int8"))
+
+
+@pytest.mark.slow
+def test_teacher_forced_agreement_with_float32_answers(real_pair):
+    """Fed float32's own greedy answers, float32 agrees with nearly every token (only near-ties between
+    transformers' and the lean path's float order can flip): a misaligned feed would agree with few."""
+    from bench.fidelity import agreement
+    from csd.config import CSDConfig
+    from csd.decode import Decoder
+
+    items = []
+    for ds, iid in (("gsm8k", "gsm8k/1143"), ("humaneval", "HumanEval/98")):
+        from bench.datasets import get_item
+        run = Decoder(real_pair).run(real_pair.encode_prompt(get_item(ds, iid).prompt),
+                                     CSDConfig(method="ar", max_new_tokens=24))
+        list(run)
+        items.append({"dataset": ds, "item_id": iid, "method": "sd", "token_ids": run.token_ids})
+    res = agreement({"meta": {"dtype": "float32"}, "items": items}, ["float32", "int8"], pair=real_pair)
+    f32, i8 = res["summary"]["float32"], res["summary"]["int8"]
+    assert f32["all"]["tokens"] == i8["all"]["tokens"] == 48 and f32["gsm8k"]["tokens"] == 24
+    assert f32["all"]["share"] >= 0.95
+    assert 0.5 <= i8["all"]["share"] <= 1.0
+    with pytest.raises(ValueError, match="float32 run"):
+        agreement({"meta": {"dtype": "int8"}, "items": items}, ["int8"], pair=real_pair)

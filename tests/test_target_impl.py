@@ -99,6 +99,25 @@ def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_t
     assert tokens(pair, "sd") == tokens(pair, "ar")
 
 
+def test_an_int8_target_is_smoothed_unless_asked_not_to(tmp_path, qwen_tokenizer, tiny_dirs, monkeypatch, one_thread):
+    """load_pair smooths an int8 target (csd.smoothing) with maxima measured on the shipped
+    calibration prompts and says so in describe(); a model the prompts do not fit (32 token ids) is
+    quantised as it is."""
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "wide"                   # a tiny model with the tokenizer's whole vocabulary
+    tiny_model(4, vocab=len(qwen_tokenizer)).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    pair = load_pair(str(d), str(d), dtype="int8")
+    assert pair.target_smoothing.startswith("SmoothQuant") and pair.describe()["target_smoothing"]
+    assert list((tmp_path / "cache" / "smoothing").glob("*.pt"))
+    plain = load_pair(str(d), str(d), dtype="int8", int8_smoothing=False)
+    assert plain.target_smoothing == ""
+    norm = [p.target.model.layers[0].input_layernorm.weight for p in (pair, plain)]
+    assert not torch.equal(*norm)                       # the factors were folded into the model
+    assert len(tokens(pair, "sd", 12)) == 12            # and the smoothed lean int8 target decodes
+    assert load_pair(*tiny_dirs, dtype="int8").target_smoothing == ""
+
+
 def test_unknown_target_impl_is_a_clear_error(tiny_dirs):
     with pytest.raises(ModelLoadError, match="unknown target implementation 'fast'; choose auto, hf, lean"):
         load_pair(*tiny_dirs, dtype="int8", target_impl="fast")

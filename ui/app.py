@@ -56,7 +56,8 @@ def header(services: Services) -> str:
     d = services.pair.describe()
     md = render.esc_md
     return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
-            + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "") + ", "
+            + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
+            + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "") + ", "
             f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
             + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 

@@ -1,0 +1,83 @@
+"""csd.smoothing: SmoothQuant before dynamic int8 keeps the float function and brings int8 closer to it
+where activations have outlier channels (the case it exists for)."""
+import copy
+
+import pytest
+import torch
+
+from conftest import tiny_model
+
+
+def with_outliers(model, factor: float = 60.0, channels=(3, 17)):
+    """The same float function with outlier activation channels: the RMSNorm weights of ``channels``
+    scaled up and the consuming weight columns scaled down, in every layer (and a large channel on
+    the down projection's input through the up projection's rows)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            for norm, lins in ((layer.input_layernorm, (a.q_proj, a.k_proj, a.v_proj)),
+                               (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj))):
+                for c in channels:
+                    norm.weight[c] *= factor
+                    for lin in lins:
+                        lin.weight[:, c] /= factor
+            for c in channels:
+                mlp.up_proj.weight[c] *= factor
+                mlp.down_proj.weight[:, c] /= factor
+    return m
+
+
+def logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
+    from csd.models import to_repr
+    from csd.smoothing import activation_maxima, smooth, supported
+
+    base = tiny_model(5, vocab=64, hidden=64)
+    model = with_outliers(base)
+    ids = [(7 * i + 3) % 64 for i in range(40)]
+    ref = logits(model, ids)
+    assert torch.allclose(ref, logits(base, ids), atol=1e-3)         # the outliers change nothing in float
+    assert supported(model)
+    maxima = activation_maxima(model, [ids[:20], ids[10:]])
+    assert set(maxima) == {f"{i}.{k}" for i in range(2) for k in ("qkv", "o", "gu", "down")}
+    assert maxima["0.qkv"][3] > 10 * maxima["0.qkv"].median()        # the outlier is seen
+
+    smoothed = copy.deepcopy(model)
+    smooth(smoothed, maxima)
+    assert torch.allclose(logits(smoothed, ids), ref, atol=1e-3)     # float function unchanged
+    plain_err = (logits(to_repr(model, "int8", copy=True), ids) - ref).abs().mean()
+    smooth_err = (logits(to_repr(model, "int8", copy=True, maxima=maxima), ids) - ref).abs().mean()
+    assert smooth_err < 0.5 * plain_err, (float(smooth_err), float(plain_err))
+
+
+def test_maxima_are_measured_once_and_cached(tmp_path, monkeypatch, qwen_tokenizer):
+    from csd import smoothing
+    from csd.models import encode_prompt
+
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
+    model = tiny_model(6)
+    calls = []
+    real = smoothing.activation_maxima
+    monkeypatch.setattr(smoothing, "activation_maxima", lambda m, p: calls.append(len(p)) or real(m, p))
+
+    def encode(prompt):         # the tiny model knows 32 ids: the real template's ids folded into them
+        return [i % 32 for i in encode_prompt(qwen_tokenizer, prompt)][:24]
+
+    a = smoothing.cached_maxima(model, "tiny", encode)
+    b = smoothing.cached_maxima(model, "tiny", encode)
+    assert calls == [smoothing.CALIBRATION_PROMPTS]                  # measured once, then read
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert list((tmp_path / "smoothing").glob("*.pt"))
+
+
+def test_unsupported_models_are_left_alone():
+    from csd.smoothing import supported
+    assert not supported(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        from csd.models import encode_prompt
+        encode_prompt(None, "  ")
