@@ -187,7 +187,8 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     # a click pins the token's details, with a plain first line
     page.locator("#tokens .tok").nth(1).click()
     detail = page.locator("#tokens-detail .csd-detail-body .first")
-    assert detail.inner_text().startswith("The draft wrote") or detail.inner_text().startswith("The target")
+    # which kind token 1 is depends on the run's blocks (a bonus token when the first block was kept whole)
+    assert detail.inner_text().startswith(("The draft wrote", "The target", "A free token"))
     page.screenshot(path=str(shots / "generate.png"), full_page=True)
 
     # 2. tau = 1 (log tau = 0): no divergence passes the gate, every rescue is outlined "would be rejected"
