@@ -79,7 +79,7 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
     from csd.memory import CorrectionMemory
     from csd.models import load_pair, to_repr
     from csd.profile import machine_name
-    from csd.smoothing import cached_maxima, supported
+    from csd.smoothing import maxima_for
 
     items = [it for d in datasets for it in load_dataset(d, limit, seed)]
     base_pair = pair if pair is not None else load_pair(dtype="float32")
@@ -89,8 +89,8 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
     for r in reprs:
         pair = base_pair
         if r != "float32":
-            maxima = cached_maxima(base_pair.target, base_pair.target_name, base_pair.encode_prompt) \
-                if r == "int8" and supported(base_pair.target) else None        # as load_pair's int8 target
+            maxima = maxima_for(base_pair.target, base_pair.target_name, base_pair.encode_prompt) \
+                if r == "int8" else None        # as load_pair's int8 target
             target = to_repr(base_pair.target, r, copy=True, maxima=maxima)
             pair = replace(base_pair, target=target, target_lm=HFLM(target), target_repr=r)
         dec = Decoder(pair)
@@ -138,7 +138,7 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
     from csd.lm import LeanLM
     from csd.models import load_pair, release_memory, to_repr
     from csd.profile import machine_name
-    from csd.smoothing import cached_maxima, supported
+    from csd.smoothing import maxima_for
 
     if run.get("meta", {}).get("dtype") != "float32":
         raise ValueError("the reference answers must come from a float32 run (--dtype float32)")
@@ -156,8 +156,7 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
            "max_tokens": max_tokens, "items": len(refs), "summary": {}}
     for v in variants:
         repr_, smoothed = AGREEMENT_VARIANTS[v]
-        maxima = cached_maxima(pair.target, pair.target_name, pair.encode_prompt) \
-            if smoothed and supported(pair.target) else None
+        maxima = maxima_for(pair.target, pair.target_name, pair.encode_prompt) if smoothed else None
         model = pair.target if repr_ == "float32" else to_repr(pair.target, repr_, copy=True, maxima=maxima)
         lm = LeanLM(model)
         per: dict[str, list[int]] = {}

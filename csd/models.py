@@ -445,13 +445,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     maxima, smoothing = None, ""
     if target_repr == "int8" and int8_smoothing:
         from . import smoothing as sq
-        try:
-            if not sq.supported(target_model):
-                raise ValueError("not a Llama-family decoder")
-            maxima = sq.cached_maxima(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
-            smoothing = f"SmoothQuant alpha {sq.ALPHA}"
-        except ValueError as e:
-            log.info("int8 target %s is quantised without smoothing: %s", t_disp, e)
+        maxima = sq.maxima_for(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
+        smoothing = f"SmoothQuant alpha {sq.ALPHA}" if maxima is not None else ""
     if target_repr != "float32" or target_model.dtype != torch.float32:
         target_model = to_repr(target_model, target_repr, maxima=maxima)
     target_lm = None

@@ -146,3 +146,15 @@ def cached_maxima(model: torch.nn.Module, model_name: str, encode, progress=None
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, buf.getvalue())
     return maxima
+
+
+def maxima_for(model: torch.nn.Module, model_name: str, encode, progress=None) -> dict[str, torch.Tensor] | None:
+    """``cached_maxima`` for a model smoothing can run on, else None (logged): what every int8 target
+    built from a float32 one (``load_pair``, ``bench.fidelity``) is smoothed with."""
+    try:
+        if not supported(model):
+            raise ValueError("not a Llama-family decoder")
+        return cached_maxima(model, model_name, encode, progress)
+    except ValueError as e:
+        log.info("int8 target %s is quantised without smoothing: %s", model_name, e)
+        return None
