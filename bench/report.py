@@ -392,6 +392,9 @@ def _setup(results: dict) -> dict:
     meta = results["meta"]
     return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
             "target path": (meta.get("models") or {}).get("target_impl"),
+            # smoothing changes an int8 target's answers (and so acceptance): runs from before it
+            # existed record none and count as unsmoothed
+            "int8 smoothing": (meta.get("models") or {}).get("target_smoothing") or "",
             "machine": (meta.get("machine") or {}).get("cpu"),
             **{k: meta["config"].get(k) for k in POOL_SETUP}}
 

@@ -290,7 +290,13 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     other["meta"]["config"]["max_new_tokens"] = 99
     (tmp_path / "run2" / "results.json").write_text(json.dumps(other))
     assert rerender([str(out), str(tmp_path / "run2"), "--out", str(tmp_path / "mixed")]) == 2
-    assert not (tmp_path / "twice").exists() and not (tmp_path / "mixed").exists()
+    # an int8 target smoothed in one run only gives other answers: not one set-up either (a run from
+    # before smoothing existed records none and counts as unsmoothed)
+    other["meta"]["config"]["max_new_tokens"] = old["meta"]["config"]["max_new_tokens"]
+    other["meta"].setdefault("models", {})["target_smoothing"] = "smoothquant alpha 0.5"
+    (tmp_path / "run2" / "results.json").write_text(json.dumps(other))
+    assert rerender([str(out), str(tmp_path / "run2"), "--out", str(tmp_path / "smoothed")]) == 2
+    assert not any((tmp_path / d).exists() for d in ("twice", "mixed", "smoothed"))
     assert rerender([str(out), str(tmp_path / "run2")]) == 2
 
 
