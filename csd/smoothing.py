@@ -123,14 +123,29 @@ def calibration_prompt_ids(encode) -> list[list[int]]:
     return [encode(r["prompt"]) for r in rows]
 
 
+def weights_fingerprint(model: torch.nn.Module, per_tensor: int = 1024) -> str:
+    """A cheap digest of a model's weights (names, shapes and an even sample of each tensor's values):
+    two models with the same name but other weights (a fine-tune in a folder of the same name, another
+    quantisation) never share cached maxima. Milliseconds, where hashing every byte of the 1.5B target
+    would take seconds."""
+    h = hashlib.sha1()
+    for name, t in sorted(model.state_dict().items()):
+        if not torch.is_floating_point(t):
+            continue
+        flat = t.detach().reshape(-1)
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(flat[::max(1, flat.numel() // per_tensor)][:per_tensor].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def cached_maxima(model: torch.nn.Module, model_name: str, encode, progress=None) -> dict[str, torch.Tensor]:
     """The model's activation maxima on the calibration prompts: read from the cache, or measured
     once (float32 forward passes; about a minute for the 1.5B target on 2 cores) and cached."""
     from .fileio import atomic_write
     from .models import cache_dir
     prompts = calibration_prompt_ids(encode)
-    key = {"model": model_name, "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:16],
-           "layers": len(model.model.layers), "version": 1}
+    key = {"model": model_name, "weights": weights_fingerprint(model),
+           "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:16], "version": 2}
     path = cache_dir() / "smoothing" / (hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] + ".pt")
     if path.exists():
         try:

@@ -73,6 +73,13 @@ def test_maxima_are_measured_once_and_cached(tmp_path, monkeypatch, qwen_tokeniz
     assert calls == [smoothing.CALIBRATION_PROMPTS]                  # measured once, then read
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert list((tmp_path / "smoothing").glob("*.pt"))
+    # a model of the same name with other weights is measured afresh, not given these maxima
+    other = tiny_model(6)
+    with torch.no_grad():
+        other.model.layers[0].mlp.up_proj.weight.mul_(3.0)
+    c = smoothing.cached_maxima(other, "tiny", encode)
+    assert calls == [smoothing.CALIBRATION_PROMPTS] * 2 and len(list((tmp_path / "smoothing").glob("*.pt"))) == 2
+    assert not torch.equal(c["0.down"], a["0.down"])   # down_proj sees the tripled up projection
 
 
 def test_unsupported_models_are_left_alone():
