@@ -135,6 +135,7 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
     results.json, its SD column: greedy SD in float32 is the target's own greedy output)."""
     import torch
 
+    from csd.decode import prefill_spans
     from csd.lm import LeanLM
     from csd.models import load_pair, release_memory, to_repr
     from csd.profile import machine_name
@@ -164,7 +165,8 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
             for k, (r, p) in enumerate(zip(refs, prompts)):
                 ans = r["token_ids"][:max_tokens]
                 cache = lm.new_cache(len(p) + len(ans) + pass_tokens)
-                lm.forward(cache, p[:-1], 1)
+                for a, b in prefill_spans(len(p) - 1):       # as the decode loop feeds a prompt
+                    lm.forward(cache, p[a:b], 1)
                 fed, ok = [p[-1]] + ans[:-1], 0
                 for s in range(0, len(fed), pass_tokens):
                     chunk = fed[s:s + pass_tokens]

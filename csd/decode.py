@@ -43,6 +43,19 @@ from .verify import sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
+
+
+def prefill_spans(n: int) -> list[tuple[int, int]]:
+    """Where a prefill of ``n`` tokens is cut into passes: the first token alone, then chunks of
+    ``PREFILL_CHUNK``. A sequence's first token is an attention sink whose activations are tens to
+    hundreds of times larger than any other token's (entering layer 1's down projection of the
+    embedded target: 297 against a median of 5.7). Dynamic int8 quantises a pass's activations with
+    one scale, so in a pass with that token every other prompt token is rounded coarsely, and their
+    keys and values stay in the cache for the whole answer. Alone, it costs one 1-token pass per
+    model; in float the values are the same up to rounding."""
+    if n <= 0:
+        return []
+    return [(0, 1)] + [(s, min(s + PREFILL_CHUNK, n)) for s in range(1, n, PREFILL_CHUNK)]
 # devices where gamma auto drafts without reading the draft's confidence after each token: there each
 # read waits for the device (4.85 host syncs per block on an H200 against 1.0 with a fixed gamma); on
 # the CPU a read costs nothing, so the policy keeps stopping a block early when the draft turns unsure
@@ -201,9 +214,9 @@ class Run:
         for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
             if cache is None:
                 continue
-            for s in range(0, len(body), PREFILL_CHUNK):
+            for a, b in prefill_spans(len(body)):
                 self._check_stop()
-                lm.forward(cache, body[s:s + PREFILL_CHUNK], 1)
+                lm.forward(cache, body[a:b], 1)
         self.metrics.prefill_s = time.perf_counter() - t0
 
     def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:

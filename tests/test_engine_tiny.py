@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
-from csd.decode import Decoder
+from csd.decode import Decoder, prefill_spans
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS, STOP_MAX
 from csd.lm import HFLM, LeanLM
 from csd.memory import CorrectionMemory
@@ -233,10 +233,11 @@ def test_stop_during_prefill_and_between_draft_and_verify(close_pair):
     run = dec.run(list(range(1, 31)) * 7, CSDConfig(method="sd", max_new_tokens=20), should_stop=lambda: True)
     assert list(run) == [] and run.metrics.stopped_by == STOP_CANCELLED and run.token_ids == []
     calls = {"n": 0}
+    prefill_checks = 2 * len(prefill_spans(len(PROMPT) - 1))      # one per prefill pass of each model
 
     def stop_later():
         calls["n"] += 1
-        return calls["n"] > 4          # prefill (1 chunk), block 1 (before, between), block 2 (before), then stop
+        return calls["n"] > prefill_checks + 2    # prefill, block 1 (before, between), block 2 (before): stop
 
     run = dec.run(PROMPT, CSDConfig(method="sd", gamma=4, max_new_tokens=40), should_stop=stop_later)
     events = list(run)

@@ -88,3 +88,58 @@ def test_unsupported_models_are_left_alone():
     with pytest.raises(ValueError, match="the prompt is empty"):
         from csd.models import encode_prompt
         encode_prompt(None, "  ")
+
+
+def test_the_first_token_is_prefilled_alone_so_int8_rounds_the_prompt_finely():
+    """A sequence's first token (an attention sink) carries activations far larger than any other:
+    in one dynamic int8 pass with it, every other prompt token is rounded to its scale. The decode
+    loop feeds it alone (``prefill_spans``): in float that changes nothing, in int8 the prompt's keys
+    and values come out closer to float. (What that does to the answers of the real pair is measured,
+    not asserted: README, "The first token alone".)
+    """
+    from csd.decode import PREFILL_CHUNK, prefill_spans
+    from csd.lm import LeanLM
+    from csd.models import to_repr
+
+    assert prefill_spans(0) == [] and prefill_spans(1) == [(0, 1)]
+    spans = prefill_spans(2 * PREFILL_CHUNK + 5)
+    assert spans[:2] == [(0, 1), (1, 1 + PREFILL_CHUNK)] and spans[-1][1] == 2 * PREFILL_CHUNK + 5
+    assert all(a == b for (_, a), (b, _) in zip(spans, spans[1:]))      # contiguous, nothing fed twice
+
+    sink, k, j = 1, 5, 9
+    model = tiny_model(8, vocab=64, hidden=64)
+    with torch.no_grad():                 # token `sink` alone drives one MLP channel of layer 0 to ~1e4
+        emb = model.model.embed_tokens.weight
+        emb[:, k] = 0
+        emb[sink] = 0
+        emb[sink, k] = 1.0
+        model.model.layers[0].self_attn.o_proj.weight[k] = 0     # only the sink's own stream has channel k
+        mlp = model.model.layers[0].mlp
+        mlp.gate_proj.weight[j, k] = mlp.up_proj.weight[j, k] = 20.0
+        mlp.down_proj.weight[:, j] /= 1000
+    ids = [sink] + [(5 * i + 2) % 62 + 2 for i in range(40)]
+    prompt, answer = ids[:30], ids[30:]
+    acts = {}
+    h = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, inp: acts.__setitem__("x", inp[0][0].abs().amax(-1)))
+    logits(model, ids)
+    h.remove()
+    assert acts["x"][0] > 100 * acts["x"][1:].max()   # the sink's activation dwarfs the others'
+
+    def feed(lm, split: bool):
+        """The prompt prefilled (the sink alone or in one pass), then the answer in one verify pass."""
+        cache = lm.new_cache(64)
+        body = prompt[:-1]
+        for a, b in (prefill_spans(len(body)) if split else [(0, len(body))]):
+            lm.forward(cache, body[a:b], 1)
+        return lm.forward(cache, [prompt[-1]] + answer[:-1], len(answer)), cache
+
+    fl = LeanLM(model)
+    ref, ref_cache = feed(fl, True)
+    assert torch.allclose(ref, feed(fl, False)[0], atol=1e-4)        # float: the same function
+    q = LeanLM(to_repr(model, "int8", copy=True))
+    err = {}
+    for split in (False, True):       # the prompt's keys and values in layer 1, the first layer after the sink's MLP
+        _, c = feed(q, split)
+        err[split] = sum(float((getattr(c, kv)[1, :, 1:29] - getattr(ref_cache, kv)[1, :, 1:29]).abs().mean())
+                         for kv in ("k", "v"))
+    assert err[True] < 0.5 * err[False], err
