@@ -239,14 +239,15 @@ def main(argv: list[str] | None = None) -> int:
 def _agreement_main(args) -> int:
     from .merge import MergeError, load_results
     try:
-        run = pool_runs([load_results(Path(p)) for p in args.agreement.split(",") if p])
+        runs = [load_results(Path(p)) for p in args.agreement.split(",") if p]
+        run = pool_runs(runs)
         variants = [v.strip() for v in args.reprs.split(",") if v.strip()]
         res = agreement(run, variants, args.max_new_tokens, args.items,
                         progress=lambda m, f: print(m, file=sys.stderr, flush=True))
     except (MergeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    res["reference"] = run.get("meta", {}).get("command")
+    res["reference"] = "; ".join(r.get("meta", {}).get("command") or "?" for r in runs)    # every pooled run
     Path(args.out).write_text(json.dumps(res, indent=1))
     datasets = [d for d in next(iter(res["summary"].values())) if d != "all"] + ["all"]
     print("| representation | " + " | ".join(datasets) + " |")
