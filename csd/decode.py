@@ -43,6 +43,10 @@ from .verify import sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
+# devices where gamma auto drafts without reading the draft's confidence after each token: there each
+# read waits for the device (4.85 host syncs per block on an H200 against 1.0 with a fixed gamma); on
+# the CPU a read costs nothing, so the policy keeps stopping a block early when the draft turns unsure
+SYNC_FREE_AUTO_DEVICES = ("cuda",)
 
 
 def prefill_spans(n: int) -> list[tuple[int, int]]:
@@ -56,10 +60,6 @@ def prefill_spans(n: int) -> list[tuple[int, int]]:
     if n <= 0:
         return []
     return [(0, 1)] + [(s, min(s + PREFILL_CHUNK, n)) for s in range(1, n, PREFILL_CHUNK)]
-# devices where gamma auto drafts without reading the draft's confidence after each token: there each
-# read waits for the device (4.85 host syncs per block on an H200 against 1.0 with a fixed gamma); on
-# the CPU a read costs nothing, so the policy keeps stopping a block early when the draft turns unsure
-SYNC_FREE_AUTO_DEVICES = ("cuda",)
 
 
 class Cancelled(Exception):

@@ -126,8 +126,8 @@ def calibration_prompt_ids(encode) -> list[list[int]]:
 def weights_fingerprint(model: torch.nn.Module, per_tensor: int = 1024) -> str:
     """A cheap digest of a model's weights (names, shapes and an even sample of each tensor's values):
     two models with the same name but other weights (a fine-tune in a folder of the same name, another
-    quantisation) never share cached maxima. Milliseconds, where hashing every byte of the 1.5B target
-    would take seconds."""
+    quantisation) never share cached maxima. 1,024 values per tensor, where hashing every byte of the
+    1.5B target would read 6 GB."""
     h = hashlib.sha1()
     for name, t in sorted(model.state_dict().items()):
         if not torch.is_floating_point(t):
