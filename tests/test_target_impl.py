@@ -39,7 +39,9 @@ def test_lean_int8_target_is_the_transformers_int8_target(qwen_tokenizer, one_th
     lean_pair = replace(base, target_lm=LeanLM(hf_int8))
     ar = tokens(lean_pair, "ar")
     assert ar == tokens(base, "ar")                  # the same greedy answer as the transformers int8 target
-    assert tokens(lean_pair, "sd") == ar             # and SD is still exactly AR on it
+    # SD on it is SD on the transformers int8 target (SD == AR is exact in float only: in int8 a pass's
+    # activation scale depends on the tokens in it, see quantize_int8)
+    assert tokens(lean_pair, "sd") == tokens(base, "sd")
     # a pass that differs from AR would show here: the lean target must not be silently the draft
     assert tokens(replace(base, target_lm=HFLM(draft)), "ar") != ar
 
@@ -96,7 +98,11 @@ def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_t
     pair = load_pair(*tiny_dirs, dtype=dtype, target_impl=impl)
     assert pair.target_lm.impl == expected and pair.describe()["target_impl"] == expected
     assert pair.target_repr == dtype
-    assert tokens(pair, "sd") == tokens(pair, "ar")
+    if dtype == "float32":
+        assert tokens(pair, "sd") == tokens(pair, "ar")          # exact in float
+    else:   # in int8 SD may differ from AR (per-pass activation scale); the two paths compute the same
+        other = load_pair(*tiny_dirs, dtype=dtype, target_impl="hf" if expected == "lean" else "lean")
+        assert tokens(pair, "sd") == tokens(other, "sd") and tokens(pair, "ar") == tokens(other, "ar")
 
 
 def test_an_int8_target_is_smoothed_unless_asked_not_to(tmp_path, qwen_tokenizer, tiny_dirs, monkeypatch, one_thread):
