@@ -40,6 +40,7 @@ class CSDConfig:
     method: str = "csd"          # one of METHODS
     gamma: int | str = 6         # draft block length (paper default 6), or "auto" (csd.policy.AutoGamma)
     gamma_max: int = 16          # the longest block "auto" may draft
+    gamma_min: int = 0           # the fewest tokens "auto" drafts a block (the app's "show speculation": 3)
     lam: float = 6               # OCM threshold: a pattern is a candidate once its count reaches lam (paper: 6)
     tau: float = 0.01            # SCG threshold: rescue iff z(x~) - z(t*) >= log tau (paper: 0.01)
     temperature: float = 0.0     # 0 = greedy; > 0 = sampling with rejection-sampling verification
@@ -78,6 +79,10 @@ class CSDConfig:
                 or not GAMMA_RANGE[0] <= self.gamma_max <= GAMMA_RANGE[1]:
             raise ConfigError(f"gamma_max must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, "
                               f"got {self.gamma_max!r}")
+        if isinstance(self.gamma_min, bool) or not isinstance(self.gamma_min, int) \
+                or not 0 <= self.gamma_min <= self.gamma_max:
+            raise ConfigError(f"gamma_min must be an integer in 0..{self.gamma_max} (gamma_max), "
+                              f"got {self.gamma_min!r}")
         if not _finite(self.lam) or self.lam < 0:
             raise ConfigError(f"lambda must be a count >= 0, got {self.lam!r}")
         if not _finite(self.tau) or not 0 < self.tau <= 1:

@@ -3,11 +3,11 @@ arXiv 2604.13634), yielding one ``TokenEvent`` per token decision.
 
 Both models keep a KV cache holding a prefix of the committed sequence; each step feeds a model
 only the tokens its cache lacks, and a rejection crops both caches back to the kept prefix. One
-target pass per block. The loop in numbered steps (``Run._speculate``):
-  1. draft up to a block's worth of tokens (``csd.policy`` says how many);
+target pass per block. The loop in numbered steps (``Run._speculate``), each filling in the block's record (``csd.block.Block``):
+  1. draft up to a block's worth of tokens (``csd.policy`` says how many), or copy them from the context;
   2. the target scores the whole block in one pass;
   3. decide each position (``csd.rule``), 4. update the memory with the block's divergences;
-  5. emit the events, 6. roll both caches back to the kept prefix.
+  5. emit the events, 6. roll both caches back to the kept prefix, 7. the policies learn from the block.
 The models are shared read-only; a run owns its caches, its memory and its random generator.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import replace
 
 import torch
 
-from .config import CSDConfig
+from .block import DRAFT, LOOKUP, Block
+from .config import GAMMA_AUTO, CSDConfig
 from .events import (
     BONUS,
     CORRECTED,
@@ -38,8 +39,9 @@ from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
 from .models import ModelPair
 from .policy import AutoGamma, FixedGamma
-from .rule import BlockScores, Decision, Rescue, decide
-from .verify import sample, score_block, verify_sampling
+from .rule import Rescue, decide
+from .text import Detokenizer
+from .verify import point_mass, sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
@@ -104,7 +106,8 @@ class Decoder:
             raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to this pair {self.pair.pair_id!r}")
         policy = None
         if cfg.uses_draft:
-            policy = AutoGamma(self.costs, cfg.gamma_max) if cfg.gamma == "auto" else FixedGamma(cfg.gamma)
+            policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min) if cfg.gamma == GAMMA_AUTO \
+                else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
     def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> Run:
@@ -113,31 +116,6 @@ class Decoder:
         for _ in run:
             pass
         return run
-
-
-class _Detokenizer:
-    """Text of each output token such that the texts concatenate to the decoded answer: a token
-    that ends inside a UTF-8 character (byte fallback) gets "" and the next one the whole character."""
-
-    def __init__(self, tokenizer):
-        self.decode = tokenizer.decode
-        self.ids: list[int] = []
-        self.prefix = self.read = 0   # window start, and the end of what has been turned into text
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        before = self.decode(self.ids[self.prefix:self.read])
-        now = self.decode(self.ids[self.prefix:])
-        if now.endswith("\ufffd"):
-            return ""                  # an incomplete character: wait for its other bytes
-        self.prefix, self.read = max(self.read - 4, 0), len(self.ids)
-        return now[len(before):]
-
-    def peek(self, token_id: int) -> str:
-        """The text a token would add (for a rejected draft token, which is not pushed)."""
-        base = self.ids[self.prefix:]
-        text = self.decode(base + [token_id])[len(self.decode(base)):]
-        return text
 
 
 class Run:
@@ -157,6 +135,7 @@ class Run:
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
         self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None, cfg.lookup_ngram) \
             if cfg.lookup and cfg.uses_draft else None
+        self._observers = [p for p in (policy, self.lookup) if p is not None]   # they learn from every block
         self.eos = frozenset(pair.eos_ids)
         self.gen = None
         if cfg.temperature > 0:     # one generator per run, never the process-wide one
@@ -168,7 +147,7 @@ class Run:
         self.tcache = pair.target_lm.new_cache()
         self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
         self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
-        self._detok = _Detokenizer(pair.tokenizer)
+        self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
         self._it = self._loop()
@@ -206,6 +185,10 @@ class Run:
     def _piece(self, token_id: int) -> str:
         return self.pair.tokenizer.decode([token_id])
 
+    def _room(self) -> int:
+        """Tokens a block may propose: the budget left, less the target's own token."""
+        return self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
+
     def _prefill(self) -> None:
         """Feed all prompt tokens but the last to both models, in chunks; the last one is fed
         with the first block so that its logits come from the first verify pass."""
@@ -240,19 +223,19 @@ class Run:
         q[ids] = q_small
         return int(ids[i]), float(q_small[i]), q
 
-    def _draft(self) -> tuple[list[int] | torch.Tensor, list[float], list[torch.Tensor], list[torch.Tensor]]:
+    def _draft(self) -> Block:
         """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS).
         On the sync-free path (greedy, fixed gamma) the block stays on the device as a tensor."""
-        cfg, m, lm = self.cfg, self.metrics, self.pair.draft_lm
-        room = cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
+        m, lm = self.metrics, self.pair.draft_lm
+        block = Block(self._block, DRAFT, start=len(self._seq))
+        room = self._room()
         feed = self._seq[lm.length(self.dcache):]
+        tp = time.perf_counter()
         if self._on_device:
-            tp = time.perf_counter()
             g = self.policy.plan(room)
             m.policy_s += time.perf_counter() - tp
-            return self._draft_on_device(g, feed)
-        drafts, confs, q_rows, d_logits = [], [], [], []
-        tp = time.perf_counter()
+            block.proposed = self._draft_on_device(g, feed)
+            return block
         self.policy.start()
         go = room > 0 and self.policy.more(0, 1.0)
         m.policy_s += time.perf_counter() - tp
@@ -262,21 +245,21 @@ class Run:
             m.draft_s += time.perf_counter() - t0
             m.draft_forwards += 1
             x, conf, q = self._draft_logits_to_token(logits)
-            drafts.append(x)
-            confs.append(conf)
+            block.proposed.append(x)
+            block.confidences.append(conf)
             if q is not None:
-                q_rows.append(q)
-            if cfg.explain:
-                d_logits.append(logits)
+                block.q_rows.append(q)
+            if self.cfg.explain:
+                block.draft_logits.append(logits)
             feed = [x]
-            if x in self.eos or len(drafts) >= room:
+            if x in self.eos or block.size >= room:
                 break
             tp = time.perf_counter()
-            go = self.policy.more(len(drafts), conf)
+            go = self.policy.more(block.size, conf)
             m.policy_s += time.perf_counter() - tp
-        return drafts, confs, q_rows, d_logits
+        return block
 
-    def _draft_on_device(self, g: int, feed: list[int]) -> tuple[torch.Tensor, list, list, list]:
+    def _draft_on_device(self, g: int, feed: list[int]) -> torch.Tensor:
         """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor."""
         lm, m = self.pair.draft_lm, self.metrics
         ids = lm.vocab_ids
@@ -291,7 +274,7 @@ class Run:
         m.draft_forwards += g
         m.draft_s += time.perf_counter() - t0
         dev = lm.device if xs else self.pair.target_lm.device
-        return (torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)), [], [], []
+        return torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)
 
     def _verify(self, drafts: list[int] | torch.Tensor) -> torch.Tensor:
         """Step 2: one target pass over what its cache lacks plus the block: (len(drafts) + 1, V)."""
@@ -307,95 +290,98 @@ class Run:
         self.metrics.target_forwards += 1
         return logits
 
-    def _decide(self, drafts, tl, q_rows, rescue: Rescue | None = None,
-                learn: bool = True) -> tuple[list[int], Decision, BlockScores, torch.Tensor | None]:
+    def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:
         """Steps 3-4: the rule on the target's logits, then the memory learns the block's divergences.
-        Greedy: one host transfer for the whole block (``score_block``). Returns the draft tokens
-        (cut after an end token), the decision, the scores and, when sampling or explaining, the
-        target's probabilities. ``rescue``: the rule (default the run's; copied tokens use the exact
-        one); ``learn``: whether the memory counts the block's divergences (not for copies)."""
-        cfg, m = self.cfg, self.metrics
-        rule = rescue or self.rescue
+        Greedy: one host transfer for the whole block (``score_block``); the block's proposals become
+        a host list, cut after an end token. ``rule``: the run's (copied tokens use the exact one);
+        ``learn``: whether the memory counts the block's divergences (not for copies)."""
+        cfg, m, tl = self.cfg, self.metrics, block.logits
         m.host_syncs += 1
         if cfg.temperature == 0:
-            drafts, scores = score_block(drafts, tl)        # the argmax work SD needs anyway (not bookkeeping)
+            drafts, scores = score_block(block.proposed, tl)   # the argmax work SD needs anyway (not bookkeeping)
             cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
+            block.proposed, block.scores = drafts, scores
             tb = time.perf_counter()
-            d = decide(drafts, scores, self.memory.count, rule)
-            p = torch.softmax(tl.float(), -1) if cfg.explain else None
+            block.decision = decide(drafts, scores, self.memory.count, rule)
+            block.probs = torch.softmax(tl.float(), -1) if cfg.explain else None
         else:
             tb = time.perf_counter()
             p = torch.softmax(tl / cfg.temperature, -1)
-            q = torch.stack(q_rows).to(p.device) if q_rows else p[:0]
-            d = verify_sampling(drafts, q, p, tl, self.memory.count, rule, self.gen)
-            scores = None
-        for x_t, t_t in d.observed if learn else ():
+            q = torch.stack(block.q_rows).to(p.device) if block.q_rows else p[:0]
+            block.decision = verify_sampling(block.proposed, q, p, tl, self.memory.count, rule, self.gen)
+            block.probs = p
+        for x_t, t_t in block.decision.observed if learn else ():
             self.memory.observe(x_t, t_t)
         m.bookkeeping_s += time.perf_counter() - tb
-        return drafts, d, scores, p
 
     def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
         top = torch.topk(probs, min(self.cfg.explain_top_k, probs.numel()))
         ids = top.indices if vocab_ids is None else vocab_ids[top.indices]
         return [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
 
-    def _prob(self, scores: BlockScores | None, p: torch.Tensor | None, row: int, token: int, z: float) -> float:
+    def _prob(self, block: Block, row: int, token: int, z: float) -> float:
         """The target's probability of ``token`` at ``row`` (its logit ``z``): from the block's
         log-normaliser when greedy (no extra sync), from the sampled distribution otherwise."""
-        if scores is not None:
-            return math.exp(z - scores.lse[row])
+        if block.scores is not None:
+            return math.exp(z - block.scores.lse[row])
         self.metrics.host_syncs += 1
-        return float(p[row, token])
+        return float(block.probs[row, token])
 
-    def _emit(self, drafts, confs, d: Decision, scores, tl, p, q_rows, d_logits,
-              source: str | None = None) -> Iterator[TokenEvent]:
-        """Step 5: one event per decided draft position, then the target's own token. Tokens copied
-        from the context (``source="lookup"``) are counted apart from the draft's, and a rejected
-        one is not an event: it is not a divergence of the draft model."""
-        cfg, m = self.cfg, self.metrics
-        g = len(drafts)
-        explain = cfg.explain
-        copied = source is not None
-        if copied:
+    def _count(self, block: Block) -> None:
+        """The block's proposals in the metrics: the draft's, or copies counted apart."""
+        m, d = self.metrics, block.decision
+        if block.source == LOOKUP:
             m.lookup_blocks += 1
-            m.lookup_drafted += g
+            m.lookup_drafted += block.size
         else:
-            m.drafted += g
+            m.drafted += block.size
             m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
+
+    def _draft_event(self, block: Block, i: int) -> TokenEvent:
+        """The event of decided draft position i (a kept token enters the text)."""
+        v, cfg, explain = block.decision.verdicts[i], self.cfg, {}
+        kept = v.status != REJECTED
+        text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
+        if cfg.explain:
+            explain = dict(target_top=self._top(block.probs[i]))
+            if block.draft_logits:
+                q = torch.softmax(block.draft_logits[i] / (cfg.temperature or 1.0), -1)
+                explain["draft_top"] = self._top(q, self.pair.draft_lm.vocab_ids)
+        draft_prob = float(block.q_rows[i][v.x_tilde]) if block.q_rows else \
+            (block.confidences[i] if block.confidences and self._need_conf else None)
+        return TokenEvent(
+            len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
+            draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
+            target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
+            memory_count=v.count, rule=v.rule, target_prob=self._prob(block, i, v.x_tilde, v.z_x),
+            draft_prob=draft_prob, block_len=block.size, special=v.x_tilde in self.pair.special_ids,
+            discarded=list(block.proposed[i + 1:]) if not kept else None,
+            source=block.source if block.source != DRAFT else None, **explain)
+
+    def _emit(self, block: Block) -> Iterator[TokenEvent]:
+        """Step 5: one event per decided draft position, then the target's own token. A rejected
+        copy is not an event: it is not a divergence of the draft model."""
+        m, d = self.metrics, block.decision
+        copied = block.source == LOOKUP
+        self._count(block)
         for i, v in enumerate(d.verdicts):
             kept = v.status != REJECTED
             if copied and not kept:
                 break
             if not copied:
                 m.per_position_drafted[i] += 1
-            text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
-            extra = {}
-            if explain:
-                extra = dict(target_top=self._top(p[i]))
-                if d_logits:
-                    q = torch.softmax(d_logits[i] / (cfg.temperature or 1.0), -1)
-                    extra["draft_top"] = self._top(q, self.pair.draft_lm.vocab_ids)
-            ev = TokenEvent(
-                len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
-                draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
-                target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
-                memory_count=v.count, rule=v.rule, target_prob=self._prob(scores, p, i, v.x_tilde, v.z_x),
-                draft_prob=float(q_rows[i][v.x_tilde]) if q_rows else (confs[i] if confs and self._need_conf else None),
-                block_len=g, special=v.x_tilde in self.pair.special_ids,
-                discarded=list(drafts[i + 1:]) if not kept else None, source=source, **extra)
+            ev = self._draft_event(block, i)
             if not kept:
                 yield ev
                 break
             if copied:
                 m.lookup_kept += 1
-            elif v.status == RESCUED:
-                m.per_position_kept[i] += 1
-                m.rescued += 1
             else:
                 m.per_position_kept[i] += 1
-                m.accepted += 1
+                m.rescued += v.status == RESCUED
+                m.accepted += v.status != RESCUED
             self._seq.append(v.x_tilde)
             m.new_tokens += 1
             if v.x_tilde in self.eos:
@@ -404,19 +390,19 @@ class Run:
             yield ev
         row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
         nxt = d.next_token
-        if scores is not None:
-            t_top, z_top = scores.t_star[row], scores.z_t[row]
+        if block.scores is not None:
+            t_top, z_top = block.scores.t_star[row], block.scores.z_t[row]
         else:
             m.host_syncs += 1
-            t_top, z_top = int(tl[row].argmax()), float(tl[row].max())
-        extra = dict(target_top=self._top(p[row])) if explain else {}
+            t_top, z_top = int(block.logits[row].argmax()), float(block.logits[row].max())
+        explain = dict(target_top=self._top(block.probs[row])) if self.cfg.explain else {}
         self._seq.append(nxt)
         m.new_tokens += 1
         ev = TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), nxt, self._detok.push(nxt),
                         BONUS if d.bonus else CORRECTED, self._block, row, target_id=t_top,
                         target_text=self._piece(t_top), target_logit=z_top,
-                        target_prob=self._prob(scores, p, row, nxt, z_top), block_len=g, pass_end=True,
-                        special=nxt in self.pair.special_ids, **extra)
+                        target_prob=self._prob(block, row, nxt, z_top), block_len=block.size, pass_end=True,
+                        special=nxt in self.pair.special_ids, **explain)
         self._rollback()          # step 6, before the pass's last event: a viewer sees the state it describes
         yield ev
         if nxt in self.eos:
@@ -430,58 +416,34 @@ class Run:
             self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
 
     def _speculate(self) -> Iterator[TokenEvent]:
-        """One block: steps 1-6 (a block of tokens copied from the context instead when one pays)."""
-        m = self.metrics
-        if self.lookup is not None:
-            copied = self._lookup_proposals()
-            if copied:
-                yield from self._speculate_copied(copied)
-                return
-        n0 = len(self._seq)
-        drafts, confs, q_rows, d_logits = self._draft()
+        """One block: tokens copied from the context when a block of them pays (``csd.lookup``),
+        else the draft model's; then steps 2-7."""
+        copied = self._lookup_proposals() if self.lookup is not None else []
+        block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
         self._check_stop()
-        tl = self._verify(drafts)
-        drafts, d, scores, p = self._decide(drafts, tl, q_rows)
+        block.logits = self._verify(block.proposed)
+        if copied:       # the exact rule, no memory update: the output stays distributed as the target's
+            if self.cfg.temperature > 0:
+                block.q_rows = list(point_mass(block.proposed, block.logits))
+            self._decide(block, self.exact, learn=False)
+        else:
+            self._decide(block, self.rescue, learn=True)
         try:
-            yield from self._emit(drafts, confs, d, scores, tl, p, q_rows, d_logits)
+            yield from self._emit(block)
         finally:
-            kept = [v.status != REJECTED for v in d.verdicts]
             tp = time.perf_counter()
-            self.policy.observe(confs[:len(kept)], kept)
-            if self.lookup is not None:
-                self.lookup.observe_model(len(self._seq) - n0, len(drafts))
-            m.policy_s += time.perf_counter() - tp
+            for p in self._observers:                  # step 7
+                p.observe(block)
+            self.metrics.policy_s += time.perf_counter() - tp
             self._block += 1
 
     def _lookup_proposals(self) -> list[int]:
         """Tokens that followed the sequence's suffix earlier in the context, when a block of them is
         expected to pay more than the draft model (``csd.lookup``); [] otherwise."""
         tp = time.perf_counter()
-        room = self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
-        copied = self.lookup.choose(self.lookup.continuation(self._seq)[:max(room, 0)])
+        copied = self.lookup.choose(self.lookup.continuation(self._seq)[:max(self._room(), 0)])
         self.metrics.policy_s += time.perf_counter() - tp
         return copied
-
-    def _speculate_copied(self, copied: list[int]) -> Iterator[TokenEvent]:
-        """A block of copied tokens: the target verifies them with the exact rule (no rescue, no
-        memory update), so the output is distributed as the target's, greedy or sampled; the draft
-        model catches up later. When sampling, a copy is a proposal with all its mass on one token
-        (q = one-hot): rejection sampling keeps it with probability p(x) and otherwise draws from p
-        without x, the target's distribution again (Leviathan et al. 2023, with a point-mass draft)."""
-        self._check_stop()
-        tl = self._verify(copied)
-        q_rows = []
-        if self.cfg.temperature > 0:
-            q = torch.zeros(len(copied), tl.shape[-1], device=tl.device)
-            q[torch.arange(len(copied), device=tl.device), ids_tensor(copied, tl.device)] = 1.0
-            q_rows = list(q)
-        drafts, d, scores, p = self._decide(copied, tl, q_rows, rescue=self.exact, learn=False)
-        try:
-            yield from self._emit(drafts, [], d, scores, tl, p, q_rows, [], source="lookup")
-        finally:
-            kept = next((i for i, v in enumerate(d.verdicts) if v.status == REJECTED), len(d.verdicts))
-            self.lookup.observe(len(drafts), kept)
-            self._block += 1
 
     def _autoregress(self) -> Iterator[TokenEvent]:
         """AR: one target pass, one token."""

@@ -15,7 +15,13 @@ millisecond (same cost model) of the run's draft-model blocks so far.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from .block import LOOKUP
 from .config import LOOKUP_NGRAM_MAX as N_MAX  # longest suffix matched
+
+if TYPE_CHECKING:
+    from .block import Block
 
 PRIOR = (0.7, 2.0)   # chance of keeping the first copied token before the run has seen one, and its weight
 
@@ -91,7 +97,15 @@ class Lookup:
         model = self.model_tokens / self.model_ms if self.model_ms > 0 else 0.0
         return candidates[:best_k] if best > model else []
 
-    def observe(self, proposed: int, kept: int) -> None:
+    def observe(self, block: Block) -> None:
+        """A verified block (``csd.policy.Policy``): copies teach the copy rates, draft-model blocks
+        the rate the copies must beat."""
+        if block.source == LOOKUP:
+            self.observe_copies(block.size, block.n_kept)
+        else:
+            self.observe_model(block.n_kept + 1, block.size)
+
+    def observe_copies(self, proposed: int, kept: int) -> None:
         """A verified lookup block: ``proposed`` tokens, the first ``kept`` of them kept. Position j
         is counted only where the tokens before it were kept, so ``rate(j)`` is the chance of
         keeping j given j - 1 (a copied span tends to go on: on the benchmark's HumanEval answers

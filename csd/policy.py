@@ -1,4 +1,4 @@
-"""How many tokens to draft before each verify pass.
+"""How many tokens to draft before each verify pass: the draft-length policies behind one protocol.
 
 ``FixedGamma`` is the paper's fixed block (gamma = 6). ``AutoGamma`` drafts while one more token is
 expected to raise the tokens per second of the block, under the machine's measured cost model
@@ -14,17 +14,51 @@ After j drafted tokens with chances p_1..p_j, verifying now yields E_j = 1 + sum
 tokens for C_j = j * draft_ms + verify_ms(j + 1); one more token is drafted iff some longer block,
 with the position rates standing in for the chances of the tokens not drafted yet, has a higher
 E_m / C_m than E_j / C_j. A draft that turns unsure stops the block early; a cheap verify
-pass and a confident draft make it long. The arithmetic is a few float operations per draft
-token (``RunMetrics.policy_s`` measures it). On a GPU, where reading a confidence waits for the
+pass and a confident draft make it long. On a GPU, where reading a confidence waits for the
 device, ``plan`` fixes the block's length before drafting from the position rates alone.
+
+It keeps exploring. A keep rate is learned only where the policy drafts, so a run whose first blocks
+were rejected would otherwise stop drafting and never learn that the draft does better later. So the
+evidence of a position counts less while the position is not tried: after k blocks without a
+decision there, its observations weigh ``FADE ** k`` against the prior's fixed weight, and the
+estimate drifts back towards the prior until the policy tries again (the evidence itself is kept:
+one more failure makes it as sure as before). A few early rejections are retried within a few
+blocks; a draft that keeps failing is retried more and more rarely (about every 20 blocks after
+30 failures), one token at a time; where the cost model says drafting cannot pay even at the
+prior's rate, it is never tried. ``floor`` sets the
+fewest tokens a block drafts (the app's "show speculation" mode: a demo that never collapses to AR).
 """
 from __future__ import annotations
 
-from .profile import CostModel
+from typing import TYPE_CHECKING, Protocol
+
+from .block import DRAFT
+
+if TYPE_CHECKING:
+    from .block import Block
+    from .profile import CostModel
 
 BINS = 10            # confidence bins of the online calibration
 PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior
 POSITION_PRIOR = (0.8, 4.0)   # keep rate of a draft position before the run has seen it: (rate, weight)
+FADE = 0.9           # per block in which a position is not decided, its evidence weighs this share less
+
+
+class Policy(Protocol):
+    """What the decode loop asks of a draft-length policy (``csd.lookup.Lookup`` observes blocks too)."""
+    max_len: int
+
+    def start(self) -> None:
+        """A new block: nothing drafted yet."""
+
+    def more(self, j: int, confidence: float) -> bool:
+        """After drafting j tokens (the last with this top-1 probability): draft another?"""
+
+    def plan(self, room: int) -> int:
+        """The block's length decided before drafting (the device's sync-free draft loop), within ``room``."""
+
+    def observe(self, block: Block) -> None:
+        """A verified block: learn from it."""
 
 
 class FixedGamma:
@@ -38,32 +72,32 @@ class FixedGamma:
         pass
 
     def more(self, j: int, confidence: float) -> bool:
-        """After drafting j tokens (the last with this top-1 probability): draft another?"""
         return j < self.gamma
 
     def plan(self, room: int) -> int:
-        """The block length decided before drafting (the device's draft loop): gamma, within ``room``."""
         return min(self.gamma, max(room, 0))
 
-    def observe(self, confidences: list[float], kept: list[bool]) -> None:
+    def observe(self, block: Block) -> None:
         pass
 
 
 class AutoGamma:
-    def __init__(self, costs: CostModel, max_len: int = 16):
+    def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE):
         self.costs = costs
         self.max_len = max_len
+        self.floor = min(floor, max_len)
+        self.fade = fade
         self._acc = [0.0] * BINS      # kept decisions per confidence bin
         self._n = [0.0] * BINS        # decided positions per confidence bin
         self._pos_kept = [0.0] * (max_len + 1)
         self._pos_n = [0.0] * (max_len + 1)
+        self._idle = [0] * (max_len + 1)      # blocks since the position was last decided
         self._marginal = [costs.verify(k + 1) - costs.verify(k) for k in range(1, max_len + 2)]
         self._d = costs.draft_ms
         self.start()
 
     # -- per block ---------------------------------------------------------------------------
     def start(self) -> None:
-        """A new block: nothing drafted yet."""
         self._prod = 1.0              # chance that every token so far is kept
         self._e = 1.0                 # expected tokens if verified now (the target's own token)
         self._c = self.costs.verify(1)
@@ -74,8 +108,10 @@ class AutoGamma:
         return (self._acc[b] + centre * PRIOR_WEIGHT) / (self._n[b] + PRIOR_WEIGHT)
 
     def position_rate(self, j: int) -> float:
+        """The keep rate at draft position j, its evidence faded by the blocks since j was last tried."""
         rate, w = POSITION_PRIOR
-        return (self._pos_kept[j] + rate * w) / (self._pos_n[j] + w)
+        f = self.fade ** self._idle[j]
+        return (f * self._pos_kept[j] + rate * w) / (f * self._pos_n[j] + w)
 
     def more(self, j: int, confidence: float) -> bool:
         """After drafting j >= 1 tokens, the last with top-1 probability ``confidence``
@@ -88,6 +124,8 @@ class AutoGamma:
             self._prod *= self.chance(confidence)
             self._e += self._prod
             self._c += self._d + self._marginal[j - 1]
+        if j < self.floor:
+            return True
         e, c, prod = self._e, self._c, self._prod
         for m in range(j, self.max_len):
             prod *= self.position_rate(m + 1)
@@ -99,29 +137,41 @@ class AutoGamma:
 
     def plan(self, room: int) -> int:
         """The block length decided before drafting, from the run's keep rate per position alone: the
-        length with the most expected tokens per ms (0: verify without drafting). For the GPU's
-        sync-free draft loop, which cannot read the draft's confidences without waiting for the
-        device after every token."""
+        length with the most expected tokens per ms (0: verify without drafting), at least ``floor``.
+        For the GPU's sync-free draft loop, which cannot read the draft's confidences without waiting
+        for the device after every token."""
         self.start()
+        room = min(self.max_len, max(room, 0))
         e, c, prod = self._e, self._c, self._prod
         best, best_rate = 0, e / c
-        for m in range(min(self.max_len, max(room, 0))):
+        for m in range(room):
             prod *= self.position_rate(m + 1)
             e += prod
             c += self._d + self._marginal[m]
             if e / c > best_rate:
                 best, best_rate = m + 1, e / c
-        return best
+        return min(max(best, self.floor), room)
 
     # -- after the verify pass -------------------------------------------------------------------
-    def observe(self, confidences: list[float], kept: list[bool]) -> None:
+    def observe(self, block: Block) -> None:
+        """A verified block of the draft model (copied blocks teach nothing about the draft)."""
+        if block.source == DRAFT:
+            kept = block.kept
+            self.learn(block.confidences[:len(kept)], kept)
+
+    def learn(self, confidences: list[float], kept: list[bool]) -> None:
         """The decided positions of a block: whether each was kept, and the draft's confidence in
-        it where it was read (none from the sync-free draft loop: then the positions alone learn)."""
+        it where it was read (none from the sync-free draft loop: then the positions alone learn).
+        The positions not decided in this block idle one more block."""
         for j, k in enumerate(kept, 1):
             if j <= len(confidences):
                 b = min(BINS - 1, max(0, int(confidences[j - 1] * BINS)))
                 self._n[b] += 1
                 self._acc[b] += k
-            if j <= self.max_len:
+        for j in range(1, self.max_len + 1):
+            if j <= len(kept):
                 self._pos_n[j] += 1
-                self._pos_kept[j] += k
+                self._pos_kept[j] += kept[j - 1]
+                self._idle[j] = 0
+            else:
+                self._idle[j] += 1

@@ -31,6 +31,16 @@ def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor) 
     return ids, BlockScores(t, host[2 * g + 1:3 * g + 2], host[3 * g + 2:4 * g + 2], host[4 * g + 2:])
 
 
+def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
+    """Proposals copied from the context as a draft distribution: all mass on each copied token,
+    (g, V). Rejection sampling then keeps a copy with probability p(x) and otherwise draws from p
+    without x, which is the target's distribution again (Leviathan et al. 2023, a point-mass draft)."""
+    dev = target_logits.device
+    q = torch.zeros(len(tokens), target_logits.shape[-1], device=dev)
+    q[torch.arange(len(tokens), device=dev), torch.tensor(tokens, dtype=torch.long, device=dev)] = 1.0
+    return q
+
+
 def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn, rescue: Rescue) -> Decision:
     """Greedy verification of a draft block (x~: the draft tokens; count: the memory lookup)."""
     return decide(x_tilde, score_block(x_tilde, target_logits)[1], count, rescue)

@@ -220,7 +220,7 @@ def test_auto_gamma_policy_arithmetic():
     assert p.more(0, 1.0) and p.more(3, 0.95)               # confident and cheap: go on
     p = AutoGamma(costs(lambda k: 100.0 + k, 5.0), max_len=8)
     for _ in range(50):                                      # a run where unsure drafts were always rejected
-        p.observe([0.15, 0.15], [False, False])
+        p.learn([0.15, 0.15], [False, False])
     p.start()
     assert not p.more(1, 0.15)                               # an unsure draft ends the block
     assert not p.more(8, 1.0)                                # never past max_len
@@ -254,10 +254,10 @@ def test_default_memory_is_the_pairs(close_pair):
 
 
 def test_text_of_byte_fallback_tokens_joins_into_characters(qwen_tokenizer):
-    from csd.decode import _Detokenizer
+    from csd.text import Detokenizer
     text = "Hi 🦜 naïve 漢字!"
     ids = qwen_tokenizer(text, add_special_tokens=False)["input_ids"]
-    d = _Detokenizer(qwen_tokenizer)
+    d = Detokenizer(qwen_tokenizer)
     pieces = [d.push(i) for i in ids]
     assert "".join(pieces) == qwen_tokenizer.decode(ids) == text
     assert "" in pieces and not any("\ufffd" in p for p in pieces)   # a split character waits for its bytes
@@ -292,14 +292,14 @@ def test_auto_gamma_plans_from_position_rates():
     p = AutoGamma(costs(lambda k: 100.0 + k, 5.0), max_len=8)
     assert 1 < p.plan(room=100) <= 8                           # cheap drafting, the prior's keep rate
     for _ in range(50):                                        # every position kept so far
-        p.observe([], [True] * 8)
+        p.learn([], [True] * 8)
     assert p.plan(room=100) == 8 and p.plan(room=3) == 3       # as long as allowed
     p = AutoGamma(costs(lambda k: 100.0 + k, 5.0), max_len=8)
     for _ in range(200):                                       # a run whose second position is always rejected
-        p.observe([], [True, False])
+        p.learn([], [True, False])
     assert p.plan(room=100) == 1
     assert AutoGamma(costs(lambda k: 100.0 * k, 80.0), max_len=8).plan(room=100) == 0    # drafting never pays
-    p.observe([0.9], [True])                                  # with a confidence: its bin learns too
+    p.learn([0.9], [True])                                  # with a confidence: its bin learns too
     assert p._n[9] == 1 and sum(p._n) == 1
 
 

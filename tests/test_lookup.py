@@ -68,15 +68,15 @@ def test_choice_weighs_the_verify_cost_against_the_drafts_rate():
         lk.observe_model(tokens=3, drafted=3)
     assert lk.choose(cand)                           # copies at the prior's rate do
     for _ in range(50):                              # copies were always wrong: a pass for one token
-        lk.observe(16, 0)
+        lk.observe_copies(16, 0)
     assert lk.choose(cand) == []
     lk = Lookup(16, flat)
     for _ in range(50):                              # copies were always right: as long as the costs say
-        lk.observe(16, 16)
+        lk.observe_copies(16, 16)
     assert 5 <= len(lk.choose(cand)) <= 8            # past 5 tokens each one costs a fifth of a pass
     cheap = Lookup(16, costs(lambda k: 100.0 + k, 40.0))
     for _ in range(50):
-        cheap.observe(16, 16)
+        cheap.observe_copies(16, 16)
     assert len(cheap.choose(cand)) == 16             # a nearly flat pass: all of them
     assert Lookup(4).choose(cand) == cand            # no cost model: everything found
     assert Lookup(4).choose([]) == []
@@ -191,13 +191,13 @@ def test_position_rates_are_conditional_on_the_tokens_before():
 
     lk = Lookup(16)
     for _ in range(30):
-        lk.observe(8, 2)                  # two kept, the third rejected, five never decided
+        lk.observe_copies(8, 2)                  # two kept, the third rejected, five never decided
     assert lk.rate(1) > 0.9 and lk.rate(2) > 0.9 and lk.rate(3) < 0.1
     assert lk.rate(4) == pytest.approx(lk.rate(3))    # an undecided position inherits the deepest decided one
     assert Lookup(16).rate(5) == pytest.approx(PRIOR[0])
     long = Lookup(16)
     for _ in range(30):
-        long.observe(2, 2)                # short proposals that were always kept ...
+        long.observe_copies(2, 2)                # short proposals that were always kept ...
     assert long.rate(8) > 0.9             # ... make the longer ones worth trying
 
 

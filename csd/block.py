@@ -1,0 +1,50 @@
+"""The decode loop's record of one verify pass (Calibrated Speculative Decoding, arXiv 2604.13634).
+
+A ``Block`` carries what was proposed and by whom (the draft model, or tokens copied from the
+context), what the target computed over it in one pass, and the rule's decision; the loop fills it
+step by step (draft -> verify -> decide -> emit), and the policies learn from it afterwards
+(``csd.policy.Policy.observe``). One record instead of parallel lists of tokens, confidences and
+distributions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .events import REJECTED
+
+if TYPE_CHECKING:
+    import torch
+
+    from .rule import BlockScores, Decision
+
+DRAFT = "draft"      # proposed by the draft model
+LOOKUP = "lookup"    # copied from the context (csd.lookup): verified exactly, never rescued, never counted
+
+
+@dataclass
+class Block:
+    index: int                                   # target pass number in the run, from 0
+    source: str = DRAFT                          # DRAFT or LOOKUP
+    proposed: list[int] | torch.Tensor = field(default_factory=list)  # x~_1..x~_g (a device tensor until scored)
+    confidences: list[float] = field(default_factory=list)  # the draft's top-1 probability of each, where read
+    q_rows: list[torch.Tensor] = field(default_factory=list)  # the draft's distribution at each (sampling)
+    draft_logits: list[torch.Tensor] = field(default_factory=list)  # the draft's logits at each (explain)
+    logits: torch.Tensor | None = None           # (g + 1, V) the target's, from the verify pass
+    scores: BlockScores | None = None            # greedy: t*, z(t*), z(x~) and normalisers, on the host
+    probs: torch.Tensor | None = None            # the target's probabilities (sampling, explain)
+    decision: Decision | None = None
+    start: int = 0                               # sequence length before the block
+
+    @property
+    def size(self) -> int:
+        return len(self.proposed)
+
+    @property
+    def kept(self) -> list[bool]:
+        """Per decided position (up to the first rejection): kept (accepted or rescued) or not."""
+        return [v.status != REJECTED for v in self.decision.verdicts] if self.decision else []
+
+    @property
+    def n_kept(self) -> int:
+        return self.decision.n_kept if self.decision else 0
