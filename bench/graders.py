@@ -14,7 +14,9 @@
 - CHAMP: the text after the last "final answer", compared as a number or as yes/no; other
   references are not checkable (``None``).
 - HumanEval pass@1: the program is assembled here (``humaneval_program``) and run by
-  ``bench.sandbox``, which passes it only when its tests ran to their end.
+  ``bench.sandbox`` in a sandboxed process of its own; the tests run in a separate harness (with
+  the problem's prompt for their helpers) that calls it through a pipe and accepts only plain
+  data back, and the item passes only when the tests ran to their end.
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def grade(item: Item, text: str) -> Grade:
         return Grade(None if item.reference is None else numbers_equal(pred, item.reference), pred)
     if item.grader == "humaneval":
         program = humaneval_program(item.extra["prompt"], text, item.extra["entry_point"])
-        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"])
+        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"],
+                                   context=item.extra["prompt"])
         return Grade(ok, "passed" if ok else "failed", detail)
     if item.grader == "champ":
         return grade_champ(text, item.reference)
