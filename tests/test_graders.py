@@ -282,7 +282,7 @@ def test_early_exit_does_not_pass(humaneval, mode, escape, where):
 
 
 def test_result_channel_cannot_be_forged(humaneval, mode):
-    """The candidate neither reads the nonce from stdin nor passes by writing to every descriptor."""
+    """The candidate reads nothing on stdin and does not pass by writing "passed" to every descriptor."""
     program, test, entry = _he0(humaneval, WRONG)
     program += ("\nimport os, sys\nseen = sys.stdin.read()\nassert seen == '', seen\n"
                 "for fd in range(1, 64):\n"
