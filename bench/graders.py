@@ -2,16 +2,21 @@
 
 - Numbers (GSM8K, user files): the model's FINAL STATED number (``extract_final_number``). The
   last answer marker wins ("the answer is", "final answer:", "Answer:", "####", ``\\boxed{}``);
-  after a marker the answer is the expression that follows it, worked out to its result
-  ("9 * 2 = 18 dollars" -> 18), so a verification line after the answer ("Check: 12 / 4 = 3")
-  and an explanation after it ("18 eggs, which is 2 more than 16") do not replace it. Without a
-  marker, the last number (or expression result) of the text. Markdown, LaTeX (``\\( \\)``,
-  ``\\[ \\]``, ``\\frac``, ``\\text{}``, ``\\$``), currency, thousands separators and percent signs
-  are read through. Numbers compare exactly as fractions: 1250 == 1,250 == 1250.00, 3/4 == 0.75.
+  the answer is the last number of its answer line (from the marker to the end of that sentence,
+  so a verification sentence after it, "Check: 12 / 4 = 3", does not replace it), an expression
+  "a op b = c" giving c: "The answer is 1/2 of 36 = 18", "... 9 eggs at 2 dollars each, so 18" and
+  "... not 16; it is 18" are 18. A negated number ("not 16") does not count, nor, on a marker's line,
+  a clause that explains the number already stated ("18 eggs, which is 2 more than 16";
+  "18 (because ...)"). Without a marker, the last number of the last sentence that states one.
+  Markdown, LaTeX (``\\( \\)``, ``\\[ \\]``, ``\\frac``, ``\\text{}``, ``\\$``), currency,
+  thousands separators and percent signs are read through. Numbers compare exactly as fractions:
+  1250 == 1,250 == 1250.00, 3/4 == 0.75.
 - CHAMP: the text after the last "final answer", compared as a number or as yes/no; other
   references are not checkable (``None``).
 - HumanEval pass@1: the program is assembled here (``humaneval_program``) and run by
-  ``bench.sandbox``, which passes it only when its tests ran to their end.
+  ``bench.sandbox`` in a sandboxed process of its own; the tests run in a separate harness (with
+  the problem's prompt for their helpers) that calls it through a pipe and accepts only plain
+  data back, and the item passes only when the tests ran to their end.
 """
 from __future__ import annotations
 
@@ -42,7 +47,8 @@ def grade(item: Item, text: str) -> Grade:
         return Grade(None if item.reference is None else numbers_equal(pred, item.reference), pred)
     if item.grader == "humaneval":
         program = humaneval_program(item.extra["prompt"], text, item.extra["entry_point"])
-        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"])
+        ok, detail = run_humaneval(program, item.extra["test"], item.extra["entry_point"],
+                                   context=item.extra["prompt"])
         return Grade(ok, "passed" if ok else "failed", detail)
     if item.grader == "champ":
         return grade_champ(text, item.reference)
@@ -68,7 +74,35 @@ _MARKER = re.compile(
 _LEAD = re.compile(r"(?:[\s:=*_~>`{]|\\boxed\s*\{"
                    r"|(?:therefore|thus|then|so|simply|just|exactly|approximately|about|roughly|now)\b[\s,:]*)*",
                    flags=re.IGNORECASE)
-_SENTENCE_END = re.compile(r"[.!?;](?=\s|$)|\n")
+# The end of the answer's sentence: '.', '!' or '?' before a space, or a line break (not ';', so
+# that "not 16; it is 18" stays one answer line).
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+# Where an answer line divides into clauses: ", ", "; ", a dash between words, and before the words
+# that open a clause. A parenthesis holding words is a clause of its own at the end of a clause
+# ("18 (eighteen)", "12 (check: 12 / 4 = 3)") and a label elsewhere ("1 (Monday) + 3 (Tuesday)"),
+# read as a space; one of bare numbers ("(16 - 3 - 4) * 2") is part of an expression.
+_OPENERS = (r"so|thus|therefore|hence|but|which|because|since|as|where|whereas|while|when|if|given"
+            r"|assuming|compared|giving|making|i\.e\.|e\.g\.")
+_CLAUSE_SPLIT = re.compile(r"[,;][ \t]{1,8}|[ \t]{0,8}(?:--|\u2014)[ \t]{0,8}|[ \t]{1,8}(?=(?:" + _OPENERS + r")\b)",
+                           flags=re.IGNORECASE)
+_PARENS = re.compile(r"\(([^()\n]{0,400})\)(?=([ \t]{0,8}(?:[,;]|$))?)")
+# On a marker's answer line, a clause that explains the answer already stated does not replace it:
+# a comparison ("18 eggs, which is 2 more than 16"), a reason, a condition, a check ("because ...",
+# "if ...", "check: ..."). A clause that restates ("so 18", "it is 18", "= 18") replaces it, as any
+# other clause with a number does (the last number of the line).
+_COMPARISON = re.compile(r"\bthan\b", flags=re.IGNORECASE)
+_RESTATES = re.compile(r"=|(?:so|thus|therefore|hence|then|giving|making|it\s+is|it's|that\s+is|that's|i\.e\.)\b",
+                       flags=re.IGNORECASE)
+_EXPLAINS = re.compile(r"(?:because|since|as|where|whereas|while|when|if|given|assuming|compared|versus|vs"
+                       r"|e\.g\.|for\s+example|based\s+on|check|verif\w*|double[- ]check)\b", flags=re.IGNORECASE)
+# A number that the line says the answer is not ("not 16", "18 rather than 16") does not count.
+_NEGATED = re.compile(r"\b(?:not|isn't|aren't|wasn't|never|rather\s+than|instead\s+of|other\s+than)"
+                      r"[ \t]{1,4}(?:(?:equal[ \t]{1,4}to|exactly|quite|just|even)[ \t]{1,4})?\(?$",
+                      flags=re.IGNORECASE)
+# A sentence that checks an answer already given ("Check: 12 / 4 = 3") does not replace it.
+_CHECK_LINE = re.compile(r"[\s*_>#-]{0,8}(?:let's[ \t]{1,4}|to[ \t]{1,4})?"
+                         r"(?:check|verify|verification|double[- ]check|sanity[ \t]check)[ \t]{0,4}[:,]",
+                         flags=re.IGNORECASE)
 _ANSWER_SPAN = 300     # how far after a marker its answer may be (characters): keeps the scan linear
 
 
@@ -108,16 +142,63 @@ def _expression_value(expr: str) -> str | None:
     return _normalise_number(numbers[-1]) if numbers else None
 
 
+def _clauses(line: str) -> list[tuple[str, bool]]:
+    """The clauses of an answer line, each with whether it is a parenthesis holding words."""
+    out, pos, text = [], 0, ""
+    for m in _PARENS.finditer(line):
+        if not re.search(r"[A-Za-z]", m.group(1)):
+            continue                             # bare numbers: part of an expression
+        if m.group(2) is None:                   # a label inside the clause: read as a space
+            text += line[pos:m.start()] + " "
+        else:
+            out += [(c, False) for c in _CLAUSE_SPLIT.split(text + line[pos:m.start()])]
+            out.append((m.group(1), True))
+            text = ""
+        pos = m.end()
+    return out + [(c, False) for c in _CLAUSE_SPLIT.split(text + line[pos:])]
+
+
+def _clause_value(clause: str) -> str | None:
+    """The last number (or expression result) of a clause that is not negated ("not 16")."""
+    for m in reversed(list(_EXPR.finditer(clause))):
+        if not _NEGATED.search(clause, max(0, m.start() - 40), m.start()):
+            value = _expression_value(m.group(0))
+            if value is not None:
+                return value
+    return None
+
+
+def _line_value(line: str, explanations: bool = True) -> str | None:
+    """The answer a line states: its last number, an expression "a op b = c" giving c, not
+    counting the numbers it negates ("not 16", "rather than 16"). With ``explanations`` (a
+    marker's answer line), nor those of a clause that explains a number already stated ("18
+    eggs, which is 2 more than 16"; "18 (because 9 * 2 = 18)"): an explanation runs on to the end
+    of the line unless a clause restates the answer ("..., so 18")."""
+    if not re.search(r"\d", line):
+        return None
+    answer, explaining = None, False
+    for clause, wordy_parens in _clauses(line):
+        clause = clause.lstrip(" \t*_~>`")
+        if explanations and answer is not None:
+            restates = _RESTATES.match(clause) is not None
+            if wordy_parens or _COMPARISON.search(clause) or (not restates and _EXPLAINS.match(clause)):
+                explaining = True
+                continue
+            if explaining and not restates:
+                continue
+        value = _clause_value(clause)
+        if value is not None:
+            answer, explaining = value, False
+    return answer
+
+
 def _value_at(text: str, pos: int) -> str | None:
-    """The answer stated right after a marker ending at ``pos``: the expression that follows
-    (after markdown and filler words), else the first one in the rest of that sentence."""
+    """The answer stated after a marker ending at ``pos``: the value of its answer line, which
+    runs from there (past markdown and blank lines) to the end of the sentence."""
     pos = _LEAD.match(text, pos).end()
-    m = _EXPR.match(text, pos)
-    if m is None:
-        limit = min(len(text), pos + _ANSWER_SPAN)
-        end = _SENTENCE_END.search(text, pos, limit)
-        m = _EXPR.search(text, pos, end.start() if end else limit)
-    return _expression_value(m.group(0)) if m else None
+    limit = min(len(text), pos + _ANSWER_SPAN)
+    end = _SENTENCE_END.search(text, pos, limit)
+    return _line_value(text[pos:end.start() if end else limit])
 
 
 def _brace_ends(text: str) -> dict[int, int]:
@@ -134,8 +215,18 @@ def _brace_ends(text: str) -> dict[int, int]:
 
 
 def _last_value(text: str) -> str | None:
-    found = list(_EXPR.finditer(text))
-    return _expression_value(found[-1].group(0)) if found else None
+    """Without a marker: the last number of the last sentence that states one (``_line_value``
+    without explanations); a sentence that checks an answer ("Check: 12 / 4 = 3") counts only when
+    no earlier one states one."""
+    check = None
+    for line in reversed(_SENTENCE_END.split(text)):
+        value = _line_value(line, explanations=False)
+        if value is None:
+            continue
+        if _CHECK_LINE.match(line) is None:
+            return value
+        check = check or value
+    return check
 
 
 def extract_final_number(text: str) -> str | None:
@@ -146,7 +237,7 @@ def extract_final_number(text: str) -> str | None:
     for m in reversed(list(_MARKER.finditer(t))):           # the last marker that holds a number
         if m.group(0).startswith("\\"):                     # \boxed{...}
             braces = braces if braces is not None else _brace_ends(t)
-            value = _last_value(t[m.end():min(braces[m.end() - 1], m.end() + _ANSWER_SPAN)])
+            value = _line_value(t[m.end():min(braces[m.end() - 1], m.end() + _ANSWER_SPAN)])
         else:
             value = _value_at(t, m.end())
         if value is not None:

@@ -257,10 +257,10 @@ def test_humaneval_canonical_passes_wrong_fails(humaneval):
 
 @pytest.mark.parametrize("task", ["HumanEval/0", "HumanEval/32", "HumanEval/162"])
 def test_canonical_solutions_pass_under_the_guard(humaneval, mode, task):
-    """The guard leaves what tests need: math, hashlib, itertools ... (HumanEval/162 uses hashlib)."""
+    """The guard leaves what solutions need (162 uses hashlib); the prompt gives the test poly (32)."""
     x = humaneval[task].extra
     ok, detail = run_humaneval(humaneval_program(x["prompt"], x["canonical_solution"], x["entry_point"]),
-                               x["test"], x["entry_point"], mode=mode)
+                               x["test"], x["entry_point"], mode=mode, context=x["prompt"])
     assert ok and detail == f"passed ({mode})", detail
 
 
@@ -282,7 +282,7 @@ def test_early_exit_does_not_pass(humaneval, mode, escape, where):
 
 
 def test_result_channel_cannot_be_forged(humaneval, mode):
-    """The candidate neither reads the nonce from stdin nor passes by writing to every descriptor."""
+    """The candidate reads nothing on stdin and does not pass by writing "passed" to every descriptor."""
     program, test, entry = _he0(humaneval, WRONG)
     program += ("\nimport os, sys\nseen = sys.stdin.read()\nassert seen == '', seen\n"
                 "for fd in range(1, 64):\n"
