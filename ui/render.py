@@ -14,6 +14,7 @@ import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from csd.events import (
     ACCEPTED,
@@ -59,176 +60,19 @@ SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a
 DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
-CSS = """
-.csd-tokens { font-family: ui-monospace, 'SFMono-Regular', Menlo, Consolas, 'Liberation Mono', monospace;
-  white-space: pre-wrap; word-break: break-word; line-height: 2.0; font-size: 15px;
-  padding: 10px; border: 1px solid #d0d4da; border-radius: 6px; min-height: 3em; background: #fff; color: #111; }
-.csd-prompt { font-size: 13px; color: #444; margin-bottom: 6px; white-space: pre-wrap; word-break: break-word; }
-.csd-prompt b, .csd-prompt summary { color: #222; cursor: pointer; }
-.tok { border-radius: 3px; padding: 1px 0; cursor: pointer; color: #111; }
-.tok-accepted { background: #c8efc9; }
-.tok-rescued { background: #ffd27a; outline: 2px solid #8a4b00; outline-offset: 0; font-weight: 700; }
-.tok-rescued::after { content: "★"; font-size: 0.7em; vertical-align: super; color: #8a4b00; }
-.tok-rejected { background: #fde0e0; color: #a12020; text-decoration: line-through; text-decoration-thickness: 2px; }
-.tok-corrected { background: #bcd7ff; box-shadow: inset 0 -3px 0 #1d4f91; }
-.tok-bonus { background: #e2cff7; border-bottom: 3px dotted #5b2a86; }
-.tok-bonus::after { content: "+"; font-size: 0.7em; vertical-align: super; color: #5b2a86; font-weight: 700; }
-.tok-target { background: #e8e8e8; }
-.tok-special { font-family: system-ui, sans-serif; font-size: 0.75em; border: 1px dashed #555; border-radius: 8px;
-  padding: 0 4px; margin: 0 2px; color: #333; white-space: nowrap; }
-.tok-bytes { font-size: 0.75em; color: #555; }
-.tok.partial { padding: 1px 2px; }
-.tok.copied { text-decoration: underline dotted #1f3b73; text-decoration-thickness: 2px; text-underline-offset: 3px; }
-.tok.diff { text-decoration: underline wavy #e0007a; text-decoration-thickness: 2px; text-underline-offset: 4px; }
-.tok.wi-rescue { outline: 2px dashed #1b6e2f; outline-offset: 2px; }
-.tok.wi-reject { outline: 4px double #b71c1c; outline-offset: 2px; }
-.tok.latest { background-image: linear-gradient(#0003, #0003); background-size: 100% 2px;
-  background-repeat: no-repeat; background-position: top; }
-.tok.pinned { box-shadow: 0 0 0 3px #1f3b73; }
-.csd-hide-rejected .tok-rejected:not(.wi-rescue) { display: none; }
-.csd-legend { font-size: 13px; margin: 4px 0; color: inherit; }
-.csd-legend ul { list-style: none; margin: 0; padding: 0; display: grid;
-  grid-template-columns: repeat(auto-fill, minmax(320px, 1fr)); gap: 3px 16px; }
-.csd-legend li { margin: 0; line-height: 1.7; }
-.csd-legend .tok { padding: 1px 4px; margin-right: 4px; }
-.csd-nav { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 4px 0; font-size: 13px; }
-.csd-nav button { border: 1px solid #888; border-radius: 5px; padding: 2px 8px; background: #f6f6f6; color: #111;
-  cursor: pointer; }
-.csd-nav button:disabled { opacity: 0.45; cursor: default; }
-.csd-summary { font-size: 14px; margin: 6px 0; }
-.csd-summary a { cursor: pointer; }
-.csd-detail { font-size: 14px; border: 1px solid #1f3b73; border-radius: 6px; padding: 8px 10px; margin: 6px 0;
-  background: #f3f6fb; color: #111; white-space: pre-wrap; }
-.csd-detail .first { font-weight: 600; font-size: 15px; }
-.csd-detail button { float: right; border: 1px solid #888; border-radius: 4px; background: #fff; cursor: pointer; }
-.csd-metrics { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr)); gap: 6px; }
-.csd-metric { border: 1px solid #d0d4da; border-radius: 6px; padding: 6px 8px; }
-.csd-metric .v { font-size: 20px; font-weight: 600; }
-.csd-metric .k { font-size: 12px; opacity: 0.8; }
-.csd-status { font-size: 12px; opacity: 0.85; margin-top: 4px; }
-.csd-status-line { font-size: 15px; font-weight: 600; padding: 6px 8px; border-radius: 6px; min-height: 1.6em;
-  border: 1px solid transparent; }
-.csd-status-line[data-state="waiting"] { background: #fff4d6; border-color: #c77700; }
-.csd-status-line[data-state="running"] { background: #e3f0ff; border-color: #1d4f91; }
-.csd-status-line[data-state="stopping"], .csd-status-line[data-state="stopped"] { background: #fdecea;
-  border-color: #b71c1c; }
-.csd-status-line[data-state="done"] { background: #e8f5e9; border-color: #2e7d32; }
-.csd-status-line[data-state="idle"] { font-weight: 400; opacity: 0.8; }
-.csd-error { border: 1px solid #c62828; background: #fdecea; color: #7f1010; padding: 8px 10px; border-radius: 6px; }
-.csd-note { font-size: 13px; opacity: 0.85; }
-.csd-scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; max-width: 100%; }
-.csd-teach table { border-collapse: collapse; font-size: 13px; min-width: 620px; width: 100%; }
-.csd-teach th, .csd-teach td { border: 1px solid #d0d4da; padding: 4px 6px; vertical-align: top; text-align: left; }
-.csd-teach code { white-space: pre; }
-.csd-teach .why { font-size: 12px; min-width: 180px; }
-.csd-teach tr.discarded td { color: #888; background: #f4f4f4; }
-.csd-teach .tok-discarded { color: #888; background: #eee; border: 1px dashed #aaa; text-decoration: none; }
-.csd-block { margin: 6px 0; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 15px; line-height: 2.0; }
-.csd-block .lbl { font-family: system-ui, sans-serif; font-size: 12px; opacity: 0.8; margin-right: 6px; }
-/* every tab reachable on a narrow screen: the tabs that gradio moves into its "more" menu are
-   shown in the bar itself (the menu's button is hidden), and the bar wraps */
-#tabs .tab-wrapper { flex-wrap: wrap; height: auto !important; }
-#tabs .overflow-menu > button { display: none !important; }
-#tabs .overflow-menu { display: contents; }
-#tabs .overflow-dropdown, #tabs .overflow-dropdown.hide { display: flex !important; position: static !important;
-  flex-wrap: wrap; border: 0 !important; box-shadow: none !important; background: transparent !important;
-  padding: 0 !important; margin: 0 !important; min-width: 0 !important; flex-direction: row !important; }
-#tabs .overflow-dropdown button { width: auto !important; padding: 6px 10px !important; border-radius: 0 !important;
-  font-size: var(--text-md) !important; color: var(--body-text-color) !important; }
-@media (max-width: 640px) {
-  #tabs [role="tablist"] button, #tabs .overflow-dropdown button { padding: 6px 7px !important; }
-  .csd-legend ul { grid-template-columns: 1fr; }
-}
-/* presentation mode: a large answer above the fold, the settings out of the way (gradio prefixes these
-   rules with its container, which body is not inside: !important makes the unprefixed ones win) */
-body.csd-present .csd-tokens { font-size: 26px !important; line-height: 1.9 !important; }
-body.csd-present .csd-legend { font-size: 15px !important; }
-body.csd-present .csd-hide-present, body.csd-present #examples { display: none !important; }
-body.csd-present .csd-legend ul { display: flex !important; flex-wrap: wrap !important; gap: 4px 10px !important; }
-body.csd-present .csd-legend .s { display: none !important; }
-body.csd-present #prompt textarea { max-height: 4.6em !important; }
-body.csd-present .csd-prompt { font-size: 15px !important; }
-body.csd-present .csd-status-line { font-size: 18px !important; }
-"""
+STATIC = Path(__file__).resolve().parent / "static"   # package data: app.css and app.js
+
+
+def _static(name: str) -> str:
+    return (STATIC / name).read_text(encoding="utf-8")
+
+
+# The page's style sheet (passed to launch(css=...), and inlined in an exported answer).
+CSS = _static("app.css")
 
 # The page's script (passed to launch(head=...)): token details on click (pinned), next
-# rescued / next rejected, and arrow keys for the Teach view. Listeners sit on the document, so
-# they keep working while gradio replaces the HTML inside the components.
-JS = """
-<script>
-(() => {
-  if (window.csdInstalled) return;
-  window.csdInstalled = true;
-  const pins = {};
-  const show = (tok) => {
-    const box = tok.closest('[data-csd-view]');
-    const view = box ? box.getAttribute('data-csd-view') : 'tokens';
-    document.querySelectorAll('.tok.pinned').forEach(t => { if (t.closest('[data-csd-view]') === box) t.classList.remove('pinned'); });
-    tok.classList.add('pinned');
-    pins[view] = tok.getAttribute('data-i');
-    const name = (box && box.getAttribute('data-csd-panel')) || view;
-    const panel = document.querySelector('#' + name + '-detail .csd-detail-body');
-    if (!panel) return;
-    const lines = (tok.getAttribute('data-detail') || '').split('\\n');
-    panel.parentElement.hidden = false;
-    panel.replaceChildren();
-    const first = document.createElement('div'); first.className = 'first'; first.textContent = lines[0];
-    const rest = document.createElement('div'); rest.textContent = lines.slice(1).join('\\n');
-    panel.append(first, rest);
-  };
-  document.addEventListener('click', (e) => {
-    if (e.target.closest('#generate-btn, #compare-btn')) {     // a new answer: nothing stays pinned
-      for (const k of Object.keys(pins)) delete pins[k];
-      document.querySelectorAll('.csd-detail').forEach(d => { d.hidden = true; });
-      return;
-    }
-    const close = e.target.closest('[data-csd-close]');
-    if (close) { const d = close.closest('.csd-detail'); if (d) d.hidden = true;
-                 document.querySelectorAll('.tok.pinned').forEach(t => t.classList.remove('pinned')); return; }
-    const nav = e.target.closest('[data-nav]');
-    if (nav) {
-      const box = nav.closest('[data-csd-view]');
-      const want = nav.getAttribute('data-nav');
-      const toks = [...box.querySelectorAll('.tok[data-status="' + want + '"]')];
-      if (!toks.length) return;
-      const cur = box.querySelector('.tok.pinned');
-      const at = cur ? Number(cur.getAttribute('data-i')) : -1;
-      const next = toks.find(t => Number(t.getAttribute('data-i')) > at) || toks[0];
-      next.scrollIntoView({block: 'center'});
-      show(next);
-      return;
-    }
-    const go = e.target.closest('[data-goto]');
-    if (go) {
-      const view = go.closest('[data-csd-for]').getAttribute('data-csd-for');
-      const box = document.querySelector('[data-csd-view="' + view + '"]');
-      const t = box && box.querySelector('.tok[data-i="' + go.getAttribute('data-goto') + '"]');
-      if (t) { t.scrollIntoView({block: 'center'}); show(t); }
-      return;
-    }
-    const tok = e.target.closest('[data-csd-view] .tok[data-i]');
-    if (tok) show(tok);
-  });
-  // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
-  new MutationObserver(() => {
-    for (const [view, i] of Object.entries(pins)) {
-      const box = document.querySelector('[data-csd-view="' + view + '"]');
-      const t = box && box.querySelector('.tok[data-i="' + i + '"]');
-      if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
-    }
-  }).observe(document.body, {childList: true, subtree: true});
-  document.addEventListener('keydown', (e) => {
-    if (e.target.closest('input, textarea, select, [contenteditable]')) return;
-    const teach = document.querySelector('#teach-view');
-    if (!teach || teach.offsetParent === null) return;
-    const id = e.key === 'ArrowRight' ? '#teach-next' : e.key === 'ArrowLeft' ? '#teach-prev' : null;
-    if (!id) return;
-    const b = document.querySelector(id);
-    if (b) { e.preventDefault(); b.click(); }
-  });
-})();
-</script>
-"""
+# rescued / next rejected, and arrow keys for the Teach view (see static/app.js).
+JS = f"<script>\n{_static('app.js')}</script>\n"
 
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
