@@ -16,8 +16,8 @@ from csd.config import METHOD_HELP, METHODS
 from csd.events import REJECTED, RESCUED, STATUSES
 
 from . import figures, render
-from . import handlers as H
 from .state import Services
+from .tabs import analyse, common, compare, explore, generate, jobs, teach
 
 EXAMPLES = [
     # GSM8K test set, item 1
@@ -66,7 +66,7 @@ def build_demo(services: Services) -> gr.Blocks:
     s = services.settings
     light = dict(concurrency_limit=8, concurrency_id="light")
     model = dict(concurrency_limit=s.concurrency, concurrency_id=MODEL_GROUP)
-    scope_choices = H.scopes(services)
+    scope_choices = common.scopes(services)
 
     with gr.Blocks(title="CSD Explorer", analytics_enabled=False) as demo:
         sess = gr.State(None)   # a Session, made by the first handler that needs it (ensure_session)
@@ -85,7 +85,7 @@ def build_demo(services: Services) -> gr.Blocks:
             lam = gr.Slider(0, 64, value=6, step=1, label="λ (memory count threshold)", elem_id="lam")
             log10_tau = gr.Slider(-4, 0, value=-2, step=0.05, label="log₁₀ τ (gate threshold, τ up to 1)",
                                   elem_id="log10-tau")
-            tau_text = gr.Markdown(H.describe_tau(-2), elem_id="tau-text")
+            tau_text = gr.Markdown(common.describe_tau(-2), elem_id="tau-text")
 
         with gr.Tabs(elem_id="tabs"):
             # -- Generate -------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def build_demo(services: Services) -> gr.Blocks:
                         max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
                                             label="Max new tokens", elem_id="max-new")
                         seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
-                        lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {H.LOOKUP_TOKENS} "
+                        lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {generate.LOOKUP_TOKENS} "
                                              "tokens that followed the last few earlier, where the costs say it "
                                              "pays (sd and csd; underlined)", elem_id="lookup")
                 gr.HTML(render.render_legend(), elem_id="legend")
@@ -149,14 +149,14 @@ def build_demo(services: Services) -> gr.Blocks:
                                           label="Max new tokens", elem_id="c-max-new")
                 with gr.Row(equal_height=False):
                     panes, caps = [], []
-                    for m in H.COMPARE_METHODS:
+                    for m in compare.COMPARE_METHODS:
                         with gr.Column(min_width=240):
                             caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
                             panes.append(gr.HTML(render.render_tokens([], empty="not run yet", view=f"pane-{m}",
                                                                       panel="compare"),
                                                  elem_id=f"pane-{m}"))
                 gr.HTML(render.detail_panel(), elem_id="compare-detail")
-                c_note = gr.Markdown(H.compare_note({}), elem_id="compare-note")
+                c_note = gr.Markdown(compare.compare_note({}), elem_id="compare-note")
                 c_fig = gr.Plot(figures.make_compare_figure({}), label="Target passes, wall time, tokens/s",
                                 show_label=False, elem_id="compare-plot")
 
@@ -164,7 +164,7 @@ def build_demo(services: Services) -> gr.Blocks:
             with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
                 gr.HTML(render.render_legend(), elem_id="analyse-legend")
                 with gr.Row():
-                    scope = gr.Radio(scope_choices, value=H.SCOPE_SESSION, label="Scope", elem_id="scope",
+                    scope = gr.Radio(scope_choices, value=common.SCOPE_SESSION, label="Scope", elem_id="scope",
                                      info="'all runs' is shared: it shows every user's answers" if s.shared_scope
                                      else "Only your own runs are shown in this app.")
                     a_refresh = gr.Button("Refresh", scale=0)
@@ -188,7 +188,7 @@ def build_demo(services: Services) -> gr.Blocks:
             with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
                 gr.Markdown("### Divergence events")
                 with gr.Row():
-                    e_scope = gr.Radio(scope_choices, value=H.SCOPE_SESSION, label="Scope", elem_id="e-scope",
+                    e_scope = gr.Radio(scope_choices, value=common.SCOPE_SESSION, label="Scope", elem_id="e-scope",
                                        info="'all runs' is shared: it shows every user's answers" if s.shared_scope
                                        else None)
                     e_run = gr.Number(0, precision=0, label="Run id (0 = the scope)", minimum=0)
@@ -204,19 +204,19 @@ def build_demo(services: Services) -> gr.Blocks:
                         e_csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
                 e_caption = gr.Markdown(elem_id="events-caption")
                 e_csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
-                e_table = gr.Dataframe(headers=H.EVENT_COLUMNS, interactive=False, wrap=True, max_height=420,
+                e_table = gr.Dataframe(headers=explore.EVENT_COLUMNS, interactive=False, wrap=True, max_height=420,
                                        elem_id="events-table")
 
                 gr.Markdown("### Correction memory (this session's copy)")
                 m_summary = gr.Markdown(elem_id="memory-summary")
                 with gr.Row():
                     with gr.Column(scale=2):
-                        m_table = gr.Dataframe(headers=H.MEMORY_COLUMNS, interactive=False, max_height=360,
+                        m_table = gr.Dataframe(headers=explore.MEMORY_COLUMNS, interactive=False, max_height=360,
                                                elem_id="memory-table")
                     with gr.Column(scale=1):
-                        m_mode = gr.Radio([H.CAL_PROMPTS, H.CAL_TEXT], value=H.CAL_PROMPTS, label="Calibrate on",
+                        m_mode = gr.Radio([explore.CAL_PROMPTS, explore.CAL_TEXT], value=explore.CAL_PROMPTS, label="Calibrate on",
                                           elem_id="cal-mode")
-                        m_source = gr.Radio([H.SRC_SHIPPED, H.SRC_UPLOAD], value=H.SRC_SHIPPED, label="From",
+                        m_source = gr.Radio([explore.SRC_SHIPPED, explore.SRC_UPLOAD], value=explore.SRC_SHIPPED, label="From",
                                             elem_id="cal-source")
                         m_corpus = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or "
                                            "text (.txt, .jsonl 'text')", file_types=[".txt", ".jsonl", ".md", ".py"],
@@ -261,98 +261,98 @@ def build_demo(services: Services) -> gr.Blocks:
                             t_play = gr.Button("Play", elem_id="teach-play", min_width=70)
                             t_stop = gr.Button("Stop", variant="stop", elem_id="teach-stop", min_width=70)
                         t_status = gr.HTML(render.render_status("Ready."), elem_id="teach-status")
-                        t_view = gr.HTML(H.teach_view(services, None, 0), elem_id="teach-view")
+                        t_view = gr.HTML(teach.teach_view(services, None, 0), elem_id="teach-view")
                     with gr.Column(scale=2, min_width=280):
                         gr.Markdown(render.TEACH_EXPLANATION, elem_id="teach-explanation")
                 teach_timer = gr.Timer(2.0, active=False)
 
         # -- wiring -------------------------------------------------------------------------------
-        log10_tau.change(H.describe_tau, log10_tau, tau_text, api_visibility="private", show_progress="hidden",
+        log10_tau.change(common.describe_tau, log10_tau, tau_text, api_visibility="private", show_progress="hidden",
                          **light)
         present.change(None, present, None, js=render.PRESENT_JS, api_visibility="private")
         status_io = ([sess], [gen_status, c_status, t_status, m_status, status_timer])
-        status_timer.tick(partial(H.poll_status, services), *status_io, queue=False,
+        status_timer.tick(partial(jobs.poll_status, services), *status_io, queue=False,
                           show_progress="hidden", api_visibility="private")
 
         def model_job(btn, kind: str, status, fn, inputs, outputs, api_name: str, prompt_in=()):
             """A click: the request is checked and joins the lane at once (in the light group, which
             no model work holds up; a refusal is a toast), then, if it was not refused, the model's
             queued handler runs."""
-            ask = btn.click(partial(H.request_job, services, kind), [sess, *prompt_in], [sess, status, status_timer],
+            ask = btn.click(partial(jobs.request_job, services, kind), [sess, *prompt_in], [sess, status, status_timer],
                             show_progress="hidden", api_visibility="private", **light)
             run = ask.success(fn, inputs, outputs, api_name=api_name, show_progress="hidden", **model)
             # the last word on the status lines: a timer tick computed just before the run ended can land
             # after the run's last update and show it still running; this poll is sent after the run ends
-            run.then(partial(H.poll_status, services), *status_io, queue=False, show_progress="hidden",
+            run.then(partial(jobs.poll_status, services), *status_io, queue=False, show_progress="hidden",
                      api_visibility="private")
             return run
 
-        gen = model_job(gen_btn, "generate", gen_status, partial(H.generate, services),
+        gen = model_job(gen_btn, "generate", gen_status, partial(generate.generate, services),
                         [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
                          hide_rejected, lookup, sess],
                         [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
                         prompt_in=(prompt, chat))
         analyse_inputs = [scope, lam, log10_tau, hide_rejected, sess]
         analyse_outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
-        gen.then(partial(H.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private",
+        gen.then(partial(analyse.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private",
                  show_progress="hidden", **light)
-        stop_btn.click(partial(H.stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
-        c_stop.click(partial(H.stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
-        m_stop.click(partial(H.stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
+        stop_btn.click(partial(jobs.stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
+        c_stop.click(partial(jobs.stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+        m_stop.click(partial(jobs.stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
 
         recolour_io = ([lam, log10_tau, hide_rejected, sess], [tokens, whatif_md, sess])
         for ctl in (lam, log10_tau, hide_rejected):
             named = dict(api_name="recolour") if ctl is log10_tau else dict(api_visibility="private")
-            ev = ctl.change(partial(H.recolour, services), *recolour_io, show_progress="hidden", **named, **light)
-            ev.then(partial(H.analyse, services), analyse_inputs, analyse_outputs, show_progress="hidden",
+            ev = ctl.change(partial(generate.recolour, services), *recolour_io, show_progress="hidden", **named, **light)
+            ev.then(partial(analyse.analyse, services), analyse_inputs, analyse_outputs, show_progress="hidden",
                     api_visibility="private", **light)
-        export_btn.click(partial(H.export_answer, services), [lam, log10_tau, sess], [export_files, sess],
+        export_btn.click(partial(generate.export_answer, services), [lam, log10_tau, sess], [export_files, sess],
                          api_name="export_answer", **light)
 
-        cmp = model_job(c_btn, "compare", c_status, partial(H.compare, services),
+        cmp = model_job(c_btn, "compare", c_status, partial(compare.compare, services),
                         [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, sess],
                         [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
-        cmp.then(partial(H.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private",
+        cmp.then(partial(analyse.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private",
                  show_progress="hidden", **light)
 
-        a_refresh.click(partial(H.analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
+        a_refresh.click(partial(analyse.analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
         for trigger in (scope.change, analyse_tab.select):
-            trigger(partial(H.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
+            trigger(partial(analyse.analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
 
         ev_inputs = [e_scope, e_run, e_status, e_pattern, e_text, sess]
-        e_btn.click(partial(H.explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+        e_btn.click(partial(explore.explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
                     api_name="explore_events", **light)
-        e_csv_btn.click(partial(H.export_events_csv, services), ev_inputs, [e_csv, sess], api_name="export_csv",
+        e_csv_btn.click(partial(explore.export_events_csv, services), ev_inputs, [e_csv, sess], api_name="export_csv",
                         **light)
         for ctl in (e_scope, e_run, e_status, e_pattern, e_text):   # a prepared file must match the filters
-            ctl.change(H.hide_download, None, e_csv, queue=False, show_progress="hidden", api_visibility="private")
+            ctl.change(explore.hide_download, None, e_csv, queue=False, show_progress="hidden", api_visibility="private")
         mem_out = [m_summary, m_table, sess]
-        explore_tab.select(partial(H.memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
-        explore_tab.select(partial(H.explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+        explore_tab.select(partial(explore.memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
+        explore_tab.select(partial(explore.explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
                            api_visibility="private", **light)
-        model_job(m_cal, "calibrate", m_status, partial(H.calibrate_memory, services),
+        model_job(m_cal, "calibrate", m_status, partial(explore.calibrate_memory, services),
                   [m_mode, m_source, m_corpus, m_prompts, m_answer, m_positions, lam, sess],
                   [m_summary, m_table, m_status, sess], "calibrate")
-        m_reset.click(partial(H.memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
+        m_reset.click(partial(explore.memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
                       **light)
-        m_clear.click(partial(H.memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
+        m_clear.click(partial(explore.memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
                       **light)
-        m_dl_btn.click(partial(H.memory_download, services), [sess], [m_file, sess], api_name="memory_download",
+        m_dl_btn.click(partial(explore.memory_download, services), [sess], [m_file, sess], api_name="memory_download",
                        **light)
-        m_upload.upload(partial(H.memory_upload, services), [m_upload, lam, sess], [m_summary, m_table, m_error, sess],
+        m_upload.upload(partial(explore.memory_upload, services), [m_upload, lam, sess], [m_summary, m_table, m_error, sess],
                         api_name="memory_upload", **light)
 
-        model_job(t_run, "teach", t_status, partial(H.teach_run, services),
+        model_job(t_run, "teach", t_status, partial(teach.teach_run, services),
                   [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
                   prompt_in=(t_prompt,))
-        t_prev.click(partial(H.teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
-        t_next.click(partial(H.teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
-        t_play.click(partial(H.teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
+        t_prev.click(partial(teach.teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
+        t_next.click(partial(teach.teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
+        t_play.click(partial(teach.teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
                      **light)
-        teach_timer.tick(partial(H.teach_tick, services), [sess], [t_view, teach_timer, sess],
+        teach_timer.tick(partial(teach.teach_tick, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
-        t_stop.click(H.teach_pause, None, teach_timer, queue=False, api_visibility="private")
-        t_stop.click(partial(H.stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
+        t_stop.click(teach.teach_pause, None, teach_timer, queue=False, api_visibility="private")
+        t_stop.click(partial(jobs.stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
 
     demo.queue(max_size=s.queue_size, default_concurrency_limit=s.concurrency)
     return demo

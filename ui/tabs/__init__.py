@@ -1,0 +1,6 @@
+"""The app's tabs, one module each: ``generate``, ``compare``, ``analyse``, ``explore`` (Explore &
+memory) and ``teach``, each holding that tab's handlers; ``common`` and ``jobs`` hold what they share.
+
+A handler is a plain function from component values (and the session) to new values, so the
+tests call them directly; ``ui.app.build_demo`` composes the tabs.
+"""
