@@ -5,14 +5,17 @@ under the λ/τ sliders. Nothing here runs the model.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
+import gradio as gr
 import numpy as np
 
 from db import analytics as A
 
 from .. import figures, render
 from ..state import Services, Session
-from .common import NO_STORE, ensure_session, error, scope_filter, tau_from_log10, tokens_html
+from .common import NO_STORE, SCOPE_SESSION, ensure_session, error, scope_filter, scopes, tau_from_log10, tokens_html
+from .page import Page
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +59,49 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
             figures.make_whatif_figure(grid.lams, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], grid.rate, lam, tau,
                                        grid.total),
             summary, heading, tokens, sess)
+
+
+def refresh_after(page: Page, dep) -> None:
+    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
+    refreshed once it is done."""
+    dep.then(partial(analyse, page.services), *page.analyse_io, api_visibility="private", show_progress="hidden",
+             **page.light)
+
+
+# -- the tab ---------------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Analyse tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    scope_choices = scopes(services)
+    with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
+        gr.HTML(render.render_legend(), elem_id="analyse-legend")
+        with gr.Row():
+            scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="scope",
+                             info="'all runs' is shared: it shows every user's answers" if s.shared_scope
+                             else "Only your own runs are shown in this app.")
+            a_refresh = gr.Button("Refresh", scale=0)
+        a_summary = gr.Markdown(elem_id="analyse-summary")
+        with gr.Row():
+            pareto = gr.Plot(label="Pareto chart", show_label=False, elem_id="pareto-plot")
+            gaps = gr.Plot(label="Logit gaps", show_label=False, elem_id="gap-plot")
+        with gr.Row():
+            positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
+            heat = gr.Plot(label="What-if heatmap", show_label=False, elem_id="whatif-plot")
+        with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
+                          elem_id="frontier-panel"):
+            frontier_data = figures.load_frontier(s.frontier_file)
+            gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
+            gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
+        a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
+        a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
+        gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
+    assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
+    analyse_inputs = [scope, page.lam, page.log10_tau, page.hide_rejected, sess]
+    analyse_outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
+    page.analyse_io = (analyse_inputs, analyse_outputs)
+
+    def wire():
+        a_refresh.click(partial(analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
+        for trigger in (scope.change, analyse_tab.select):
+            trigger(partial(analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
+    return wire

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import html
 import time
+from functools import partial
 
 import gradio as gr
 
@@ -13,8 +14,10 @@ from csd.events import REJECTED, RESCUED, common_prefix
 
 from .. import figures, render
 from ..state import RunView, Services, Session
+from . import analyse
 from .common import ensure_session, page_config, remember_ar, tau_from_log10, tokens_html
-from .jobs import follow_run, in_lane, recorded, start_run, status_line, take_job
+from .jobs import follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, Page
 
 COMPARE_METHODS = ("ar", "sd", "csd")
 
@@ -160,3 +163,50 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
         job.summary = ("Stopped" if job.cancel else "Done") + \
             f": {len(done)} of 3 methods ran, {sum(v.metrics.new_tokens for v in done)} tokens in all."
     yield out(final=True)
+
+
+# -- the tab ---------------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Compare tab; returns the function that wires its events."""
+    services, s, sess = page.services, page.settings, page.sess
+    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
+    with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
+        gr.Markdown("The same prompt with AR, SD and CSD, one after another (greedy, γ/λ/τ from the bar "
+                    "above). Speculative decoding saves **target passes**; whether it also saves time "
+                    "depends on what a pass costs on this machine (explained below the answers).")
+        gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
+        with gr.Row():
+            with gr.Column(scale=3):
+                c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                      value=EXAMPLES[1], elem_id="c-prompt")
+                with gr.Row(equal_height=False):
+                    c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0,
+                                      min_width=120)
+                    c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
+                    with gr.Column(scale=3, min_width=220):
+                        c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
+            with gr.Column(scale=1):
+                c_chat = gr.Checkbox(True, label="Chat template")
+                c_max = gr.Slider(1, s.max_new_tokens_limit, value=s.compare_tokens, step=1,
+                                  label="Max new tokens", elem_id="c-max-new")
+        with gr.Row(equal_height=False):
+            panes, caps = [], []
+            for m in COMPARE_METHODS:
+                with gr.Column(min_width=240):
+                    caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
+                    panes.append(gr.HTML(render.render_tokens([], empty="not run yet", view=f"pane-{m}",
+                                                              panel="compare"),
+                                         elem_id=f"pane-{m}"))
+        gr.HTML(render.detail_panel(), elem_id="compare-detail")
+        c_note = gr.Markdown(compare_note({}), elem_id="compare-note")
+        c_fig = gr.Plot(figures.make_compare_figure({}), label="Target passes, wall time, tokens/s",
+                        show_label=False, elem_id="compare-plot")
+    page.status["compare"] = c_status
+
+    def wire():
+        cmp = page.model_job(c_btn, "compare", partial(compare, services),
+                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, sess],
+                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
+        analyse.refresh_after(page, cmp)
+        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+    return wire

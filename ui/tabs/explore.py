@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -12,15 +13,16 @@ import gradio as gr
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
 from csd.config import ConfigError
-from csd.events import STATUSES, TokenEvent
+from csd.events import REJECTED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues
 from db import analytics as A
 
 from .. import render
 from ..state import Services, Session
-from .common import NO_STORE, as_int, ensure_session, error, info, scope_filter, warn
-from .jobs import in_lane, status_line, take_job
+from .common import NO_STORE, SCOPE_SESSION, as_int, ensure_session, error, info, scope_filter, scopes, warn
+from .jobs import in_lane, status_line, stop, take_job
+from .page import Page
 
 log = logging.getLogger(__name__)
 
@@ -268,3 +270,93 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
         return md, rows, note, sess
     warn(f"Memory not loaded: {msg}")
     return (*memory_view(services, lam, sess)[:2], render.render_error(f"Memory not loaded: {msg}"), sess)
+
+
+# -- the tab ---------------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Explore & memory tab; returns the function that wires its events."""
+    services, s, sess, light, lam = page.services, page.settings, page.sess, page.light, page.lam
+    scope_choices = scopes(services)
+    with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
+        gr.Markdown("### Divergence events")
+        with gr.Row():
+            e_scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
+                               info="'all runs' is shared: it shows every user's answers" if s.shared_scope
+                               else None)
+            e_run = gr.Number(0, precision=0, label="Run id (0 = the scope)", minimum=0)
+            e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, REJECTED], label="Status",
+                                        elem_id="e-status")
+        with gr.Row():
+            e_pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)",
+                                    allow_custom_value=True)
+            e_text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text",
+                                elem_id="e-text")
+            with gr.Column(scale=0, min_width=160):
+                e_btn = gr.Button("Show events", variant="primary", elem_id="events-btn")
+                e_csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
+        e_caption = gr.Markdown(elem_id="events-caption")
+        e_csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
+        e_table = gr.Dataframe(headers=EVENT_COLUMNS, interactive=False, wrap=True, max_height=420,
+                               elem_id="events-table")
+
+        gr.Markdown("### Correction memory (this session's copy)")
+        m_summary = gr.Markdown(elem_id="memory-summary")
+        with gr.Row():
+            with gr.Column(scale=2):
+                m_table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360,
+                                       elem_id="memory-table")
+            with gr.Column(scale=1):
+                m_mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on",
+                                  elem_id="cal-mode")
+                m_source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From",
+                                    elem_id="cal-source")
+                m_corpus = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or "
+                                   "text (.txt, .jsonl 'text')", file_types=[".txt", ".jsonl", ".md", ".py"],
+                                   type="filepath")
+                with gr.Row():
+                    m_prompts = gr.Number(s.calibrate_prompts, precision=0, minimum=1, label="Prompts",
+                                          elem_id="cal-prompts")
+                    m_answer = gr.Number(s.calibrate_answer_tokens, precision=0, minimum=1,
+                                         label="Answer tokens each", elem_id="cal-answer")
+                    m_positions = gr.Number(s.calibrate_positions, precision=0, minimum=1,
+                                            label="Text positions", elem_id="cal-positions")
+                with gr.Row(equal_height=True):
+                    m_cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0,
+                                      min_width=110)
+                    m_stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
+                m_status = gr.HTML(render.render_status("Ready."), elem_id="calibrate-status")
+                with gr.Row():
+                    m_reset = gr.Button("Reset to default")
+                    m_clear = gr.Button("Clear")
+                m_dl_btn = gr.Button("Save memory to a file")
+                m_upload = gr.UploadButton("Upload memory file (.json / .json.gz)", type="filepath",
+                                           file_types=[".json", ".gz"], elem_id="memory-upload")
+                m_file = gr.DownloadButton("Download csd-memory.json.gz", visible=False)
+                m_error = gr.HTML(elem_id="memory-error")
+    page.status["calibrate"] = m_status
+
+    def wire():
+        ev_inputs = [e_scope, e_run, e_status, e_pattern, e_text, sess]
+        e_btn.click(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+                    api_name="explore_events", **light)
+        e_csv_btn.click(partial(export_events_csv, services), ev_inputs, [e_csv, sess], api_name="export_csv",
+                        **light)
+        for ctl in (e_scope, e_run, e_status, e_pattern, e_text):   # a prepared file must match the filters
+            ctl.change(hide_download, None, e_csv, queue=False, show_progress="hidden", api_visibility="private")
+        mem_out = [m_summary, m_table, sess]
+        explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
+        explore_tab.select(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+                           api_visibility="private", **light)
+        page.model_job(m_cal, "calibrate", partial(calibrate_memory, services),
+                       [m_mode, m_source, m_corpus, m_prompts, m_answer, m_positions, lam, sess],
+                       [m_summary, m_table, m_status, sess], "calibrate")
+        m_stop.click(partial(stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
+        m_reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
+                      **light)
+        m_clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
+                      **light)
+        m_dl_btn.click(partial(memory_download, services), [sess], [m_file, sess], api_name="memory_download",
+                       **light)
+        m_upload.upload(partial(memory_upload, services), [m_upload, lam, sess], [m_summary, m_table, m_error, sess],
+                        api_name="memory_upload", **light)
+    return wire

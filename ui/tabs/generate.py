@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
 
-from csd.config import DEFAULT_LOOKUP
+from csd.config import DEFAULT_LOOKUP, METHOD_HELP, METHODS
 from csd.events import RunMetrics
 
 from .. import render
 from ..state import RunView, Services, Session
+from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
-from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, take_job
+from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
 
@@ -109,3 +112,66 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
         view.events, prompt=view.prompt, chat=view.chat, text=view.text, config=vars(view.cfg), pair=d,
         metrics=_metrics_json(view.metrics)), encoding="utf-8")
     return gr.update(value=[str(out / "csd-answer.html"), str(out / "csd-answer.json")], visible=True), sess
+
+
+# -- the tab ---------------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Generate tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
+    with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                    max_lines=14, value=EXAMPLES[0], elem_id="prompt")
+                with gr.Row(equal_height=False):
+                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0,
+                                        min_width=120)
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=0, min_width=90)
+                    with gr.Column(scale=3, min_width=220):
+                        gen_status = gr.HTML(render.render_status("Ready."), elem_id="gen-status")
+                gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
+                            elem_id="examples")
+            with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
+                method = gr.Dropdown([(f"{m} — {METHOD_HELP[m]}", m) for m in METHODS], value="csd",
+                                     label="Method", elem_id="method")
+                chat = gr.Checkbox(True, label="Chat template (instruct models)")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+                max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
+                                    label="Max new tokens", elem_id="max-new")
+                seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
+                lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} "
+                                     "tokens that followed the last few earlier, where the costs say it "
+                                     "pays (sd and csd; underlined)", elem_id="lookup")
+        gr.HTML(render.render_legend(), elem_id="legend")
+        tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
+        gr.HTML(render.detail_panel(), elem_id="tokens-detail")
+        summary = gr.HTML("", elem_id="summary")
+        whatif_md = gr.Markdown(elem_id="whatif-line")
+        with gr.Row(elem_classes=HIDE_PRESENT):
+            hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
+            export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
+        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False,
+                               elem_id="export-files")
+        metrics = gr.HTML(render.render_metrics(None), elem_id="metrics")
+        with gr.Accordion("Metrics as JSON", open=False, elem_classes=HIDE_PRESENT):
+            metrics_json = gr.JSON(elem_id="metrics-json")
+    page.status["generate"], page.hide_rejected = gen_status, hide_rejected
+
+    def wire():
+        gen = page.model_job(gen_btn, "generate", partial(generate, services),
+                             [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
+                              hide_rejected, lookup, sess],
+                             [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
+                             prompt_in=(prompt, chat))
+        analyse.refresh_after(page, gen)
+        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
+
+        recolour_io = ([lam, log10_tau, hide_rejected, sess], [tokens, whatif_md, sess])
+        for ctl in (lam, log10_tau, hide_rejected):
+            named = dict(api_name="recolour") if ctl is log10_tau else dict(api_visibility="private")
+            ev = ctl.change(partial(recolour, services), *recolour_io, show_progress="hidden", **named, **light)
+            analyse.refresh_after(page, ev)
+        export_btn.click(partial(export_answer, services), [lam, log10_tau, sess], [export_files, sess],
+                         api_name="export_answer", **light)
+    return wire

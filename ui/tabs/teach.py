@@ -4,15 +4,18 @@ speculative iteration at a time, by hand or by the autoplay timer.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import gradio as gr
 
+from csd.config import METHODS
 from csd.events import REJECTED, TokenEvent
 
 from .. import render
 from ..state import Services, Session
 from .common import ensure_session, error, page_config
-from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, take_job
+from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, Page
 
 
 def _blocks(events: list[TokenEvent]) -> list[list[TokenEvent]]:
@@ -90,3 +93,47 @@ def teach_pause():
 def _teach_has_next(sess: Session | None) -> bool:
     return isinstance(sess, Session) and sess.teach is not None and \
         sess.teach_step < len(_blocks(sess.teach.events)) - 1
+
+
+# -- the tab ---------------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Teach tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    gamma, lam, log10_tau = page.gamma, page.lam, page.log10_tau
+    with gr.Tab("Teach", id="teach", elem_id="tab-teach"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                with gr.Row():
+                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
+                                          elem_id="t-prompt")
+                    with gr.Column(scale=1, min_width=160):
+                        t_method = gr.Dropdown([m for m in METHODS if m != "ar"], value="csd", label="Method",
+                                               elem_id="t-method")
+                        t_max = gr.Slider(4, 128, value=s.teach_tokens, step=1, label="Max new tokens",
+                                          elem_id="teach-max")
+                with gr.Row(equal_height=False):
+                    t_run = gr.Button("Run", variant="primary", elem_id="teach-run", min_width=80)
+                    t_prev = gr.Button("◀ Previous", elem_id="teach-prev", min_width=90)
+                    t_next = gr.Button("Next ▶", elem_id="teach-next", min_width=90)
+                    t_play = gr.Button("Play", elem_id="teach-play", min_width=70)
+                    t_stop = gr.Button("Stop", variant="stop", elem_id="teach-stop", min_width=70)
+                t_status = gr.HTML(render.render_status("Ready."), elem_id="teach-status")
+                t_view = gr.HTML(teach_view(services, None, 0), elem_id="teach-view")
+            with gr.Column(scale=2, min_width=280):
+                gr.Markdown(render.TEACH_EXPLANATION, elem_id="teach-explanation")
+        teach_timer = gr.Timer(2.0, active=False)
+    page.status["teach"] = t_status
+
+    def wire():
+        page.model_job(t_run, "teach", partial(teach_run, services),
+                       [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
+                       prompt_in=(t_prompt,))
+        t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
+        t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
+        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
+                     **light)
+        teach_timer.tick(partial(teach_tick, services), [sess], [t_view, teach_timer, sess],
+                         api_visibility="private", show_progress="hidden", **light)
+        t_stop.click(teach_pause, None, teach_timer, queue=False, api_visibility="private")
+        t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
+    return wire
