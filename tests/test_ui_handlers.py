@@ -167,7 +167,8 @@ def test_what_if_is_csd_rule_rescues():
     assert render.would_rescue(ev(ACCEPTED), 0, 1e-4) is None
     assert render.would_rescue(ev(REJECTED, count=None, gap=-1.0), 0, 1e-4) is None
     assert render.would_rescue(ev(REJECTED, count=50, gap=0.0, rule=RULE_SPECIAL), 0, 1e-4) is None
-    assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(render.__file__).read_text())
+    for module in (render, teach):       # the Teach view explains the rule: it uses it too
+        assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(module.__file__).read_text())
     assert not re.search(r"math\.log\(tau|def log_tau|c >= lam", Path(figures.__file__).read_text())
 
 
@@ -212,14 +213,14 @@ def test_long_prompts_are_folded():
 def test_teach_shows_discarded_draft_tokens_and_scrolls():
     block = [ev(ACCEPTED, pos=0, block_len=4),
              ev(REJECTED, pos=1, count=0, gap=-2.0, discarded=[7, 8], block_len=4), ev(CORRECTED, pos=1, block_len=4)]
-    out = render.render_teach_step(block, step=0, n_steps=1, text_before="", lam=6, tau=0.01, method="csd",
-                                   discarded_texts=[" ran", " to"])
+    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", lam=6, tau=0.01, method="csd",
+                                  discarded_texts=[" ran", " to"])
     assert out.count("tok-discarded") == 4            # two chips in the drafted block, two table rows
     assert 'class="discarded"' in out and "Never checked" in out
     assert "the draft proposed 4 tokens" in out and "2 discarded unchecked" in out
     assert '<div class="csd-scroll"><table>' in out and "overflow-x: auto" in _rule(".csd-scroll")
     # t* in the explanation is a literal star: Markdown must not read it as emphasis
-    assert not re.search(r"(?<!\\)\*ᵢ", render.TEACH_EXPLANATION)
+    assert not re.search(r"(?<!\\)\*ᵢ", teach.TEACH_EXPLANATION)
 
 
 def test_no_silent_exception_handlers_in_ui():

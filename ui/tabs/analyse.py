@@ -68,7 +68,7 @@ def refresh_after(page: Page, dep) -> None:
              **page.light)
 
 
-# -- the tab ---------------------------------------------------------------------------------------
+# -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
     """Lay out the Analyse tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light

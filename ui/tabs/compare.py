@@ -165,7 +165,7 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
     yield out(final=True)
 
 
-# -- the tab ---------------------------------------------------------------------------------------
+# -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
     """Lay out the Compare tab; returns the function that wires its events."""
     services, s, sess = page.services, page.settings, page.sess

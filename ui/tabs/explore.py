@@ -272,7 +272,7 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
     return (*memory_view(services, lam, sess)[:2], render.render_error(f"Memory not loaded: {msg}"), sess)
 
 
-# -- the tab ---------------------------------------------------------------------------------------
+# -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
     """Lay out the Explore & memory tab; returns the function that wires its events."""
     services, s, sess, light, lam = page.services, page.settings, page.sess, page.light, page.lam

@@ -114,7 +114,7 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     return gr.update(value=[str(out / "csd-answer.html"), str(out / "csd-answer.json")], visible=True), sess
 
 
-# -- the tab ---------------------------------------------------------------------------------------
+# -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
     """Lay out the Generate tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
