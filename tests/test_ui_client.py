@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client, handle_file
 from ui_fixtures import Gate, served, tiny_services
 
-from ui import handlers as H
+from ui.tabs import common, explore
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
 ALL_STATUSES = ["accepted", "rescued", "rejected", "corrected", "bonus", "target"]
@@ -107,25 +107,25 @@ def test_recolour_and_analyse_need_no_model(client, gate):
     tokens, line = client.predict(0, 0.0, False, api_name="/recolour")    # tau = 1: nothing passes the gate
     assert tokens.count("wi-reject") == tokens.count('data-status="rescued"')
     assert line.startswith("At λ = 0, τ = 1")
-    pareto, gaps, positions, heat, summary, heading, last = client.predict(H.SCOPE_SESSION, 6, -2, False,
+    pareto, gaps, positions, heat, summary, heading, last = client.predict(common.SCOPE_SESSION, 6, -2, False,
                                                                           api_name="/analyse")
     assert "divergences logged" in summary and gate.calls == 0
 
 
 def test_sessions_are_separate_and_the_shared_scope_says_so(client, app_url):
-    table, caption, *_ = client.predict(H.SCOPE_SESSION, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
+    table, caption, *_ = client.predict(common.SCOPE_SESSION, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
     assert len(table["data"]) > 0 and not caption.startswith("0 ")
     other = Client(app_url, verbose=False)
-    table, caption, *_ = other.predict(H.SCOPE_SESSION, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
+    table, caption, *_ = other.predict(common.SCOPE_SESSION, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
     assert caption.startswith("0 events")
-    table, caption, *_ = other.predict(H.SCOPE_ALL, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
-    assert "shared" in H.SCOPE_ALL and not caption.startswith("0 ")
+    table, caption, *_ = other.predict(common.SCOPE_ALL, 0, ALL_STATUSES, "any", "", api_name="/explore_events")
+    assert "shared" in common.SCOPE_ALL and not caption.startswith("0 ")
 
 
 def test_csv_export_matches_the_filter(client):
-    _, caption, *_ = client.predict(H.SCOPE_SESSION, 0, ["rescued"], "any", "", api_name="/explore_events")
+    _, caption, *_ = client.predict(common.SCOPE_SESSION, 0, ["rescued"], "any", "", api_name="/explore_events")
     n = int(caption.split()[0])
-    path = file_of(client.predict(H.SCOPE_SESSION, 0, ["rescued"], "any", "", api_name="/export_csv"))
+    path = file_of(client.predict(common.SCOPE_SESSION, 0, ["rescued"], "any", "", api_name="/export_csv"))
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == n > 0 and {r["status"] for r in rows} == {"rescued"}
@@ -161,7 +161,7 @@ def test_memory_upload_refuses_other_files(client, tmp_path):
 
 
 def test_calibrate_counts_what_it_is_asked(client):
-    summary, table, status = client.predict(H.CAL_TEXT, H.SRC_SHIPPED, None, 8, 16, 300, 6, api_name="/calibrate")
+    summary, table, status = client.predict(explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, api_name="/calibrate")
     assert "shipped corpus: 300 positions" in summary and "300 positions" in status
-    summary, table, status = client.predict(H.CAL_PROMPTS, H.SRC_SHIPPED, None, 2, 8, 300, 6, api_name="/calibrate")
+    summary, table, status = client.predict(explore.CAL_PROMPTS, explore.SRC_SHIPPED, None, 2, 8, 300, 6, api_name="/calibrate")
     assert "shipped prompts: 2 prompts" in summary and "your session only" in summary

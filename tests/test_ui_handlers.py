@@ -42,9 +42,9 @@ from csd.events import (
 )
 from csd.memory import CorrectionMemory
 from ui import figures, render
-from ui import handlers as H
 from ui.lane import Lane
 from ui.state import Session
+from ui.tabs import analyse, common, compare, explore, generate, jobs, teach
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,8 @@ def test_what_if_is_csd_rule_rescues():
     assert render.would_rescue(ev(ACCEPTED), 0, 1e-4) is None
     assert render.would_rescue(ev(REJECTED, count=None, gap=-1.0), 0, 1e-4) is None
     assert render.would_rescue(ev(REJECTED, count=50, gap=0.0, rule=RULE_SPECIAL), 0, 1e-4) is None
-    assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(render.__file__).read_text())
+    for module in (render, teach):       # the Teach view explains the rule: it uses it too
+        assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(module.__file__).read_text())
     assert not re.search(r"math\.log\(tau|def log_tau|c >= lam", Path(figures.__file__).read_text())
 
 
@@ -212,18 +213,18 @@ def test_long_prompts_are_folded():
 def test_teach_shows_discarded_draft_tokens_and_scrolls():
     block = [ev(ACCEPTED, pos=0, block_len=4),
              ev(REJECTED, pos=1, count=0, gap=-2.0, discarded=[7, 8], block_len=4), ev(CORRECTED, pos=1, block_len=4)]
-    out = render.render_teach_step(block, step=0, n_steps=1, text_before="", lam=6, tau=0.01, method="csd",
-                                   discarded_texts=[" ran", " to"])
+    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", lam=6, tau=0.01, method="csd",
+                                  discarded_texts=[" ran", " to"])
     assert out.count("tok-discarded") == 4            # two chips in the drafted block, two table rows
     assert 'class="discarded"' in out and "Never checked" in out
     assert "the draft proposed 4 tokens" in out and "2 discarded unchecked" in out
     assert '<div class="csd-scroll"><table>' in out and "overflow-x: auto" in _rule(".csd-scroll")
     # t* in the explanation is a literal star: Markdown must not read it as emphasis
-    assert not re.search(r"(?<!\\)\*ᵢ", render.TEACH_EXPLANATION)
+    assert not re.search(r"(?<!\\)\*ᵢ", teach.TEACH_EXPLANATION)
 
 
 def test_no_silent_exception_handlers_in_ui():
-    for path in (ROOT / "ui").glob("*.py"):
+    for path in (ROOT / "ui").rglob("*.py"):
         src = path.read_text()
         assert not re.search(r"except[^\n]*:\s*\n\s*pass\b", src), path
         assert "logging.getLogger(__name__)" in src or "except" not in src, path
@@ -271,27 +272,27 @@ def test_compare_figure_leads_with_target_passes():
 
 # -- inputs --------------------------------------------------------------------------------------
 def test_make_config_converts_and_validates():
-    cfg = H.make_config("csd", 6.0, 3.0, -2.0, 0.0, 16.0, 0.0)
+    cfg = common.make_config("csd", 6.0, 3.0, -2.0, 0.0, 16.0, 0.0)
     assert (cfg.gamma, cfg.lam, cfg.max_new_tokens, cfg.seed) == (6, 3.0, 16, 0)
-    assert H.make_config("csd", 6, 6, -2, 0, 16, auto_gamma=True).gamma == "auto"
+    assert common.make_config("csd", 6, 6, -2, 0, 16, auto_gamma=True).gamma == "auto"
     for args, msg in [(("csd", 40, 6, -2, 0, 16), "gamma"), (("csd", 6, 6, 0.5, 0, 16), "tau"),
                       (("csd", 2.5, 6, -2, 0, 16), "whole number"), (("fast", 6, 6, -2, 0, 16), "method"),
                       (("csd", 6, -1, -2, 0, 16), "lambda")]:
         with pytest.raises(ConfigError, match=msg):
-            H.make_config(*args)
+            common.make_config(*args)
 
 
 def test_pattern_parsing_and_escaped_errors():
-    assert H.parse_pattern("any") is None and H.parse_pattern("12:34") == (12, 34)
+    assert explore.parse_pattern("any") is None and explore.parse_pattern("12:34") == (12, 34)
     with pytest.raises(gr.Error) as err:
-        H.parse_pattern(XSS)
+        explore.parse_pattern(XSS)
     assert "<img" not in err.value.message and "&lt;img src=x onerror=alert(1)&gt;" in err.value.message
 
 
 def test_departures_mark_replaced_and_inserted_positions():
-    assert H.departures([1, 2, 3, 4], [1, 2, 3, 4]) == set()
-    assert H.departures([1, 2, 3, 4], [1, 9, 3, 4]) == {1}
-    assert H.departures([1, 2, 3], [1, 2, 7, 8, 3]) == {2, 3}
+    assert compare.departures([1, 2, 3, 4], [1, 2, 3, 4]) == set()
+    assert compare.departures([1, 2, 3, 4], [1, 9, 3, 4]) == {1}
+    assert compare.departures([1, 2, 3], [1, 2, 7, 8, 3]) == {2, 3}
 
 
 def test_compare_caption_says_where_csd_leaves_sd():
@@ -308,13 +309,13 @@ def test_compare_caption_says_where_csd_leaves_sd():
     sd = view("sd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0), TokenEvent(1, 6, "def", BONUS, 0, 1)])
     csd = view("csd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0),
                        TokenEvent(1, 7, XSS, RESCUED, 0, 1, draft_id=7, target_id=6, target_text="def", memory_count=68)])
-    cap = H._compare_caption("csd", csd, None, None, sd)
+    cap = compare._compare_caption("csd", csd, None, None, sd)
     assert "leaves SD's answer at token 1" in cap and "<code>def</code>" in cap and "seen this divergence 68 times" in cap
     assert "<img" not in cap and "&lt;img src=x onerror=alert(1)&gt;" in cap          # token text escaped
-    assert "same tokens as SD" in H._compare_caption("csd", sd, None, None, sd)
+    assert "same tokens as SD" in compare._compare_caption("csd", sd, None, None, sd)
     short = view("csd", sd.events[:1])
-    assert "where CSD ended" in H._compare_caption("csd", short, None, None, sd)
-    sd_cap = H._compare_caption("sd", sd, None, None, sd)                             # only CSD's caption says it
+    assert "where CSD ended" in compare._compare_caption("csd", short, None, None, sd)
+    sd_cap = compare._compare_caption("sd", sd, None, None, sd)                             # only CSD's caption says it
     assert "same tokens as SD" not in sd_cap and "leaves SD" not in sd_cap
 
 
@@ -352,7 +353,7 @@ def services(store, gate):
 
 def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
         lookup=False, temperature=0):
-    return H.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
+    return generate.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
                       lookup, sess)
 
 
@@ -402,10 +403,10 @@ def test_a_failing_store_costs_a_warning_not_the_run(services, monkeypatch):
 
 
 def test_stop_ends_a_running_generation_and_keeps_what_it_made(services):
-    sess = H.ensure_session(services, None)
+    sess = common.ensure_session(services, None)
     it = gen(services, sess, max_new=60)
     next(it), next(it)                                    # the first pass is on the page
-    assert 'data-state="stopping"' in H.stop(services, "generate", sess)
+    assert 'data-state="stopping"' in jobs.stop(services, "generate", sess)
     *_, final = it
     m = final[-1].last.metrics
     assert m.stopped_by == "cancelled" and 1 <= m.new_tokens < 60
@@ -413,9 +414,9 @@ def test_stop_ends_a_running_generation_and_keeps_what_it_made(services):
 
 
 def test_stop_while_queued_cancels_that_request_only(services, gate, store):
-    sess, _, timer = H.request_job(services, "generate", None)      # the click, answered at once
+    sess, _, timer = jobs.request_job(services, "generate", None)      # the click, answered at once
     assert timer.active
-    H.stop(services, "generate", sess)                             # Stop before the queue reached it
+    jobs.stop(services, "generate", sess)                             # Stop before the queue reached it
     gate.arm(None)
     outs = list(gen(services, sess))
     assert len(outs) == 1 and "Stopped before it started" in outs[0][5]
@@ -428,15 +429,15 @@ def test_stop_while_queued_cancels_that_request_only(services, gate, store):
 def test_stop_during_prefill(services, gate):
     """A prompt of several prefill chunks; Stop while the first chunk is held: the run ends before
     the next chunk, with no token made."""
-    sess = H.ensure_session(services, None)
+    sess = common.ensure_session(services, None)
     gate.arm(1)
     outs = []
     t = threading.Thread(target=lambda: outs.extend(gen(services, sess, prompt="q" * 200, max_new=16)))
     t.start()
     try:
         assert gate.reached.wait(60)
-        assert "reading the prompt" in H.status_line(services, sess, "generate")
-        H.stop(services, "generate", sess)
+        assert "reading the prompt" in jobs.status_line(services, sess, "generate")
+        jobs.stop(services, "generate", sess)
     finally:
         gate.open()
         t.join(120)
@@ -446,17 +447,17 @@ def test_stop_during_prefill(services, gate):
 
 
 def test_a_waiting_request_sees_what_is_ahead(services, gate):
-    first, second = H.ensure_session(services, None), H.ensure_session(services, None)
+    first, second = common.ensure_session(services, None), common.ensure_session(services, None)
     gate.arm(2)
     t = threading.Thread(target=lambda: list(gen(services, first, max_new=8)))
     t.start()
     try:
         assert gate.reached.wait(60)
-        second, line, _ = H.request_job(services, "generate", second)
+        second, line, _ = jobs.request_job(services, "generate", second)
         assert "1 request ahead of yours" in line and "verify pass 1 running" in line
-        assert "verify pass 1 running" in H.status_line(services, first, "generate")
-        H.stop(services, "generate", second)
-        assert "Stopping… (it will not start)" in H.status_line(services, second, "generate")
+        assert "verify pass 1 running" in jobs.status_line(services, first, "generate")
+        jobs.stop(services, "generate", second)
+        assert "Stopping… (it will not start)" in jobs.status_line(services, second, "generate")
     finally:
         gate.open()
         t.join(120)
@@ -473,7 +474,7 @@ def test_prompt_cap_names_the_limit(store):
         list(gen(small, log10_tau=1.0))
     # the click itself is refused before the request waits in the queue
     with pytest.raises(gr.Error, match="at most 20 tokens"):
-        H.request_job(small, "generate", None, "the cat " * 30, True)
+        jobs.request_job(small, "generate", None, "the cat " * 30, True)
     assert len(small.lane) == 0
 
 
@@ -491,7 +492,7 @@ def test_copies_on_generate_keep_sd_output(services):
     *_, plain = gen(services, prompt=prompt, method="sd", max_new=48)
     *_, copied = gen(services, prompt=prompt, method="sd", max_new=48, lookup=True)
     a, b = plain[-1].last, copied[-1].last
-    assert b.cfg.lookup == H.LOOKUP_TOKENS and a.cfg.lookup == 0
+    assert b.cfg.lookup == generate.LOOKUP_TOKENS and a.cfg.lookup == 0
     assert [e.token_id for e in b.events if e.in_output] == [e.token_id for e in a.events if e.in_output]
     kept = [e for e in b.events if e.source == "lookup"]
     assert b.metrics.lookup_blocks > 0 and len(kept) == b.metrics.lookup_kept    # the tiny model repeats itself
@@ -499,7 +500,7 @@ def test_copies_on_generate_keep_sd_output(services):
     # sampled copies run too (their distribution is tested in test_decode_tiny), and the switch means
     # nothing to ar, which has no draft block to copy into
     *_, sampled = gen(services, prompt=prompt, method="sd", max_new=48, lookup=True, temperature=0.7)
-    assert sampled[-1].last.cfg.lookup == H.LOOKUP_TOKENS and sampled[-1].last.metrics.new_tokens > 0
+    assert sampled[-1].last.cfg.lookup == generate.LOOKUP_TOKENS and sampled[-1].last.metrics.new_tokens > 0
     *_, ar = gen(services, prompt=prompt, method="ar", max_new=8, lookup=True)
     assert ar[-1].last.cfg.lookup == 0 and ar[-1].last.metrics.lookup_blocks == 0
 
@@ -521,57 +522,57 @@ def test_recolour_changes_classes_without_running_a_model(services, csd_run, gat
     sess = csd_run[-1][-1]
     gate.arm(None)
     n_rescued = sum(e.status == RESCUED for e in sess.last.events)
-    tokens, line, _ = H.recolour(services, 0, 0.0, False, sess)      # tau = 1: the gate refuses every divergence
+    tokens, line, _ = generate.recolour(services, 0, 0.0, False, sess)      # tau = 1: the gate refuses every divergence
     assert tokens.count("wi-reject") == n_rescued > 0
-    tokens, line, _ = H.recolour(services, 64, -2, True, sess)
+    tokens, line, _ = generate.recolour(services, 64, -2, True, sess)
     assert tokens.count("wi-reject") == n_rescued and "csd-hide-rejected" in tokens
     assert gate.calls == 0
 
 
 def test_analyse_heading_mentions_outlines_only_when_something_changed(services, csd_run):
     sess = csd_run[-1][-1]
-    pareto, gaps, pos, heat, summary, heading, tokens, _ = H.analyse(services, H.SCOPE_RUN, 6, -0.5, False, sess)
+    pareto, gaps, pos, heat, summary, heading, tokens, _ = analyse.analyse(services, common.SCOPE_RUN, 6, -0.5, False, sess)
     assert all(isinstance(f, go.Figure) for f in (pareto, gaps, pos, heat))
     assert "divergences logged" in summary and "no decision changes" in heading and "outlined" not in heading
-    heading = H.analyse(services, H.SCOPE_RUN, 0, 0.0, False, sess)[5]
+    heading = analyse.analyse(services, common.SCOPE_RUN, 0, 0.0, False, sess)[5]
     assert "changed decision" in heading and "outlined" in heading
 
 
 def test_explore_and_csv_export_use_the_same_filter(services, csd_run):
     sess = csd_run[-1][-1]
-    everything = H.explore_events(services, H.SCOPE_SESSION, 0, list(STATUSES), "any", "", sess)
+    everything = explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", sess)
     rows, caption, _, download, _ = everything
     assert caption.startswith(f"{len(rows)} events") and download["visible"] is False
-    only = H.explore_events(services, H.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
+    only = explore.explore_events(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
     n = len(only[0])
     assert 0 < n < len(rows)
-    button, _ = H.export_events_csv(services, H.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
+    button, _ = explore.export_events_csv(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
     assert button["label"] == f"Download CSV ({n} events)" and Path(button["value"]).name == f"csd-events-{n}.csv"
     with open(button["value"], newline="") as fh:
         assert {r["status"] for r in csv.DictReader(fh)} == {RESCUED}
     with open(button["value"], newline="") as fh:
         assert len(list(csv.DictReader(fh))) == n
-    assert H.hide_download()["visible"] is False
+    assert explore.hide_download()["visible"] is False
 
 
 def test_scopes_are_honest(services, store, csd_run):
     sess = csd_run[-1][-1]
-    other = H.ensure_session(services, None)
-    assert H.explore_events(services, H.SCOPE_SESSION, 0, list(STATUSES), "any", "", other)[1].startswith("0 events")
-    assert "shared" in H.SCOPE_ALL and H.SCOPE_ALL in H.scopes(services)
-    assert not H.explore_events(services, H.SCOPE_ALL, 0, list(STATUSES), "any", "", other)[1].startswith("0 ")
+    other = common.ensure_session(services, None)
+    assert explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", other)[1].startswith("0 events")
+    assert "shared" in common.SCOPE_ALL and common.SCOPE_ALL in common.scopes(services)
+    assert not explore.explore_events(services, common.SCOPE_ALL, 0, list(STATUSES), "any", "", other)[1].startswith("0 ")
     private = tiny_services(store, shared_scope=False)
-    assert H.SCOPE_ALL not in H.scopes(private)
+    assert common.SCOPE_ALL not in common.scopes(private)
     with pytest.raises(gr.Error, match="unknown scope"):
-        H.explore_events(private, H.SCOPE_ALL, 0, list(STATUSES), "any", "", other)
+        explore.explore_events(private, common.SCOPE_ALL, 0, list(STATUSES), "any", "", other)
     # a run id of someone else's session shows nothing when the scope is private
-    rows, caption, *_ = H.explore_events(private, H.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any", "", other)
+    rows, caption, *_ = explore.explore_events(private, common.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any", "", other)
     assert rows == [] and caption.startswith("0 events")
 
 
 def test_export_of_the_coloured_answer(services, csd_run):
     sess = csd_run[-1][-1]
-    files, _ = H.export_answer(services, 6, -0.5, sess)
+    files, _ = generate.export_answer(services, 6, -0.5, sess)
     page, data = (Path(p) for p in files["value"])
     text = page.read_text()
     assert "<script" not in text and "tok-rescued" in text and "arxiv.org/abs/2604.13634" in text
@@ -580,12 +581,12 @@ def test_export_of_the_coloured_answer(services, csd_run):
     assert len(payload["events"]) == len(sess.last.events) and payload["metrics"]["new_tokens"] == 24
     assert payload["pair"]["target_repr"] == "float32"
     with pytest.raises(gr.Error, match="Nothing to export"):
-        H.export_answer(services, 6, -2, H.ensure_session(services, None))
+        generate.export_answer(services, 6, -2, common.ensure_session(services, None))
 
 
 def test_compare_leads_with_target_passes_saved(services):
-    sess = H.ensure_session(services, None)
-    outs = list(H.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, sess))
+    sess = common.ensure_session(services, None)
+    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, sess))
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd
@@ -598,7 +599,7 @@ def test_compare_leads_with_target_passes_saved(services):
 
 # -- memory ----------------------------------------------------------------------------------------
 def _upload(services, path, sess=None):
-    return H.memory_upload(services, str(path), 6, H.ensure_session(services, sess))
+    return explore.memory_upload(services, str(path), 6, common.ensure_session(services, sess))
 
 
 def test_memory_upload_shows_the_engines_message(services, tmp_path):
@@ -648,43 +649,43 @@ def test_memory_calibrated_with_other_representations_loads_with_a_note(services
 
 
 def test_download_reset_and_clear(services):
-    sess = H.ensure_session(services, None)
-    button, sess = H.memory_download(services, sess)
+    sess = common.ensure_session(services, None)
+    button, sess = explore.memory_download(services, sess)
     assert CorrectionMemory.load(button["value"], services.pair.pair_id).total == sess.memory.total
-    md, rows, sess = H.memory_reset(services, "clear", 6, sess)
+    md, rows, sess = explore.memory_reset(services, "clear", 6, sess)
     assert len(sess.memory) == 0 and rows == [] and "your session only" in md
 
 
 def test_calibration_counts_exactly_the_positions_asked_for(services):
-    sess = H.ensure_session(services, None)
-    md, rows, status, sess = H.calibrate_memory(services, H.CAL_TEXT, H.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    sess = common.ensure_session(services, None)
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
     assert sess.memory.meta["calibration"][-1]["positions"] == 300
     assert "shipped corpus: 300 positions" in md and "Calibrated on shipped corpus (300 positions)" in status
 
 
 def test_prompt_calibration_from_an_upload(services, tmp_path):
-    sess = H.ensure_session(services, None)
+    sess = common.ensure_session(services, None)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("the cat", "a dog ran", "we saw")))
-    md, rows, status, sess = H.calibrate_memory(services, H.CAL_PROMPTS, H.SRC_UPLOAD, str(prompts), 2, 8, 0, 6, sess)
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(prompts), 2, 8, 0, 6, sess)
     cal = sess.memory.meta["calibration"][-1]
     assert cal["mode"] == "prompts" and cal["prompts"] == 2 and cal["source"] == "mine.jsonl"
     assert "mine.jsonl: 2 prompts" in md
     with pytest.raises(gr.Error, match="Upload"):
-        H.calibrate_memory(services, H.CAL_PROMPTS, H.SRC_UPLOAD, None, 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None, 2, 8, 0, 6, sess)
     with pytest.raises(gr.Error, match="positions must be"):
-        H.calibrate_memory(services, H.CAL_TEXT, H.SRC_SHIPPED, None, 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 2, 8, 0, 6, sess)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json")
     with pytest.raises(gr.Error, match="bad.jsonl:1: not valid JSON") as err:
-        H.calibrate_memory(services, H.CAL_PROMPTS, H.SRC_UPLOAD, str(bad), 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad), 2, 8, 0, 6, sess)
     assert str(tmp_path) not in err.value.message
 
 
 def test_calibration_stop_keeps_text_counts(services, monkeypatch):
     """Stop raises csd.calibrate.Stop from the progress callback; a text calibration keeps what it
     counted so far."""
-    sess = H.ensure_session(services, None)
+    sess = common.ensure_session(services, None)
     before = sess.memory.total
 
     def fake(pair, texts, memory, *, progress, **kw):
@@ -692,60 +693,60 @@ def test_calibration_stop_keeps_text_counts(services, monkeypatch):
         sess.jobs["calibrate"].cancel = True          # the Stop button, pressed meanwhile
         progress("calibrating", 0.5)
         raise AssertionError("the callback should have stopped the calibration")
-    monkeypatch.setattr(H, "calibrate", fake)
-    md, rows, status, sess = H.calibrate_memory(services, H.CAL_TEXT, H.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    monkeypatch.setattr(explore, "calibrate", fake)
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
     assert "Stopped early: the counts so far are kept" in status and sess.memory.total == before + 5
 
 
 # -- teach ---------------------------------------------------------------------------------------------
 def test_teach_steps_plays_and_shows_discarded_tokens(services):
-    sess = H.ensure_session(services, None)
-    *_, (view, status, sess) = H.teach_run(services, PROMPT, "sd", 4, 6, -2, 24, sess)
-    blocks = H._blocks(sess.teach.events)
+    sess = common.ensure_session(services, None)
+    *_, (view, status, sess) = teach.teach_run(services, PROMPT, "sd", 4, 6, -2, 24, sess)
+    blocks = teach._blocks(sess.teach.events)
     assert f"Iteration 1 of {len(blocks)}" in view and "draft top 5" in view and "Done:" in status
     assert sess.teach.cfg.gamma == 4
     cut = next(i for i, b in enumerate(blocks) if any(e.status == REJECTED and e.discarded for e in b))
-    view, sess = H.teach_step(services, cut, sess)
+    view, sess = teach.teach_step(services, cut, sess)
     n = len(next(e.discarded for e in blocks[cut] if e.status == REJECTED))
     assert view.count('class="discarded"') == n and "discarded unchecked" in view
-    view, sess = H.teach_step(services, -99, sess)
+    view, sess = teach.teach_step(services, -99, sess)
     assert "Iteration 1 of" in view
-    view, timer, sess = H.teach_play(services, sess)
+    view, timer, sess = teach.teach_play(services, sess)
     assert "Iteration 2 of" in view and timer.active == (len(blocks) > 2)
     for _ in range(len(blocks)):
-        view, timer, sess = H.teach_tick(services, sess)
+        view, timer, sess = teach.teach_tick(services, sess)
     assert f"Iteration {len(blocks)} of {len(blocks)}" in view and timer.active is False
     with pytest.raises(gr.Error, match="speculative"):
-        list(H.teach_run(services, PROMPT, "ar", 4, 6, -2, 12, sess))
+        list(teach.teach_run(services, PROMPT, "ar", 4, 6, -2, 12, sess))
 
 
 def test_status_poll_stops_when_nothing_is_left(services):
-    sess = H.ensure_session(services, None)
-    *lines, timer = H.poll_status(services, sess)
+    sess = common.ensure_session(services, None)
+    *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is False and all("Ready." in x for x in lines)
-    sess, line, timer = H.request_job(services, "compare", sess)
-    *lines, timer = H.poll_status(services, sess)
+    sess, line, timer = jobs.request_job(services, "compare", sess)
+    *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is True and 'data-state="waiting"' in lines[1]
-    H.stop(services, "compare", sess)
-    list(H.compare(services, "the cat", True, 4, False, 6, -2, 4, sess))
-    *lines, timer = H.poll_status(services, sess)
+    jobs.stop(services, "compare", sess)
+    list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, sess))
+    *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is False and "Stopped before it started" in lines[1]
 
 
 def test_a_request_the_queue_never_ran_stops_waiting(services):
-    sess, line, _ = H.request_job(services, "generate", None)
+    sess, line, _ = jobs.request_job(services, "generate", None)
     job = sess.jobs["generate"]
     assert "Starting…" in line
-    job.queued_at -= H.ORPHAN_S + 1                        # nothing ahead, and the queue never started it
-    *lines, timer = H.poll_status(services, sess)
+    job.queued_at -= jobs.ORPHAN_S + 1                        # nothing ahead, and the queue never started it
+    *lines, timer = jobs.poll_status(services, sess)
     assert "did not reach the model" in lines[0] and timer.active is False and not sess.pending["generate"]
     # a second click the page ignored leaves a request behind the one that runs: it goes too
-    sess, _, _ = H.request_job(services, "generate", sess)
-    sess, _, _ = H.request_job(services, "generate", sess)
+    sess, _, _ = jobs.request_job(services, "generate", sess)
+    sess, _, _ = jobs.request_job(services, "generate", sess)
     *_, final = gen(services, sess, max_new=4)
     assert final[-1].last.done and len(sess.pending["generate"]) == 1
-    sess.pending["generate"][0].queued_at -= H.ORPHAN_S + 1
-    *lines, timer = H.poll_status(services, sess)
+    sess.pending["generate"][0].queued_at -= jobs.ORPHAN_S + 1
+    *lines, timer = jobs.poll_status(services, sess)
     assert "Done: 4 tokens" in lines[0] and timer.active is False and not sess.pending["generate"]
 
 
@@ -760,7 +761,7 @@ def test_command_line_options():
 
 
 def test_session_objects_are_per_user(services):
-    a, b = H.ensure_session(services, None), H.ensure_session(services, None)
+    a, b = common.ensure_session(services, None), common.ensure_session(services, None)
     assert isinstance(a, Session) and a.session_id != b.session_id and a.memory is not b.memory
 
 

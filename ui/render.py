@@ -14,6 +14,7 @@ import html
 import json
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from csd.events import (
     ACCEPTED,
@@ -23,10 +24,8 @@ from csd.events import (
     REJECTED,
     RESCUED,
     RULE_GAP_LOW,
-    RULE_MATCH,
     RULE_MEMORY_RARE,
     RULE_NO_RESCUE,
-    RULE_RESCUE,
     RULE_SAMPLED,
     RULE_SPECIAL,
     TARGET,
@@ -59,176 +58,19 @@ SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a
 DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
-CSS = """
-.csd-tokens { font-family: ui-monospace, 'SFMono-Regular', Menlo, Consolas, 'Liberation Mono', monospace;
-  white-space: pre-wrap; word-break: break-word; line-height: 2.0; font-size: 15px;
-  padding: 10px; border: 1px solid #d0d4da; border-radius: 6px; min-height: 3em; background: #fff; color: #111; }
-.csd-prompt { font-size: 13px; color: #444; margin-bottom: 6px; white-space: pre-wrap; word-break: break-word; }
-.csd-prompt b, .csd-prompt summary { color: #222; cursor: pointer; }
-.tok { border-radius: 3px; padding: 1px 0; cursor: pointer; color: #111; }
-.tok-accepted { background: #c8efc9; }
-.tok-rescued { background: #ffd27a; outline: 2px solid #8a4b00; outline-offset: 0; font-weight: 700; }
-.tok-rescued::after { content: "★"; font-size: 0.7em; vertical-align: super; color: #8a4b00; }
-.tok-rejected { background: #fde0e0; color: #a12020; text-decoration: line-through; text-decoration-thickness: 2px; }
-.tok-corrected { background: #bcd7ff; box-shadow: inset 0 -3px 0 #1d4f91; }
-.tok-bonus { background: #e2cff7; border-bottom: 3px dotted #5b2a86; }
-.tok-bonus::after { content: "+"; font-size: 0.7em; vertical-align: super; color: #5b2a86; font-weight: 700; }
-.tok-target { background: #e8e8e8; }
-.tok-special { font-family: system-ui, sans-serif; font-size: 0.75em; border: 1px dashed #555; border-radius: 8px;
-  padding: 0 4px; margin: 0 2px; color: #333; white-space: nowrap; }
-.tok-bytes { font-size: 0.75em; color: #555; }
-.tok.partial { padding: 1px 2px; }
-.tok.copied { text-decoration: underline dotted #1f3b73; text-decoration-thickness: 2px; text-underline-offset: 3px; }
-.tok.diff { text-decoration: underline wavy #e0007a; text-decoration-thickness: 2px; text-underline-offset: 4px; }
-.tok.wi-rescue { outline: 2px dashed #1b6e2f; outline-offset: 2px; }
-.tok.wi-reject { outline: 4px double #b71c1c; outline-offset: 2px; }
-.tok.latest { background-image: linear-gradient(#0003, #0003); background-size: 100% 2px;
-  background-repeat: no-repeat; background-position: top; }
-.tok.pinned { box-shadow: 0 0 0 3px #1f3b73; }
-.csd-hide-rejected .tok-rejected:not(.wi-rescue) { display: none; }
-.csd-legend { font-size: 13px; margin: 4px 0; color: inherit; }
-.csd-legend ul { list-style: none; margin: 0; padding: 0; display: grid;
-  grid-template-columns: repeat(auto-fill, minmax(320px, 1fr)); gap: 3px 16px; }
-.csd-legend li { margin: 0; line-height: 1.7; }
-.csd-legend .tok { padding: 1px 4px; margin-right: 4px; }
-.csd-nav { display: flex; flex-wrap: wrap; gap: 6px; align-items: center; margin: 4px 0; font-size: 13px; }
-.csd-nav button { border: 1px solid #888; border-radius: 5px; padding: 2px 8px; background: #f6f6f6; color: #111;
-  cursor: pointer; }
-.csd-nav button:disabled { opacity: 0.45; cursor: default; }
-.csd-summary { font-size: 14px; margin: 6px 0; }
-.csd-summary a { cursor: pointer; }
-.csd-detail { font-size: 14px; border: 1px solid #1f3b73; border-radius: 6px; padding: 8px 10px; margin: 6px 0;
-  background: #f3f6fb; color: #111; white-space: pre-wrap; }
-.csd-detail .first { font-weight: 600; font-size: 15px; }
-.csd-detail button { float: right; border: 1px solid #888; border-radius: 4px; background: #fff; cursor: pointer; }
-.csd-metrics { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr)); gap: 6px; }
-.csd-metric { border: 1px solid #d0d4da; border-radius: 6px; padding: 6px 8px; }
-.csd-metric .v { font-size: 20px; font-weight: 600; }
-.csd-metric .k { font-size: 12px; opacity: 0.8; }
-.csd-status { font-size: 12px; opacity: 0.85; margin-top: 4px; }
-.csd-status-line { font-size: 15px; font-weight: 600; padding: 6px 8px; border-radius: 6px; min-height: 1.6em;
-  border: 1px solid transparent; }
-.csd-status-line[data-state="waiting"] { background: #fff4d6; border-color: #c77700; }
-.csd-status-line[data-state="running"] { background: #e3f0ff; border-color: #1d4f91; }
-.csd-status-line[data-state="stopping"], .csd-status-line[data-state="stopped"] { background: #fdecea;
-  border-color: #b71c1c; }
-.csd-status-line[data-state="done"] { background: #e8f5e9; border-color: #2e7d32; }
-.csd-status-line[data-state="idle"] { font-weight: 400; opacity: 0.8; }
-.csd-error { border: 1px solid #c62828; background: #fdecea; color: #7f1010; padding: 8px 10px; border-radius: 6px; }
-.csd-note { font-size: 13px; opacity: 0.85; }
-.csd-scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; max-width: 100%; }
-.csd-teach table { border-collapse: collapse; font-size: 13px; min-width: 620px; width: 100%; }
-.csd-teach th, .csd-teach td { border: 1px solid #d0d4da; padding: 4px 6px; vertical-align: top; text-align: left; }
-.csd-teach code { white-space: pre; }
-.csd-teach .why { font-size: 12px; min-width: 180px; }
-.csd-teach tr.discarded td { color: #888; background: #f4f4f4; }
-.csd-teach .tok-discarded { color: #888; background: #eee; border: 1px dashed #aaa; text-decoration: none; }
-.csd-block { margin: 6px 0; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 15px; line-height: 2.0; }
-.csd-block .lbl { font-family: system-ui, sans-serif; font-size: 12px; opacity: 0.8; margin-right: 6px; }
-/* every tab reachable on a narrow screen: the tabs that gradio moves into its "more" menu are
-   shown in the bar itself (the menu's button is hidden), and the bar wraps */
-#tabs .tab-wrapper { flex-wrap: wrap; height: auto !important; }
-#tabs .overflow-menu > button { display: none !important; }
-#tabs .overflow-menu { display: contents; }
-#tabs .overflow-dropdown, #tabs .overflow-dropdown.hide { display: flex !important; position: static !important;
-  flex-wrap: wrap; border: 0 !important; box-shadow: none !important; background: transparent !important;
-  padding: 0 !important; margin: 0 !important; min-width: 0 !important; flex-direction: row !important; }
-#tabs .overflow-dropdown button { width: auto !important; padding: 6px 10px !important; border-radius: 0 !important;
-  font-size: var(--text-md) !important; color: var(--body-text-color) !important; }
-@media (max-width: 640px) {
-  #tabs [role="tablist"] button, #tabs .overflow-dropdown button { padding: 6px 7px !important; }
-  .csd-legend ul { grid-template-columns: 1fr; }
-}
-/* presentation mode: a large answer above the fold, the settings out of the way (gradio prefixes these
-   rules with its container, which body is not inside: !important makes the unprefixed ones win) */
-body.csd-present .csd-tokens { font-size: 26px !important; line-height: 1.9 !important; }
-body.csd-present .csd-legend { font-size: 15px !important; }
-body.csd-present .csd-hide-present, body.csd-present #examples { display: none !important; }
-body.csd-present .csd-legend ul { display: flex !important; flex-wrap: wrap !important; gap: 4px 10px !important; }
-body.csd-present .csd-legend .s { display: none !important; }
-body.csd-present #prompt textarea { max-height: 4.6em !important; }
-body.csd-present .csd-prompt { font-size: 15px !important; }
-body.csd-present .csd-status-line { font-size: 18px !important; }
-"""
+STATIC = Path(__file__).resolve().parent / "static"   # package data: app.css and app.js
+
+
+def _static(name: str) -> str:
+    return (STATIC / name).read_text(encoding="utf-8")
+
+
+# The page's style sheet (passed to launch(css=...), and inlined in an exported answer).
+CSS = _static("app.css")
 
 # The page's script (passed to launch(head=...)): token details on click (pinned), next
-# rescued / next rejected, and arrow keys for the Teach view. Listeners sit on the document, so
-# they keep working while gradio replaces the HTML inside the components.
-JS = """
-<script>
-(() => {
-  if (window.csdInstalled) return;
-  window.csdInstalled = true;
-  const pins = {};
-  const show = (tok) => {
-    const box = tok.closest('[data-csd-view]');
-    const view = box ? box.getAttribute('data-csd-view') : 'tokens';
-    document.querySelectorAll('.tok.pinned').forEach(t => { if (t.closest('[data-csd-view]') === box) t.classList.remove('pinned'); });
-    tok.classList.add('pinned');
-    pins[view] = tok.getAttribute('data-i');
-    const name = (box && box.getAttribute('data-csd-panel')) || view;
-    const panel = document.querySelector('#' + name + '-detail .csd-detail-body');
-    if (!panel) return;
-    const lines = (tok.getAttribute('data-detail') || '').split('\\n');
-    panel.parentElement.hidden = false;
-    panel.replaceChildren();
-    const first = document.createElement('div'); first.className = 'first'; first.textContent = lines[0];
-    const rest = document.createElement('div'); rest.textContent = lines.slice(1).join('\\n');
-    panel.append(first, rest);
-  };
-  document.addEventListener('click', (e) => {
-    if (e.target.closest('#generate-btn, #compare-btn')) {     // a new answer: nothing stays pinned
-      for (const k of Object.keys(pins)) delete pins[k];
-      document.querySelectorAll('.csd-detail').forEach(d => { d.hidden = true; });
-      return;
-    }
-    const close = e.target.closest('[data-csd-close]');
-    if (close) { const d = close.closest('.csd-detail'); if (d) d.hidden = true;
-                 document.querySelectorAll('.tok.pinned').forEach(t => t.classList.remove('pinned')); return; }
-    const nav = e.target.closest('[data-nav]');
-    if (nav) {
-      const box = nav.closest('[data-csd-view]');
-      const want = nav.getAttribute('data-nav');
-      const toks = [...box.querySelectorAll('.tok[data-status="' + want + '"]')];
-      if (!toks.length) return;
-      const cur = box.querySelector('.tok.pinned');
-      const at = cur ? Number(cur.getAttribute('data-i')) : -1;
-      const next = toks.find(t => Number(t.getAttribute('data-i')) > at) || toks[0];
-      next.scrollIntoView({block: 'center'});
-      show(next);
-      return;
-    }
-    const go = e.target.closest('[data-goto]');
-    if (go) {
-      const view = go.closest('[data-csd-for]').getAttribute('data-csd-for');
-      const box = document.querySelector('[data-csd-view="' + view + '"]');
-      const t = box && box.querySelector('.tok[data-i="' + go.getAttribute('data-goto') + '"]');
-      if (t) { t.scrollIntoView({block: 'center'}); show(t); }
-      return;
-    }
-    const tok = e.target.closest('[data-csd-view] .tok[data-i]');
-    if (tok) show(tok);
-  });
-  // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
-  new MutationObserver(() => {
-    for (const [view, i] of Object.entries(pins)) {
-      const box = document.querySelector('[data-csd-view="' + view + '"]');
-      const t = box && box.querySelector('.tok[data-i="' + i + '"]');
-      if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
-    }
-  }).observe(document.body, {childList: true, subtree: true});
-  document.addEventListener('keydown', (e) => {
-    if (e.target.closest('input, textarea, select, [contenteditable]')) return;
-    const teach = document.querySelector('#teach-view');
-    if (!teach || teach.offsetParent === null) return;
-    const id = e.key === 'ArrowRight' ? '#teach-next' : e.key === 'ArrowLeft' ? '#teach-prev' : null;
-    if (!id) return;
-    const b = document.querySelector(id);
-    if (b) { e.preventDefault(); b.click(); }
-  });
-})();
-</script>
-"""
+# rescued / next rejected, and arrow keys for the Teach view (see static/app.js).
+JS = f"<script>\n{_static('app.js')}</script>\n"
 
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
@@ -587,115 +429,3 @@ def export_json(events: Sequence[TokenEvent], **fields) -> str:
         return None if isinstance(x, float) and not math.isfinite(x) else x
     data = dict(fields, events=[{k: clean(v) for k, v in e.to_dict().items()} for e in events])
     return json.dumps(data, ensure_ascii=False, indent=1, default=str)
-
-
-# -- teach -----------------------------------------------------------------------------------
-def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
-    """A sentence saying why this position was decided as it was (plain text)."""
-    x, t = show_token(ev.draft_text), show_token(ev.target_text)
-    c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
-    if ev.status == CORRECTED:
-        return f"The draft was rejected here, so the target's own top-1 {show_token(ev.text)} is emitted; this target pass ends."
-    if ev.status == BONUS:
-        return f"Every draft token was kept, so the target's prediction after the block, {show_token(ev.text)}, comes free."
-    if ev.status == TARGET:
-        return "Autoregressive: one target pass per token."
-    if ev.rule == RULE_MATCH:
-        return f"x~ = t* = {x}: the target agrees, accepted."
-    if ev.rule == RULE_SAMPLED:
-        return f"Rejection sampling accepted {x} (u ≤ p(x~)/q(x~))."
-    if ev.rule == RULE_SPECIAL:
-        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued: rejected, {t} is emitted."
-    if ev.rule == RULE_NO_RESCUE:
-        return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
-    if ev.rule == RULE_MEMORY_RARE:
-        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern, rejected; "
-                f"{t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
-    if ev.rule == RULE_GAP_LOW:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} but gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
-                f"{x} too unlikely, rejected.")
-    if ev.rule == RULE_RESCUE:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} and gap {_fmt(g)} ≥ log τ = {_fmt(lt)}: rescued, {x} is kept "
-                f"and verification goes on with the next draft position.")
-    return f"{ev.status} ({ev.rule or 'no rule'})"
-
-
-def _top_list(top: list | None) -> str:
-    if not top:
-        return "–"
-    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top)
-
-
-def _chip(text: str, cls: str, title: str = "") -> str:
-    return f'<span class="tok {cls}" title="{esc(title)}">{esc(show_token(text))}</span>'
-
-
-def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, lam: float,
-                      tau: float, method: str, discarded_texts: Sequence[str] = ()) -> str:
-    """One speculative iteration: every token the draft proposed (kept, rejected, and the ones
-    thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
-    evs = list(block)
-    kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
-                   for e in evs if e.in_output)
-    drafted = [e for e in evs if e.draft_id is not None]
-    rejected = [e for e in evs if e.status == REJECTED]
-    chips = [_chip(e.draft_text, STATUS_STYLE[e.status][0], STATUS_STYLE[e.status][1]) for e in drafted]
-    chips += [_chip(t, "tok-discarded", "discarded unchecked: after a rejection the rest of the block is thrown away")
-              for t in discarded_texts]
-    block_len = evs[0].block_len if evs and evs[0].block_len else len(drafted) + len(discarded_texts)
-    rows = []
-    for e in evs:
-        if e.draft_id is not None:
-            q = e.draft_prob
-            if q is None and e.draft_top and e.draft_top[0][0] == e.draft_text:
-                q = e.draft_top[0][1]
-            proposal = f"<code>{esc(show_token(e.draft_text))}</code>" + (f" q = {q:.3f}" if q is not None else "")
-        else:
-            proposal = "— (target's own token)"
-        target = f"<code>{esc(show_token(e.target_text))}</code>" if e.target_text is not None else "–"
-        cls, label = STATUS_STYLE.get(e.status, ("", e.status))[:2]
-        decision = f'<span class="tok {cls}">{esc(label)}</span>'
-        rows.append(
-            f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
-            f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(explain_decision(e, lam, tau))}</td></tr>')
-        if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
-            first = e.index_in_block + 2
-            for k, t in enumerate(discarded_texts):
-                rows.append(f'<tr class="discarded"><td>{first + k}</td><td><code>{esc(show_token(t))}</code></td>'
-                            f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
-                            f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
-                            f'is thrown away.</td></tr>')
-    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
-               f"{block_len} token{'s' if block_len != 1 else ''}, {len(drafted)} checked, "
-               f"{sum(1 for e in evs if e.in_output)} tokens emitted, one target pass"
-               + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
-    return (f'<div class="csd-teach"><p>{summary}</p>'
-            f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
-            f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
-            f'<div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
-            f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div></div>")
-
-
-TEACH_EXPLANATION = r"""
-### How one speculative iteration works
-1. **Draft.** The small model proposes γ tokens x̃₁ … x̃_γ, one after the other (cheap).
-2. **Verify.** The large target model scores the whole block in **one** forward pass: at each
-   position i it has its own top-1 token t\*ᵢ and logits z.
-3. **Decide, left to right** (CSD, greedy):
-   - x̃ᵢ = t\*ᵢ → **accepted**.
-   - else, if the Online Correction Memory has seen the pattern x̃ᵢ → t\*ᵢ at least **λ** times
-     *and* the Semantic Consistency Gate passes, z(x̃ᵢ) − z(t\*ᵢ) ≥ **log τ** → **rescued**: the
-     draft token is kept and verification continues.
-   - else → **rejected**: t\*ᵢ is emitted instead (the *correction*) and the rest of the block is
-     thrown away unchecked (greyed out in the drafted block).
-4. **Learn.** Every divergence (rescued or rejected) adds one to its pattern's count, after its own decision.
-5. If every draft token was kept, the target's prediction after the block is a free **bonus** token.
-
-Standard speculative decoding (SD) is the same loop without step 3's rescue: its output equals
-the target's alone. CSD trades that exactness for fewer target passes on harmless differences
-(`' the'` → `' a'`, `','` → `'.'`).
-
-Keys: **←** and **→** step through the iterations; **Play** steps by itself.
-"""

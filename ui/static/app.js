@@ -1,0 +1,75 @@
+// CSD Explorer's page script: read by ui/render.py at start-up and handed to gradio in a
+// <script> tag with launch(head=...). Token details on click (pinned), next rescued / next
+// rejected, and arrow keys for the Teach view. Listeners sit on the document, so they keep
+// working while gradio replaces the HTML inside the components.
+(() => {
+  if (window.csdInstalled) return;
+  window.csdInstalled = true;
+  const pins = {};
+  const show = (tok) => {
+    const box = tok.closest('[data-csd-view]');
+    const view = box ? box.getAttribute('data-csd-view') : 'tokens';
+    document.querySelectorAll('.tok.pinned').forEach(t => { if (t.closest('[data-csd-view]') === box) t.classList.remove('pinned'); });
+    tok.classList.add('pinned');
+    pins[view] = tok.getAttribute('data-i');
+    const name = (box && box.getAttribute('data-csd-panel')) || view;
+    const panel = document.querySelector('#' + name + '-detail .csd-detail-body');
+    if (!panel) return;
+    const lines = (tok.getAttribute('data-detail') || '').split('\n');
+    panel.parentElement.hidden = false;
+    panel.replaceChildren();
+    const first = document.createElement('div'); first.className = 'first'; first.textContent = lines[0];
+    const rest = document.createElement('div'); rest.textContent = lines.slice(1).join('\n');
+    panel.append(first, rest);
+  };
+  document.addEventListener('click', (e) => {
+    if (e.target.closest('#generate-btn, #compare-btn')) {     // a new answer: nothing stays pinned
+      for (const k of Object.keys(pins)) delete pins[k];
+      document.querySelectorAll('.csd-detail').forEach(d => { d.hidden = true; });
+      return;
+    }
+    const close = e.target.closest('[data-csd-close]');
+    if (close) { const d = close.closest('.csd-detail'); if (d) d.hidden = true;
+                 document.querySelectorAll('.tok.pinned').forEach(t => t.classList.remove('pinned')); return; }
+    const nav = e.target.closest('[data-nav]');
+    if (nav) {
+      const box = nav.closest('[data-csd-view]');
+      const want = nav.getAttribute('data-nav');
+      const toks = [...box.querySelectorAll('.tok[data-status="' + want + '"]')];
+      if (!toks.length) return;
+      const cur = box.querySelector('.tok.pinned');
+      const at = cur ? Number(cur.getAttribute('data-i')) : -1;
+      const next = toks.find(t => Number(t.getAttribute('data-i')) > at) || toks[0];
+      next.scrollIntoView({block: 'center'});
+      show(next);
+      return;
+    }
+    const go = e.target.closest('[data-goto]');
+    if (go) {
+      const view = go.closest('[data-csd-for]').getAttribute('data-csd-for');
+      const box = document.querySelector('[data-csd-view="' + view + '"]');
+      const t = box && box.querySelector('.tok[data-i="' + go.getAttribute('data-goto') + '"]');
+      if (t) { t.scrollIntoView({block: 'center'}); show(t); }
+      return;
+    }
+    const tok = e.target.closest('[data-csd-view] .tok[data-i]');
+    if (tok) show(tok);
+  });
+  // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
+  new MutationObserver(() => {
+    for (const [view, i] of Object.entries(pins)) {
+      const box = document.querySelector('[data-csd-view="' + view + '"]');
+      const t = box && box.querySelector('.tok[data-i="' + i + '"]');
+      if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
+    }
+  }).observe(document.body, {childList: true, subtree: true});
+  document.addEventListener('keydown', (e) => {
+    if (e.target.closest('input, textarea, select, [contenteditable]')) return;
+    const teach = document.querySelector('#teach-view');
+    if (!teach || teach.offsetParent === null) return;
+    const id = e.key === 'ArrowRight' ? '#teach-next' : e.key === 'ArrowLeft' ? '#teach-prev' : null;
+    if (!id) return;
+    const b = document.querySelector(id);
+    if (b) { e.preventDefault(); b.click(); }
+  });
+})();

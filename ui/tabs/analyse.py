@@ -1,0 +1,107 @@
+"""The Analyse tab: four charts of the logged divergences for a scope (Pareto, logit gaps,
+acceptance by position, what-if heatmap), the benchmark's frontier, and the last answer recoloured
+under the λ/τ sliders. Nothing here runs the model.
+"""
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import gradio as gr
+import numpy as np
+
+from db import analytics as A
+
+from .. import figures, render
+from ..state import Services, Session
+from .common import NO_STORE, SCOPE_SESSION, ensure_session, error, scope_filter, scopes, tau_from_log10, tokens_html
+from .page import Page
+
+log = logging.getLogger(__name__)
+
+WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
+
+
+def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool, sess: Session | None):
+    """The four charts for a scope and thresholds, from the store (no model runs).
+    -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, session)."""
+    sess = ensure_session(services, sess)
+    lam, tau = float(lam), tau_from_log10(log10_tau)
+    tokens = tokens_html(sess.last, lam, tau, hide_rejected, view_id="analyse-tokens")
+    changed = render.changed_decisions(sess.last.events, lam, tau) if sess.last else 0
+    heading = ("**Last answer under the λ/τ sliders**"
+               + (f": {changed} changed decision{'s' if changed != 1 else ''} outlined (dashed: would be rescued, "
+                  f"double: would be rejected)" if changed else (": no decision changes" if sess.last else "")))
+    if services.store is None:
+        e = figures.empty_figure(NO_STORE)
+        return e, e, e, e, NO_STORE, heading, tokens, sess
+    f, why = scope_filter(services, sess, scope)
+    if f is None:
+        e = figures.empty_figure(why)
+        return e, e, e, e, why, heading, tokens, sess
+    try:
+        rows = A.pareto_table(services.store, f)
+        div = A.cached_divergences(services.store, f)
+        pos = A.acceptance_by_position(services.store, f)
+        grid = A.what_if_grid(services.store, WHATIF_LAMS, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], f)
+        wi = A.what_if(services.store, lam, tau, f)
+        kinds = A.rescued_by_kind(services.store, f)
+    except Exception as e:
+        log.exception("the store could not answer the analysis")
+        raise error(f"The store could not answer: {e}") from None
+    summary = (f"**{render.esc_md(scope)}**: {wi.total} divergences logged; at λ = {lam:g}, τ = {tau:.3g} the rule "
+               f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "
+               f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
+               + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")
+    return (figures.make_pareto_figure(rows), figures.make_gap_figure(div.gap, div.count, lam, tau),
+            figures.make_position_figure(pos),
+            figures.make_whatif_figure(grid.lams, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], grid.rate, lam, tau,
+                                       grid.total),
+            summary, heading, tokens, sess)
+
+
+def refresh_after(page: Page, dep) -> None:
+    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
+    refreshed once it is done."""
+    dep.then(partial(analyse, page.services), *page.analyse_io, api_visibility="private", show_progress="hidden",
+             **page.light)
+
+
+# -- the tab -----------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Analyse tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    scope_choices = scopes(services)
+    with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
+        gr.HTML(render.render_legend(), elem_id="analyse-legend")
+        with gr.Row():
+            scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="scope",
+                             info="'all runs' is shared: it shows every user's answers" if s.shared_scope
+                             else "Only your own runs are shown in this app.")
+            a_refresh = gr.Button("Refresh", scale=0)
+        a_summary = gr.Markdown(elem_id="analyse-summary")
+        with gr.Row():
+            pareto = gr.Plot(label="Pareto chart", show_label=False, elem_id="pareto-plot")
+            gaps = gr.Plot(label="Logit gaps", show_label=False, elem_id="gap-plot")
+        with gr.Row():
+            positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
+            heat = gr.Plot(label="What-if heatmap", show_label=False, elem_id="whatif-plot")
+        with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
+                          elem_id="frontier-panel"):
+            frontier_data = figures.load_frontier(s.frontier_file)
+            gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
+            gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
+        a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
+        a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
+        gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
+    assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
+    analyse_inputs = [scope, page.lam, page.log10_tau, page.hide_rejected, sess]
+    analyse_outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
+    page.analyse_io = (analyse_inputs, analyse_outputs)
+
+    def wire():
+        a_refresh.click(partial(analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
+        for trigger in (scope.change, analyse_tab.select):
+            trigger(partial(analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
+    return wire

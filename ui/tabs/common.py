@@ -1,0 +1,125 @@
+"""What the tabs share: page errors and toasts, the inputs of the bar above the tabs (γ, λ, τ),
+the session, the scopes of Analyse and Explore, and the coloured answer's HTML.
+
+A handler is a plain function from component values (and the session) to new values; handlers
+that need the loaded models or the store take ``services`` first, and the tabs bind it with
+``functools.partial``. Bad input raises ``gr.Error`` with the engine's message, escaped (gradio
+renders toasts as HTML).
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import gradio as gr
+
+from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
+from csd.rule import log_tau
+from db import analytics as A
+
+from .. import render
+from ..state import RunView, Services, Session, new_session
+
+log = logging.getLogger(__name__)
+
+SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
+NO_STORE = "No store: start the app with --db to record runs."
+
+
+def scopes(services: Services) -> list[str]:
+    """The scopes of Analyse and Explore; the shared one only when the app offers it."""
+    return [SCOPE_RUN, SCOPE_SESSION] + ([SCOPE_ALL] if services.settings.shared_scope else [])
+
+
+def error(msg: str) -> gr.Error:
+    """A page error; gradio renders toast messages as HTML, so the text is escaped."""
+    return gr.Error(render.esc_message(msg))
+
+
+def warn(msg: str) -> None:
+    gr.Warning(render.esc_message(msg))
+
+
+def info(msg: str) -> None:
+    gr.Info(render.esc_message(msg))
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def tau_from_log10(log10_tau: float) -> float:
+    return 10.0 ** float(log10_tau)
+
+
+def describe_tau(log10_tau: float) -> str:
+    tau = tau_from_log10(log10_tau)
+    return f"τ = {tau:.3g}  (log τ = {log_tau(tau):.2f})"
+
+
+def as_int(name: str, v) -> int:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        raise ConfigError(f"{name} is missing")
+    if isinstance(v, float) and not v.is_integer():
+        raise ConfigError(f"{name} must be a whole number, got {v!r}")
+    return int(v)
+
+
+def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens, seed=None,
+                explain: bool = False, auto_gamma: bool = False, lookup: bool = False) -> CSDConfig:
+    """The engine's config from slider values (floats from the page), validated by the engine.
+    ``auto_gamma``: the block length is chosen per block from the machine's measured costs;
+    ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
+    and the ablations; the switch means nothing to ar)."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    seed = None if seed is None or seed == "" else as_int("seed", seed)
+    cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else as_int("gamma", gamma), lam=float(lam),
+                    tau=tau_from_log10(log10_tau), temperature=float(temperature),
+                    max_new_tokens=as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
+                    lookup=default_lookup(method) if lookup else 0)   # ar drafts nothing to copy into
+    return cfg.validated()
+
+
+def page_config(*args, **kw) -> CSDConfig:
+    try:
+        return make_config(*args, **kw)
+    except ConfigError as e:
+        raise error(str(e)) from None
+
+
+def ensure_session(services: Services, sess: Session | None) -> Session:
+    return sess if isinstance(sess, Session) else new_session(services)
+
+
+def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
+    """A db.analytics.Filter for a scope, or a message saying why there is nothing to show."""
+    private = None if services.settings.shared_scope else sess.session_id
+    if run_id not in (None, "", 0):
+        return A.Filter(run_ids=(int(run_id),), session_id=private), None
+    if scope == SCOPE_RUN:
+        if sess.last is None or sess.last.run_id is None:
+            return None, "No run in this session yet: generate an answer first, or pick another scope."
+        return A.Filter(run_ids=(sess.last.run_id,)), None
+    if scope == SCOPE_SESSION:
+        return A.Filter(session_id=sess.session_id), None
+    if scope == SCOPE_ALL and services.settings.shared_scope:
+        return A.ANY, None
+    raise error(f"unknown scope {scope!r}; choose one of {', '.join(scopes(services))}")
+
+
+# -- answers -----------------------------------------------------------------------------------
+def tokens_html(view: RunView | None, lam: float, tau: float, hide_rejected: bool,
+                diff_positions: set[int] | None = None, view_id: str = "tokens", prompt: bool = True,
+                empty: str | None = None, panel: str | None = None) -> str:
+    kw = dict(empty=empty) if empty else {}
+    kw["panel"] = panel
+    if view is None:
+        return render.render_tokens([], hide_rejected=hide_rejected, view=view_id, **kw)
+    latest = view.events[-1].block if (view.events and not view.done) else None
+    return render.render_tokens(view.events, lam=view.cfg.lam, tau=view.cfg.tau, hide_rejected=hide_rejected,
+                                whatif=(lam, tau), diff_positions=diff_positions,
+                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id, **kw)
+
+
+def remember_ar(sess: Session, view: RunView | None) -> None:
+    if view is not None and view.cfg.method == "ar" and view.done and view.metrics \
+            and view.metrics.stopped_by != "cancelled":
+        sess.ar_speed[(view.prompt, view.chat)] = view.metrics

@@ -1,0 +1,212 @@
+"""The Compare tab: AR, SD and CSD on one prompt, one after another, with where their answers part
+and what a target pass costs on this machine.
+"""
+from __future__ import annotations
+
+import difflib
+import html
+import time
+from functools import partial
+
+import gradio as gr
+
+from csd.events import REJECTED, RESCUED, common_prefix
+
+from .. import figures, render
+from ..state import RunView, Services, Session
+from . import analyse
+from .common import ensure_session, page_config, remember_ar, tau_from_log10, tokens_html
+from .jobs import follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, Page
+
+COMPARE_METHODS = ("ar", "sd", "csd")
+
+
+def departures(base_ids: list[int], other_ids: list[int]) -> set[int]:
+    """Output positions of ``other_ids`` that differ from ``base_ids`` (replaced or inserted)."""
+    sm = difflib.SequenceMatcher(a=base_ids, b=other_ids, autojunk=False)
+    out: set[int] = set()
+    for tag, _i1, _i2, j1, j2 in sm.get_opcodes():
+        if tag in ("replace", "insert"):
+            out.update(range(j1, j2))
+    return out
+
+
+def _code(text: str) -> str:
+    """A token's text as inline code in a Markdown caption, escaped (it reaches the page as HTML)."""
+    return f"<code>{html.escape(repr(text)[1:-1])}</code>"
+
+
+def leaves_sd(csd: RunView, sd: RunView) -> str:
+    """Where CSD's answer first leaves SD's (SD's token there is the target's choice) and why: a rescue
+    (with the memory's count) or, in a representation whose passes round differently, the rounding."""
+    a, b = sd.token_ids, csd.token_ids
+    if a == b:
+        return " · same tokens as SD"
+    i = common_prefix(a, b)
+    if i >= len(a) or i >= len(b):
+        return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else 'CSD'} ended"
+    ev, sd_ev = (next((e for e in v.events if e.position == i and e.status != REJECTED), None) for v in (csd, sd))
+    head = (f" · leaves SD's answer at token {i}: SD (the target's choice) wrote {_code(sd_ev.text if sd_ev else '')}, "
+            f"CSD kept {_code(ev.text if ev else '')}")
+    if ev is not None and ev.status == RESCUED:
+        seen = f"the memory had seen this divergence {ev.memory_count} times" if ev.memory_count else "the gate let it through"
+        return head + f", a rescue ({seen}); everything after it follows from that token"
+    return head
+
+
+def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None,
+                     sd: RunView | None = None) -> str:
+    if view is None:
+        return f"**{method.upper()}**: waiting"
+    m = view.metrics
+    if m is None:
+        return f"**{method.upper()}**: reading the prompt…"
+    saved = m.new_tokens - m.target_forwards
+    head = f"**{method.upper()}**: {m.target_forwards} target passes"
+    if method != "ar" and saved > 0:
+        head += f" (**{saved} saved**)"
+    head += f" for {m.new_tokens} tokens, {m.wall_s:.2f} s"
+    if not view.done:
+        return head + " (running…)"
+    if method != "ar" and ar is not None and ar.done and diff is not None:
+        head += " · same tokens as AR" if not diff else \
+            f" · departs from AR at token {min(diff)}; {len(diff)} tokens differ (wavy underline)"
+        if ar.metrics and ar.metrics.tokens_per_s and m.tokens_per_s:
+            head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× AR tokens/s"
+    if method == "csd" and sd is not None and sd.done:
+        head += leaves_sd(view, sd)
+    return head
+
+
+def compare_note(views: dict[str, RunView | None]) -> str:
+    """Lead with the target passes saved, then explain the wall time from the measured cost of a
+    verify pass against an AR step (why SD can be slower than AR on a busy or float32 CPU)."""
+    done = {k: v.metrics for k, v in views.items() if v is not None and v.done and v.metrics}
+    if "ar" not in done or len(done) < 2:
+        return ("Speculative decoding saves **target passes**: one pass checks a whole block of draft tokens. "
+                "Whether that saves **time** depends on what a pass costs on this machine; the comparison "
+                "measures both.")
+    a = done["ar"]
+    step = a.verify_s / a.target_forwards if a.target_forwards else 0.0
+    lines = []
+    for k in ("sd", "csd"):
+        if k not in done:
+            continue
+        m = done[k]
+        saved = a.target_forwards - m.target_forwards
+        per = m.verify_s / m.target_forwards if m.target_forwards else 0.0
+        ratio = per / step if step else 0.0
+        lines.append(f"**{k.upper()}** used {m.target_forwards} target passes instead of AR's {a.target_forwards} "
+                     f"(**{saved} saved**, {m.mean_accepted_length:.2f} tokens per pass); one of its verify passes "
+                     f"(a block of about {m.mean_block_len:.1f} draft tokens + 1) took {per:.3f} s against "
+                     f"{step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took {m.draft_s:.2f} s in all, and "
+                     f"reading the prompt {m.prefill_s:.2f} s with both models (AR: {a.prefill_s:.2f} s, the target "
+                     f"alone).")
+    faster = [k for k in ("sd", "csd") if k in done and done[k].wall_s < a.wall_s]
+    why = ("**Why speculative decoding can be slower than AR here.** On a GPU a verify pass over γ + 1 tokens costs "
+           "about as much as one AR step, so every kept draft token is time saved. On a CPU, and more so a busy "
+           "one or a float32 model, the work of a pass grows with the tokens in it: when a verify pass costs "
+           "nearly as many AR steps as the tokens it yields, the passes saved no longer save time, and the draft's "
+           "own time comes on top. A shorter block (γ) or γ = auto (chosen from this machine's measured costs) "
+           "helps.")
+    verdict = ("Here " + " and ".join(k.upper() for k in faster) + " also finished sooner than AR."
+               if faster else "Here neither finished sooner than AR.")
+    return "\n\n".join(lines + [verdict, why])
+
+
+def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool, lam, log10_tau, max_new_tokens,
+            sess: Session | None):
+    """Run AR, SD and CSD on one prompt, one after another (greedy), one burst per verify pass.
+    Yields the three panes, their captions, the chart, the explanation, the status line, the session."""
+    sess = ensure_session(services, sess)
+    job = take_job(services, sess, "compare")
+    views: dict[str, RunView | None] = dict.fromkeys(COMPARE_METHODS)
+    tau = tau_from_log10(log10_tau)
+
+    def out(final: bool = False):
+        ar = views["ar"]
+        diffs = {m: (departures(ar.token_ids, v.token_ids) if (ar and ar.done and v and v.done and m != "ar") else None)
+                 for m, v in views.items()}
+        panes = [tokens_html(views[m], float(lam), tau, False, diffs[m], view_id=f"pane-{m}", prompt=False,
+                             panel="compare")
+                 if views[m] else render.render_tokens([], empty="waiting…", view=f"pane-{m}", panel="compare")
+                 for m in COMPARE_METHODS]
+        caps = [_compare_caption(m, views[m], ar, diffs[m], views["sd"]) for m in COMPARE_METHODS]
+        fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics}) \
+            if final else gr.skip()
+        note = compare_note(views) if final else gr.skip()
+        return (*panes, *caps, fig, note, status_line(services, sess, "compare"), sess)
+
+    if job.cancel:
+        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
+        yield (*[gr.skip()] * 8, status_line(services, sess, "compare"), sess)
+        return
+    with in_lane(services, job):
+        cfgs = {m: page_config(m, gamma, lam, log10_tau, 0.0, max_new_tokens, auto_gamma=auto_gamma and m != "ar")
+                for m in COMPARE_METHODS}
+        for m in COMPARE_METHODS:
+            if job.cancel:
+                break
+            # SD gets a throwaway copy of the memory, so that CSD does not learn from SD's run of this prompt.
+            memory = sess.memory if m == "csd" else sess.memory.copy()
+            t0 = time.perf_counter()
+            run, views[m] = start_run(services, sess, job, prompt, chat, cfgs[m], memory, label=m.upper())
+            yield out()
+            with recorded(services, sess, prompt, cfgs[m], "compare") as rec:
+                for _ in follow_run(run, rec, views[m], t0):
+                    yield out()
+            remember_ar(sess, views[m])
+        if views["csd"] is not None:
+            sess.last = views["csd"]
+        done = [v for v in views.values() if v is not None and v.done]
+        job.summary = ("Stopped" if job.cancel else "Done") + \
+            f": {len(done)} of 3 methods ran, {sum(v.metrics.new_tokens for v in done)} tokens in all."
+    yield out(final=True)
+
+
+# -- the tab -----------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Compare tab; returns the function that wires its events."""
+    services, s, sess = page.services, page.settings, page.sess
+    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
+    with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
+        gr.Markdown("The same prompt with AR, SD and CSD, one after another (greedy, γ/λ/τ from the bar "
+                    "above). Speculative decoding saves **target passes**; whether it also saves time "
+                    "depends on what a pass costs on this machine (explained below the answers).")
+        gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
+        with gr.Row():
+            with gr.Column(scale=3):
+                c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                      value=EXAMPLES[1], elem_id="c-prompt")
+                with gr.Row(equal_height=False):
+                    c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0,
+                                      min_width=120)
+                    c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
+                    with gr.Column(scale=3, min_width=220):
+                        c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
+            with gr.Column(scale=1):
+                c_chat = gr.Checkbox(True, label="Chat template")
+                c_max = gr.Slider(1, s.max_new_tokens_limit, value=s.compare_tokens, step=1,
+                                  label="Max new tokens", elem_id="c-max-new")
+        with gr.Row(equal_height=False):
+            panes, caps = [], []
+            for m in COMPARE_METHODS:
+                with gr.Column(min_width=240):
+                    caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
+                    panes.append(gr.HTML(render.render_tokens([], empty="not run yet", view=f"pane-{m}",
+                                                              panel="compare"),
+                                         elem_id=f"pane-{m}"))
+        gr.HTML(render.detail_panel(), elem_id="compare-detail")
+        c_note = gr.Markdown(compare_note({}), elem_id="compare-note")
+        c_fig = gr.Plot(figures.make_compare_figure({}), label="Target passes, wall time, tokens/s",
+                        show_label=False, elem_id="compare-plot")
+    page.status["compare"] = c_status
+
+    def wire():
+        cmp = page.model_job(c_btn, "compare", partial(compare, services),
+                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, sess],
+                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
+        analyse.refresh_after(page, cmp)
+        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+    return wire

@@ -1,0 +1,362 @@
+"""The Explore & memory tab: the logged divergence events, filtered and exported as CSV; the
+session's correction memory, calibrated, reset, saved and uploaded.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from csd.calibrate import Stop as CalibrationStop
+from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+from csd.config import ConfigError
+from csd.events import REJECTED, RESCUED, STATUSES, TokenEvent
+from csd.memory import CorrectionMemory, MemoryFileError
+from csd.rule import rescues
+from db import analytics as A
+
+from .. import render
+from ..state import Services, Session
+from .common import NO_STORE, SCOPE_SESSION, as_int, ensure_session, error, info, scope_filter, scopes, warn
+from .jobs import in_lane, status_line, stop, take_job
+from .page import Page
+
+log = logging.getLogger(__name__)
+
+
+# -- events ------------------------------------------------------------------------------------
+EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", "draft x~", "target t*", "gap", "count", "rule", "context"]
+
+
+def parse_pattern(value) -> tuple[int, int] | None:
+    """'12:34' (draft id : target id) -> (12, 34); '' or 'any' -> None."""
+    if value in (None, "", "any"):
+        return None
+    try:
+        d, t = str(value).split(":")
+        return int(d), int(t)
+    except ValueError:
+        raise error(f"pattern {value!r}: pick one from the list, or type draft_id:target_id") from None
+
+
+def _event_filter(services: Services, sess: Session, scope: str, run_id, statuses, pattern, text):
+    base, why = scope_filter(services, sess, scope, run_id)
+    if base is None:
+        return None, why
+    bad = [s for s in (statuses or []) if s not in STATUSES]
+    if bad:
+        raise error(f"unknown status {bad[0]!r}")
+    return A.Filter(run_ids=base.run_ids, session_id=base.session_id, statuses=tuple(statuses) if statuses else None,
+                    pattern=parse_pattern(pattern), text=(text or "").strip() or None), None
+
+
+def _pattern_choices(services: Services, f) -> list[tuple[str, str]]:
+    rows = A.pareto_table(services.store, A.Filter(run_ids=f.run_ids, session_id=f.session_id), limit=60)
+    return [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  ({r.count})",
+                                f"{r.draft_id}:{r.target_id}") for r in rows]
+
+
+def _event_row(le: A.LoggedEvent) -> list:
+    e: TokenEvent = le.event
+    return [le.run_id, le.seq, e.position, e.status + (" (special)" if e.special else ""), render.show_token(e.text),
+            render.show_token(e.draft_text) if e.draft_id is not None else "",
+            render.show_token(e.target_text) if e.target_text is not None else "",
+            None if e.gap is None else round(e.gap, 3), e.memory_count, e.rule or "",
+            render.show_text(le.context)[-60:]]
+
+
+def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, sess: Session | None):
+    """The filtered events table. -> (rows, caption, pattern dropdown update, download button, session).
+    The download button is hidden: a file prepared for other filters must not be offered."""
+    sess = ensure_session(services, sess)
+    hidden = gr.update(visible=False, value=None)
+    if services.store is None:
+        return [], NO_STORE, gr.update(), hidden, sess
+    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text)
+    if f is None:
+        return [], why, gr.update(), hidden, sess
+    limit = services.settings.events_limit
+    try:
+        rows = A.logged_events(services.store, f, limit=limit)
+        n = A.count_events(services.store, f)
+        choices = _pattern_choices(services, f)
+    except Exception as e:
+        log.exception("the store could not list events")
+        raise error(f"The store could not answer: {e}") from None
+    caption = f"{n} events match" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
+    return [_event_row(le) for le in rows], caption, gr.update(choices=choices), hidden, sess
+
+
+def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, sess: Session | None):
+    """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
+    sess = ensure_session(services, sess)
+    if services.store is None:
+        raise error(NO_STORE)
+    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text)
+    if f is None:
+        raise error(why)
+    out = Path(tempfile.mkdtemp(prefix="csd-export-"))
+    tmp = out / "events.csv"
+    try:
+        n = A.export_csv(services.store, f, tmp)
+    except Exception as e:
+        log.exception("the CSV export failed")
+        raise error(f"The export failed: {e}") from None
+    path = tmp.rename(out / f"csd-events-{n}.csv")
+    return gr.update(value=str(path), label=f"Download CSV ({n} events)", visible=True), sess
+
+
+def hide_download():
+    """Any filter changed: the prepared CSV no longer matches the filters."""
+    return gr.update(visible=False, value=None)
+
+
+# -- memory ------------------------------------------------------------------------------------
+MEMORY_COLUMNS = ["draft x~", "target t*", "ids", "count", "≥ λ"]
+CAL_PROMPTS, CAL_TEXT = "prompts: the target's own answers", "text: teacher-forced reading"
+SRC_SHIPPED, SRC_UPLOAD = "shipped set", "uploaded file"
+
+
+def _calibration_line(c: dict) -> str:
+    if not isinstance(c, dict):
+        return "?"
+    if c.get("mode") == "prompts":
+        name = c.get("source") or "prompts"
+        return f"{render.esc_md(name)}: {c.get('prompts', 0)} prompts, {c.get('positions', 0)} positions"
+    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {c.get('positions', 0)} positions"
+
+
+def memory_view(services: Services, lam, sess: Session | None):
+    """The session's memory: a summary line and its top patterns. -> (markdown, rows, session)."""
+    sess = ensure_session(services, sess)
+    mem, lam = sess.memory, float(lam)
+    tok = services.pair.tokenizer
+    rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
+             "yes" if rescues(c, None, lam, 0, use_scg=False) else ""] for (d, t), c in mem.top(40)]
+    cal = mem.meta.get("calibration") or []
+    cal = cal if isinstance(cal, list) else []
+    cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
+    mismatch = mem.mismatch(services.pair)
+    md = (f"**{len(mem)}** patterns, **{mem.total}** divergences counted, **{mem.n_candidates(lam)}** patterns at "
+          f"or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
+          + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
+          + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
+             f"weights are held)." if mismatch else "")
+          + " This memory belongs to your session only: your runs update it, nobody else's do.")
+    return md, rows, sess
+
+
+def calibrate_memory(services: Services, mode: str, source: str, upload, n_prompts, answer_tokens, max_positions,
+                     lam, sess: Session | None):
+    """Calibrate the session's memory: on the target's own answers to prompts (shipped or uploaded,
+    JSONL or one prompt per line), or teacher-forced over a text (shipped corpus or upload).
+    -> (summary, rows, status line, session)."""
+    sess = ensure_session(services, sess)
+    job = take_job(services, sess, "calibrate")
+    if job.cancel:
+        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
+        return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
+    prompts_mode = mode != CAL_TEXT
+    try:
+        n_prompts = as_int("prompts", n_prompts)
+        tokens = as_int("answer tokens", answer_tokens)
+        n = as_int("positions", max_positions)
+        if prompts_mode and not (1 <= n_prompts <= 10_000 and 1 <= tokens <= 2048):
+            raise ConfigError(f"prompts must be in 1..10000 and answer tokens in 1..2048, got {n_prompts} and {tokens}")
+        if not prompts_mode and not 1 <= n <= 1_000_000:
+            raise ConfigError(f"positions must be in 1..1000000, got {n}")
+    except ConfigError as e:
+        services.lane.finish(job, f"Not run: {e}")
+        raise error(str(e)) from None
+    if source == SRC_UPLOAD and not upload:
+        services.lane.finish(job, "Not run: no file uploaded.")
+        raise error("Upload a prompts or text file first (.jsonl, .txt), or choose the shipped set.")
+    name = Path(upload).name if source == SRC_UPLOAD else ("shipped prompts" if prompts_mode else "shipped corpus")
+    try:
+        if prompts_mode:
+            prompts = read_prompts(upload) if source == SRC_UPLOAD else read_prompts()
+            prompts = prompts[:n_prompts]
+        else:
+            texts = read_corpus(upload) if source == SRC_UPLOAD else default_corpus()
+    except ValueError as e:
+        services.lane.finish(job, "Not run: the file could not be read.")
+        raise error(str(e).replace(str(upload), name) if upload else str(e)) from None
+
+    def cb(msg: str, frac: float) -> None:
+        if job.cancel:
+            raise CalibrationStop
+        job.progress = f"{msg} ({100 * frac:.0f}%)"
+
+    before = sess.memory.total
+    work = sess.memory.copy()
+    note = ""
+    with in_lane(services, job):
+        job.progress = "starting the calibration"
+        try:
+            if prompts_mode:
+                calibrate_prompts(services.pair, prompts, work, max_new_tokens=tokens, batch_size=min(8, len(prompts)),
+                                  lam=float(lam), progress=cb, source=name)
+            else:
+                calibrate(services.pair, texts, work, max_positions=n, progress=cb, corpus_name=name)
+        except CalibrationStop:
+            note = " Stopped early: the counts so far are kept."
+        except ValueError as e:
+            job.summary = f"Not run: {e}"
+            raise error(str(e)) from None
+        except Exception as e:
+            log.exception("calibration failed")
+            job.summary = "Failed."
+            raise error(f"The calibration failed: {type(e).__name__}: {e}") from None
+        sess.memory = work
+        if services.store is not None and work.total != before:
+            try:
+                services.store.save_memory(work, label=f"ui calibration: {name}")
+            except Exception as e:
+                log.exception("could not save the calibrated memory")
+                warn(f"The calibrated memory is in your session but not saved in the store: {e}")
+        last = (work.meta.get("calibration") or [{}])[-1]
+        what = f"{last.get('positions')} positions" if isinstance(last, dict) and last.get("positions") else ""
+        job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
+                       f": {work.total - before} divergences added.{note}")
+        job.progress = ""
+    info(job.summary)
+    return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
+
+
+def memory_reset(services: Services, to: str, lam, sess: Session | None):
+    """Reset the session's memory to the default one, or clear it."""
+    sess = ensure_session(services, sess)
+    if to == "clear":
+        sess.memory = CorrectionMemory(services.pair.pair_id)
+    else:
+        sess.memory = services.new_memory()
+    return memory_view(services, lam, sess)
+
+
+def memory_download(services: Services, sess: Session | None):
+    sess = ensure_session(services, sess)
+    path = Path(tempfile.mkdtemp(prefix="csd-memory-")) / "csd-memory.json.gz"
+    sess.memory.save(path)
+    return gr.update(value=str(path), label=f"Download csd-memory.json.gz ({len(sess.memory)} patterns)",
+                     visible=True), sess
+
+
+def memory_upload(services: Services, file, lam, sess: Session | None):
+    """Replace the session's memory with an uploaded memory file. A file that is not a memory, is
+    damaged or belongs to another pair is refused with the engine's sentence; a memory calibrated
+    with other representations is loaded, and the summary says so.
+    -> (summary, rows, message html, session)."""
+    sess = ensure_session(services, sess)
+    if not file:
+        return (*memory_view(services, lam, sess)[:2], "", sess)
+    name = Path(file).name
+    try:
+        mem = CorrectionMemory.load(file, expected_pair=services.pair.pair_id)
+    except MemoryFileError as e:          # the engine's own refusal: a sentence, no traceback needed
+        msg = str(e).replace(str(file), name)
+        log.warning("memory upload refused: %s", msg)
+    except Exception as e:      # not the engine's own refusal: a bug or an unreadable file
+        log.exception("loading an uploaded memory file failed")
+        msg = f"{name} could not be read as a correction memory ({type(e).__name__}: {e})"
+    else:
+        sess.memory = mem
+        info(f"Memory loaded: {len(mem)} patterns")
+        md, rows, sess = memory_view(services, lam, sess)
+        mismatch = mem.mismatch(services.pair)
+        note = render.render_error(f"Loaded, with a note: {mismatch}.") if mismatch else ""
+        return md, rows, note, sess
+    warn(f"Memory not loaded: {msg}")
+    return (*memory_view(services, lam, sess)[:2], render.render_error(f"Memory not loaded: {msg}"), sess)
+
+
+# -- the tab -----------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Explore & memory tab; returns the function that wires its events."""
+    services, s, sess, light, lam = page.services, page.settings, page.sess, page.light, page.lam
+    scope_choices = scopes(services)
+    with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
+        gr.Markdown("### Divergence events")
+        with gr.Row():
+            e_scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
+                               info="'all runs' is shared: it shows every user's answers" if s.shared_scope
+                               else None)
+            e_run = gr.Number(0, precision=0, label="Run id (0 = the scope)", minimum=0)
+            e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, REJECTED], label="Status",
+                                        elem_id="e-status")
+        with gr.Row():
+            e_pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)",
+                                    allow_custom_value=True)
+            e_text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text",
+                                elem_id="e-text")
+            with gr.Column(scale=0, min_width=160):
+                e_btn = gr.Button("Show events", variant="primary", elem_id="events-btn")
+                e_csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
+        e_caption = gr.Markdown(elem_id="events-caption")
+        e_csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
+        e_table = gr.Dataframe(headers=EVENT_COLUMNS, interactive=False, wrap=True, max_height=420,
+                               elem_id="events-table")
+
+        gr.Markdown("### Correction memory (this session's copy)")
+        m_summary = gr.Markdown(elem_id="memory-summary")
+        with gr.Row():
+            with gr.Column(scale=2):
+                m_table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360,
+                                       elem_id="memory-table")
+            with gr.Column(scale=1):
+                m_mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on",
+                                  elem_id="cal-mode")
+                m_source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From",
+                                    elem_id="cal-source")
+                m_corpus = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or "
+                                   "text (.txt, .jsonl 'text')", file_types=[".txt", ".jsonl", ".md", ".py"],
+                                   type="filepath")
+                with gr.Row():
+                    m_prompts = gr.Number(s.calibrate_prompts, precision=0, minimum=1, label="Prompts",
+                                          elem_id="cal-prompts")
+                    m_answer = gr.Number(s.calibrate_answer_tokens, precision=0, minimum=1,
+                                         label="Answer tokens each", elem_id="cal-answer")
+                    m_positions = gr.Number(s.calibrate_positions, precision=0, minimum=1,
+                                            label="Text positions", elem_id="cal-positions")
+                with gr.Row(equal_height=True):
+                    m_cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0,
+                                      min_width=110)
+                    m_stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
+                m_status = gr.HTML(render.render_status("Ready."), elem_id="calibrate-status")
+                with gr.Row():
+                    m_reset = gr.Button("Reset to default")
+                    m_clear = gr.Button("Clear")
+                m_dl_btn = gr.Button("Save memory to a file")
+                m_upload = gr.UploadButton("Upload memory file (.json / .json.gz)", type="filepath",
+                                           file_types=[".json", ".gz"], elem_id="memory-upload")
+                m_file = gr.DownloadButton("Download csd-memory.json.gz", visible=False)
+                m_error = gr.HTML(elem_id="memory-error")
+    page.status["calibrate"] = m_status
+
+    def wire():
+        ev_inputs = [e_scope, e_run, e_status, e_pattern, e_text, sess]
+        e_btn.click(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+                    api_name="explore_events", **light)
+        e_csv_btn.click(partial(export_events_csv, services), ev_inputs, [e_csv, sess], api_name="export_csv",
+                        **light)
+        for ctl in (e_scope, e_run, e_status, e_pattern, e_text):   # a prepared file must match the filters
+            ctl.change(hide_download, None, e_csv, queue=False, show_progress="hidden", api_visibility="private")
+        mem_out = [m_summary, m_table, sess]
+        explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
+        explore_tab.select(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
+                           api_visibility="private", **light)
+        page.model_job(m_cal, "calibrate", partial(calibrate_memory, services),
+                       [m_mode, m_source, m_corpus, m_prompts, m_answer, m_positions, lam, sess],
+                       [m_summary, m_table, m_status, sess], "calibrate")
+        m_stop.click(partial(stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
+        m_reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
+                      **light)
+        m_clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
+                      **light)
+        m_dl_btn.click(partial(memory_download, services), [sess], [m_file, sess], api_name="memory_download",
+                       **light)
+        m_upload.upload(partial(memory_upload, services), [m_upload, lam, sess], [m_summary, m_table, m_error, sess],
+                        api_name="memory_upload", **light)
+    return wire

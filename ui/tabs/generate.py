@@ -1,0 +1,177 @@
+"""The Generate tab: one answer, streamed one verify pass at a time and coloured by what happened
+to each token; recoloured under other λ/τ without the model; exported as HTML and JSON.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from csd.config import DEFAULT_LOOKUP, METHOD_HELP, METHODS
+from csd.events import RunMetrics
+
+from .. import render
+from ..state import RunView, Services, Session
+from . import analyse
+from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
+from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, HIDE_PRESENT, Page
+
+LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
+
+
+def _pass_sentence(view: RunView) -> str:
+    """What the pass that just arrived did (the burst on the page)."""
+    last = view.events[-1].block
+    evs = [e for e in view.events if e.block == last]
+    if view.cfg.method == "ar":
+        return f"Verify pass {last + 1}: one token (autoregressive)."
+    drafted = sum(1 for e in evs if e.draft_id is not None)
+    kept = sum(1 for e in evs if e.draft_id is not None and e.in_output)
+    end = evs[-1].status
+    tail = "a free bonus token" if end == "bonus" else "the target's correction"
+    n = evs[0].block_len or drafted
+    return f"Verify pass {last + 1}: {kept} of {n} drafted tokens kept, then {tail}."
+
+
+def _metrics_html(sess: Session, view: RunView) -> str:
+    ar = sess.ar_speed.get((view.prompt, view.chat)) if view.cfg.method != "ar" else None
+    return render.render_metrics(view.metrics, running=not view.done, ar=ar, first_token_s=view.first_token_s,
+                                 method=view.cfg.method)
+
+
+def _metrics_json(m: RunMetrics | None) -> dict | None:
+    """The one border where metrics become a dict: the JSON component."""
+    return None if m is None else m.to_dict()
+
+
+def generate(services: Services, prompt: str, chat: bool, method: str, gamma, auto_gamma: bool, lam, log10_tau,
+             temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, sess: Session | None):
+    """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
+    metrics html, metrics json, what-if line, status line, session)."""
+    sess = ensure_session(services, sess)
+    job = take_job(services, sess, "generate")
+    if job.cancel:
+        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
+        yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
+        return
+    with in_lane(services, job):
+        cfg = page_config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma,
+                          lookup=bool(lookup))
+        t0 = time.perf_counter()
+        run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
+        sess.last = view
+        yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected,
+                           empty=f"Reading the prompt ({view.prompt_tokens:,} tokens), then the first draft "
+                                 f"block and its verify pass…"),
+               "", render.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
+        with recorded(services, sess, prompt, cfg, "generate") as rec:
+            for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
+                if view.done:
+                    break
+                yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected), render.run_summary(view.events),
+                       _metrics_html(sess, view), gr.skip(), render.esc_md(_pass_sentence(view)),
+                       status_line(services, sess, "generate"), sess)
+        remember_ar(sess, view)
+        job.summary = done_sentence(view)
+    yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected), render.run_summary(view.events),
+           _metrics_html(sess, view), _metrics_json(view.metrics),
+           render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
+           status_line(services, sess, "generate"), sess)
+
+
+def recolour(services: Services, lam, log10_tau, hide_rejected: bool, sess: Session | None):
+    """Recolour the last answer under other thresholds (no model runs). -> (tokens html, what-if line)."""
+    sess = ensure_session(services, sess)
+    tau = tau_from_log10(log10_tau)
+    view = sess.last
+    if view is None:
+        return render.render_tokens([], hide_rejected=hide_rejected), "", sess
+    return (tokens_html(view, float(lam), tau, hide_rejected),
+            render.esc_md(render.whatif_summary(view.events, float(lam), tau)), sess)
+
+
+def export_answer(services: Services, lam, log10_tau, sess: Session | None):
+    """The last answer as a self-contained coloured HTML page and as JSON. -> (files, session)."""
+    sess = ensure_session(services, sess)
+    view = sess.last
+    if view is None or not view.events:
+        raise error("Nothing to export yet: generate an answer first.")
+    d = services.pair.describe()
+    facts = {"method": view.cfg.method, "γ": view.cfg.gamma, "λ": f"{view.cfg.lam:g}", "τ": f"{view.cfg.tau:.3g}",
+             "draft": d["draft"], "target": d["target"], "representations": f"target {d['target_repr']}, "
+             f"draft {d['draft_repr']}", "device": d["device"]}
+    out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
+    page = render.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
+                                     lam=view.cfg.lam, tau=view.cfg.tau, metrics=view.metrics, method=view.cfg.method)
+    (out / "csd-answer.html").write_text(page, encoding="utf-8")
+    (out / "csd-answer.json").write_text(render.export_json(
+        view.events, prompt=view.prompt, chat=view.chat, text=view.text, config=vars(view.cfg), pair=d,
+        metrics=_metrics_json(view.metrics)), encoding="utf-8")
+    return gr.update(value=[str(out / "csd-answer.html"), str(out / "csd-answer.json")], visible=True), sess
+
+
+# -- the tab -----------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Generate tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
+    with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                    max_lines=14, value=EXAMPLES[0], elem_id="prompt")
+                with gr.Row(equal_height=False):
+                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0,
+                                        min_width=120)
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=0, min_width=90)
+                    with gr.Column(scale=3, min_width=220):
+                        gen_status = gr.HTML(render.render_status("Ready."), elem_id="gen-status")
+                gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
+                            elem_id="examples")
+            with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
+                method = gr.Dropdown([(f"{m} — {METHOD_HELP[m]}", m) for m in METHODS], value="csd",
+                                     label="Method", elem_id="method")
+                chat = gr.Checkbox(True, label="Chat template (instruct models)")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+                max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
+                                    label="Max new tokens", elem_id="max-new")
+                seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
+                lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} "
+                                     "tokens that followed the last few earlier, where the costs say it "
+                                     "pays (sd and csd; underlined)", elem_id="lookup")
+        gr.HTML(render.render_legend(), elem_id="legend")
+        tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
+        gr.HTML(render.detail_panel(), elem_id="tokens-detail")
+        summary = gr.HTML("", elem_id="summary")
+        whatif_md = gr.Markdown(elem_id="whatif-line")
+        with gr.Row(elem_classes=HIDE_PRESENT):
+            hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
+            export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
+        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False,
+                               elem_id="export-files")
+        metrics = gr.HTML(render.render_metrics(None), elem_id="metrics")
+        with gr.Accordion("Metrics as JSON", open=False, elem_classes=HIDE_PRESENT):
+            metrics_json = gr.JSON(elem_id="metrics-json")
+    page.status["generate"], page.hide_rejected = gen_status, hide_rejected
+
+    def wire():
+        gen = page.model_job(gen_btn, "generate", partial(generate, services),
+                             [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
+                              hide_rejected, lookup, sess],
+                             [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
+                             prompt_in=(prompt, chat))
+        analyse.refresh_after(page, gen)
+        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
+
+        recolour_io = ([lam, log10_tau, hide_rejected, sess], [tokens, whatif_md, sess])
+        for ctl in (lam, log10_tau, hide_rejected):
+            named = dict(api_name="recolour") if ctl is log10_tau else dict(api_visibility="private")
+            ev = ctl.change(partial(recolour, services), *recolour_io, show_progress="hidden", **named, **light)
+            analyse.refresh_after(page, ev)
+        export_btn.click(partial(export_answer, services), [lam, log10_tau, sess], [export_files, sess],
+                         api_name="export_answer", **light)
+    return wire

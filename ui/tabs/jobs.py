@@ -1,0 +1,250 @@
+"""Model work on the page: a ``Job`` of the model lane (``ui.lane``) from the click that asks for
+it to its end, and the run it holds while it runs.
+
+A click asks for a job at once (``request_job``, beside the model's queue), the queued handler
+takes it (``take_job``) and holds the model inside ``in_lane``; Stop cancels exactly the jobs it
+names, waiting or running; the status line beside each Run button says which. A run streams
+through ``follow_run``, one yield per target pass (the engine marks the last event of each pass
+with ``pass_end``), and is recorded in the store when there is one. An unexpected failure is
+logged with its traceback first and shown as a sentence.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import gradio as gr
+
+from csd.config import ConfigError, CSDConfig
+from db.store import NullRecorder, recording
+
+from .. import render
+from ..lane import Job
+from ..state import RunView, Services, Session
+from .common import ensure_session, error, warn
+
+log = logging.getLogger(__name__)
+
+ORPHAN_S = 20.0     # a request waiting this long with nothing ahead of it never reached the queue
+
+
+# -- the model lane: asking, waiting, stopping -------------------------------------------------
+def request_job(services: Services, kind: str, sess: Session | None, prompt: str | None = None, chat: bool = True):
+    """A click on Generate / Compare / Run / Calibrate, answered at once (not behind model work):
+    a prompt that is empty or over the cap is refused here, before it waits for anything; else
+    the request takes its place in the lane and the page starts asking for its status.
+    -> (session, status line, status timer)."""
+    sess = ensure_session(services, sess)
+    if prompt is not None:
+        prompt_ids(services, prompt, chat)
+    job = services.lane.request(sess.session_id, kind)
+    sess.pending[kind].append(job)
+    sess.jobs[kind] = job
+    return sess, status_line(services, sess, kind), gr.Timer(active=True)
+
+
+def take_job(services: Services, sess: Session, kind: str) -> Job:
+    """The job this handler call runs: the oldest one the page asked for, else a new one (an API
+    caller that went straight to the endpoint)."""
+    q = sess.pending[kind]
+    job = q.popleft() if q else services.lane.request(sess.session_id, kind)
+    sess.jobs[kind] = job
+    return job
+
+
+def stop(services: Services, kind: str | None, sess: Session | None):
+    """Stop this session's jobs of ``kind`` (None: all kinds), running or still waiting.
+    -> the status line of ``kind`` (or of generate)."""
+    if not isinstance(sess, Session):
+        return render.render_status("Nothing to stop.", "idle")
+    for job in sess.all_jobs(kind):
+        if not job.finished:
+            job.cancel = True
+    return status_line(services, sess, kind or "generate")
+
+
+def _ago(s: float) -> str:
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+def _run_progress(job: Job, now: float) -> str:
+    """What a running job is doing, from its live Run (read without a lock: counters only)."""
+    run = job.run
+    label = f"{job.label}: " if job.label else ""
+    if job.progress:
+        return f"{label}{job.progress} · {_ago(job.elapsed(now))}"
+    if run is None:
+        return f"{label}starting · {_ago(job.elapsed(now))}"
+    m = run.metrics
+    if m.target_forwards == 0 and m.prefill_s == 0 and job.prompt_tokens > 1:
+        return f"{label}reading the prompt ({job.prompt_tokens:,} tokens) · {_ago(job.elapsed(now))}"
+    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens} of at most {job.max_tokens} "
+            f"tokens · {_ago(job.elapsed(now))}")
+
+
+def status_line(services: Services, sess: Session | None, kind: str) -> str:
+    """The status line beside a Run button: the queue ahead, the live progress, Stopping…, or
+    what the last job did."""
+    job = sess.jobs.get(kind) if isinstance(sess, Session) else None
+    if job is None:
+        return render.render_status("Ready.", "idle")
+    now = time.monotonic()
+    if job.finished:
+        failed = job.cancel or job.summary.startswith(("Not run", "Failed", "The request did not"))
+        return render.render_status(job.summary or "Done.", "stopped" if failed else "done")
+    if job.cancel:
+        what = "it will not start" if job.waiting else "after the current step"
+        return render.render_status(f"Stopping… ({what}) · {_ago(job.elapsed(now))}", "stopping")
+    if job.waiting:
+        services.lane.touch(job)
+        ahead = services.lane.ahead(job)
+        if _orphan(services, sess, job, ahead, now):
+            return render.render_status(job.summary, "stopped")
+        if not ahead:
+            return render.render_status(f"Starting… (waited {_ago(now - job.queued_at)})", "waiting")
+        running = [j for j in ahead if j.running]
+        first = running[0] if running else None
+        doing = f" The one running: {_run_progress(first, now)}." if first else ""
+        n = len(ahead)
+        return render.render_status(f"Waiting for the model: {n} request{'s' if n > 1 else ''} ahead of yours "
+                                    f"(waited {_ago(now - job.queued_at)}).{doing}", "waiting")
+    return render.render_status(_run_progress(job, now), "running")
+
+
+def _orphan(services: Services, sess: Session, job: Job, ahead: list[Job], now: float) -> bool:
+    """A request that waits with nothing ahead of it, long after the queue would have started it,
+    was refused on its way (a full queue, an input the queue rejected, a second click the page
+    ignored): it stops waiting. True if ``job`` was such a request."""
+    if ahead or now - job.queued_at <= ORPHAN_S:
+        return False
+    q = sess.pending[job.kind]
+    if job in q:
+        q.remove(job)
+    services.lane.finish(job, "The request did not reach the model (the queue refused it); please try again.")
+    return True
+
+
+def poll_status(services: Services, sess: Session | None):
+    """The status timer's tick: every status line; the timer stops once nothing is waiting or running.
+    -> (generate, compare, teach, calibrate status lines, timer)."""
+    if isinstance(sess, Session):
+        now = time.monotonic()
+        for job in sess.all_jobs():
+            if job.waiting and job is not sess.jobs.get(job.kind):
+                services.lane.touch(job)
+                _orphan(services, sess, job, services.lane.ahead(job), now)
+    lines = [status_line(services, sess, k) for k in ("generate", "compare", "teach", "calibrate")]
+    busy = isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())
+    return (*lines, gr.Timer(active=busy))
+
+
+@contextmanager
+def in_lane(services: Services, job: Job):
+    """The job holds the model inside this block; its summary is written on the way out."""
+    services.lane.start(job)
+    try:
+        yield job
+    except gr.Error as e:
+        job.summary = f"Not run: {e.message}"
+        raise
+    except GeneratorExit:
+        job.summary = job.summary or "Stopped (the page went away)."
+        raise
+    finally:
+        services.lane.finish(job)
+
+
+def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | None = None) -> list[int]:
+    """The prompt's token ids, refused with a clear message when empty, over the app's prompt cap
+    or (given the config) too long for the model's context."""
+    pair, cap = services.pair, services.settings.max_prompt_tokens
+    try:
+        ids = pair.encode_prompt(prompt, chat)
+    except ValueError as e:
+        raise error(str(e)) from None
+    if len(ids) > cap:
+        raise error(f"The prompt is {len(ids):,} tokens long; this app takes prompts of at most {cap:,} tokens "
+                    f"(python app.py --max-prompt-tokens N sets the limit). Please shorten it.")
+    if cfg is not None:
+        try:
+            cfg.validated(pair.context_limit, len(ids))
+        except ConfigError as e:
+            raise error(str(e)) from None
+    return ids
+
+
+# -- running and recording ---------------------------------------------------------------------
+@contextmanager
+def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
+    """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
+    costs a warning (logged with its traceback), never the run."""
+    p = services.pair
+    fields = dict(kind="generate", **p.run_fields(), **cfg.run_fields(), prompt=prompt, session_id=sess.session_id,
+                  label=label, target_repr=p.target_repr, draft_repr=p.draft_dtype or None)
+    try:
+        rec = recording(services.store, **fields)
+    except Exception as e:   # the database is down or full: generate anyway
+        log.exception("could not start recording a run")
+        warn(f"This run is not recorded: {e}")
+        rec = NullRecorder()
+    exc_info = (None, None, None)
+    try:
+        yield rec
+    except BaseException as e:
+        exc_info = (type(e), e, e.__traceback__)
+        raise
+    finally:
+        try:
+            rec.__exit__(*exc_info)
+        except Exception as e:
+            log.exception("could not finish the record of run %s", getattr(rec, "run_id", None))
+            warn(f"The run's record is incomplete: {e}")
+
+
+def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
+    """Iterate a started run, recording each event; yield the view at the end of every target pass
+    and once more, finished, at the end. A failing model is logged and shown as an error."""
+    view.run_id = getattr(rec, "run_id", None)
+    try:
+        for ev in run:
+            rec.add(ev)
+            view.events.append(ev)
+            if view.first_token_s is None and ev.in_output:
+                view.first_token_s = time.perf_counter() - t0
+            if ev.pass_end:
+                view.metrics = run.metrics_snapshot()
+                yield view
+    except Exception as e:
+        log.exception("generation failed")
+        raise error(f"Generation failed: {type(e).__name__}: {e}") from None
+    finally:
+        run.close()
+        view.token_ids = list(run.token_ids)
+        view.text = run.text
+        view.metrics = run.metrics_snapshot()
+        view.done = True
+    rec.result(view.text, view.metrics)
+    yield view
+
+
+def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bool, cfg: CSDConfig, memory,
+              label: str = "") -> tuple[object, RunView]:
+    ids = prompt_ids(services, prompt, chat, cfg)
+    try:
+        run = services.decoder.run(ids, cfg, memory, should_stop=lambda: job.cancel)
+    except (ConfigError, ValueError) as e:
+        raise error(str(e)) from None
+    job.run, job.label, job.progress = run, label, ""
+    job.prompt_tokens, job.max_tokens = len(ids), cfg.max_new_tokens
+    return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids))
+
+
+def done_sentence(view: RunView) -> str:
+    m = view.metrics
+    if m is None:
+        return "Done."
+    head = "Stopped" if m.stopped_by == "cancelled" else "Done"
+    return (f"{head}: {m.new_tokens} tokens in {m.target_forwards} verify pass{'es' if m.target_forwards != 1 else ''}"
+            f", {m.wall_s:.1f} s.")

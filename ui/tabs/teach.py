@@ -1,0 +1,269 @@
+"""The Teach tab: a short run with explanations (draft and target top-k), stepped through one
+speculative iteration at a time, by hand or by the autoplay timer. The HTML of an iteration is
+built here (with ``ui.render``'s token pieces), as is the explanation beside it.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import partial
+
+import gradio as gr
+
+from csd.config import METHODS
+from csd.events import (
+    BONUS,
+    CORRECTED,
+    REJECTED,
+    RULE_GAP_LOW,
+    RULE_MATCH,
+    RULE_MEMORY_RARE,
+    RULE_NO_RESCUE,
+    RULE_RESCUE,
+    RULE_SAMPLED,
+    RULE_SPECIAL,
+    TARGET,
+    TokenEvent,
+)
+from csd.rule import log_tau
+
+from .. import render
+from ..render import STATUS_STYLE, _fmt, esc, show_token, token_text_html
+from ..state import Services, Session
+from .common import ensure_session, error, page_config
+from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .page import EXAMPLES, Page
+
+
+# -- the view of one iteration -----------------------------------------------------------------
+def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
+    """A sentence saying why this position was decided as it was (plain text)."""
+    x, t = show_token(ev.draft_text), show_token(ev.target_text)
+    c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
+    if ev.status == CORRECTED:
+        return f"The draft was rejected here, so the target's own top-1 {show_token(ev.text)} is emitted; this target pass ends."
+    if ev.status == BONUS:
+        return f"Every draft token was kept, so the target's prediction after the block, {show_token(ev.text)}, comes free."
+    if ev.status == TARGET:
+        return "Autoregressive: one target pass per token."
+    if ev.rule == RULE_MATCH:
+        return f"x~ = t* = {x}: the target agrees, accepted."
+    if ev.rule == RULE_SAMPLED:
+        return f"Rejection sampling accepted {x} (u ≤ p(x~)/q(x~))."
+    if ev.rule == RULE_SPECIAL:
+        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued: rejected, {t} is emitted."
+    if ev.rule == RULE_NO_RESCUE:
+        return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
+    if ev.rule == RULE_MEMORY_RARE:
+        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern, rejected; "
+                f"{t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
+    if ev.rule == RULE_GAP_LOW:
+        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} but gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
+                f"{x} too unlikely, rejected.")
+    if ev.rule == RULE_RESCUE:
+        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} and gap {_fmt(g)} ≥ log τ = {_fmt(lt)}: rescued, {x} is kept "
+                f"and verification goes on with the next draft position.")
+    return f"{ev.status} ({ev.rule or 'no rule'})"
+
+
+def _top_list(top: list | None) -> str:
+    if not top:
+        return "–"
+    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top)
+
+
+def _chip(text: str, cls: str, title: str = "") -> str:
+    return f'<span class="tok {cls}" title="{esc(title)}">{esc(show_token(text))}</span>'
+
+
+def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, lam: float,
+                      tau: float, method: str, discarded_texts: Sequence[str] = ()) -> str:
+    """One speculative iteration: every token the draft proposed (kept, rejected, and the ones
+    thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
+    evs = list(block)
+    kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
+                   for e in evs if e.in_output)
+    drafted = [e for e in evs if e.draft_id is not None]
+    rejected = [e for e in evs if e.status == REJECTED]
+    chips = [_chip(e.draft_text, STATUS_STYLE[e.status][0], STATUS_STYLE[e.status][1]) for e in drafted]
+    chips += [_chip(t, "tok-discarded", "discarded unchecked: after a rejection the rest of the block is thrown away")
+              for t in discarded_texts]
+    block_len = evs[0].block_len if evs and evs[0].block_len else len(drafted) + len(discarded_texts)
+    rows = []
+    for e in evs:
+        if e.draft_id is not None:
+            q = e.draft_prob
+            if q is None and e.draft_top and e.draft_top[0][0] == e.draft_text:
+                q = e.draft_top[0][1]
+            proposal = f"<code>{esc(show_token(e.draft_text))}</code>" + (f" q = {q:.3f}" if q is not None else "")
+        else:
+            proposal = "— (target's own token)"
+        target = f"<code>{esc(show_token(e.target_text))}</code>" if e.target_text is not None else "–"
+        cls, label = STATUS_STYLE.get(e.status, ("", e.status))[:2]
+        decision = f'<span class="tok {cls}">{esc(label)}</span>'
+        rows.append(
+            f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
+            f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
+            f'<td class="why">{esc(explain_decision(e, lam, tau))}</td></tr>')
+        if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
+            first = e.index_in_block + 2
+            for k, t in enumerate(discarded_texts):
+                rows.append(f'<tr class="discarded"><td>{first + k}</td><td><code>{esc(show_token(t))}</code></td>'
+                            f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
+                            f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
+                            f'is thrown away.</td></tr>')
+    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
+               f"{block_len} token{'s' if block_len != 1 else ''}, {len(drafted)} checked, "
+               f"{sum(1 for e in evs if e.in_output)} tokens emitted, one target pass"
+               + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
+    return (f'<div class="csd-teach"><p>{summary}</p>'
+            f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
+            f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
+            f'<div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
+            f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div></div>")
+
+
+TEACH_EXPLANATION = r"""
+### How one speculative iteration works
+1. **Draft.** The small model proposes γ tokens x̃₁ … x̃_γ, one after the other (cheap).
+2. **Verify.** The large target model scores the whole block in **one** forward pass: at each
+   position i it has its own top-1 token t\*ᵢ and logits z.
+3. **Decide, left to right** (CSD, greedy):
+   - x̃ᵢ = t\*ᵢ → **accepted**.
+   - else, if the Online Correction Memory has seen the pattern x̃ᵢ → t\*ᵢ at least **λ** times
+     *and* the Semantic Consistency Gate passes, z(x̃ᵢ) − z(t\*ᵢ) ≥ **log τ** → **rescued**: the
+     draft token is kept and verification continues.
+   - else → **rejected**: t\*ᵢ is emitted instead (the *correction*) and the rest of the block is
+     thrown away unchecked (greyed out in the drafted block).
+4. **Learn.** Every divergence (rescued or rejected) adds one to its pattern's count, after its own decision.
+5. If every draft token was kept, the target's prediction after the block is a free **bonus** token.
+
+Standard speculative decoding (SD) is the same loop without step 3's rescue: its output equals
+the target's alone. CSD trades that exactness for fewer target passes on harmless differences
+(`' the'` → `' a'`, `','` → `'.'`).
+
+Keys: **←** and **→** step through the iterations; **Play** steps by itself.
+"""
+
+
+# -- stepping through a run --------------------------------------------------------------------
+def _blocks(events: list[TokenEvent]) -> list[list[TokenEvent]]:
+    out: dict[int, list[TokenEvent]] = {}
+    for e in events:
+        out.setdefault(e.block, []).append(e)
+    return [out[k] for k in sorted(out)]
+
+
+def teach_view(services: Services | None, sess: Session | None, step: int) -> str:
+    view = sess.teach if isinstance(sess, Session) else None
+    if view is None or not view.events:
+        return '<div class="csd-note">Run a teaching example to step through it (← and → keys step, Play steps ' \
+               'by itself).</div>'
+    blocks = _blocks(view.events)
+    step = max(0, min(step, len(blocks) - 1))
+    sess.teach_step = step
+    before = "".join(e.text for b in blocks[:step] for e in b if e.in_output and not e.special)
+    block = blocks[step]
+    discarded = [e.discarded for e in block if e.status == REJECTED and e.discarded]
+    decode = services.pair.tokenizer.decode if services is not None else (lambda ids: "?")
+    texts = [decode([i]) for i in (discarded[0] if discarded else [])]
+    return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, lam=view.cfg.lam,
+                                    tau=view.cfg.tau, method=view.cfg.method, discarded_texts=texts)
+
+
+def teach_run(services: Services, prompt: str, method: str, gamma, lam, log10_tau, max_new_tokens,
+              sess: Session | None):
+    """Run a short generation with explanations (draft and target top-k, a fixed gamma), then
+    show iteration 1. Yields (view, status line, session) as the passes arrive."""
+    sess = ensure_session(services, sess)
+    job = take_job(services, sess, "teach")
+    if job.cancel:
+        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
+        yield gr.skip(), status_line(services, sess, "teach"), sess
+        return
+    if method == "ar":
+        services.lane.finish(job, "Not run: Teach needs a speculative method.")
+        raise error("Teach steps through speculative iterations: pick sd, csd or an ablation, not ar.")
+    with in_lane(services, job):
+        cfg = page_config(method, gamma, lam, log10_tau, 0.0, max_new_tokens, explain=True)
+        t0 = time.perf_counter()
+        run, view = start_run(services, sess, job, prompt, True, cfg, sess.memory)
+        with recorded(services, sess, prompt, cfg, "teach") as rec:
+            for _ in follow_run(run, rec, view, t0):
+                if not view.done:
+                    yield gr.skip(), status_line(services, sess, "teach"), sess
+        sess.teach, sess.teach_step = view, 0
+        job.summary = done_sentence(view) + " Step through the iterations below."
+    yield teach_view(services, sess, 0), status_line(services, sess, "teach"), sess
+
+
+def teach_step(services: Services, delta: int, sess: Session | None):
+    if not isinstance(sess, Session):
+        return teach_view(services, None, 0), sess
+    return teach_view(services, sess, sess.teach_step + int(delta)), sess
+
+
+def teach_play(services: Services, sess: Session | None):
+    """Play: step once now and let the autoplay timer go on. -> (view, timer, session)."""
+    view, sess = teach_step(services, 1, sess)
+    return view, gr.Timer(active=_teach_has_next(sess)), sess
+
+
+def teach_tick(services: Services, sess: Session | None):
+    """The autoplay timer: one iteration further; it stops itself at the last one."""
+    view, sess = teach_step(services, 1, sess)
+    return view, gr.Timer(active=_teach_has_next(sess)), sess
+
+
+def teach_pause():
+    return gr.Timer(active=False)
+
+
+def _teach_has_next(sess: Session | None) -> bool:
+    return isinstance(sess, Session) and sess.teach is not None and \
+        sess.teach_step < len(_blocks(sess.teach.events)) - 1
+
+
+# -- the tab -----------------------------------------------------------------------------------
+def build(page: Page):
+    """Lay out the Teach tab; returns the function that wires its events."""
+    services, s, sess, light = page.services, page.settings, page.sess, page.light
+    gamma, lam, log10_tau = page.gamma, page.lam, page.log10_tau
+    with gr.Tab("Teach", id="teach", elem_id="tab-teach"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                with gr.Row():
+                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
+                                          elem_id="t-prompt")
+                    with gr.Column(scale=1, min_width=160):
+                        t_method = gr.Dropdown([m for m in METHODS if m != "ar"], value="csd", label="Method",
+                                               elem_id="t-method")
+                        t_max = gr.Slider(4, 128, value=s.teach_tokens, step=1, label="Max new tokens",
+                                          elem_id="teach-max")
+                with gr.Row(equal_height=False):
+                    t_run = gr.Button("Run", variant="primary", elem_id="teach-run", min_width=80)
+                    t_prev = gr.Button("◀ Previous", elem_id="teach-prev", min_width=90)
+                    t_next = gr.Button("Next ▶", elem_id="teach-next", min_width=90)
+                    t_play = gr.Button("Play", elem_id="teach-play", min_width=70)
+                    t_stop = gr.Button("Stop", variant="stop", elem_id="teach-stop", min_width=70)
+                t_status = gr.HTML(render.render_status("Ready."), elem_id="teach-status")
+                t_view = gr.HTML(teach_view(services, None, 0), elem_id="teach-view")
+            with gr.Column(scale=2, min_width=280):
+                gr.Markdown(TEACH_EXPLANATION, elem_id="teach-explanation")
+        teach_timer = gr.Timer(2.0, active=False)
+    page.status["teach"] = t_status
+
+    def wire():
+        page.model_job(t_run, "teach", partial(teach_run, services),
+                       [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
+                       prompt_in=(t_prompt,))
+        t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
+        t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
+        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
+                     **light)
+        teach_timer.tick(partial(teach_tick, services), [sess], [t_view, teach_timer, sess],
+                         api_visibility="private", show_progress="hidden", **light)
+        t_stop.click(teach_pause, None, teach_timer, queue=False, api_visibility="private")
+        t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
+    return wire
