@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from .rule import log_tau
 
 METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only")
+METHOD_SHORT = {   # the app's method picker: fits a narrow column
+    "ar": "target alone", "sd": "speculative, top-1 match", "csd": "SD + memory + gate",
+    "ocm-only": "memory, no gate", "scg-only": "gate, no memory",
+}
 METHOD_HELP = {
     "ar": "the target alone, autoregressive (baseline)",
-    "sd": "standard speculative decoding (lossless verification)",
+    "sd": "standard speculative decoding (a draft token is kept only where it is the target's top-1)",
     "csd": "SD + Online Correction Memory + Semantic Consistency Gate",
     "ocm-only": "ablation: memory without gate (rescue any pattern with count >= lambda)",
     "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",

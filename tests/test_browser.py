@@ -374,6 +374,38 @@ def phone_tab(pg, name: str):
     return pg.locator("#tabs [role=tablist] button:visible, #tabs .overflow-dropdown button:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
 
 
+def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url, shots):
+    """A newcomer sees the first streamed tokens without scrolling, at 1440x900 and at 1280x720; in
+    presentation mode at 1280x720, Teach shows the drafted block and its per-iteration table."""
+    for w, h in ((1440, 900), (1280, 720)):
+        pg = new_page(browser, tiny_url, w, h)
+        try:
+            start(pg, TINY_PROMPT, 12)
+            pg.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+            first = pg.locator("#tokens .tok").first.bounding_box()
+            assert pg.evaluate("() => window.scrollY") == 0
+            assert 0 <= first["y"] and first["y"] + first["height"] <= h, f"{w}x{h}: first token at {first}"
+            pg.screenshot(path=str(shots / f"generate-{w}x{h}.png"))
+        finally:
+            pg.context.close()
+    pg = new_page(browser, tiny_url, 1280, 720)
+    try:
+        pg.locator("#present input").check()
+        pg.wait_for_function("() => document.body.classList.contains('csd-present')")
+        open_tab(pg, "Teach")
+        pg.click("#teach-run")
+        pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
+        pg.evaluate("() => window.scrollTo(0, 0)")
+        block = pg.locator("#teach-view .csd-block").bounding_box()
+        header = pg.locator("#teach-view thead").bounding_box()
+        first_row = pg.locator("#teach-view tbody tr").first.bounding_box()
+        assert block["y"] + block["height"] <= 720 and header["y"] + header["height"] <= 720
+        assert first_row["y"] + 40 <= 720, f"the table's first row starts at y = {first_row['y']:.0f}"
+        pg.screenshot(path=str(shots / "teach-1280x720-presentation.png"))
+    finally:
+        pg.context.close()
+
+
 def test_phone_layout(browser, tiny_url, shots):
     pg = new_page(browser, tiny_url, 390, 844)
     try:

@@ -60,10 +60,14 @@ def test_endpoints_are_named(client):
 
 
 def test_generate_takes_the_copy_switch_last_and_defaults_it_on(client):
-    """Scripts written before the switch existed (11 values) still work, with the tab's default
-    (copies on, as the command line's --lookup 16); a 12th value False turns copying off."""
-    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]
-    assert params[-1]["parameter_name"] == "lookup" and params[-1]["parameter_default"] is True
+    """Scripts written before the switches existed (11 values) still work, with the tab's defaults
+    (copies on, as the command line's --lookup 16; show speculation on); a 12th value False turns
+    copying off, a 13th value False turns show speculation off."""
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    params = api["/generate"]["parameters"]
+    assert params[-2]["parameter_name"] == "lookup" and params[-2]["parameter_default"] is True
+    assert params[-1]["parameter_name"] == "show_spec" and params[-1]["parameter_default"] is True
+    assert api["/compare"]["parameters"][-1]["parameter_name"] == "show_spec"
     code = "Repeat this code exactly, in a python block:\ndef add(a, b):\n    total = a + b\n    return total"
     tokens, *_, metrics, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32),
                                                             api_name="/generate")

@@ -352,9 +352,9 @@ def services(store, gate):
 
 
 def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
-        lookup=False, temperature=0):
+        lookup=False, temperature=0, show_spec=False):
     return generate.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
-                      lookup, sess)
+                             lookup, show_spec, sess)
 
 
 @pytest.fixture(scope="module")
@@ -485,6 +485,35 @@ def test_auto_gamma_on_generate(services):
     assert all(1 <= e.block_len <= 16 for e in view.events if e.block_len)
 
 
+def test_show_speculation_keeps_drafting_where_auto_would_not(services, monkeypatch):
+    """Where drafting cannot pay (a draft token as dear as a target pass), gamma auto drafts nothing
+    and the status says so and why; the app's "show speculation" mode drafts at least 3 a block."""
+    from csd.profile import CostModel
+    dear = CostModel({k: 100.0 * k for k in (1, 2, 4, 8, 16, 33)}, 100.0)
+    monkeypatch.setattr(services.decoder, "_costs", dear)
+    *_, off = gen(services, method="sd", gamma=6, auto=True, max_new=12)
+    view = off[-1].last
+    assert view.metrics.drafted == 0 and view.metrics.target_forwards == 12
+    status = html.unescape(off[-2])
+    assert "γ auto drafted nothing (the bar's γ is 6)" in status and "ms for a verify pass" in status
+    *_, on = gen(services, method="sd", gamma=6, auto=True, max_new=12, show_spec=True)
+    view = on[-1].last
+    assert view.cfg.gamma_min == common.SHOW_SPECULATION == 3
+    blocks = [e.block_len for e in view.events if e.pass_end]
+    assert all(n >= 3 for n in blocks[:-1]) and view.metrics.drafted >= 3 * (len(blocks) - 1)
+    assert "at least 3 by Show speculation" in html.unescape(on[-2]) or "γ auto drafted" not in on[-2]
+    assert common.make_config("ar", 6, 6, -2, 0, 8, auto_gamma=False, show_speculation=True).gamma_min == 0
+
+
+def test_the_done_sentence_counts_in_words():
+    from csd.events import RunMetrics
+    view = jobs.RunView(None, "p", True, common.make_config("sd", 4, 6, -2, 0, 8),
+                        metrics=RunMetrics(new_tokens=1, target_forwards=1, wall_s=0.5))
+    assert jobs.done_sentence(view) == "Done: 1 token in 1 verify pass, 0.5 s."
+    view.metrics = RunMetrics(new_tokens=5, target_forwards=2, wall_s=1.0)
+    assert jobs.done_sentence(view) == "Done: 5 tokens in 2 verify passes, 1.0 s."
+
+
 def test_copies_on_generate_keep_sd_output(services):
     """The Generate tab's copy switch: greedy SD with copies is still SD's answer (the exact rule
     verifies them), and every kept copy, and nothing else, is underlined."""
@@ -586,7 +615,7 @@ def test_export_of_the_coloured_answer(services, csd_run):
 
 def test_compare_leads_with_target_passes_saved(services):
     sess = common.ensure_session(services, None)
-    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, sess))
+    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, False, sess))
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd
@@ -728,7 +757,7 @@ def test_status_poll_stops_when_nothing_is_left(services):
     *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is True and 'data-state="waiting"' in lines[1]
     jobs.stop(services, "compare", sess)
-    list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, sess))
+    list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, False, sess))
     *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is False and "Stopped before it started" in lines[1]
 
@@ -782,3 +811,16 @@ def test_frontier_panel_reads_the_benchmark_file(tmp_path):
     assert [t.name for t in fig.data] == ["sd", "csd"] and fig.data[1].x[0] == 11.0
     table = figures.frontier_table(loaded)
     assert "| csd | 11.00 | 0.180 | 3 | – | 50% [30, 70] | +1 / −1 |" in table and "CPU &lt;b&gt;" in table
+
+
+def test_what_the_app_says_of_exactness_follows_the_representation():
+    """SD writes AR's answer token for token only where the target runs in float32; elsewhere the
+    app says it may not, and why, next to the Compare panes and in Teach."""
+    f32, i8, bf16 = (common.exactness_note(r) for r in ("float32", "int8", "bfloat16"))
+    assert "token for token" in f32 and "differently" not in f32
+    for note in (i8, bf16):
+        assert "can pick differently from the target alone (AR)" in note and "float32" in note
+    assert "one scale" in i8 and "bfloat16" in bf16
+    assert "{exactness}" in teach.TEACH_EXPLANATION
+    for text in (teach.TEACH_EXPLANATION, generate.__doc__ or ""):
+        assert "equals the target's alone" not in text and "lossless" not in text

@@ -24,6 +24,26 @@ log = logging.getLogger(__name__)
 
 SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
 NO_STORE = "No store: start the app with --db to record runs."
+# "Show speculation" (on by default): gamma auto drafts at least this many tokens a block, so that the
+# demo shows drafting on any machine; off, auto drafts only what the measured costs say pays (as the
+# command line and the benchmark do), which on a slow or busy machine can be nothing at all
+SHOW_SPECULATION = 3
+
+
+def exactness_note(target_repr: str) -> str:
+    """Whether greedy SD reproduces the target's own answer (AR) in the representation the target runs
+    in here, in plain words: token for token in float32 (tests check it); not in int8 or half
+    precision, where a verify pass rounds its tokens together, not one by one as AR does."""
+    if target_repr == "float32":
+        return ("**Exactness here:** the target runs in float32, where greedy SD writes the target's own answer "
+                "(AR's) token for token; CSD may leave it where it rescues a draft token.")
+    how = ("quantises the activations of all the tokens in a verify pass with one scale"
+           if target_repr == "int8" else f"rounds a verify pass of several tokens in {target_repr} differently "
+           "from a pass of one")
+    return (f"**Exactness here:** the target runs in {target_repr}, which {how}, so where the target's top two "
+            "tokens nearly tie, SD can pick differently from the target alone (AR) and its answer can leave AR's. "
+            "In float32 (`--dtype float32`) SD writes AR's answer token for token; CSD may also leave it where it "
+            "rescues a draft token.")
 
 
 def scopes(services: Services) -> list[str]:
@@ -63,9 +83,11 @@ def as_int(name: str, v) -> int:
 
 
 def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens, seed=None,
-                explain: bool = False, auto_gamma: bool = False, lookup: bool = False) -> CSDConfig:
+                explain: bool = False, auto_gamma: bool = False, lookup: bool = False,
+                show_speculation: bool = False) -> CSDConfig:
     """The engine's config from slider values (floats from the page), validated by the engine.
-    ``auto_gamma``: the block length is chosen per block from the machine's measured costs;
+    ``auto_gamma``: the block length is chosen per block from the machine's measured costs, at least
+    ``SHOW_SPECULATION`` tokens with ``show_speculation``;
     ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
     and the ablations; the switch means nothing to ar)."""
     if method not in METHODS:
@@ -74,7 +96,8 @@ def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens,
     cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else as_int("gamma", gamma), lam=float(lam),
                     tau=tau_from_log10(log10_tau), temperature=float(temperature),
                     max_new_tokens=as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
-                    lookup=default_lookup(method) if lookup else 0)   # ar drafts nothing to copy into
+                    lookup=default_lookup(method) if lookup else 0,   # ar drafts nothing to copy into
+                    gamma_min=SHOW_SPECULATION if auto_gamma and show_speculation and method != "ar" else 0)
     return cfg.validated()
 
 

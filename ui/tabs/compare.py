@@ -15,8 +15,8 @@ from csd.events import REJECTED, RESCUED, common_prefix
 from .. import figures, render
 from ..state import RunView, Services, Session
 from . import analyse
-from .common import ensure_session, page_config, remember_ar, tau_from_log10, tokens_html
-from .jobs import follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .common import ensure_session, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
+from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
 COMPARE_METHODS = ("ar", "sd", "csd")
@@ -38,7 +38,7 @@ def _code(text: str) -> str:
 
 
 def leaves_sd(csd: RunView, sd: RunView) -> str:
-    """Where CSD's answer first leaves SD's (SD's token there is the target's choice) and why: a rescue
+    """Where CSD's answer first leaves SD's (SD's token there is the target's top-1 in SD's pass) and why: a rescue
     (with the memory's count) or, in a representation whose passes round differently, the rounding."""
     a, b = sd.token_ids, csd.token_ids
     if a == b:
@@ -47,7 +47,7 @@ def leaves_sd(csd: RunView, sd: RunView) -> str:
     if i >= len(a) or i >= len(b):
         return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else 'CSD'} ended"
     ev, sd_ev = (next((e for e in v.events if e.position == i and e.status != REJECTED), None) for v in (csd, sd))
-    head = (f" · leaves SD's answer at token {i}: SD (the target's choice) wrote {_code(sd_ev.text if sd_ev else '')}, "
+    head = (f" · leaves SD's answer at token {i}: SD (the target's top-1) wrote {_code(sd_ev.text if sd_ev else '')}, "
             f"CSD kept {_code(ev.text if ev else '')}")
     if ev is not None and ev.status == RESCUED:
         seen = f"the memory had seen this divergence {ev.memory_count} times" if ev.memory_count else "the gate let it through"
@@ -116,7 +116,7 @@ def compare_note(views: dict[str, RunView | None]) -> str:
 
 
 def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool, lam, log10_tau, max_new_tokens,
-            sess: Session | None):
+            show_spec: bool, sess: Session | None):
     """Run AR, SD and CSD on one prompt, one after another (greedy), one burst per verify pass.
     Yields the three panes, their captions, the chart, the explanation, the status line, the session."""
     sess = ensure_session(services, sess)
@@ -143,7 +143,8 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
         yield (*[gr.skip()] * 8, status_line(services, sess, "compare"), sess)
         return
     with in_lane(services, job):
-        cfgs = {m: page_config(m, gamma, lam, log10_tau, 0.0, max_new_tokens, auto_gamma=auto_gamma and m != "ar")
+        cfgs = {m: page_config(m, gamma, lam, log10_tau, 0.0, max_new_tokens, auto_gamma=auto_gamma and m != "ar",
+                               show_speculation=bool(show_spec))
                 for m in COMPARE_METHODS}
         for m in COMPARE_METHODS:
             if job.cancel:
@@ -162,6 +163,9 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
         done = [v for v in views.values() if v is not None and v.done]
         job.summary = ("Stopped" if job.cancel else "Done") + \
             f": {len(done)} of 3 methods ran, {sum(v.metrics.new_tokens for v in done)} tokens in all."
+        if views["csd"] is not None and views["csd"].done:
+            note = speculation_sentence(views["csd"], gamma, services.decoder.costs)
+            job.summary += f" CSD: {note}" if note else ""
     yield out(final=True)
 
 
@@ -175,6 +179,7 @@ def build(page: Page):
                     "above). Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
+        gr.Markdown(exactness_note(services.pair.target_repr), elem_id="compare-exactness")
         with gr.Row():
             with gr.Column(scale=3):
                 c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
@@ -205,7 +210,7 @@ def build(page: Page):
 
     def wire():
         cmp = page.model_job(c_btn, "compare", partial(compare, services),
-                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, sess],
+                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess],
                              [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")

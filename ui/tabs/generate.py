@@ -10,14 +10,24 @@ from pathlib import Path
 
 import gradio as gr
 
-from csd.config import DEFAULT_LOOKUP, METHOD_HELP, METHODS
+from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS
 from csd.events import RunMetrics
 
 from .. import render
 from ..state import RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
-from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .jobs import (
+    done_sentence,
+    follow_run,
+    in_lane,
+    recorded,
+    speculation_sentence,
+    start_run,
+    status_line,
+    stop,
+    take_job,
+)
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
@@ -49,7 +59,8 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 
 
 def generate(services: Services, prompt: str, chat: bool, method: str, gamma, auto_gamma: bool, lam, log10_tau,
-             temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, sess: Session | None):
+             temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, show_spec: bool,
+             sess: Session | None):
     """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
     metrics html, metrics json, what-if line, status line, session)."""
     sess = ensure_session(services, sess)
@@ -60,7 +71,7 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         return
     with in_lane(services, job):
         cfg = page_config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma,
-                          lookup=bool(lookup))
+                          lookup=bool(lookup), show_speculation=bool(show_spec))
         t0 = time.perf_counter()
         run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
         sess.last = view
@@ -76,7 +87,8 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
                        _metrics_html(sess, view), gr.skip(), render.esc_md(_pass_sentence(view)),
                        status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
-        job.summary = done_sentence(view)
+        job.summary = " ".join(filter(None, (done_sentence(view),
+                                             speculation_sentence(view, gamma, services.decoder.costs))))
     yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected), render.run_summary(view.events),
            _metrics_html(sess, view), _metrics_json(view.metrics),
            render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
@@ -121,7 +133,7 @@ def build(page: Page):
     gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
     with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
         with gr.Row():
-            with gr.Column(scale=2):
+            with gr.Column(scale=2):      # the prompt, the buttons and the answer right under them: in view
                 prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
                                     max_lines=14, value=EXAMPLES[0], elem_id="prompt")
                 with gr.Row(equal_height=False):
@@ -130,10 +142,12 @@ def build(page: Page):
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=0, min_width=90)
                     with gr.Column(scale=3, min_width=220):
                         gen_status = gr.HTML(render.render_status("Ready."), elem_id="gen-status")
-                gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
-                            elem_id="examples")
+                tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
+                gr.HTML(render.detail_panel(), elem_id="tokens-detail")
+                summary = gr.HTML("", elem_id="summary")
+                whatif_md = gr.Markdown(elem_id="whatif-line")
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
-                method = gr.Dropdown([(f"{m} — {METHOD_HELP[m]}", m) for m in METHODS], value="csd",
+                method = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
                                      label="Method", elem_id="method")
                 chat = gr.Checkbox(True, label="Chat template (instruct models)")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
@@ -143,11 +157,9 @@ def build(page: Page):
                 lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} "
                                      "tokens that followed the last few earlier, where the costs say it "
                                      "pays (sd and csd; underlined)", elem_id="lookup")
+        gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
+                    elem_id="examples")
         gr.HTML(render.render_legend(), elem_id="legend")
-        tokens = gr.HTML(render.render_tokens([]), elem_id="tokens")
-        gr.HTML(render.detail_panel(), elem_id="tokens-detail")
-        summary = gr.HTML("", elem_id="summary")
-        whatif_md = gr.Markdown(elem_id="whatif-line")
         with gr.Row(elem_classes=HIDE_PRESENT):
             hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
@@ -161,7 +173,7 @@ def build(page: Page):
     def wire():
         gen = page.model_job(gen_btn, "generate", partial(generate, services),
                              [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
-                              hide_rejected, lookup, sess],
+                              hide_rejected, lookup, page.show_spec, sess],
                              [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
                              prompt_in=(prompt, chat))
         analyse.refresh_after(page, gen)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from csd.config import ConfigError, CSDConfig
+from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
 from db.store import NullRecorder, recording
 
 from .. import render
@@ -241,10 +241,40 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
     return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids))
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """"1 token", "2 tokens" ("pass" -> "passes" with ``many``)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def done_sentence(view: RunView) -> str:
     m = view.metrics
     if m is None:
         return "Done."
     head = "Stopped" if m.stopped_by == "cancelled" else "Done"
-    return (f"{head}: {m.new_tokens} tokens in {m.target_forwards} verify pass{'es' if m.target_forwards != 1 else ''}"
-            f", {m.wall_s:.1f} s.")
+    return f"{head}: {plural(m.new_tokens, 'token')} in {plural(m.target_forwards, 'verify pass', 'verify passes')}, " \
+           f"{m.wall_s:.1f} s."
+
+
+def speculation_sentence(view: RunView, block, costs) -> str:
+    """Where gamma auto drafted fewer tokens a block than the bar's γ: how many, and why, from the
+    run's measured draft and verify times (the cost model's draft time where nothing was drafted)."""
+    m, cfg = view.metrics, view.cfg
+    if m is None or cfg.gamma != GAMMA_AUTO or not cfg.uses_draft or not m.target_forwards:
+        return ""
+    blocks = m.target_forwards - m.lookup_blocks
+    drafted = m.drafted / blocks if blocks else 0.0
+    try:
+        block = int(block)
+    except (TypeError, ValueError):
+        return ""
+    if blocks <= 0 or drafted >= block - 0.5:
+        return ""
+    draft_ms = 1000 * m.draft_s / m.draft_forwards if m.draft_forwards else costs.draft_ms
+    verify_ms = 1000 * m.verify_s / m.target_forwards
+    if m.drafted == 0:
+        return (f"γ auto drafted nothing (the bar's γ is {block}): here a draft token took {draft_ms:.0f} ms against "
+                f"{verify_ms:.0f} ms for a verify pass, so drafting did not pay; Show speculation drafts anyway.")
+    floor = f", at least {cfg.gamma_min} by Show speculation" if cfg.gamma_min else ""
+    return (f"γ auto drafted {drafted:.1f} tokens a block{floor} (the bar's γ is {block}): here a draft token took "
+            f"{draft_ms:.0f} ms against {verify_ms:.0f} ms for a verify pass and {m.acceptance_rate:.0%} of drafted "
+            f"tokens were kept, so longer blocks would not have paid.")

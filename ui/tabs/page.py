@@ -46,6 +46,7 @@ class Page:
     status_timer: gr.Timer      # refreshes the status lines while a job waits or runs
     gamma: gr.Slider
     auto_gamma: gr.Checkbox
+    show_spec: gr.Checkbox      # gamma auto drafts at least SHOW_SPECULATION tokens a block
     lam: gr.Slider
     log10_tau: gr.Slider
     status: dict[str, gr.HTML] = field(default_factory=dict)   # job kind -> the status line beside its button

@@ -30,9 +30,9 @@ from csd.rule import log_tau
 from .. import render
 from ..render import STATUS_STYLE, _fmt, esc, show_token, token_text_html
 from ..state import Services, Session
-from .common import ensure_session, error, page_config
+from .common import ensure_session, error, exactness_note, page_config
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
-from .page import EXAMPLES, Page
+from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
 # -- the view of one iteration -----------------------------------------------------------------
@@ -139,9 +139,11 @@ TEACH_EXPLANATION = r"""
 4. **Learn.** Every divergence (rescued or rejected) adds one to its pattern's count, after its own decision.
 5. If every draft token was kept, the target's prediction after the block is a free **bonus** token.
 
-Standard speculative decoding (SD) is the same loop without step 3's rescue: its output equals
-the target's alone. CSD trades that exactness for fewer target passes on harmless differences
-(`' the'` → `' a'`, `','` → `'.'`).
+Standard speculative decoding (SD) is the same loop without step 3's rescue: a draft token is kept
+only where it is the target's top-1. CSD also keeps harmless differences (`' the'` → `' a'`,
+`','` → `'.'`) for fewer target passes.
+
+{exactness}
 
 Keys: **←** and **→** step through the iterations; **Play** steps by itself.
 """
@@ -236,7 +238,7 @@ def build(page: Page):
                 with gr.Row():
                     t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
                                           elem_id="t-prompt")
-                    with gr.Column(scale=1, min_width=160):
+                    with gr.Column(scale=1, min_width=160, elem_classes=HIDE_PRESENT):
                         t_method = gr.Dropdown([m for m in METHODS if m != "ar"], value="csd", label="Method",
                                                elem_id="t-method")
                         t_max = gr.Slider(4, 128, value=s.teach_tokens, step=1, label="Max new tokens",
@@ -250,7 +252,8 @@ def build(page: Page):
                 t_status = gr.HTML(render.render_status("Ready."), elem_id="teach-status")
                 t_view = gr.HTML(teach_view(services, None, 0), elem_id="teach-view")
             with gr.Column(scale=2, min_width=280):
-                gr.Markdown(TEACH_EXPLANATION, elem_id="teach-explanation")
+                gr.Markdown(TEACH_EXPLANATION.replace("{exactness}", exactness_note(services.pair.target_repr)),
+                            elem_id="teach-explanation")
         teach_timer = gr.Timer(2.0, active=False)
     page.status["teach"] = t_status
 
