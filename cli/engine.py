@@ -152,7 +152,8 @@ def cmd_generate(args) -> int:
 def cmd_prepare(args) -> int:
     """Assemble and convert the embedded models, then choose the target's representation on this
     machine (``--dtype auto``), so that the first generation does not pay for either."""
-    from csd.models import EMBEDDED, cache_dir, load_pair, prepare_embedded
+    from csd.fileio import cache_dir
+    from csd.models import EMBEDDED, load_pair, prepare_embedded
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .fileio import read_json
+from .fileio import cache_dir, read_json
 from .lm import HFLM, LM, LeanLM, lean_unsupported
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,6 @@ DRAFT_VOCAB_FILE = Path(__file__).parent / "data" / "draft_vocab.json.gz"
 
 class ModelLoadError(RuntimeError):
     """A model cannot be found or loaded, or a pair cannot work together."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("CSD_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("csd-explorer"))
 
 
 def resolve_device(device: str | None = None) -> torch.device:

@@ -160,7 +160,7 @@ def profile_key(pair) -> dict:
 
 
 def _cache_file(kind: str, key: dict) -> Path:
-    from .models import cache_dir
+    from .fileio import cache_dir
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"{kind}-{digest}.json"
 
