@@ -19,7 +19,7 @@ DEFAULT_SIZE = 32768
 
 
 def corpus_counts(tokenizer) -> Counter:
-    from csd.calibrate import default_corpus
+    from csd.corpus import default_corpus
     counts: Counter = Counter()
     for text in default_corpus():
         counts.update(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -166,8 +166,9 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from csd.calibrate import PROMPTS_FILE, calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+    from csd.calibrate import calibrate, calibrate_prompts
     from csd.config import CSDConfig
+    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
     from csd.memory import CorrectionMemory
 
     mode = args.mode or ("text" if args.corpus else "prompts")

@@ -24,8 +24,9 @@ import gradio as gr
 import numpy as np
 
 from csd.calibrate import Stop as CalibrationStop
-from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
+from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.events import REJECTED, RESCUED, STATUSES, RunMetrics, TokenEvent, common_prefix
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import log_tau, rescues
