@@ -25,7 +25,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "dir); 'none' runs without recording")
     ap.add_argument("--draft", default="embedded", help="draft model: 'embedded', a Hugging Face id or a local path")
     ap.add_argument("--target", default="embedded", help="target model: 'embedded', a Hugging Face id or a local path")
-    from csd.models import TARGET_REPRS
+    from csd.quant import TARGET_REPRS
     ap.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
                     help="the target's representation (auto: the fastest measured on this machine, once)")
     ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")

@@ -293,7 +293,8 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, target
     """A ``ModelPair`` of the two models in their representations (converted in place, as
     ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path."""
     from csd.lm import HFLM, LeanLM
-    from csd.models import DTYPES, ModelPair, quantize_int8, to_repr
+    from csd.models import ModelPair
+    from csd.quant import DTYPES, quantize_int8, to_repr
 
     d_arch, t_arch = PAIRS[name]
     if target_repr != "float32" or target_model.dtype != torch.float32:

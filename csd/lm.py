@@ -21,22 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .quant import in_threads, quantize_int8
+
 log = logging.getLogger(__name__)
-
-
-def in_threads(fn, items: list) -> list:
-    """``[fn(x) for x in items]`` on up to ``BUILD_THREADS`` threads: quantising and packing weights
-    runs in ATen ops that release the GIL and use one core each, so a layer per core builds a model
-    1.5x faster on 2 cores (the same results: each layer is built by the same calls)."""
-    n = min(BUILD_THREADS, len(items))
-    if n <= 1:
-        return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(n, thread_name_prefix="csd-build") as ex:
-        return list(ex.map(fn, items))
-
-
-BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
 
 
 def ids_tensor(ids: list[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -187,7 +174,6 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torc
             lin.bias.copy_(bias)
     if not int8:
         return lin.eval()
-    from .models import quantize_int8
     return quantize_int8(torch.nn.Sequential(lin))[0].eval()
 
 

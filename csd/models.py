@@ -22,6 +22,7 @@ import torch
 
 from .fileio import cache_dir, read_json
 from .lm import HFLM, LM, LeanLM, lean_unsupported
+from .quant import DTYPES, TARGET_REPRS, quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
@@ -50,9 +51,6 @@ EMBEDDED = {
 EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",
                     EMBEDDED["draft"].name, EMBEDDED["target"].name}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
-TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
@@ -78,61 +76,6 @@ def check_repr(name: str | torch.dtype, device: torch.device) -> str:
     if name == "int8" and device.type != "cpu":
         raise ModelLoadError("int8 (dynamic quantisation) runs on the CPU only; choose bfloat16 or float16 on a GPU")
     return name
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation (per-channel weights) of every Linear layer. Activations are
-    quantised per pass with one scale for the whole pass, so a 7-token verify pass and a 1-token
-    step round differently: greedy SD may differ from AR in this representation (measured, not
-    assumed; float32 is the exact reference)."""
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    from .lm import in_threads
-
-    def quantize(m: torch.nn.Module) -> torch.nn.Module:
-        with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
-            warnings.simplefilter("ignore")
-            return quantize_dynamic(m, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                    inplace=True)   # in place: no second float copy of the weights in memory
-
-    model = model.float()
-    # the decoder blocks (the longest ModuleList) one per thread, then what is left (the output layer):
-    # each block is quantised by the same call as in one pass over the model, so the weights are too
-    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
-    if blocks is not None:
-        in_threads(quantize, list(blocks))
-    return quantize(model)
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
-    its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
-    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):    # not glibc (macOS, Windows, musl): nothing to trim
-        pass
-
-
-def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
-            maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original.
-    ``maxima`` (int8 only): activation maxima to smooth the model with first (``csd.smoothing``)."""
-    import copy as copy_mod
-    m = copy_mod.deepcopy(model) if copy else model
-    if name == "int8":
-        if maxima is not None:
-            from .smoothing import smooth
-            smooth(m, maxima)
-        return quantize_int8(m).eval()
-    return m.to(DTYPES[name]).eval()
 
 
 # -- the embedded pair -------------------------------------------------------------------------

@@ -136,13 +136,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "models.py")   # the forward passes and how each representation is built
+ENGINE_FILES = ("lm.py", "quant.py")   # the forward passes and how each representation is built
 
 
 @functools.cache
 def engine_revision() -> str:
     """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py``, the
-    representations built in ``csd/models.py``): a change there makes the cached profile a miss, so
+    representations built in ``csd/quant.py``): a change there makes the cached profile a miss, so
     a faster draft is re-timed instead of planned with its old cost."""
     h = hashlib.sha1()
     for name in ENGINE_FILES:
@@ -223,7 +223,7 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached.
     ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto)."""
     from .lm import HFLM, LeanLM
-    from .models import release_memory, to_repr
+    from .quant import release_memory, to_repr
 
     key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
            "engine": engine_revision(), "int8_impl": "lean" if int8_lean else "hf"}
@@ -261,7 +261,7 @@ def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, r
     """Median ms per draft token of each way to run the draft on this machine: transformers' forward
     in float32 and int8, the lean path in int8 with the full and with the reduced vocabulary."""
     from .lm import HFLM, LeanLM
-    from .models import quantize_int8, to_repr
+    from .quant import quantize_int8, to_repr
 
     out = {"hf float32": time_pass(HFLM(draft_fp32), 1, reps)}
     if vocab_ids is not None:

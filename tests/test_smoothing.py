@@ -34,7 +34,7 @@ def logits(model, ids):
 
 
 def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
-    from csd.models import to_repr
+    from csd.quant import to_repr
     from csd.smoothing import activation_maxima, smooth, supported
 
     base = tiny_model(5, vocab=64, hidden=64)
@@ -99,7 +99,7 @@ def test_the_first_token_is_prefilled_alone_so_int8_rounds_the_prompt_finely():
     """
     from csd.decode import PREFILL_CHUNK, prefill_spans
     from csd.lm import LeanLM
-    from csd.models import to_repr
+    from csd.quant import to_repr
 
     assert prefill_spans(0) == [] and prefill_spans(1) == [(0, 1)]
     spans = prefill_spans(2 * PREFILL_CHUNK + 5)
