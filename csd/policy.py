@@ -20,7 +20,7 @@ device, ``plan`` fixes the block's length before drafting from the position rate
 """
 from __future__ import annotations
 
-from .profile import CostModel
+from .costs import CostModel
 
 BINS = 10            # confidence bins of the online calibration
 PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior

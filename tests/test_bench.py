@@ -305,7 +305,7 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
     CSD against the median bound; the policy keeps the profile it started with."""
     from bench.harness import run_bench
     from conftest import tiny_model
-    from csd.profile import CostModel
+    from csd.costs import CostModel
     from test_engine_tiny import make_pair, perturbed
 
     target = tiny_model(2, vocab=1200)     # the profile times passes on token ids 100-1099
