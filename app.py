@@ -61,7 +61,8 @@ class ConsoleProgress:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from csd.models import ModelLoadError, load_pair
+    from csd.models import load_pair
+    from csd.pair import ModelLoadError
     from db.store import Store
     from ui import Settings, build_demo, launch_kwargs, make_services
 

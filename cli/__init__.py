@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("CSD_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    from csd.models import ModelLoadError
+    from csd.pair import ModelLoadError
     try:
         return args.func(args) or 0
     except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:

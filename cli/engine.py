@@ -152,8 +152,10 @@ def cmd_generate(args) -> int:
 def cmd_prepare(args) -> int:
     """Assemble and convert the embedded models, then choose the target's representation on this
     machine (``--dtype auto``), so that the first generation does not pay for either."""
+    from csd.embedded import prepare_embedded
     from csd.fileio import cache_dir
-    from csd.models import EMBEDDED, load_pair, prepare_embedded
+    from csd.models import load_pair
+    from csd.pair import EMBEDDED
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)

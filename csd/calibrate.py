@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .memory import CorrectionMemory
-from .models import ModelPair
+from .pair import ModelPair
 from .rule import top_share
 
 log = logging.getLogger(__name__)

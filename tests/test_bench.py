@@ -178,7 +178,7 @@ def test_where_answers_leave_sd():
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
     from bench.report import _fill_leaves_sd_at
-    from csd.models import EMBEDDED_PAIR_ID
+    from csd.pair import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
     sd_ids, csd_ids = enc("```python\ndef f(x):"), enc("```python\nfrom typing import *")
@@ -226,7 +226,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
     from bench.harness import run_bench
     from conftest import tiny_model
-    from csd.models import ModelPair
+    from csd.pair import ModelPair
     from test_engine_tiny import make_pair, perturbed
 
     class TinyPair(ModelPair):

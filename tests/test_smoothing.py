@@ -57,7 +57,7 @@ def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
 
 def test_maxima_are_measured_once_and_cached(tmp_path, monkeypatch, qwen_tokenizer):
     from csd import smoothing
-    from csd.models import encode_prompt
+    from csd.pair import encode_prompt
 
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
     model = tiny_model(6)
@@ -86,7 +86,7 @@ def test_unsupported_models_are_left_alone():
     from csd.smoothing import supported
     assert not supported(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="the prompt is empty"):
-        from csd.models import encode_prompt
+        from csd.pair import encode_prompt
         encode_prompt(None, "  ")
 
 

@@ -205,7 +205,7 @@ def test_init_is_seeded_and_keeps_the_architecture():
 
 def test_architectures_are_the_embedded_pairs():
     from csd.fileio import cache_dir
-    from csd.models import EMBEDDED
+    from csd.pair import EMBEDDED
 
     for role, arch in (("draft", "qwen2.5-coder-0.5b-instruct"), ("target", "qwen2.5-coder-1.5b-instruct")):
         f = cache_dir() / "models" / EMBEDDED[role].name / "config.json"
