@@ -1,4 +1,4 @@
-"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs``.
+"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs`` (installed: ``csd ...``).
 
 This package is the one place that composes the engine (``csd``), the store (``db``) and the
 benchmark (``bench``); every subcommand is registered explicitly in ``build_parser``. The heavy
@@ -23,7 +23,8 @@ from . import bench, engine, grade  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m csd", description="Calibrated Speculative Decoding explorer")
+    prog = "csd" if os.path.basename(sys.argv[0]) == "csd" else "python -m csd"   # the console script, or -m
+    ap = argparse.ArgumentParser(prog=prog, description="Calibrated Speculative Decoding explorer")
     sub = ap.add_subparsers(dest="command", required=True)
     engine.add_parsers(sub)     # generate, calibrate, prepare
     bench.add_parser(sub)       # bench

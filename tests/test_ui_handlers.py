@@ -750,13 +750,13 @@ def test_a_request_the_queue_never_ran_stops_waiting(services):
 
 
 def test_command_line_options():
-    import app
-    args = app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
+    import csd_app
+    args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
     assert (args.max_prompt_tokens, args.shared_scope, args.port, args.concurrency) == (100, False, 7000, 2)
-    args = app.parse_args([])
+    args = csd_app.parse_args([])
     assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 16)
     with pytest.raises(SystemExit):
-        app.parse_args(["--max-prompt-tokens", "0"])
+        csd_app.parse_args(["--max-prompt-tokens", "0"])
 
 
 def test_session_objects_are_per_user(services):
