@@ -33,6 +33,7 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     # a copy of what the wheel is built from, so that the build leaves nothing in the work tree and
     # sees only the files pyproject.toml is meant to package
     src = tmp_path / "src"
+    src.mkdir()
     for name in SOURCES:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
