@@ -26,7 +26,7 @@ import re
 import sysconfig
 from pathlib import Path
 
-from csd.calibrate import PROMPTS_FILE, pydoc_topics
+from csd.corpus import PROMPTS_FILE, pydoc_topics
 
 from .datasets import (
     HUMANEVAL_PROMPT,

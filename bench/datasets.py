@@ -146,7 +146,7 @@ def load_prose() -> list[Item]:
     Topics overlap (the "assignment" topic repeats "augassign"; pdb's docstrings repeat the
     "debugger" topic), so a passage is dropped when it shares any run of ``OVERLAP_WORDS``
     words with the default calibration corpus (prose and code)."""
-    from csd.calibrate import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     corpus = _word_ngrams("\n".join(default_corpus()))
     items = []
@@ -205,7 +205,7 @@ def load_heldout() -> list[Item]:
     """The held-out split of the shipped calibration prompt set: prose, code and math prompts of this
     project's own that no memory was calibrated on (math items are GSM8K questions of the
     calibration split, graded by their reference number)."""
-    from csd.calibrate import PROMPTS_FILE, read_prompts
+    from csd.corpus import PROMPTS_FILE, read_prompts
 
     refs = {it.item_id: it for it in load_gsm8k(split=None)}
     items = []

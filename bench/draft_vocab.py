@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from csd.embedded import prepare_embedded
 from csd.fileio import read_json, write_json
-from csd.models import DRAFT_VOCAB_FILE, EMBEDDED_PAIR_ID, prepare_embedded
+from csd.models import DRAFT_VOCAB_FILE
+from csd.pair import EMBEDDED_PAIR_ID
 
 DEFAULT_SIZE = 32768
 
 
 def corpus_counts(tokenizer) -> Counter:
-    from csd.calibrate import default_corpus
+    from csd.corpus import default_corpus
     counts: Counter = Counter()
     for text in default_corpus():
         counts.update(tokenizer(text, add_special_tokens=False)["input_ids"])

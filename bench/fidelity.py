@@ -77,8 +77,9 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
     from csd.decode import Decoder
     from csd.lm import HFLM
     from csd.memory import CorrectionMemory
-    from csd.models import load_pair, to_repr
+    from csd.models import load_pair
     from csd.profile import machine_name
+    from csd.quant import to_repr
     from csd.smoothing import maxima_for
 
     items = [it for d in datasets for it in load_dataset(d, limit, seed)]
@@ -137,8 +138,9 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
 
     from csd.decode import prefill_spans
     from csd.lm import LeanLM
-    from csd.models import load_pair, release_memory, to_repr
+    from csd.models import load_pair
     from csd.profile import machine_name
+    from csd.quant import release_memory, to_repr
     from csd.smoothing import maxima_for
 
     if run.get("meta", {}).get("dtype") != "float32":

@@ -293,7 +293,8 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, target
     """A ``ModelPair`` of the two models in their representations (converted in place, as
     ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path."""
     from csd.lm import HFLM, LeanLM
-    from csd.models import DTYPES, ModelPair, quantize_int8, to_repr
+    from csd.pair import ModelPair
+    from csd.quant import DTYPES, quantize_int8, to_repr
 
     d_arch, t_arch = PAIRS[name]
     if target_repr != "float32" or target_model.dtype != torch.float32:
@@ -444,7 +445,8 @@ def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int
 
 
 def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
-    from csd.models import DRAFT_DTYPES, ModelLoadError, check_repr
+    from csd.models import DRAFT_DTYPES, check_repr
+    from csd.pair import ModelLoadError
 
     target = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     target = check_repr(target, device)
@@ -822,7 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from csd.config import ConfigError
-    from csd.models import ModelLoadError
+    from csd.pair import ModelLoadError
 
     args = build_parser().parse_args(argv)
     try:

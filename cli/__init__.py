@@ -1,4 +1,4 @@
-"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs``.
+"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs`` (installed: ``csd ...``).
 
 This package is the one place that composes the engine (``csd``), the store (``db``) and the
 benchmark (``bench``); every subcommand is registered explicitly in ``build_parser``. The heavy
@@ -23,7 +23,8 @@ from . import bench, engine, grade  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m csd", description="Calibrated Speculative Decoding explorer")
+    prog = "csd" if os.path.basename(sys.argv[0]) == "csd" else "python -m csd"   # the console script, or -m
+    ap = argparse.ArgumentParser(prog=prog, description="Calibrated Speculative Decoding explorer")
     sub = ap.add_subparsers(dest="command", required=True)
     engine.add_parsers(sub)     # generate, calibrate, prepare
     bench.add_parser(sub)       # bench
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("CSD_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    from csd.models import ModelLoadError
+    from csd.pair import ModelLoadError
     try:
         return args.func(args) or 0
     except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS, TARGET_REPRS
+from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
+from csd.quant import TARGET_REPRS
 
 
 def tqdm_progress():

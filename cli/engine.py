@@ -152,7 +152,10 @@ def cmd_generate(args) -> int:
 def cmd_prepare(args) -> int:
     """Assemble and convert the embedded models, then choose the target's representation on this
     machine (``--dtype auto``), so that the first generation does not pay for either."""
-    from csd.models import EMBEDDED, cache_dir, load_pair, prepare_embedded
+    from csd.embedded import prepare_embedded
+    from csd.fileio import cache_dir
+    from csd.models import load_pair
+    from csd.pair import EMBEDDED
     for role in EMBEDDED:
         path = prepare_embedded(role, tqdm_progress())
         print(f"{role}: {path}", file=sys.stderr)
@@ -165,8 +168,9 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from csd.calibrate import PROMPTS_FILE, calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+    from csd.calibrate import calibrate, calibrate_prompts
     from csd.config import CSDConfig
+    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
     from csd.memory import CorrectionMemory
 
     mode = args.mode or ("text" if args.corpus else "prompts")

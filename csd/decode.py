@@ -37,7 +37,7 @@ from .events import (
 from .lm import ids_tensor
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
-from .models import ModelPair
+from .pair import ModelPair
 from .policy import AutoGamma, FixedGamma
 from .rule import Rescue, decide
 from .text import Detokenizer

@@ -1,6 +1,6 @@
-"""Data files: atomic writes (a killed process leaves the old file or the new one, never half of
-one) and JSON that is gzipped when the name ends in ``.gz`` (read by its magic bytes, so a plain
-file with a ``.gz`` name still loads)."""
+"""Data files: where the engine keeps what it makes once (``cache_dir``), atomic writes (a killed
+process leaves the old file or the new one, never half of one) and JSON that is gzipped when the
+name ends in ``.gz`` (read by its magic bytes, so a plain file with a ``.gz`` name still loads)."""
 from __future__ import annotations
 
 import gzip
@@ -9,6 +9,16 @@ import os
 import tempfile
 import zlib
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where converted models, measured profiles and smoothing maxima are kept: the user cache
+    directory, or ``CSD_CACHE_DIR``."""
+    env = os.environ.get("CSD_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("csd-explorer"))
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Path:

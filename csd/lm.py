@@ -21,22 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .quant import in_threads, quantize_int8
+
 log = logging.getLogger(__name__)
-
-
-def in_threads(fn, items: list) -> list:
-    """``[fn(x) for x in items]`` on up to ``BUILD_THREADS`` threads: quantising and packing weights
-    runs in ATen ops that release the GIL and use one core each, so a layer per core builds a model
-    1.5x faster on 2 cores (the same results: each layer is built by the same calls)."""
-    n = min(BUILD_THREADS, len(items))
-    if n <= 1:
-        return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(n, thread_name_prefix="csd-build") as ex:
-        return list(ex.map(fn, items))
-
-
-BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
 
 
 def ids_tensor(ids: list[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -106,10 +93,51 @@ class HFLM(LM):
         return cache.get_seq_length()
 
     def crop(self, cache, length: int) -> None:
-        extra = cache.get_seq_length() - length
-        if extra < 0:
-            raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} tokens to {length}")
-        cache.crop(-extra)   # transformers 5.24 takes the number of tokens to drop, negated; 0 trims windows
+        crop_dynamic_cache(cache, length)
+
+
+def crop_dynamic_cache(cache, length: int) -> None:
+    """Keep the first ``length`` tokens of a transformers ``DynamicCache``, by slicing each layer's
+    keys and values to them. ``DynamicCache.crop`` is not used for the layers it can slice, since its
+    argument changed meaning across releases: transformers 5.24 takes the number of tokens to drop,
+    negated, refuses a positive number, and reads 0 as "drop nothing, trim sliding windows"; earlier
+    releases took the length to keep, where ``crop(-0)`` emptied the cache. A sliding-window layer
+    (which records its past, see ``HFLM``) is cut back to its window as well, as 5.24's crop does.
+    A layer of another kind is cropped by its own ``crop`` and checked: a wrong length raises."""
+    held = cache.get_seq_length()
+    if not 0 <= length <= held:
+        raise ValueError(f"cannot crop a cache of {held} tokens to {length}")
+    from transformers import cache_utils
+    full, sliding = getattr(cache_utils, "DynamicLayer", None), getattr(cache_utils, "DynamicSlidingWindowLayer", None)
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or keys.dim() < 3 or keys.numel() == 0:
+            continue                         # holds nothing (not reached yet, or a layer that shares another's cache)
+        if type(layer) is full:
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+        elif type(layer) is sliding:
+            _crop_sliding(layer, length)
+        else:
+            layer.crop(length - layer.get_seq_length())
+            if layer.get_seq_length() != length:
+                import transformers
+                raise RuntimeError(f"{type(layer).__name__}.crop of transformers {transformers.__version__} left "
+                                   f"{layer.get_seq_length()} tokens where {length} were asked for")
+    if cache.get_seq_length() != length:
+        raise RuntimeError(f"cropping the cache to {length} tokens left {cache.get_seq_length()}")
+
+
+def _crop_sliding(layer, length: int) -> None:
+    """A ``DynamicSlidingWindowLayer`` holds the last ``keys.shape[-2]`` of ``cumulative_length``
+    positions; keep those before ``length``, at most the window's last ``sliding_window - 1``."""
+    held, stored, window = layer.cumulative_length, layer.keys.shape[-2], layer.sliding_window
+    kept = max(0, stored - (held - length))  # stored positions that lie before ``length``
+    if kept < min(length, window - 1):
+        raise RuntimeError(f"a sliding-window layer holding {stored} of {held} positions cannot be cropped to "
+                           f"{length}: it did not record its past (activate_past_recording)")
+    start = max(0, kept - (window - 1))
+    layer.keys, layer.values = layer.keys[..., start:kept, :], layer.values[..., start:kept, :]
+    layer.cumulative_length = length
 
 
 # -- the lean path -------------------------------------------------------------------------------
@@ -187,7 +215,6 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torc
             lin.bias.copy_(bias)
     if not int8:
         return lin.eval()
-    from .models import quantize_int8
     return quantize_int8(torch.nn.Sequential(lin))[0].eval()
 
 

@@ -9,7 +9,7 @@ draw from p without x).
 Code answers repeat the prompt's signatures and names, math answers its numbers: replaying SD's
 94 frontier answers (the target's greedy output), a 3-gram match proposes 8 tokens of which the
 target keeps 65% on HumanEval and 18% on GSM8K. So whether a lookup block pays is decided per
-block, by the machine's cost model (``csd.profile.CostModel``) and what this run has seen: the
+block, by the machine's cost model (``csd.costs.CostModel``) and what this run has seen: the
 expected tokens of a lookup block of k proposals over its verify time, against the tokens per
 millisecond (same cost model) of the run's draft-model blocks so far.
 """

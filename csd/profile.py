@@ -1,6 +1,6 @@
 """What the models cost on this machine, measured once and cached (keyed by machine, torch
-version, pair, representations and the engine's code, see ``engine_revision``): the target's time for a pass of k tokens, the draft's time
-per token, and from them the ideal speed-up bound of speculative decoding at each block length.
+version, pair, representations and the engine's code, see ``engine_revision``): the target's time
+for a pass of k tokens and the draft's time per token, as a ``csd.costs.CostModel``.
 
 It also chooses the target's representation when asked for ``auto``: the one with the fastest
 verify pass of the paper's block (gamma 6, so 7 tokens) on this machine, by measurement rather
@@ -17,11 +17,15 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from .costs import CostModel
+from .fileio import atomic_write, cache_dir
+from .lm import HFLM, LeanLM
+from .quant import quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, float], None]
@@ -50,70 +54,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-@dataclass
-class CostModel:
-    """Median milliseconds per pass. ``verify_ms[k]``: the target on k new tokens after CONTEXT
-    cached ones (a block of k - 1 draft tokens plus the bonus row); ``draft_ms``: one draft token."""
-    verify_ms: dict[int, float]
-    draft_ms: float
-    key: dict = field(default_factory=dict)
-    measured_at: str = ""
-
-    def __post_init__(self):
-        self.verify_ms = monotone(self.verify_ms)    # also for profiles cached before this rule
-
-    def verify(self, k: int) -> float:
-        """Time of a k-token pass, interpolated between the measured lengths (linear beyond them)."""
-        ks = sorted(self.verify_ms)
-        if k in self.verify_ms:
-            return self.verify_ms[k]
-        lo = max((x for x in ks if x < k), default=ks[0])
-        hi = min((x for x in ks if x > k), default=None)
-        if hi is None:   # beyond the longest measured pass: extend the last segment's slope
-            a, b = ks[-2], ks[-1]
-            return self.verify_ms[b] + (k - b) * max(0.0, (self.verify_ms[b] - self.verify_ms[a]) / (b - a))
-        w = (k - lo) / (hi - lo)
-        return (1 - w) * self.verify_ms[lo] + w * self.verify_ms[hi]
-
-    @property
-    def ar_tokens_per_s(self) -> float:
-        return 1000.0 / self.verify(1)
-
-    def block_ms(self, g: int) -> float:
-        return g * self.draft_ms + self.verify(g + 1)
-
-    def bound(self, g: int) -> float:
-        """Ideal speed-up over AR at block length g: every draft token accepted."""
-        return (g + 1) / self.block_ms(g) * self.verify(1)
-
-    def best_bound(self, g_max: int = 32) -> tuple[int, float]:
-        g = max(range(1, g_max + 1), key=self.bound)
-        return g, self.bound(g)
-
-    def expected(self, g: int, acceptance: float) -> float:
-        """Expected speed-up over AR at block length g when every draft token is kept with the same
-        probability, independently (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block.
-        Real acceptance comes in runs (easy stretches, hard ones), which a policy that adapts the
-        block length can exploit, so a measured speed-up may beat it."""
-        a = min(max(acceptance, 0.0), 1.0)
-        tokens = g + 1 if a >= 1.0 else (1 - a ** (g + 1)) / (1 - a)
-        return tokens / self.block_ms(g) * self.verify(1)
-
-    def best_expected(self, acceptance: float, g_max: int = 32) -> tuple[int, float]:
-        g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
-        return g, self.expected(g, acceptance)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["verify_ms"] = {str(k): v for k, v in self.verify_ms.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> CostModel:
-        return cls({int(k): float(v) for k, v in d["verify_ms"].items()}, float(d["draft_ms"]), d.get("key", {}),
-                   d.get("measured_at", ""))
-
-
 @torch.inference_mode()
 def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
     """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens."""
@@ -136,13 +76,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "models.py")   # the forward passes and how each representation is built
+ENGINE_FILES = ("lm.py", "quant.py")   # the forward passes and how each representation is built
 
 
 @functools.cache
 def engine_revision() -> str:
     """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py``, the
-    representations built in ``csd/models.py``): a change there makes the cached profile a miss, so
+    representations built in ``csd/quant.py``): a change there makes the cached profile a miss, so
     a faster draft is re-timed instead of planned with its old cost."""
     h = hashlib.sha1()
     for name in ENGINE_FILES:
@@ -160,7 +100,6 @@ def profile_key(pair) -> dict:
 
 
 def _cache_file(kind: str, key: dict) -> Path:
-    from .models import cache_dir
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "profiles" / f"{kind}-{digest}.json"
 
@@ -178,17 +117,6 @@ def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None
     return CostModel(verify, draft, profile_key(pair), _now())
 
 
-def monotone(verify_ms: dict[int, float]) -> dict[int, float]:
-    """A pass over more tokens never costs less than one over fewer: a shorter pass timed slower than a
-    longer one was slowed by something else (another process on a shared machine), so it takes the
-    longer pass's time. Keeps the draft-length policy from avoiding short blocks on such noise."""
-    out, floor = {}, float("inf")
-    for k in sorted(verify_ms, reverse=True):
-        floor = min(floor, verify_ms[k])
-        out[k] = floor
-    return dict(sorted(out.items()))
-
-
 def costs_cached(pair) -> bool:
     """Whether this machine's cost model for the pair is already measured (``gamma="auto"`` is then instant)."""
     return _cache_file("costs", profile_key(pair)).exists()
@@ -204,7 +132,6 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
         except (OSError, ValueError, KeyError) as e:
             log.warning("ignoring unreadable profile %s: %s", path, e)
     costs = measure(pair, progress=progress)
-    from .fileio import atomic_write
     atomic_write(path, json.dumps(costs.to_dict(), indent=1).encode())
     return costs
 
@@ -222,8 +149,6 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     """The target representation for ``auto`` on this machine, and the timings it was chosen on
     ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached.
     ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto)."""
-    from .lm import HFLM, LeanLM
-    from .models import release_memory, to_repr
 
     key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
            "engine": engine_revision(), "int8_impl": "lean" if int8_lean else "hf"}
@@ -249,7 +174,6 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     choice = next(r for r in EXACTNESS if r in timings and timings[r]["7"] <= limit)
     log.info("target representation on %s: %s (7-token pass: %s)", key["machine"], choice,
              {r: round(t["7"], 1) for r, t in timings.items()})
-    from .fileio import atomic_write
     atomic_write(path, json.dumps({"key": key, "choice": choice, "timings": timings, "measured_at": _now()},
                                   indent=1).encode())
     if progress:
@@ -260,8 +184,6 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
     """Median ms per draft token of each way to run the draft on this machine: transformers' forward
     in float32 and int8, the lean path in int8 with the full and with the reduced vocabulary."""
-    from .lm import HFLM, LeanLM
-    from .models import quantize_int8, to_repr
 
     out = {"hf float32": time_pass(HFLM(draft_fp32), 1, reps)}
     if vocab_ids is not None:

@@ -118,7 +118,7 @@ def smooth(model: torch.nn.Module, maxima: dict[str, torch.Tensor], alpha: float
 
 def calibration_prompt_ids(encode) -> list[list[int]]:
     """Token ids of the prompts the maxima are measured on (``encode``: a pair's ``encode_prompt``)."""
-    from .calibrate import read_prompts
+    from .corpus import read_prompts
     rows = read_prompts()[::20][:CALIBRATION_PROMPTS]
     return [encode(r["prompt"]) for r in rows]
 
@@ -141,8 +141,7 @@ def weights_fingerprint(model: torch.nn.Module, per_tensor: int = 1024) -> str:
 def cached_maxima(model: torch.nn.Module, model_name: str, encode, progress=None) -> dict[str, torch.Tensor]:
     """The model's activation maxima on the calibration prompts: read from the cache, or measured
     once (float32 forward passes; about a minute for the 1.5B target on 2 cores) and cached."""
-    from .fileio import atomic_write
-    from .models import cache_dir
+    from .fileio import atomic_write, cache_dir
     prompts = calibration_prompt_ids(encode)
     key = {"model": model_name, "weights": weights_fingerprint(model),
            "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:16], "version": 2}

@@ -27,7 +27,7 @@ def real_pair():
 def qwen_tokenizer():
     from transformers import AutoTokenizer
 
-    from csd.models import prepare_embedded
+    from csd.embedded import prepare_embedded
     return AutoTokenizer.from_pretrained(prepare_embedded("draft"))
 
 
@@ -50,7 +50,7 @@ def tiny_pair(qwen_tokenizer):
     for display text. They disagree often, which exercises rejections and cache rollback."""
     import torch
 
-    from csd.models import ModelPair
+    from csd.pair import ModelPair
     return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer, pair_id="tiny-draft->tiny-target",
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
                      dtype=torch.float32, eos_ids=(), context_limit=256)
@@ -74,7 +74,7 @@ def make_pair(tokenizer, target, draft, eos=(), draft_lm=None, special=None, pai
     """A ModelPair of in-process models (float32, CPU)."""
     import torch
 
-    from csd.models import ModelPair
+    from csd.pair import ModelPair
     return ModelPair(draft=draft, target=target, tokenizer=tokenizer, pair_id=pair_id, draft_name="draft",
                      target_name="target", device=torch.device("cpu"), dtype=torch.float32, eos_ids=tuple(eos),
                      context_limit=256, draft_lm=draft_lm, special_ids=frozenset(special if special is not None else eos))

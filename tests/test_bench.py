@@ -34,7 +34,7 @@ def test_dataset_counts():
 
 
 def test_prose_is_disjoint_from_calibration():
-    from csd.calibrate import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     calib = {name for name, _ in pydoc_topics("calibration")}
     items = load_prose()
@@ -178,7 +178,7 @@ def test_where_answers_leave_sd():
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
     from bench.report import _fill_leaves_sd_at
-    from csd.models import EMBEDDED_PAIR_ID
+    from csd.pair import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
     sd_ids, csd_ids = enc("```python\ndef f(x):"), enc("```python\nfrom typing import *")
@@ -226,7 +226,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
     from bench.harness import run_bench
     from conftest import tiny_model
-    from csd.models import ModelPair
+    from csd.pair import ModelPair
     from test_engine_tiny import make_pair, perturbed
 
     class TinyPair(ModelPair):
@@ -305,7 +305,7 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
     CSD against the median bound; the policy keeps the profile it started with."""
     from bench.harness import run_bench
     from conftest import tiny_model
-    from csd.profile import CostModel
+    from csd.costs import CostModel
     from test_engine_tiny import make_pair, perturbed
 
     target = tiny_model(2, vocab=1200)     # the profile times passes on token ids 100-1099

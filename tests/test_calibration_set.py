@@ -7,7 +7,7 @@ import pytest
 
 from bench import calibration_set as C
 from bench.datasets import gsm8k_split, load_dataset
-from csd.calibrate import PROMPTS_FILE, read_prompts
+from csd.corpus import PROMPTS_FILE, read_prompts
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import torch
 
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
+from csd.costs import CostModel
 from csd.decode import Decoder, prefill_spans
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS, STOP_MAX
 from csd.lm import HFLM, LeanLM
 from csd.memory import CorrectionMemory
 from csd.policy import AutoGamma, FixedGamma
-from csd.profile import CostModel
 
 PROMPT = [3, 7, 1, 4]
 V = 32
@@ -304,7 +304,7 @@ def test_auto_gamma_plans_from_position_rates():
 
 
 def test_profile_noise_cannot_make_a_short_pass_dearer_than_a_long_one():
-    from csd.profile import monotone
+    from csd.costs import monotone
     noisy = {1: 364.0, 2: 431.0, 3: 416.0, 4: 136.0, 5: 104.0, 6: 117.0, 7: 169.0}   # measured beside a test run
     clean = monotone(noisy)
     assert list(clean) == sorted(noisy)

@@ -9,7 +9,8 @@ import pytest
 from conftest import ROOT, tiny_model
 from csd.config import ConfigError, CSDConfig
 from csd.memory import CorrectionMemory, MemoryFileError
-from csd.models import ModelLoadError, compare_tokenizers, load_pair
+from csd.models import compare_tokenizers, load_pair
+from csd.pair import ModelLoadError
 
 
 @pytest.mark.parametrize("field,value,needle", [

@@ -6,11 +6,11 @@ import pytest
 
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import DEFAULT_LOOKUP, ConfigError, CSDConfig, default_lookup
+from csd.costs import CostModel
 from csd.decode import Decoder
 from csd.events import ACCEPTED, RESCUED, RULE_MATCH, TokenEvent
 from csd.lookup import Lookup
 from csd.memory import CorrectionMemory
-from csd.profile import CostModel
 
 PROMPT = [3, 7, 1, 4]
 

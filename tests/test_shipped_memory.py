@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
+from csd.embedded import prepare_embedded
 from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory
-from csd.models import prepare_embedded, special_token_ids
+from csd.pair import special_token_ids
 
 
 def shipped() -> CorrectionMemory:

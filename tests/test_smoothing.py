@@ -34,7 +34,7 @@ def logits(model, ids):
 
 
 def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
-    from csd.models import to_repr
+    from csd.quant import to_repr
     from csd.smoothing import activation_maxima, smooth, supported
 
     base = tiny_model(5, vocab=64, hidden=64)
@@ -57,7 +57,7 @@ def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
 
 def test_maxima_are_measured_once_and_cached(tmp_path, monkeypatch, qwen_tokenizer):
     from csd import smoothing
-    from csd.models import encode_prompt
+    from csd.pair import encode_prompt
 
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
     model = tiny_model(6)
@@ -86,7 +86,7 @@ def test_unsupported_models_are_left_alone():
     from csd.smoothing import supported
     assert not supported(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="the prompt is empty"):
-        from csd.models import encode_prompt
+        from csd.pair import encode_prompt
         encode_prompt(None, "  ")
 
 
@@ -99,7 +99,7 @@ def test_the_first_token_is_prefilled_alone_so_int8_rounds_the_prompt_finely():
     """
     from csd.decode import PREFILL_CHUNK, prefill_spans
     from csd.lm import LeanLM
-    from csd.models import to_repr
+    from csd.quant import to_repr
 
     assert prefill_spans(0) == [] and prefill_spans(1) == [(0, 1)]
     spans = prefill_spans(2 * PREFILL_CHUNK + 5)

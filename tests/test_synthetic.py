@@ -204,7 +204,8 @@ def test_init_is_seeded_and_keeps_the_architecture():
 
 
 def test_architectures_are_the_embedded_pairs():
-    from csd.models import EMBEDDED, cache_dir
+    from csd.fileio import cache_dir
+    from csd.pair import EMBEDDED
 
     for role, arch in (("draft", "qwen2.5-coder-0.5b-instruct"), ("target", "qwen2.5-coder-1.5b-instruct")):
         f = cache_dir() / "models" / EMBEDDED[role].name / "config.json"

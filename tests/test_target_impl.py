@@ -15,7 +15,9 @@ from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.lm import HFLM, LeanLM, _is_int8
 from csd.memory import CorrectionMemory
-from csd.models import ModelLoadError, load_pair, quantize_int8
+from csd.models import load_pair
+from csd.pair import ModelLoadError
+from csd.quant import quantize_int8
 
 PROMPT = [3, 7, 1, 4]
 

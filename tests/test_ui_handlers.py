@@ -488,7 +488,7 @@ def test_auto_gamma_on_generate(services):
 def test_show_speculation_keeps_drafting_where_auto_would_not(services, monkeypatch):
     """Where drafting cannot pay (a draft token as dear as a target pass), gamma auto drafts nothing
     and the status says so and why; the app's "show speculation" mode drafts at least 3 a block."""
-    from csd.profile import CostModel
+    from csd.costs import CostModel
     dear = CostModel({k: 100.0 * k for k in (1, 2, 4, 8, 16, 33)}, 100.0)
     monkeypatch.setattr(services.decoder, "_costs", dear)
     *_, off = gen(services, method="sd", gamma=6, auto=True, max_new=12)
@@ -780,13 +780,13 @@ def test_a_request_the_queue_never_ran_stops_waiting(services):
 
 
 def test_command_line_options():
-    import app
-    args = app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
+    import csd_app
+    args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
     assert (args.max_prompt_tokens, args.shared_scope, args.port, args.concurrency) == (100, False, 7000, 2)
-    args = app.parse_args([])
+    args = csd_app.parse_args([])
     assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 16)
     with pytest.raises(SystemExit):
-        app.parse_args(["--max-prompt-tokens", "0"])
+        csd_app.parse_args(["--max-prompt-tokens", "0"])
 
 
 def test_session_objects_are_per_user(services):

@@ -17,10 +17,10 @@ from dataclasses import replace
 import torch
 
 from conftest import perturbed, tiny_model
+from csd.costs import CostModel
 from csd.lm import HFLM
 from csd.memory import CorrectionMemory
-from csd.models import ModelPair
-from csd.profile import CostModel
+from csd.pair import ModelPair
 
 XSS = "<img src=x onerror=alert(1)>"
 PIECES = [" the", " a", " cat", " dog", " sat", " on", " mat", " ran", " to", " park", " and", " then", " it",

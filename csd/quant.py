@@ -1,0 +1,83 @@
+"""How a model's weights are held: a float dtype, or dynamic int8 (CPU), smoothed first.
+
+``to_repr`` turns a float32 transformers model into one of ``TARGET_REPRS``. For int8 it folds the
+activation maxima into the weights first when it is given them (``csd.smoothing``, SmoothQuant),
+then replaces every Linear layer by torch's dynamic int8 one (``quantize_int8``). The lean decode
+path (``csd.lm``) quantises its fused layers with the same call, and builds them a layer per thread
+(``in_threads``). Nothing here loads a model or knows a pair: the loader (``csd.models``) and the
+measurements (``csd.profile``) call it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .smoothing import smooth
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
+TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
+BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
+
+
+def in_threads(fn, items: list) -> list:
+    """``[fn(x) for x in items]`` on up to ``BUILD_THREADS`` threads: quantising and packing weights
+    runs in ATen ops that release the GIL and use one core each, so a layer per core builds a model
+    1.5x faster on 2 cores (the same results: each layer is built by the same calls)."""
+    n = min(BUILD_THREADS, len(items))
+    if n <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(n, thread_name_prefix="csd-build") as ex:
+        return list(ex.map(fn, items))
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation (per-channel weights) of every Linear layer. Activations are
+    quantised per pass with one scale for the whole pass, so a 7-token verify pass and a 1-token
+    step round differently: greedy SD may differ from AR in this representation (measured, not
+    assumed; float32 is the exact reference)."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    def quantize(m: torch.nn.Module) -> torch.nn.Module:
+        with warnings.catch_warnings():   # torch.ao's deprecation notices: the API still works in torch 2.13
+            warnings.simplefilter("ignore")
+            return quantize_dynamic(m, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                                    inplace=True)   # in place: no second float copy of the weights in memory
+
+    model = model.float()
+    # the decoder blocks (the longest ModuleList) one per thread, then what is left (the output layer):
+    # each block is quantised by the same call as in one pass over the model, so the weights are too
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
+    if blocks is not None:
+        in_threads(quantize, list(blocks))
+    return quantize(model)
+
+
+def release_memory() -> None:
+    """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
+    its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
+    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):    # not glibc (macOS, Windows, musl): nothing to trim
+        pass
+
+
+def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
+            maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original.
+    ``maxima`` (int8 only): activation maxima to smooth the model with first (``csd.smoothing``)."""
+    import copy as copy_mod
+    m = copy_mod.deepcopy(model) if copy else model
+    if name == "int8":
+        if maxima is not None:
+            smooth(m, maxima)
+        return quantize_int8(m).eval()
+    return m.to(DTYPES[name]).eval()

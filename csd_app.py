@@ -1,0 +1,100 @@
+"""CSD Explorer web app: ``csd-app`` (installed) or ``python app.py`` serves it on http://127.0.0.1:7860.
+
+Parses the options, loads the model pair (the embedded one by default; the first start converts
+it, with progress), opens the store, builds the app and launches it. Nothing else happens here.
+A module of its own above ``ui`` (which it composes with the engine and the store), so that the
+environment below is set before ``ui`` imports gradio and huggingface_hub.
+"""
+from __future__ import annotations
+
+import os
+
+# Before gradio / huggingface_hub are imported: no telemetry, no update checks.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import argparse
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    prog = "csd-app" if os.path.basename(sys.argv[0]) == "csd-app" else "python app.py"
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    ap.add_argument("--db", metavar="URL", default=None,
+                    help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
+                         "dir); 'none' runs without recording")
+    ap.add_argument("--draft", default="embedded", help="draft model: 'embedded', a Hugging Face id or a local path")
+    ap.add_argument("--target", default="embedded", help="target model: 'embedded', a Hugging Face id or a local path")
+    from csd.quant import TARGET_REPRS
+    ap.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
+                    help="the target's representation (auto: the fastest measured on this machine, once)")
+    ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
+    ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
+                    help="longest prompt accepted, in tokens (default 2048): a long prompt holds the model for "
+                         "everyone while it is read")
+    ap.add_argument("--no-shared-scope", dest="shared_scope", action="store_false",
+                    help="hide the 'all runs' scope (every user's answers) in Analyse and Explore, e.g. for a "
+                         "public demo; users then see their own runs only")
+    args = ap.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        ap.error("--port must be in 1..65535")
+    if args.queue_size < 1 or args.concurrency < 1:
+        ap.error("--queue-size and --concurrency must be at least 1")
+    if args.max_prompt_tokens < 1:
+        ap.error("--max-prompt-tokens must be at least 1")
+    return args
+
+
+class ConsoleProgress:
+    """Model preparation progress on stderr, at most a line a second per stage."""
+
+    def __init__(self):
+        self.last = ("", 0.0)
+
+    def __call__(self, msg: str, frac: float) -> None:
+        now = time.monotonic()
+        if msg != self.last[0] or now - self.last[1] >= 1.0 or frac >= 1.0:
+            print(f"[{100 * frac:5.1f}%] {msg}", file=sys.stderr, flush=True)
+            self.last = (msg, now)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from csd.models import load_pair
+    from csd.pair import ModelLoadError
+    from db.store import Store
+    from ui import Settings, build_demo, launch_kwargs, make_services
+
+    print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
+    try:
+        pair = load_pair(args.draft, args.target, dtype=args.dtype, progress=ConsoleProgress())
+    except ModelLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if pair.draft_lm is not None:   # gamma "auto" needs this machine's costs: measure them now, not in a request
+        from csd.profile import cached_costs, costs_cached
+        if not costs_cached(pair):
+            print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
+        cached_costs(pair, progress=ConsoleProgress())
+    store = None if (args.db or "").lower() == "none" else Store.open(args.db)
+    services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
+                                                   max_prompt_tokens=args.max_prompt_tokens,
+                                                   shared_scope=args.shared_scope))
+    demo = build_demo(services)
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
+                **launch_kwargs())
+    print(f"CSD Explorer running at http://{args.host}:{args.port}", flush=True)
+    try:
+        demo.block_thread()
+    finally:
+        if store is not None:
+            store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
