@@ -25,7 +25,6 @@ app's Analyse tab shows) and ``memory_<method>.json.gz``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -33,9 +32,9 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
 
@@ -44,11 +43,11 @@ from csd.events import common_prefix
 
 from .datasets import BUILTIN, Item, load_dataset
 from .graders import grade
+from .io import Progress, now, write_json
 from .report import bounds, overall, render_markdown, write_charts
 from .stats import paired_accuracy, pareto, ratio_ci, wilson
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
 
 HF_ASSISTED = "hf-assisted"
 HF_FIXED = "hf-assisted-fixed"
@@ -436,7 +435,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
             mark_where_answers_leave_sd(item_records.values(), pair.tokenizer.decode)
             records.extend(item_records[m.name] for m in cols if m.name in item_records)
             results.update(_assemble(records, cols, divergences, token_text, "running", _bound(results)))
-            _write_json(out / "results.json", results)
+            write_json(out / "results.json", results)
             (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         for _ in range(bound_checks - 1):
             _check_profile(results, pair, decoder, progress)
@@ -447,10 +446,10 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
     finally:
         bar.close()
         results.update(_assemble(records, cols, divergences, token_text, status, _bound(results)))
-        results["meta"]["finished_at"] = _now()
+        results["meta"]["finished_at"] = now()
         results["meta"]["loadavg_end"] = _loadavg()
-        _write_json(out / "results.json", results)
-        _write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
+        write_json(out / "results.json", results)
+        write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
                                                      ("command", "started_at", "machine", "dtype", "draft_dtype",
                                                       "models", "config")},
                                             "status": results["status"], "points": results.get("frontier", [])})
@@ -699,10 +698,6 @@ def _share_of_bound(speedup: float | None, bound: float | None) -> dict:
 
 
 # -- outputs ------------------------------------------------------------------------------------------
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def _loadavg():
     try:
         return list(os.getloadavg())
@@ -719,7 +714,7 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
 
     costs = _profile_record(decoder.costs) if decoder._costs is not None else None
     return {
-        "bench_id": bench_id, "command": command, "started_at": _now(),
+        "bench_id": bench_id, "command": command, "started_at": now(),
         "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__,
@@ -754,8 +749,3 @@ def _isolation() -> str:
     except SandboxError as e:
         return f"unavailable: {e}"
 
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomic: a killed process leaves the previous file or the new one."""
-    from csd.fileio import atomic_write
-    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))

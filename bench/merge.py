@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from csd.fileio import atomic_write
+from .io import write_json
 
 
 class MergeError(ValueError):
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "frontier.json", json.dumps(merged, indent=1).encode())
+    write_json(out / "frontier.json", merged)
     from .report import frontier_figure, frontier_markdown
     frontier_figure(merged["points"], merged["meta"]).write_html(out / "frontier.html", include_plotlyjs="directory",
                                                                  full_html=True)

@@ -13,6 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .io import fmt, pct, write_json
+
 
 def _copies(lookup) -> str:
     """The drafting columns' copy length as the header says it (runs before it existed had none)."""
@@ -24,14 +26,6 @@ def _impl(models: dict) -> str:
     they were recorded had none)."""
     path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
     return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
-
-
-def _fmt(x, spec=".2f", suffix="") -> str:
-    return "–" if x is None else f"{x:{spec}}{suffix}"
-
-
-def _pct(x, nd=1) -> str:
-    return "–" if x is None else f"{100 * x:.{nd}f}%"
 
 
 def _acc(s: dict) -> str:
@@ -112,7 +106,7 @@ def render_markdown(results: dict) -> str:
         f"- Date: {meta['started_at']} (UTC); status: {results.get('status')}",
         f"- Machine: {meta['machine']['cpu']}, {meta['machine']['torch_threads']} torch threads, torch "
         f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
-        f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
+        f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
         f"{_impl(models)}, draft "
         f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
@@ -140,13 +134,13 @@ def render_markdown(results: dict) -> str:
         for m, s in per_method.items():
             same = "–" if s.get("identical_to_sd") is None or m == "sd" else f"{s['identical_to_sd']}/{s['n']}"
             resc = "–" if s.get("rescued") is None else (
-                f"{s['rescued']} ({_pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
+                f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
                 f"{s['rescued']}")
             lines.append(
-                f"| {ds} | {m} | {s['n']} | {_fmt(s['tokens_per_s'], '.2f')} | {_fmt(s.get('speedup_wall'), '.2f', 'x')} "
-                f"| {_fmt(s.get('speedup_over_sd'), '.2f', 'x')} | {_fmt(s.get('speedup_over_hf'), '.2f', 'x')} "
-                f"| {_fmt(s.get('target_passes_per_token'), '.3f')} | {_fmt(s['mean_accepted_length'], '.2f')} "
-                f"| {_pct(s['acceptance_rate'])} | {resc} | {_pct(s.get('eos_share'), 0)} | {_acc(s)} "
+                f"| {ds} | {m} | {s['n']} | {fmt(s['tokens_per_s'], '.2f')} | {fmt(s.get('speedup_wall'), '.2f', 'x')} "
+                f"| {fmt(s.get('speedup_over_sd'), '.2f', 'x')} | {fmt(s.get('speedup_over_hf'), '.2f', 'x')} "
+                f"| {fmt(s.get('target_passes_per_token'), '.3f')} | {fmt(s['mean_accepted_length'], '.2f')} "
+                f"| {pct(s['acceptance_rate'])} | {resc} | {pct(s.get('eos_share'), 0)} | {_acc(s)} "
                 f"| {_vs(s.get('accuracy_vs_sd'))} | {same} |")
     targets = results.get("targets") or {}
     if targets:
@@ -187,8 +181,8 @@ def render_markdown(results: dict) -> str:
     for m, st in overall(summary).items():
         if st.get("lookup_blocks") is not None:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
-                          f"({_pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
-                          f"copied tokens and kept {st['lookup_kept']} ({_pct(st.get('lookup_acceptance'), 0)})."]
+                          f"({pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
+                          f"copied tokens and kept {st['lookup_kept']} ({pct(st.get('lookup_acceptance'), 0)})."]
     lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
@@ -212,7 +206,7 @@ def write_charts(results: dict, out: Path) -> list[Path]:
         ys = [(summary[ds].get(m) or {}).get("speedup_wall") for ds in datasets]
         tps = [(summary[ds].get(m) or {}).get("speedup_tps_mean") for ds in datasets]
         ns = [(summary[ds].get(m) or {}).get("n") for ds in datasets]
-        fig.add_bar(name=m, x=datasets, y=ys, text=[_fmt(y, ".2f", "x") for y in ys], textposition="outside",
+        fig.add_bar(name=m, x=datasets, y=ys, text=[fmt(y, ".2f", "x") for y in ys], textposition="outside",
                     customdata=list(zip(tps, ns)),
                     hovertemplate=f"{m}<br>%{{x}}: %{{y:.2f}}x (Σ wall)<br>mean tok/s ratio %{{customdata[0]:.2f}}x"
                                   f"<br>N = %{{customdata[1]}}<extra></extra>")
@@ -294,7 +288,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
             hovertemplate=(f"<b>{name}</b><br>{p['tokens_per_s']:.2f} tokens/s"
                            + (f" ({p[xkey]:.2f}x SD in run {p.get('run')})" if merged else "")
                            + "<br>accuracy %{y:.1%}"
-                           f"<br>passes/token {_fmt(p.get('target_passes_per_token'), '.3f')}"
+                           f"<br>passes/token {fmt(p.get('target_passes_per_token'), '.3f')}"
                            f"<br>rescued {p.get('rescued') if p.get('rescued') is not None else '–'}"
                            f"<br>vs SD: +{vs.get('gained', 0)} / -{vs.get('lost', 0)}<extra></extra>"))
     title = "Speed / quality frontier: one point per setting (accuracy with 95% intervals)"
@@ -326,8 +320,8 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
         rel = p.get("speed_vs_sd")
         rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
         resc = p.get("rescued") if p.get("rescued") is not None else "–"
-        rows.append(f"| {escape(str(p.get('method')))} | {_fmt(p.get('tokens_per_s'))} | {rel_s}"
-                    f"{_fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {_pct(p.get('eos_share'), 0)} | "
+        rows.append(f"| {escape(str(p.get('method')))} | {fmt(p.get('tokens_per_s'))} | {rel_s}"
+                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {pct(p.get('eos_share'), 0)} | "
                     f"{acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
     machine = escape(str((meta.get("machine") or {}).get("cpu", "")))
     where = f"on {machine} (target {escape(str(meta.get('dtype')))}); N = {points[0].get('n')} items"
@@ -446,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
     ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
-    from .harness import _write_json, resummarize
+    from .harness import resummarize
     from .merge import MergeError, load_results
     if len(args.run) > 1 and not args.out:
         print("error: several runs are pooled into a new report: give it a directory with --out", file=sys.stderr)
@@ -466,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     except MergeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _write_json(path, results)
+    write_json(path, results)
     (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_charts(results, path.parent)
     print(f"{'pooled into' if len(runs) > 1 else 're-rendered'} {path} and {path.parent / 'results.md'}", file=sys.stderr)

@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import math
 import os
 import platform
@@ -69,7 +68,6 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -77,6 +75,8 @@ import torch
 from csd.config import CSDConfig, parse_gamma
 from csd.lm import LM, ids_tensor
 from csd.profile import PASS_LENGTHS
+
+from .io import command_line, fmt, now, write_json
 
 # -- the architectures ------------------------------------------------------------------------------
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -490,7 +490,7 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
         raise ValueError("the draft and target architectures must share a vocabulary")
     if cfg.prompt_tokens + cfg.max_new_tokens > t_arch["max_position_embeddings"]:
         raise ValueError("--prompt-tokens + --max-new-tokens exceed the architecture's context")
-    started, t_start = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
+    started, t_start = now(), time.perf_counter()
     prompts = _random_prompts(cfg.prompts, cfg.prompt_tokens, t_arch["vocab_size"], cfg.seed)
 
     say(f"building random {cfg.pair} models on {device} (seed {cfg.seed})")                      # 1.
@@ -527,10 +527,9 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
                        {"command": command, "started_at": started, "build_s": build_s,
                         "wall_s": time.perf_counter() - t_start, "target_repr": target_repr, "draft_repr": draft_repr})
     if out_dir is not None:
-        from csd.fileio import atomic_write
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "results.json", json.dumps(results, indent=1).encode("utf-8"))
+        write_json(out / "results.json", results)
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
     return results
 
@@ -637,7 +636,7 @@ def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: 
     return {
         "kind": "synthetic", "status": "finished",
         "meta": {**{k: run_meta[k] for k in ("command", "started_at", "build_s", "wall_s")},
-                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "finished_at": now(),
                  "machine": {"name": machine_name(pair.device), "device": str(pair.device),
                              "platform": platform.platform(), "cpu_count": os.cpu_count(),
                              "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
@@ -700,10 +699,6 @@ def output_stats(outputs: list[list[int]]) -> dict:
             "longest_run": max((longest(t) for t in outputs), default=0), "sample": outputs[0][:24] if outputs else []}
 
 
-def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
-    return none if v is None else format(v, spec)
-
-
 def render_markdown(res: dict) -> str:
     meta, cfg = res["meta"], res["meta"]["config"]
     (dataset, stats), = res["summary"].items()
@@ -718,9 +713,9 @@ def render_markdown(res: dict) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, s in stats.items():
         peak = s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] else res["peak_memory"]["mib"]
-        lines.append(f"| {m} | {_fmt(s['tokens_per_s'], '.1f')} | {_fmt(s['speedup_wall'])}x | {s['target_passes']} "
-                     f"| {_fmt(s['mean_accepted_length'])} | {_fmt(s['acceptance'])} | {_fmt(s['acceptance_rate'])} "
-                     f"| {s['rescued'] if m != 'ar' else '-'} | {_fmt(s['syncs_per_block'])} "
+        lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f', none='-')} | {fmt(s['speedup_wall'], none='-')}x | {s['target_passes']} "
+                     f"| {fmt(s['mean_accepted_length'], none='-')} | {fmt(s['acceptance'], none='-')} | {fmt(s['acceptance_rate'], none='-')} "
+                     f"| {s['rescued'] if m != 'ar' else '-'} | {fmt(s['syncs_per_block'], none='-')} "
                      f"| {s['fixed_point']}/{s['n']} | {peak:.0f} |")
     ks = list(res["verify_ms"])
     lines += ["", "Target pass time by tokens per pass (a block of gamma draft tokens is a pass of gamma + 1):", "",
@@ -746,7 +741,7 @@ def render_markdown(res: dict) -> str:
                      f"{models['target_repr']} the target's top-1 changed with the composition of its verify pass).")
     o = res["outputs"]
     lines += [f"Peak memory: {res['peak_memory']['mib']:.0f} MiB ({res['peak_memory']['kind']}). Target outputs: "
-              f"{_fmt(o['distinct_share'])} distinct-token share, longest run of one token {o['longest_run']}.", ""]
+              f"{fmt(o['distinct_share'], none='-')} distinct-token share, longest run of one token {o['longest_run']}.", ""]
     return "\n".join(lines)
 
 
@@ -788,7 +783,7 @@ def config_from_args(args) -> SyntheticConfig:
 def run_from_args(args, command: str = "") -> int:
     """Run, print the Markdown table (progress on stderr); 0 when greedy SD == AR held (or was not checkable)."""
     cfg = config_from_args(args)
-    res = run_synthetic(cfg, args.out, command or _command_line(),
+    res = run_synthetic(cfg, args.out, command or command_line("bench.synthetic"),
                         log=lambda msg: print(f"synthetic: {msg}", file=sys.stderr, flush=True))
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
@@ -830,12 +825,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def _command_line() -> str:
-    import shlex
-    return f"python -m {'bench.synthetic' if sys.argv and sys.argv[0].endswith('synthetic.py') else 'csd'} " \
-           f"{shlex.join(sys.argv[1:])}".strip()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from bench.harness import (
     validate_datasets,
     validate_methods,
 )
+from bench.io import command_line
 from bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, CSDConfig, parse_gamma
 
@@ -97,7 +98,7 @@ def cmd_bench(args) -> int:
     except ImportError as e:        # the store is optional: bench without it
         print(f"warning: not recording to the store ({e})", file=sys.stderr)
         store = None
-    command = getattr(args, "command_line", None) or _command_line()
+    command = getattr(args, "command_line", None) or command_line("csd")
     try:
         res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
                         args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
@@ -123,10 +124,4 @@ def cmd_synthetic(args) -> int:
     if given:
         flags = ", ".join("--" + a.replace("_", "-") for a in given)
         raise ValueError(f"{flags}: not used by --synthetic (it runs ar, sd and csd on random prompts and models)")
-    return run_from_args(args, getattr(args, "command_line", None) or _command_line())
-
-
-def _command_line() -> str:
-    """The command as typed, for the record."""
-    import shlex
-    return f"python -m csd {shlex.join(sys.argv[1:])}".strip()
+    return run_from_args(args, getattr(args, "command_line", None) or command_line("csd"))
