@@ -31,6 +31,7 @@ from csd.events import common_prefix
 from .datasets import get_item, load_dataset
 from .graders import grade
 from .io import Progress, print_progress, write_json
+from .results import ResultsError, load_results
 
 
 def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = ("a", "b")) -> dict:
@@ -237,14 +238,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _agreement_main(args) -> int:
-    from .merge import MergeError, load_results
     try:
         runs = [load_results(Path(p)) for p in args.agreement.split(",") if p]
         run = pool_runs(runs)
         variants = [v.strip() for v in args.reprs.split(",") if v.strip()]
         res = agreement(run, variants, args.max_new_tokens, args.items,
                         progress=print_progress)
-    except (MergeError, ValueError) as e:
+    except (ResultsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     res["reference"] = "; ".join(r.get("meta", {}).get("command") or "?" for r in runs)    # every pooled run
@@ -260,14 +260,13 @@ def _agreement_main(args) -> int:
 
 
 def _compare_main(args) -> int:
-    from .merge import MergeError, load_results
     runs = []
     for side in args.compare:
         parts = []
         for path in (p for p in side.split(",") if p):
             try:
                 parts.append(load_results(Path(path)))
-            except MergeError as e:
+            except ResultsError as e:
                 print(f"error: no benchmark results at {path}: {e}", file=sys.stderr)
                 return 2
         try:

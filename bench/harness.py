@@ -29,226 +29,30 @@ import logging
 import os
 import platform
 import re
-import statistics
 import time
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
 
-from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
-from csd.events import common_prefix
+from csd.config import ConfigError, CSDConfig
 
-from .datasets import BUILTIN, Item, load_dataset
+from .datasets import Item, item_range, load_dataset, validate_datasets
 from .graders import grade
 from .io import Progress, now, write_json
-from .report import bounds, overall, render_markdown, write_charts
-from .stats import paired_accuracy, pareto, ratio_ci, wilson
+from .methods import DEFAULT_METHODS, Method, make_methods
+from .report import render_markdown, write_charts
+from .results import ItemResult, assemble, mark_where_answers_leave_sd, median_bound
 
 log = logging.getLogger(__name__)
 
-HF_ASSISTED = "hf-assisted"
-HF_FIXED = "hf-assisted-fixed"
-HF_METHODS = (HF_ASSISTED, HF_FIXED)
-BENCH_METHODS = METHODS + HF_METHODS
-DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED, HF_FIXED)
 MEMORY_MODES = ("online", "fresh")
 WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that adds two numbers."
 WARMUP_TOKENS = 8
-# The figures the issues ask for, checked over the mix of all datasets.
-TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "csd_over_sd": 1.0, "csd_passes_vs_sd": 0.9,
-           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9,
-           "share_of_bound": 0.8}
-
-
-# -- what runs ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Method:
-    """One column of the benchmark: an engine configuration, or transformers' assisted generation."""
-    name: str
-    cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
-    hf: str | None = None           # None, "defaults" or "fixed"
-
-    @property
-    def reads_memory(self) -> bool:
-        return self.hf is None and self.cfg.use_ocm
-
-
-SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram")
-
-
-def setting_name(setting: dict, base: CSDConfig) -> str:
-    """A sweep column's name: its method (csd unless the setting says) and the fields that differ
-    from that method's column, e.g. csd[lam=3,tau=0.1] or sd[lookup=8]."""
-    method = setting.get("method", "csd")
-    diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
-            for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
-    return f"{method}[{','.join(diff)}]" if diff else method
-
-
-def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
-    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per CSD setting (keys lam, tau, gamma),
-    each checked by the engine's config."""
-    if not sweep:
-        return []
-    if not isinstance(sweep, str):
-        return [dict(zip(("lam", "tau"), map(float, x))) if not isinstance(x, dict) else x for x in sweep]
-    out = []
-    for part in sweep.split(";"):
-        if not part.strip():
-            continue
-        kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
-        if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
-            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
-                             "[,lookup_ngram=M]]"
-                             "[,method=sd|csd|...] (settings separated by ';')")
-        try:
-            setting = {k: float(v) for k, v in kv.items() if k in ("lam", "tau")}
-            if "gamma" in kv:
-                setting["gamma"] = parse_gamma(kv["gamma"])
-            for key in ("lookup", "lookup_ngram"):
-                if key in kv:
-                    setting[key] = int(kv[key])
-            if "method" in kv:
-                setting["method"] = kv["method"]
-            if setting.get("method") in ("ar", *HF_METHODS):
-                raise ValueError("a sweep column is sd, csd or an ablation")
-            CSDConfig(**setting).validated()
-        except (ValueError, ConfigError) as e:
-            raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
-        if setting not in out:
-            out.append(setting)
-    return out
-
-
-def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
-    """The benchmark's columns: named methods, then one CSD column per sweep setting (the setting
-    equal to ``base`` is the plain ``csd`` column). ``base.lookup`` is the drafting columns' copy
-    length; ar and the transformers columns never copy."""
-    plain = replace(base, lookup=0)
-    names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
-    out: list[Method] = []
-    for m in dict.fromkeys(names):
-        if m not in BENCH_METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
-        if m in HF_METHODS:
-            out.append(Method(m, replace(plain, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
-        elif m == "ar":
-            out.append(Method(m, replace(plain, method="ar")))
-        else:
-            out.append(Method(m, replace(base, method=m)))
-    for setting in parse_sweep(sweep):
-        name = setting_name(setting, base)
-        if not any(x.name == name for x in out):
-            out.append(Method(name, replace(base, **{"method": "csd", **setting})))
-    if not out:
-        raise ValueError("no method to benchmark")
-    return out
-
-
-def validate_methods(methods: Iterable[str]) -> list[str]:
-    return [m.name for m in make_methods(list(methods), CSDConfig())]
-
-
-def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
-    """Dataset names from "a,b" or a list: built-in names or existing files, each optionally with
-    its own item count ("gsm8k:40,prose:10") or range of items ("gsm8k:16-40", see ``item_range``)."""
-    names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
-    names = list(dict.fromkeys(d for d in names if d))
-    if not names:
-        raise ValueError("no dataset to benchmark")
-    for d in names:
-        name, n = split_limit(d)
-        if name not in BUILTIN and not Path(name).expanduser().is_file():
-            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
-    return names
-
-
-def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
-    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit); "gsm8k:16-40" -> ("gsm8k", 40)."""
-    name, start, stop = item_range(spec, limit)
-    return name, stop
-
-
-def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | None]:
-    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40);
-    "gsm8k:16-40" -> ("gsm8k", 15, 40), items 16 to 40 (from 1) of the seeded draw, which is
-    prefix-stable: a run on "gsm8k:15" and one on "gsm8k:16-40" cover "gsm8k:40" between them,
-    so a long accuracy run can be extended without repeating the items it has."""
-    name, sep, n = spec.rpartition(":")
-    if not sep or Path(spec).expanduser().is_file():
-        return spec, 0, limit
-    first, dash, last = n.partition("-")
-    if not (first.isdigit() and (not dash or last.isdigit())):
-        return spec, 0, limit
-    lo, hi = (int(first), int(last)) if dash else (1, int(first))
-    if hi < 1 or lo < 1:
-        raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
-    if lo > hi:
-        raise ValueError(f"dataset {spec!r}: the range's first item comes after its last")
-    return name, lo - 1, hi
 
 
 # -- one method on one item -------------------------------------------------------------------------
-@dataclass
-class ItemResult:
-    """One method on one item."""
-    dataset: str
-    item_id: str
-    method: str
-    order: int                         # position of this method in the item's rotated order
-    wall_s: float                      # measured here, around the whole generation
-    new_tokens: int
-    target_passes: int | None          # target forward passes (hf: counted by a forward hook)
-    draft_passes: int | None
-    drafted: int | None = None         # draft tokens proposed (None where the method does not say)
-    accepted: int | None = None
-    rescued: int | None = None
-    divergences: int | None = None
-    bookkeeping_s: float | None = None  # memory + gate time inside the engine
-    policy_s: float | None = None       # block-length policy time inside the engine
-    engine_wall_s: float | None = None  # the engine's own wall time (excludes setting up the run)
-    stopped_by: str = ""
-    correct: bool | None = None        # None: not graded
-    predicted: str | None = None
-    grade_detail: str = ""
-    identical_to_ar: bool | None = None  # same token ids as AR on this item (None without AR)
-    identical_to_sd: bool | None = None  # same token ids as SD on this item (None without SD)
-    text: str = ""
-    token_ids: list = field(default_factory=list)
-    lookup_blocks: int | None = None   # target passes over tokens copied from the context (csd.lookup)
-    lookup_drafted: int | None = None
-    lookup_kept: int | None = None
-    leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        return self.new_tokens / self.target_passes if self.target_passes else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        if not self.drafted:
-            return None
-        return ((self.accepted or 0) + (self.rescued or 0)) / self.drafted
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, mean_accepted_length=self.mean_accepted_length,
-                 acceptance_rate=self.acceptance_rate)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ItemResult:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
 def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
     """Run one method on one prompt; the wall time is taken around the whole generation.
     Returns the figures (dataset and item fields left empty) and the engine's run (None for hf)."""
@@ -434,7 +238,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
                         setattr(r, f"identical_to_{ref}", r.token_ids == ids)
             mark_where_answers_leave_sd(item_records.values(), pair.tokenizer.decode)
             records.extend(item_records[m.name] for m in cols if m.name in item_records)
-            results.update(_assemble(records, cols, divergences, token_text, "running", _bound(results)))
+            results.update(assemble(records, [m.name for m in cols], divergences, token_text, "running", median_bound(results)))
             write_json(out / "results.json", results)
             (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         for _ in range(bound_checks - 1):
@@ -445,7 +249,7 @@ def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | 
         raise
     finally:
         bar.close()
-        results.update(_assemble(records, cols, divergences, token_text, status, _bound(results)))
+        results.update(assemble(records, [m.name for m in cols], divergences, token_text, status, median_bound(results)))
         results["meta"]["finished_at"] = now()
         results["meta"]["loadavg_end"] = _loadavg()
         write_json(out / "results.json", results)
@@ -494,120 +298,6 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
         rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
-# -- summaries ----------------------------------------------------------------------------------------
-def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
-    """Where an answer first differs from the reference answer: [position, the reference's token, this
-    answer's token] as text ("" past an answer's end); None when they are the same."""
-    if ids == ref_ids:
-        return None
-    i = common_prefix(ref_ids, ids)
-    return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
-
-
-def mark_where_answers_leave_sd(records, decode) -> None:
-    """Set ``leaves_sd_at`` on one item's records (every method but SD, where SD ran). On the embedded
-    pair nearly every HumanEval answer of CSD leaves SD's at its first rescue, token 3 of the code block."""
-    records = list(records)
-    sd = next((r for r in records if r.method == "sd"), None)
-    for r in records:
-        if sd is not None and r is not sd:
-            r.leaves_sd_at = leaves_at(sd.token_ids, r.token_ids, decode)
-
-
-def summarize(records: list[ItemResult], methods: list[str]) -> dict:
-    """Per dataset (and "all"), per method, over the items that every method finished."""
-    by_item: dict[tuple, dict[str, ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), {})[r.method] = r
-    complete = {k: v for k, v in by_item.items() if all(m in v for m in methods)}
-    datasets = list(dict.fromkeys(k[0] for k in complete))
-    out = {}
-    for ds in datasets + (["all"] if len(datasets) > 1 else []):
-        keys = [k for k in complete if ds == "all" or k[0] == ds]
-        out[ds] = {m: _method_stats([complete[k] for k in keys], m) for m in methods}
-    return out
-
-
-def _paired(rows, m: str, ref: str) -> dict | None:
-    """Accuracy of m against ref on the items both graded: gained, lost, exact McNemar p."""
-    if not rows or ref not in rows[0] or m == ref:
-        return None
-    return paired_accuracy((row[m].correct, row[ref].correct) for row in rows
-                           if row[m].correct is not None and row[ref].correct is not None)
-
-
-def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
-    rs = [row[m] for row in rows]
-    n = len(rs)
-    wall = sum(r.wall_s for r in rs)
-    tokens = sum(r.new_tokens for r in rs)
-    tp = None if any(r.target_passes is None for r in rs) else sum(r.target_passes for r in rs)
-    drafted = None if any(r.drafted is None for r in rs) else sum(r.drafted for r in rs)
-    kept = None if drafted is None else sum((r.accepted or 0) + (r.rescued or 0) for r in rs)
-    div = None if drafted is None else sum(r.divergences or 0 for r in rs)
-    rescued = None if drafted is None else sum(r.rescued or 0 for r in rs)
-    graded = [r for r in rs if r.correct is not None]
-    n_correct = sum(bool(r.correct) for r in graded)
-    ci = wilson(n_correct, len(graded))
-    s = {
-        "n": n, "wall_s": wall, "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
-        "target_passes": tp, "target_passes_per_token": tp / tokens if tp is not None and tokens else None,
-        "mean_accepted_length": tokens / tp if tp else None,
-        "drafted": drafted, "acceptance_rate": kept / drafted if drafted else None,
-        "rescued": rescued, "divergences": div,
-        "rescues_per_divergence": rescued / div if div else None,
-        "eos_share": sum(r.stopped_by == "eos" for r in rs) / n if n else None,
-        "n_graded": len(graded), "n_correct": n_correct,
-        "accuracy": n_correct / len(graded) if graded else None,
-        "accuracy_ci95": list(ci) if ci else None,
-        "bookkeeping_share": (sum(r.bookkeeping_s for r in rs) / wall
-                              if wall > 0 and all(r.bookkeeping_s is not None for r in rs) else None),
-        "policy_share": (sum(r.policy_s for r in rs) / wall
-                         if wall > 0 and all(r.policy_s is not None for r in rs) else None),
-        "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
-        "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
-    }
-    if rs and all(r.lookup_blocks is not None for r in rs):
-        blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
-        copies_kept = sum(r.lookup_kept for r in rs)
-        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=copies_kept,
-                 lookup_pass_share=blocks / tp if tp else None,
-                 lookup_acceptance=copies_kept / proposed if proposed else None)
-    for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
-                     (HF_FIXED, "speedup_over_hf_fixed")):
-        if rows and ref in rows[0]:
-            ref_wall = sum(row[ref].wall_s for row in rows)
-            s[key] = ref_wall / wall if wall > 0 else None
-            if ref != m:     # how much of the ratio the choice of items decides (bootstrap over items)
-                ci = ratio_ci((row[ref].wall_s, row[m].wall_s) for row in rows)
-                s[key + "_ci95"] = list(ci) if ci else None
-    if rows and "ar" in rows[0]:
-        ar = [row["ar"] for row in rows]
-        ratios = [r.tokens_per_s / a.tokens_per_s for r, a in zip(rs, ar) if a.tokens_per_s > 0]
-        s["speedup_tps_mean"] = statistics.fmean(ratios) if ratios else None
-        s["accuracy_vs_ar"] = _paired(rows, m, "ar")
-    s["accuracy_vs_sd"] = _paired(rows, m, "sd")
-    if rows and "sd" in rows[0] and tp is not None:
-        sd_tp = sum(row["sd"].target_passes for row in rows)
-        s["target_passes_vs_sd"] = tp / sd_tp if sd_tp else None
-    return s
-
-
-def frontier(summary: dict) -> list[dict]:
-    """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
-    stats = overall(summary)
-    points = []
-    for name, s in stats.items():
-        points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),
-                       "accuracy_ci95": s.get("accuracy_ci95"), "n_graded": s.get("n_graded"),
-                       "target_passes_per_token": s.get("target_passes_per_token"),
-                       "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
-                       "rescues_per_divergence": s.get("rescues_per_divergence"),
-                       "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
-                       "eos_share": s.get("eos_share"), "accuracy_vs_sd": s.get("accuracy_vs_sd")})
-    return points
-
-
 def _check_profile(results: dict, pair, decoder, progress: Progress | None) -> None:
     """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
     bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
@@ -622,79 +312,6 @@ def _profile_record(c) -> dict:
     g_best, b_best = c.best_bound()
     return {**c.to_dict(), "bound": {str(g): c.bound(g) for g in (1, 2, 4, 6, 8, 12, 16)},
             "best_bound": {"gamma": g_best, "speedup": b_best}}
-
-
-def _bound(results: dict) -> float | None:
-    """The median of the run's bounds (``bounds``): one profile slowed by another process on a shared
-    machine moves it less than it moves that profile's own bound."""
-    found = bounds(results)
-    return statistics.median(found) if found else None
-
-
-def _assemble(records, cols: list[Method], divergences: dict[str, Counter], token_text: dict, status: str,
-              bound: float | None = None) -> dict:
-    div = {}
-    for m, counts in divergences.items():
-        p = pareto(counts)
-        p["top"] = [{"draft_id": d, "target_id": t, "draft_text": token_text.get(d, ""),
-                     "target_text": token_text.get(t, ""), "count": c}
-                    for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]
-        div[m] = p
-    names = [m.name for m in cols]
-    summary = summarize(records, names)
-    return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
-            "targets": check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}), bound),
-            "frontier": frontier(summary), "divergences": div}
-
-
-def resummarize(results: dict) -> dict:
-    """The summary, goals and frontier of a run again, from its stored items by the current code (after
-    the report gains a figure); the items, profiles and divergences stay as they were measured."""
-    records = [ItemResult.from_dict(d) for d in results.get("items") or []]
-    before = results.get("summary") or {}
-    names = list(next(iter(before.values()), {})) or list(dict.fromkeys(r.method for r in records))
-    summary = summarize(records, names)
-    results.update(summary=summary, frontier=frontier(summary),
-                   targets=check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}),
-                                         _bound(results)))
-    return results
-
-
-def check_targets(stats: dict, bound: float | None = None) -> dict:
-    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured).
-    ``bound``: the profile's ideal speed-up over AR; where it is below the 2x goal, CSD's share of it
-    is the goal instead (at least 80%), where it is 2x or more that share is reported, not judged."""
-    def get(m, k):
-        return (stats.get(m) or {}).get(k)
-
-    def t(value, threshold, higher=True, ci=None):
-        out = {"value": value, "threshold": threshold,
-               "met": None if value is None else (value >= threshold if higher else value <= threshold)}
-        if ci is not None:      # a speed-up's bootstrap interval over the items: reported, not judged
-            out["ci95"] = ci
-        return out
-
-    def speedup(key, target):
-        return t(get("csd", key), TARGETS[target], ci=get("csd", key + "_ci95"))
-
-    return {"csd_over_ar": speedup("speedup_wall", "csd_over_ar"),
-            "csd_over_hf": speedup("speedup_over_hf", "csd_over_hf"),
-            "csd_over_sd": speedup("speedup_over_sd", "csd_over_sd"),
-            "csd_share_of_bound": _share_of_bound(get("csd", "speedup_wall"), bound),
-            "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
-            "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
-            "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
-            "csd_policy_share": t(get("csd", "policy_share"), TARGETS["policy_share"], higher=False),
-            "sd_eos_share": t(get("sd", "eos_share"), TARGETS["eos_share_sd"]),
-            "csd_accuracy_vs_sd": get("csd", "accuracy_vs_sd"),
-            "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
-
-
-def _share_of_bound(speedup: float | None, bound: float | None) -> dict:
-    value = speedup / bound if speedup is not None and bound else None
-    applies = bound is not None and bound < TARGETS["csd_over_ar"]
-    return {"value": value, "threshold": TARGETS["share_of_bound"], "bound": bound,
-            "met": None if value is None or not applies else value >= TARGETS["share_of_bound"]}
 
 
 # -- outputs ------------------------------------------------------------------------------------------

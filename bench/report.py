@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from .io import fmt, pct, write_json
+from .results import ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
 
 
 def _copies(lookup) -> str:
@@ -41,19 +42,6 @@ def _vs(p: dict | None) -> str:
         return "–"
     pv = f" (p = {p['p_value']:.2f})" if p.get("p_value") is not None else ""
     return f"+{p['gained']} / −{p['lost']}{pv}"
-
-
-def overall(summary: dict) -> dict:
-    """Per-method figures over all items: the "all" row, or the only dataset's."""
-    return summary.get("all") or (next(iter(summary.values())) if summary else {})
-
-
-def bounds(results: dict) -> list[float]:
-    """Every ideal speed-up over AR (every draft token accepted) the run measured: the cached
-    profile's, then each re-measurement's."""
-    meta = results.get("meta") or {}
-    profiles = [meta.get("profile") or {}] + list(meta.get("profile_checks") or [])
-    return [b for p in profiles if (b := (p.get("best_bound") or {}).get("speedup"))]
 
 
 def _profile_figures(p: dict, bound_label: str) -> str:
@@ -355,100 +343,18 @@ def profile_figure(costs, title: str = ""):
     return fig
 
 
-def _fill_leaves_sd_at(results: dict) -> None:
-    """A run from before ``leaves_sd_at`` existed gains it, from its stored token ids, where its pair is the
-    embedded one (whose tokenizer is at hand); others are left as they are."""
-    items = results.get("items") or []
-    if all("leaves_sd_at" in it for it in items) or not any(it["method"] == "sd" for it in items):
-        return                   # nothing to fill, or no SD to compare with: no tokenizer needed
-    from csd.models import EMBEDDED_PAIR_ID, prepare_embedded
-    if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
-        return
-    from transformers import AutoTokenizer
-
-    from .harness import ItemResult, mark_where_answers_leave_sd
-    decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
-    records = [ItemResult.from_dict(it) for it in items]
-    by_item: dict[tuple, list[ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), []).append(r)
-    for group in by_item.values():         # the run's own pairing, one item at a time
-        mark_where_answers_leave_sd(group, decode)
-    for it, r in zip(items, records):
-        it["leaves_sd_at"] = r.leaves_sd_at
-
-
-POOL_SETUP = ("methods", "max_new_tokens", "gamma", "lookup", "lam", "tau", "seed", "memory_mode", "temperature")
-
-
-def _setup(results: dict) -> dict:
-    """What must be the same for two runs' items to count as one sample."""
-    meta = results["meta"]
-    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
-            "target path": (meta.get("models") or {}).get("target_impl"),
-            # smoothing changes an int8 target's answers (and so acceptance): runs from before it
-            # existed record none and count as unsmoothed
-            "int8 smoothing": (meta.get("models") or {}).get("target_smoothing") or "",
-            "machine": (meta.get("machine") or {}).get("cpu"),
-            **{k: meta["config"].get(k) for k in POOL_SETUP}}
-
-
-def pool(runs: list[dict], command: str = "") -> dict:
-    """Benchmark runs of one set-up (pair, representations, machine kind, methods and settings) on
-    different items, as one run: every speed-up is again a ratio of summed walls over all items and
-    its bootstrap interval is over all of them. That is sound because each item's methods ran side
-    by side, interleaved, in its own run; the runs' own speeds may differ (a shared machine drifts),
-    which widens the interval rather than biasing the ratio. The bound is the median of every
-    profile the runs measured. Divergence patterns are not pooled (each run's memory evolved on its
-    own items): see each run's report."""
-    import copy
-
-    from .harness import resummarize
-    from .merge import MergeError
-    if len(runs) < 2:
-        raise MergeError("pooling needs at least two runs")
-    first = _setup(runs[0])
-    for r in runs[1:]:
-        other = _setup(r)
-        diff = [k for k in first if first[k] != other[k]]
-        if diff:
-            raise MergeError(f"the runs differ in {', '.join(diff)}: only runs of one set-up can be pooled")
-    seen, items = set(), []
-    for r in runs:
-        for it in r["items"]:
-            key = (it["dataset"], it["item_id"], it["method"])
-            if key in seen:
-                raise MergeError(f"item {it['dataset']} {it['item_id']} ({it['method']}) is in two runs: "
-                                 "pool runs on different items (--dataset gsm8k:11-20 draws the next ten)")
-            seen.add(key)
-            items.append(it)
-    out = copy.deepcopy({k: v for k, v in runs[0].items() if k != "_path"})
-    meta = out["meta"]
-    meta["command"] = command or meta["command"]
-    meta["pooled_from"] = [{"command": r["meta"].get("command"), "started_at": r["meta"].get("started_at"),
-                            "status": r.get("status"), "items": len({(i["dataset"], i["item_id"]) for i in r["items"]}),
-                            "loadavg_start": r["meta"].get("loadavg_start")} for r in runs]
-    meta["profile_checks"] = list(meta.get("profile_checks") or []) + [
-        p for r in runs[1:] for p in [r["meta"].get("profile")] + list(r["meta"].get("profile_checks") or []) if p]
-    meta["config"]["datasets"] = list(dict.fromkeys(d for r in runs for d in r["meta"]["config"].get("datasets") or []))
-    out.update(items=items, divergences={}, status="pooled")
-    return resummarize(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
     ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
-    from .harness import resummarize
-    from .merge import MergeError, load_results
     if len(args.run) > 1 and not args.out:
         print("error: several runs are pooled into a new report: give it a directory with --out", file=sys.stderr)
         return 2
     try:
         runs = [load_results(Path(r)) for r in args.run]
         for r in runs:
-            _fill_leaves_sd_at(r)
+            fill_leaves_sd_at(r)
         if len(runs) > 1:
             results = pool(runs, "python -m bench.report " + " ".join(args.run) + f" --out {args.out}")
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -457,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             results = runs[0]
             path = Path(results.pop("_path"))
             resummarize(results)
-    except MergeError as e:
+    except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_json(path, results)

@@ -5,17 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.datasets import BUILTIN
-from bench.harness import (
-    BENCH_METHODS,
-    DEFAULT_METHODS,
-    MEMORY_MODES,
-    parse_sweep,
-    run_bench,
-    validate_datasets,
-    validate_methods,
-)
+from bench.datasets import BUILTIN, validate_datasets
+from bench.harness import MEMORY_MODES, run_bench
 from bench.io import command_line
+from bench.methods import BENCH_METHODS, DEFAULT_METHODS, parse_sweep, validate_methods
 from bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, CSDConfig, parse_gamma
 

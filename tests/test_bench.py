@@ -76,12 +76,12 @@ def test_user_file(tmp_path):
 
 # -- summaries (pure functions over records) -----------------------------------------------------
 def _rec(ds, iid, method, wall, tokens, passes, **kw):
-    from bench.harness import ItemResult
+    from bench.results import ItemResult
     return ItemResult(ds, iid, method, 0, wall, tokens, passes, None, **kw)
 
 
 def test_summary_speedups_and_pairing():
-    from bench.harness import check_targets, summarize
+    from bench.results import check_targets, summarize
 
     recs = [
         _rec("a", "1", "ar", 10.0, 10, 10, correct=True), _rec("a", "1", "sd", 5.0, 10, 4, drafted=12, accepted=8,
@@ -107,7 +107,7 @@ def test_summary_speedups_and_pairing():
 
 
 def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
-    from bench.harness import check_targets
+    from bench.results import check_targets
     stats = {"csd": {"speedup_wall": 1.36}}
     low = check_targets(stats, bound=1.66)["csd_share_of_bound"]
     assert low["value"] == pytest.approx(1.36 / 1.66) and low["met"] is True
@@ -133,7 +133,7 @@ def test_pareto_wilson_mcnemar():
 
 
 def test_speedup_interval_over_items():
-    from bench.harness import check_targets, summarize
+    from bench.results import check_targets, summarize
     from bench.stats import ratio_ci
 
     steady = [(2.0 + 0.01 * (i % 3), 1.0) for i in range(20)]          # every item about 2x
@@ -155,8 +155,8 @@ def test_speedup_interval_over_items():
 
 
 def test_where_answers_leave_sd():
-    from bench.harness import leaves_at
     from bench.report import leave_sd_lines
+    from bench.results import leaves_at
 
     def dec(ids):
         return "".join(chr(96 + i) for i in ids)
@@ -177,7 +177,7 @@ def test_where_answers_leave_sd():
 
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
-    from bench.report import _fill_leaves_sd_at
+    from bench.results import fill_leaves_sd_at
     from csd.models import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
@@ -189,19 +189,19 @@ def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tok
 
     run = {"meta": {"models": {"pair_id": EMBEDDED_PAIR_ID}},
            "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids), item("2", "sd", sd_ids), item("2", "csd", sd_ids)]}
-    _fill_leaves_sd_at(run)
+    fill_leaves_sd_at(run)
     at = [it["leaves_sd_at"] for it in run["items"]]
     assert at[0] is None and at[3] is None                         # SD itself; an answer equal to SD's
     i = at[1][0]
     assert sd_ids[:i] == csd_ids[:i] and at[1][1:] == [qwen_tokenizer.decode([sd_ids[i]]), qwen_tokenizer.decode([csd_ids[i]])]
     assert at[1][1].strip() == "def" and at[1][2].strip() == "from"
     other = {"meta": {"models": {"pair_id": "a->b"}}, "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids)]}
-    _fill_leaves_sd_at(other)                                     # another pair: no tokenizer at hand, left alone
+    fill_leaves_sd_at(other)                                     # another pair: no tokenizer at hand, left alone
     assert all("leaves_sd_at" not in it for it in other["items"])
 
 
 def test_methods_and_sweep():
-    from bench.harness import make_methods, parse_sweep
+    from bench.methods import make_methods, parse_sweep
     from csd.config import CSDConfig
 
     assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [{"lam": 6.0, "tau": 0.01},
@@ -424,7 +424,7 @@ def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
 
 
 def test_per_dataset_item_counts():
-    from bench.harness import split_limit, validate_datasets
+    from bench.datasets import split_limit, validate_datasets
 
     assert split_limit("gsm8k:40", 5) == ("gsm8k", 40) and split_limit("prose", 5) == ("prose", 5)
     assert validate_datasets("gsm8k:40,humaneval:2") == ["gsm8k:40", "humaneval:2"]
@@ -435,8 +435,7 @@ def test_per_dataset_item_counts():
 
 
 def test_an_item_range_draws_the_items_a_shorter_run_left_out():
-    from bench.datasets import load_dataset
-    from bench.harness import item_range, validate_datasets
+    from bench.datasets import item_range, load_dataset, validate_datasets
 
     assert item_range("gsm8k:16-40") == ("gsm8k", 15, 40) and item_range("gsm8k:40") == ("gsm8k", 0, 40)
     assert item_range("prose", 5) == ("prose", 0, 5)
