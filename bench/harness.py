@@ -31,7 +31,7 @@ import platform
 import re
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
@@ -134,141 +134,224 @@ def rotated(methods: list, k: int) -> list:
 
 
 # -- the harness -------------------------------------------------------------------------------------
-def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | list[str] = DEFAULT_METHODS,
-              max_new_tokens: int = 128, out_dir: str | os.PathLike = "bench-results", seed: int = 0,
-              store=None, progress: Progress | None = None, *, gamma: int | str = 6, lam: float = 6,
-              tau: float = 0.01, sweep=None, memory=None, memory_mode: str = "online", warmup: bool = True,
-              show_bar: bool = True, command: str = "", costs=None, gamma_max: int = 16, lookup: int = 0,
-              bound_checks: int = 2) -> dict:
-    """Benchmark ``methods`` (and one CSD column per ``sweep`` setting) on ``limit`` items of each
-    dataset (fixed by ``seed``) and write the outputs to ``out_dir``. ``store``: a ``db.store.Store``
-    to record every generation in, or None. ``memory``: the start memory of the memory methods
-    (default: the pair's calibrated memory). ``lookup``: copies from the context in the drafting
-    columns (0: none, the paper's methods alone). ``bound_checks``: where the run has a profile
-    (gamma auto), re-measure it this many times beside the run (one before the items, the rest after
-    them) and judge CSD against the median bound of the profiles (``_bound``); the draft-length policy
-    keeps the cached profile throughout. Returns the results dict (also in ``results.json``).
-    On KeyboardInterrupt, the outputs hold the finished items and the interrupt propagates."""
-    from tqdm.auto import tqdm
+@dataclass(frozen=True)
+class BenchConfig:
+    """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its
+    flags). The things a run works with, the models, the store, the start memory, a given profile and a
+    progress callback, are ``run_bench``'s own arguments."""
+    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (bench.datasets)
+    limit: int | None                   # items per dataset (a spec's own count wins), drawn by seed; None: all
+    methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (bench.methods)
+    max_new_tokens: int = 128           # the longest answer, in new tokens
+    out_dir: str | os.PathLike = "bench-results"  # where the outputs are written
+    seed: int = 0                       # fixes the items drawn from each dataset
+    gamma: int | str = 6                # draft block length of the drafting columns, or "auto" (the profile's policy)
+    lam: float = 6                      # memory threshold lambda of the csd column
+    tau: float = 0.01                   # gate threshold tau of the csd column
+    sweep: str | tuple | None = None    # more settings, one column each: "lam=3,tau=0.1;gamma=auto" (parse_sweep)
+    memory_mode: str = "online"         # online: a column's memory evolves over the items; fresh: new per item
+    warmup: bool = True                 # one short untimed generation per column before the items
+    show_bar: bool = True               # a tqdm progress bar on stderr
+    command: str = ""                   # the command as typed, for the record ("": the Python API)
+    gamma_max: int = 16                 # the longest block gamma auto may draft
+    lookup: int = 0                     # copies from the context in the drafting columns (0: the paper's methods)
+    bound_checks: int = 2               # gamma auto: profiles re-measured beside the run, 1 before the items
 
+    def datasets(self) -> list[str]:
+        """The dataset specs, checked (ValueError names an unknown one)."""
+        return validate_datasets(self.dataset)
+
+    def engine(self) -> CSDConfig:
+        """The csd column's engine config, which every other column varies (ValueError when invalid)."""
+        if self.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
+        try:
+            return CSDConfig(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                             max_new_tokens=self.max_new_tokens, lookup=self.lookup).validated()
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
+    def columns(self) -> list[Method]:
+        """The run's columns: the methods, then one per sweep setting (ValueError when invalid)."""
+        return make_methods(self.methods, self.engine(), self.sweep)
+
+
+def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
+              progress: Progress | None = None) -> dict:
+    """Benchmark ``config.methods`` (and one CSD column per sweep setting) on ``config.limit`` items of
+    each dataset and write the outputs to ``config.out_dir``. ``store``: a ``db.store.Store`` to record
+    every generation in, or None. ``memory``: the start memory of the memory methods (default: the
+    pair's calibrated memory). ``costs``: the profile of gamma auto (default: the pair's cached one).
+    Where the run has a profile, ``config.bound_checks`` re-measures it beside the run (one before the
+    items, the rest after them) and CSD is judged against the median bound of the profiles
+    (``bench.results.median_bound``); the draft-length policy keeps its profile throughout. Returns the
+    results dict (also in ``results.json``). On KeyboardInterrupt, the outputs hold the finished items
+    and the interrupt propagates."""
     from csd.decode import Decoder
 
-    datasets = validate_datasets(dataset)
-    if memory_mode not in MEMORY_MODES:
-        raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {memory_mode!r}")
-    try:
-        base = CSDConfig(method="csd", gamma=gamma, gamma_max=gamma_max, lam=lam, tau=tau,
-                         max_new_tokens=max_new_tokens, lookup=lookup).validated()
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
-    cols = make_methods(methods, base, sweep)
+    datasets = config.datasets()
+    cols = config.columns()
     if pair.draft is None and any(m.cfg.uses_draft or m.hf for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
+    items = interleaved_items(datasets, config.limit, config.seed)
+    prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
+    base = config.engine()
+    for ids in prompts.values():
+        base.validated(pair.context_limit, len(ids))
+    decoder = Decoder(pair, costs=costs)
+    if config.gamma == "auto":
+        _ = decoder.costs                  # measure (or read) the profile before any timing
+    start_memory = memory if memory is not None else decoder.default_memory()
+    return _Run(pair, config, decoder, cols, start_memory, store, progress).over(items, prompts)
 
-    # datasets take turns (gsm8k 1, humaneval 1, gsm8k 2, ...): a run stopped early stays balanced
+
+def interleaved_items(datasets: list[str], limit: int | None, seed: int) -> list[Item]:
+    """Each dataset spec's items, the datasets taking turns (gsm8k 1, humaneval 1, gsm8k 2, ...), so
+    that a run stopped early stays balanced."""
     per_dataset = []
     for spec in datasets:
         name, skip, stop = item_range(spec, limit)
         per_dataset.append(load_dataset(name, stop, seed)[skip:])
-    items: list[Item] = [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
-    prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
-    for ids in prompts.values():
-        base.validated(pair.context_limit, len(ids))
+    return [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
 
-    decoder = Decoder(pair, costs=costs)
-    if gamma == "auto":
-        _ = decoder.costs                  # measure (or read) the profile before any timing
-    start_memory = memory if memory is not None else decoder.default_memory()
-    memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
-    results = {"meta": _meta(pair, decoder, cols, datasets, limit, seed, base, memory_mode, start_memory,
-                             bench_id, command),
-               "items": [], "status": "running"}
-    records: list[ItemResult] = []
-    divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
-    token_text: dict[int, str] = {}
 
-    total = len(items) * len(cols)
-    status = "failed"
-    bar = tqdm(total=total, desc="bench", unit="gen", disable=not show_bar, dynamic_ncols=True)
-    done = 0
-    try:
-        if warmup:
-            warm_ids = pair.encode_prompt(WARMUP_PROMPT, chat=True)
-            for m in cols:
-                bar.set_postfix_str(f"warm-up {m.name}")
-                if progress:
-                    progress(f"warm-up: {m.name}", 0.0)
-                mem = memories[m.name].copy() if m.name in memories else None    # the warm-up never teaches a memory
-                warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
-                measure(pair, decoder, warm, warm_ids, mem)
-        if bound_checks > 0:
-            _check_profile(results, pair, decoder, progress)
-        for k, it in enumerate(items):
-            prompt_ids = prompts[(it.dataset, it.item_id)]
-            item_records: dict[str, ItemResult] = {}
-            for j, m in enumerate(rotated(cols, k)):
-                bar.set_postfix_str(f"{it.dataset} {it.item_id} {m.name}")
-                if progress:
-                    progress(f"{it.dataset} {it.item_id}: {m.name}", done / total)
-                mem = None
-                if m.name in memories:
-                    mem = memories[m.name] if memory_mode == "online" else start_memory.copy()
-                r, run = measure(pair, decoder, m, prompt_ids, mem)
-                r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
-                if run is not None and m.name in divergences:
-                    for ev in run.events:
-                        if ev.is_divergence:
-                            divergences[m.name][(ev.draft_id, ev.target_id)] += 1
-                            token_text.setdefault(ev.draft_id, ev.draft_text or "")
-                            token_text.setdefault(ev.target_id, ev.target_text or "")
-                g = grade(it, r.text)
-                r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
-                item_records[m.name] = r
-                if store is not None:
-                    _record(store, pair, m, it, r, run, bench_id)
-                done += 1
-                bar.update(1)
-            for ref in ("ar", "sd"):
-                if ref in item_records:
-                    ids = item_records[ref].token_ids
-                    for r in item_records.values():
-                        setattr(r, f"identical_to_{ref}", r.token_ids == ids)
-            mark_where_answers_leave_sd(item_records.values(), pair.tokenizer.decode)
-            records.extend(item_records[m.name] for m in cols if m.name in item_records)
-            results.update(assemble(records, [m.name for m in cols], divergences, token_text, "running", median_bound(results)))
-            write_json(out / "results.json", results)
-            (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
-        for _ in range(bound_checks - 1):
-            _check_profile(results, pair, decoder, progress)
-        status = "finished"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        bar.close()
-        results.update(assemble(records, [m.name for m in cols], divergences, token_text, status, median_bound(results)))
+class _Run:
+    """One benchmark run as it goes: each memory column's own memory, the records, the divergences
+    seen, and the results, written again after every item."""
+
+    def __init__(self, pair, config: BenchConfig, decoder, cols: list[Method], start_memory, store,
+                 progress: Progress | None):
+        self.pair, self.config, self.decoder, self.cols = pair, config, decoder, cols
+        self.store, self.progress, self.start_memory = store, progress, start_memory
+        self.memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.results = {"meta": _meta(pair, decoder, config, cols, start_memory, self.bench_id),
+                        "items": [], "status": "running"}
+        self.records: list[ItemResult] = []
+        self.divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
+        self.token_text: dict[int, str] = {}
+        self.bar = None
+        self.done = self.total = 0
+
+    def over(self, items: list[Item], prompts: dict[tuple, list[int]]) -> dict:
+        """Warm up, check the profile, run every column on every item, write the outputs; the results."""
+        from tqdm.auto import tqdm
+
+        checks = self.config.bound_checks
+        self.total = len(items) * len(self.cols)
+        status = "failed"
+        self.bar = tqdm(total=self.total, desc="bench", unit="gen", disable=not self.config.show_bar,
+                        dynamic_ncols=True)
+        try:
+            if self.config.warmup:
+                self._warm_up()
+            if checks > 0:
+                self._check_profile()
+            for k, it in enumerate(items):
+                self._item(k, it, prompts[(it.dataset, it.item_id)])
+                self._assemble("running")
+                write_json(self.out / "results.json", self.results)
+                (self.out / "results.md").write_text(render_markdown(self.results), encoding="utf-8")
+            for _ in range(checks - 1):
+                self._check_profile()
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.bar.close()
+            self._finish(status, len(items))
+        return self.results
+
+    def _say(self, postfix: str, message: str, fraction: float) -> None:
+        self.bar.set_postfix_str(postfix)
+        if self.progress:
+            self.progress(message, fraction)
+
+    def _memory(self, m: Method):
+        """The memory a column reads on this item: its own (online) or a fresh copy; None without one."""
+        if m.name not in self.memories:
+            return None
+        return self.memories[m.name] if self.config.memory_mode == "online" else self.start_memory.copy()
+
+    def _warm_up(self) -> None:
+        """One short generation per column (the warm-up never teaches a memory)."""
+        warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
+        for m in self.cols:
+            self._say(f"warm-up {m.name}", f"warm-up: {m.name}", 0.0)
+            mem = self.memories[m.name].copy() if m.name in self.memories else None
+            warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
+            measure(self.pair, self.decoder, warm, warm_ids, mem)
+
+    def _item(self, k: int, it: Item, prompt_ids: list[int]) -> None:
+        """Every column on the k-th item, in the k-th rotated order; its records paired up."""
+        item_records: dict[str, ItemResult] = {}
+        for j, m in enumerate(rotated(self.cols, k)):
+            self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
+                      self.done / self.total)
+            r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
+            r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
+            if run is not None and m.name in self.divergences:
+                self._count_divergences(m.name, run.events)
+            g = grade(it, r.text)
+            r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
+            item_records[m.name] = r
+            if self.store is not None:
+                _record(self.store, self.pair, m, it, r, run, self.bench_id)
+            self.done += 1
+            self.bar.update(1)
+        for ref in ("ar", "sd"):
+            if ref in item_records:
+                ids = item_records[ref].token_ids
+                for r in item_records.values():
+                    setattr(r, f"identical_to_{ref}", r.token_ids == ids)
+        mark_where_answers_leave_sd(item_records.values(), self.pair.tokenizer.decode)
+        self.records.extend(item_records[m.name] for m in self.cols if m.name in item_records)
+
+    def _count_divergences(self, name: str, events) -> None:
+        for ev in events:
+            if ev.is_divergence:
+                self.divergences[name][(ev.draft_id, ev.target_id)] += 1
+                self.token_text.setdefault(ev.draft_id, ev.draft_text or "")
+                self.token_text.setdefault(ev.target_id, ev.target_text or "")
+
+    def _check_profile(self) -> None:
+        """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
+        bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
+        if self.decoder._costs is None:
+            return
+        from csd.profile import measure as measure_costs
+        costs = measure_costs(self.pair, progress=self.progress)
+        self.results["meta"].setdefault("profile_checks", []).append(_profile_record(costs))
+
+    def _assemble(self, status: str) -> None:
+        self.results.update(assemble(self.records, [m.name for m in self.cols], self.divergences, self.token_text,
+                                     status, median_bound(self.results)))
+
+    def _finish(self, status: str, n_items: int) -> None:
+        """The outputs of a run that ended (finished, interrupted or failed): every file, every memory."""
+        results, out = self.results, self.out
+        self._assemble(status)
         results["meta"]["finished_at"] = now()
         results["meta"]["loadavg_end"] = _loadavg()
         write_json(out / "results.json", results)
         write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
-                                                     ("command", "started_at", "machine", "dtype", "draft_dtype",
-                                                      "models", "config")},
-                                            "status": results["status"], "points": results.get("frontier", [])})
+                                                    ("command", "started_at", "machine", "dtype", "draft_dtype",
+                                                     "models", "config")},
+                                           "status": results["status"], "points": results.get("frontier", [])})
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         try:
             write_charts(results, out)
         except (ImportError, ValueError, KeyError, OSError) as e:       # never lose the JSON and the table to a chart
             log.exception("bench charts not written: %s", e)
-        for name, mem in memories.items():
+        for name, mem in self.memories.items():
             mem.save(out / f"memory_{_safe(name)}.json.gz")
-            if store is not None and memory_mode == "online":
-                store.save_memory(mem, label=f"bench {bench_id} {name} memory after {len(items)} items")
-        if progress:
-            progress(f"bench {results['status']}", 1.0)
-    return results
+            if self.store is not None and self.config.memory_mode == "online":
+                self.store.save_memory(mem, label=f"bench {self.bench_id} {name} memory after {n_items} items")
+        if self.progress:
+            self.progress(f"bench {results['status']}", 1.0)
 
 
 def _safe(name: str) -> str:
@@ -298,15 +381,6 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
         rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
-def _check_profile(results: dict, pair, decoder, progress: Progress | None) -> None:
-    """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
-    bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
-    if decoder._costs is None:
-        return
-    from csd.profile import measure as measure_costs
-    results["meta"].setdefault("profile_checks", []).append(_profile_record(measure_costs(pair, progress=progress)))
-
-
 def _profile_record(c) -> dict:
     """A cost model as the results hold it: its figures, its bound at a few block lengths, its best bound."""
     g_best, b_best = c.best_bound()
@@ -322,16 +396,16 @@ def _loadavg():
         return None
 
 
-def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDConfig, memory_mode, memory,
-          bench_id: str, command: str) -> dict:
+def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_id: str) -> dict:
     import torch
     import transformers
 
     from csd.profile import machine_name
 
     costs = _profile_record(decoder.costs) if decoder._costs is not None else None
+    base = config.engine()
     return {
-        "bench_id": bench_id, "command": command, "started_at": now(),
+        "bench_id": bench_id, "command": config.command, "started_at": now(),
         "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__,
@@ -343,12 +417,12 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
         "models": pair.describe(),
         "profile": costs,
         "humaneval_isolation": _isolation(),
-        "config": {"datasets": datasets, "limit": limit, "methods": [m.name for m in cols],
+        "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf} for m in cols},
-                   "max_new_tokens": base.max_new_tokens, "seed": seed, "gamma": base.gamma, "lookup": base.lookup,
+                   "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma, "lookup": base.lookup,
                    "lam": base.lam,
-                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": memory_mode,
+                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,
                    "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
                    "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "
                                   "(heuristic draft length, confidence threshold); passes counted by forward hooks",

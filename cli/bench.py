@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from bench.datasets import BUILTIN, validate_datasets
-from bench.harness import MEMORY_MODES, run_bench
+from bench.harness import MEMORY_MODES, BenchConfig, run_bench
 from bench.io import command_line
 from bench.methods import BENCH_METHODS, DEFAULT_METHODS, parse_sweep, validate_methods
 from bench.synthetic import add_synthetic_args
@@ -84,6 +84,7 @@ def cmd_bench(args) -> int:
     validate_datasets(args.dataset)
     if args.limit < 0 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
+    config = bench_config(args, methods)
     pair = load_from_args(args, need_draft=any(m != "ar" for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     try:
@@ -91,22 +92,27 @@ def cmd_bench(args) -> int:
     except ImportError as e:        # the store is optional: bench without it
         print(f"warning: not recording to the store ({e})", file=sys.stderr)
         store = None
-    command = getattr(args, "command_line", None) or command_line("csd")
+    out = Path(config.out_dir)
     try:
-        res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
-                        args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
-                        tau=args.tau, sweep=args.sweep, memory=memory, memory_mode=args.memory_mode,
-                        warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max,
-                        lookup=args.lookup, bound_checks=args.bound_checks)
+        res = run_bench(pair, config, store=store, memory=memory)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
+        print(f"\ninterrupted: the finished items are in {out / 'results.json'}", file=sys.stderr)
         return 130
     finally:
         if store is not None:
             store.close()
-    print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
-    print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
+    print((out / "results.md").read_text(encoding="utf-8"))
+    print(f"results: {out.resolve()}", file=sys.stderr)
     return 0 if res["status"] == "finished" else 1
+
+
+def bench_config(args, methods: list[str]) -> BenchConfig:
+    """The run that the flags describe (``methods``: the validated names of --methods)."""
+    return BenchConfig(args.dataset, None if args.limit == 0 else args.limit, tuple(methods), args.max_new_tokens,
+                       args.out, args.seed, gamma=args.gamma, lam=args.lam, tau=args.tau, sweep=args.sweep,
+                       memory_mode=args.memory_mode, warmup=not args.no_warmup,
+                       command=getattr(args, "command_line", None) or command_line("csd"),
+                       gamma_max=args.gamma_max, lookup=args.lookup, bound_checks=args.bound_checks)
 
 
 def cmd_synthetic(args) -> int:
