@@ -17,7 +17,8 @@ packages' code is never imported:
   ``answer`` makes it graded by the final number), or plain text with one prompt per line.
 
 Items are fixed by a seed: ``random.Random(seed).sample(all_items, len(all_items))[:limit]``,
-so a smaller ``limit`` with the same seed gives a prefix of a larger one.
+so a smaller ``limit`` with the same seed gives a prefix of a larger one. A dataset spec names a
+dataset with its own count or range of that draw: ``gsm8k:40``, ``gsm8k:16-40`` (``item_range``).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "results.json, results.md, speedup.html, divergences.html and frontier.html to --out. "
                     "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier). --synthetic "
                     "instead times ar, sd and csd on randomly initialised models with the real pair's "
-                    "architectures (no model files needed: for GPU machines; see bench/synthetic.py).")
+                    "architectures (no model files needed: for GPU machines; see bench/synthetic/).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each optionally with its own item "
                         "count, e.g. gsm8k:40,humaneval:40,prose:10, or range of the seeded draw, e.g. gsm8k:16-40 (the "
