@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .io import write_json
+from .report import frontier_figure, frontier_markdown
 from .results import ResultsError, load_results
 
 
@@ -34,14 +35,14 @@ def merge(runs: list[dict]) -> dict:
         sd = next((p for p in run["frontier"] if p["method"] == "sd"), None)
         if sd is None or not sd.get("tokens_per_s"):
             raise ResultsError(f"{run['_path']}: no SD column; run each part with --methods sd,... so that its "
-                             "speed can be compared side by side")
+                               "speed can be compared side by side")
         sds.append(sd)
     first, *others = [_sd_answers(run) for run in runs]
     for run, other in zip(runs[1:], others):
         if set(other) != set(first):
             differ = sorted(set(first) ^ set(other))[:3]
             raise ResultsError(f"{run['_path']}: not the same items as {runs[0]['_path']} "
-                             f"({len(other)} against {len(first)}; e.g. {differ})")
+                               f"({len(other)} against {len(first)}; e.g. {differ})")
     sd_identical = [sum(other[k] == first[k] for k in first) for other in others]
     points, seen = [], set()
     for i, (run, sd) in enumerate(zip(runs, sds)):
@@ -80,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "frontier.json", merged)
-    from .report import frontier_figure, frontier_markdown
     frontier_figure(merged["points"], merged["meta"]).write_html(out / "frontier.html", include_plotlyjs="directory",
                                                                  full_html=True)
     c = merged["checks"]
