@@ -17,7 +17,8 @@ packages' code is never imported:
   ``answer`` makes it graded by the final number), or plain text with one prompt per line.
 
 Items are fixed by a seed: ``random.Random(seed).sample(all_items, len(all_items))[:limit]``,
-so a smaller ``limit`` with the same seed gives a prefix of a larger one.
+so a smaller ``limit`` with the same seed gives a prefix of a larger one. A dataset spec names a
+dataset with its own count or range of that draw: ``gsm8k:40``, ``gsm8k:16-40`` (``item_range``).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import json
 import os
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,6 +234,46 @@ def load_dataset(name: str, limit: int | None = None, seed: int = 0) -> list[Ite
         raise DatasetError(f"limit must be >= 1, got {limit}")
     order = random.Random(seed).sample(items, len(items))
     return order if limit is None else order[:limit]
+
+
+# -- dataset specs: name[:count | :first-last] -------------------------------------------------
+def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
+    """Dataset names from "a,b" or a list: built-in names or existing files, each optionally with
+    its own item count ("gsm8k:40,prose:10") or range of items ("gsm8k:16-40", see ``item_range``)."""
+    names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
+    names = list(dict.fromkeys(d for d in names if d))
+    if not names:
+        raise ValueError("no dataset to benchmark")
+    for d in names:
+        name, n = split_limit(d)
+        if name not in BUILTIN and not Path(name).expanduser().is_file():
+            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
+    return names
+
+
+def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
+    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit); "gsm8k:16-40" -> ("gsm8k", 40)."""
+    name, start, stop = item_range(spec, limit)
+    return name, stop
+
+
+def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | None]:
+    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40);
+    "gsm8k:16-40" -> ("gsm8k", 15, 40), items 16 to 40 (from 1) of the seeded draw, which is
+    prefix-stable: a run on "gsm8k:15" and one on "gsm8k:16-40" cover "gsm8k:40" between them,
+    so a long accuracy run can be extended without repeating the items it has."""
+    name, sep, n = spec.rpartition(":")
+    if not sep or Path(spec).expanduser().is_file():
+        return spec, 0, limit
+    first, dash, last = n.partition("-")
+    if not (first.isdigit() and (not dash or last.isdigit())):
+        return spec, 0, limit
+    lo, hi = (int(first), int(last)) if dash else (1, int(first))
+    if hi < 1 or lo < 1:
+        raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
+    if lo > hi:
+        raise ValueError(f"dataset {spec!r}: the range's first item comes after its last")
+    return name, lo - 1, hi
 
 
 # -- helpers -----------------------------------------------------------------------------------

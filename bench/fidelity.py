@@ -21,7 +21,6 @@ in minutes instead of hours (int8 with and without ``csd.smoothing``, bfloat16).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from csd.events import common_prefix
 
 from .datasets import get_item, load_dataset
 from .graders import grade
+from .io import Progress, print_progress, write_json
+from .results import ResultsError, load_results
 
 
 def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = ("a", "b")) -> dict:
@@ -67,7 +68,7 @@ def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = 
 
 
 def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, seed: int = 0,
-        progress=None, pair=None) -> dict:
+        progress: Progress | None = None, pair=None) -> dict:
     """``pair``: the embedded pair in float32 (loaded when None); it is left as it is, each other
     representation's target is a copy."""
     from dataclasses import replace
@@ -130,7 +131,7 @@ AGREEMENT_VARIANTS = {"int8": ("int8", True), "int8-unsmoothed": ("int8", False)
 
 
 def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int | None = None,
-              pass_tokens: int = 7, progress=None, pair=None) -> dict:
+              pass_tokens: int = 7, progress: Progress | None = None, pair=None) -> dict:
     """Teacher-forced top-1 agreement of each representation in ``variants`` (keys of
     ``AGREEMENT_VARIANTS``) with the float32 greedy answers of ``run`` (a float32 benchmark run's
     results.json, its SD column: greedy SD in float32 is the target's own greedy output)."""
@@ -225,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         return _agreement_main(args)
     reprs = [r.strip() for r in args.reprs.split(",") if r.strip()]
     res = run(reprs, [d.strip() for d in args.dataset.split(",")], args.limit, args.max_new_tokens,
-              progress=lambda m, f: print(m, file=sys.stderr, flush=True))
-    Path(args.out).write_text(json.dumps(res, indent=1))
+              progress=print_progress)
+    write_json(args.out, res)
     print("| representation | items | AR identical to float32 | mean common prefix | SD == AR | accuracy |")
     print("|---|---:|---:|---:|---:|---:|")
     for r, s in res["summary"].items():
@@ -239,18 +240,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _agreement_main(args) -> int:
-    from .merge import MergeError, load_results
     try:
         runs = [load_results(Path(p)) for p in args.agreement.split(",") if p]
         run = pool_runs(runs)
         variants = [v.strip() for v in args.reprs.split(",") if v.strip()]
         res = agreement(run, variants, args.max_new_tokens, args.items,
-                        progress=lambda m, f: print(m, file=sys.stderr, flush=True))
-    except (MergeError, ValueError) as e:
+                        progress=print_progress)
+    except (ResultsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     res["reference"] = "; ".join(r.get("meta", {}).get("command") or "?" for r in runs)    # every pooled run
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    write_json(args.out, res)
     datasets = [d for d in next(iter(res["summary"].values())) if d != "all"] + ["all"]
     print("| representation | " + " | ".join(datasets) + " |")
     print("|---|" + "---:|" * len(datasets))
@@ -262,14 +262,13 @@ def _agreement_main(args) -> int:
 
 
 def _compare_main(args) -> int:
-    from .merge import MergeError, load_results
     runs = []
     for side in args.compare:
         parts = []
         for path in (p for p in side.split(",") if p):
             try:
                 parts.append(load_results(Path(path)))
-            except MergeError as e:
+            except ResultsError as e:
                 print(f"error: no benchmark results at {path}: {e}", file=sys.stderr)
                 return 2
         try:
@@ -285,7 +284,7 @@ def _compare_main(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    write_json(args.out, res)
     a, b = names
     print(f"| dataset | items | {a} correct | {b} correct | only {a} / only {b} (McNemar p) | identical | "
           "mean common prefix |")

@@ -24,15 +24,19 @@ import re
 import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .sandbox import run_humaneval
 
-if TYPE_CHECKING:
-    from .datasets import Item
-
 
 # -- dispatch ------------------------------------------------------------------------------------
+class Gradable(Protocol):
+    """What grading reads of an item (``bench.datasets.Item`` is one)."""
+    grader: str | None       # "number", "humaneval", "champ" or None (not graded)
+    reference: str | None    # the reference final answer
+    extra: dict              # the grader's inputs (HumanEval prompt, test, entry point)
+
+
 @dataclass
 class Grade:
     correct: bool | None     # None: not checkable
@@ -40,7 +44,7 @@ class Grade:
     detail: str = ""
 
 
-def grade(item: Item, text: str) -> Grade:
+def grade(item: Gradable, text: str) -> Grade:
     """Grade one answer to one item (the benchmark and ``python -m csd grade`` both call this)."""
     if item.grader == "number":
         pred = extract_final_number(text)

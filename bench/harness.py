@@ -25,231 +25,34 @@ app's Analyse tab shows) and ``memory_<method>.json.gz``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import re
-import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
+from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
 
-from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
-from csd.events import common_prefix
+from csd.config import ConfigError, CSDConfig
 
-from .datasets import BUILTIN, Item, load_dataset
+from .datasets import Item, item_range, load_dataset, validate_datasets
 from .graders import grade
-from .report import bounds, overall, render_markdown, write_charts
-from .stats import paired_accuracy, pareto, ratio_ci, wilson
+from .io import Progress, now, write_json
+from .methods import DEFAULT_METHODS, Method, make_methods
+from .report import render_markdown, write_charts
+from .results import ItemResult, assemble, mark_where_answers_leave_sd, median_bound
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
 
-HF_ASSISTED = "hf-assisted"
-HF_FIXED = "hf-assisted-fixed"
-HF_METHODS = (HF_ASSISTED, HF_FIXED)
-BENCH_METHODS = METHODS + HF_METHODS
-DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED, HF_FIXED)
 MEMORY_MODES = ("online", "fresh")
 WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that adds two numbers."
 WARMUP_TOKENS = 8
-# The figures the issues ask for, checked over the mix of all datasets.
-TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "csd_over_sd": 1.0, "csd_passes_vs_sd": 0.9,
-           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9,
-           "share_of_bound": 0.8}
-
-
-# -- what runs ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Method:
-    """One column of the benchmark: an engine configuration, or transformers' assisted generation."""
-    name: str
-    cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
-    hf: str | None = None           # None, "defaults" or "fixed"
-
-    @property
-    def reads_memory(self) -> bool:
-        return self.hf is None and self.cfg.use_ocm
-
-
-SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram")
-
-
-def setting_name(setting: dict, base: CSDConfig) -> str:
-    """A sweep column's name: its method (csd unless the setting says) and the fields that differ
-    from that method's column, e.g. csd[lam=3,tau=0.1] or sd[lookup=8]."""
-    method = setting.get("method", "csd")
-    diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
-            for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
-    return f"{method}[{','.join(diff)}]" if diff else method
-
-
-def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
-    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per CSD setting (keys lam, tau, gamma),
-    each checked by the engine's config."""
-    if not sweep:
-        return []
-    if not isinstance(sweep, str):
-        return [dict(zip(("lam", "tau"), map(float, x))) if not isinstance(x, dict) else x for x in sweep]
-    out = []
-    for part in sweep.split(";"):
-        if not part.strip():
-            continue
-        kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
-        if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
-            raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
-                             "[,lookup_ngram=M]]"
-                             "[,method=sd|csd|...] (settings separated by ';')")
-        try:
-            setting = {k: float(v) for k, v in kv.items() if k in ("lam", "tau")}
-            if "gamma" in kv:
-                setting["gamma"] = parse_gamma(kv["gamma"])
-            for key in ("lookup", "lookup_ngram"):
-                if key in kv:
-                    setting[key] = int(kv[key])
-            if "method" in kv:
-                setting["method"] = kv["method"]
-            if setting.get("method") in ("ar", *HF_METHODS):
-                raise ValueError("a sweep column is sd, csd or an ablation")
-            CSDConfig(**setting).validated()
-        except (ValueError, ConfigError) as e:
-            raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
-        if setting not in out:
-            out.append(setting)
-    return out
-
-
-def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
-    """The benchmark's columns: named methods, then one CSD column per sweep setting (the setting
-    equal to ``base`` is the plain ``csd`` column). ``base.lookup`` is the drafting columns' copy
-    length; ar and the transformers columns never copy."""
-    plain = replace(base, lookup=0)
-    names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
-    out: list[Method] = []
-    for m in dict.fromkeys(names):
-        if m not in BENCH_METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
-        if m in HF_METHODS:
-            out.append(Method(m, replace(plain, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
-        elif m == "ar":
-            out.append(Method(m, replace(plain, method="ar")))
-        else:
-            out.append(Method(m, replace(base, method=m)))
-    for setting in parse_sweep(sweep):
-        name = setting_name(setting, base)
-        if not any(x.name == name for x in out):
-            out.append(Method(name, replace(base, **{"method": "csd", **setting})))
-    if not out:
-        raise ValueError("no method to benchmark")
-    return out
-
-
-def validate_methods(methods: Iterable[str]) -> list[str]:
-    return [m.name for m in make_methods(list(methods), CSDConfig())]
-
-
-def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
-    """Dataset names from "a,b" or a list: built-in names or existing files, each optionally with
-    its own item count ("gsm8k:40,prose:10") or range of items ("gsm8k:16-40", see ``item_range``)."""
-    names = [d.strip() for part in ([dataset] if isinstance(dataset, str) else dataset) for d in part.split(",")]
-    names = list(dict.fromkeys(d for d in names if d))
-    if not names:
-        raise ValueError("no dataset to benchmark")
-    for d in names:
-        name, n = split_limit(d)
-        if name not in BUILTIN and not Path(name).expanduser().is_file():
-            raise ValueError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
-    return names
-
-
-def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
-    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit); "gsm8k:16-40" -> ("gsm8k", 40)."""
-    name, start, stop = item_range(spec, limit)
-    return name, stop
-
-
-def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | None]:
-    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40);
-    "gsm8k:16-40" -> ("gsm8k", 15, 40), items 16 to 40 (from 1) of the seeded draw, which is
-    prefix-stable: a run on "gsm8k:15" and one on "gsm8k:16-40" cover "gsm8k:40" between them,
-    so a long accuracy run can be extended without repeating the items it has."""
-    name, sep, n = spec.rpartition(":")
-    if not sep or Path(spec).expanduser().is_file():
-        return spec, 0, limit
-    first, dash, last = n.partition("-")
-    if not (first.isdigit() and (not dash or last.isdigit())):
-        return spec, 0, limit
-    lo, hi = (int(first), int(last)) if dash else (1, int(first))
-    if hi < 1 or lo < 1:
-        raise ValueError(f"dataset {spec!r}: the item count must be at least 1")
-    if lo > hi:
-        raise ValueError(f"dataset {spec!r}: the range's first item comes after its last")
-    return name, lo - 1, hi
 
 
 # -- one method on one item -------------------------------------------------------------------------
-@dataclass
-class ItemResult:
-    """One method on one item."""
-    dataset: str
-    item_id: str
-    method: str
-    order: int                         # position of this method in the item's rotated order
-    wall_s: float                      # measured here, around the whole generation
-    new_tokens: int
-    target_passes: int | None          # target forward passes (hf: counted by a forward hook)
-    draft_passes: int | None
-    drafted: int | None = None         # draft tokens proposed (None where the method does not say)
-    accepted: int | None = None
-    rescued: int | None = None
-    divergences: int | None = None
-    bookkeeping_s: float | None = None  # memory + gate time inside the engine
-    policy_s: float | None = None       # block-length policy time inside the engine
-    engine_wall_s: float | None = None  # the engine's own wall time (excludes setting up the run)
-    stopped_by: str = ""
-    correct: bool | None = None        # None: not graded
-    predicted: str | None = None
-    grade_detail: str = ""
-    identical_to_ar: bool | None = None  # same token ids as AR on this item (None without AR)
-    identical_to_sd: bool | None = None  # same token ids as SD on this item (None without SD)
-    text: str = ""
-    token_ids: list = field(default_factory=list)
-    lookup_blocks: int | None = None   # target passes over tokens copied from the context (csd.lookup)
-    lookup_drafted: int | None = None
-    lookup_kept: int | None = None
-    leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        return self.new_tokens / self.target_passes if self.target_passes else None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        if not self.drafted:
-            return None
-        return ((self.accepted or 0) + (self.rescued or 0)) / self.drafted
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, mean_accepted_length=self.mean_accepted_length,
-                 acceptance_rate=self.acceptance_rate)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ItemResult:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
 def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
     """Run one method on one prompt; the wall time is taken around the whole generation.
     Returns the figures (dataset and item fields left empty) and the engine's run (None for hf)."""
@@ -331,141 +134,224 @@ def rotated(methods: list, k: int) -> list:
 
 
 # -- the harness -------------------------------------------------------------------------------------
-def run_bench(pair, dataset: str | list[str], limit: int | None, methods: str | list[str] = DEFAULT_METHODS,
-              max_new_tokens: int = 128, out_dir: str | os.PathLike = "bench-results", seed: int = 0,
-              store=None, progress: Progress | None = None, *, gamma: int | str = 6, lam: float = 6,
-              tau: float = 0.01, sweep=None, memory=None, memory_mode: str = "online", warmup: bool = True,
-              show_bar: bool = True, command: str = "", costs=None, gamma_max: int = 16, lookup: int = 0,
-              bound_checks: int = 2) -> dict:
-    """Benchmark ``methods`` (and one CSD column per ``sweep`` setting) on ``limit`` items of each
-    dataset (fixed by ``seed``) and write the outputs to ``out_dir``. ``store``: a ``db.store.Store``
-    to record every generation in, or None. ``memory``: the start memory of the memory methods
-    (default: the pair's calibrated memory). ``lookup``: copies from the context in the drafting
-    columns (0: none, the paper's methods alone). ``bound_checks``: where the run has a profile
-    (gamma auto), re-measure it this many times beside the run (one before the items, the rest after
-    them) and judge CSD against the median bound of the profiles (``_bound``); the draft-length policy
-    keeps the cached profile throughout. Returns the results dict (also in ``results.json``).
-    On KeyboardInterrupt, the outputs hold the finished items and the interrupt propagates."""
-    from tqdm.auto import tqdm
+@dataclass(frozen=True)
+class BenchConfig:
+    """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its
+    flags). The things a run works with, the models, the store, the start memory, a given profile and a
+    progress callback, are ``run_bench``'s own arguments."""
+    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (bench.datasets)
+    limit: int | None                   # items per dataset (a spec's own count wins), drawn by seed; None: all
+    methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (bench.methods)
+    max_new_tokens: int = 128           # the longest answer, in new tokens
+    out_dir: str | os.PathLike = "bench-results"  # where the outputs are written
+    seed: int = 0                       # fixes the items drawn from each dataset
+    gamma: int | str = 6                # draft block length of the drafting columns, or "auto" (the profile's policy)
+    lam: float = 6                      # memory threshold lambda of the csd column
+    tau: float = 0.01                   # gate threshold tau of the csd column
+    sweep: str | tuple | None = None    # more settings, one column each: "lam=3,tau=0.1;gamma=auto" (parse_sweep)
+    memory_mode: str = "online"         # online: a column's memory evolves over the items; fresh: new per item
+    warmup: bool = True                 # one short untimed generation per column before the items
+    show_bar: bool = True               # a tqdm progress bar on stderr
+    command: str = ""                   # the command as typed, for the record ("": the Python API)
+    gamma_max: int = 16                 # the longest block gamma auto may draft
+    lookup: int = 0                     # copies from the context in the drafting columns (0: the paper's methods)
+    bound_checks: int = 2               # gamma auto: profiles re-measured beside the run, 1 before the items
 
+    def datasets(self) -> list[str]:
+        """The dataset specs, checked (ValueError names an unknown one)."""
+        return validate_datasets(self.dataset)
+
+    def engine(self) -> CSDConfig:
+        """The csd column's engine config, which every other column varies (ValueError when invalid)."""
+        if self.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
+        try:
+            return CSDConfig(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                             max_new_tokens=self.max_new_tokens, lookup=self.lookup).validated()
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+
+    def columns(self) -> list[Method]:
+        """The run's columns: the methods, then one per sweep setting (ValueError when invalid)."""
+        return make_methods(self.methods, self.engine(), self.sweep)
+
+
+def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
+              progress: Progress | None = None) -> dict:
+    """Benchmark ``config.methods`` (and one CSD column per sweep setting) on ``config.limit`` items of
+    each dataset and write the outputs to ``config.out_dir``. ``store``: a ``db.store.Store`` to record
+    every generation in, or None. ``memory``: the start memory of the memory methods (default: the
+    pair's calibrated memory). ``costs``: the profile of gamma auto (default: the pair's cached one).
+    Where the run has a profile, ``config.bound_checks`` re-measures it beside the run (one before the
+    items, the rest after them) and CSD is judged against the median bound of the profiles
+    (``bench.results.median_bound``); the draft-length policy keeps its profile throughout. Returns the
+    results dict (also in ``results.json``). On KeyboardInterrupt, the outputs hold the finished items
+    and the interrupt propagates."""
     from csd.decode import Decoder
 
-    datasets = validate_datasets(dataset)
-    if memory_mode not in MEMORY_MODES:
-        raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {memory_mode!r}")
-    try:
-        base = CSDConfig(method="csd", gamma=gamma, gamma_max=gamma_max, lam=lam, tau=tau,
-                         max_new_tokens=max_new_tokens, lookup=lookup).validated()
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
-    cols = make_methods(methods, base, sweep)
+    datasets = config.datasets()
+    cols = config.columns()
     if pair.draft is None and any(m.cfg.uses_draft or m.hf for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
+    items = interleaved_items(datasets, config.limit, config.seed)
+    prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
+    base = config.engine()
+    for ids in prompts.values():
+        base.validated(pair.context_limit, len(ids))
+    decoder = Decoder(pair, costs=costs)
+    if config.gamma == "auto":
+        _ = decoder.costs                  # measure (or read) the profile before any timing
+    start_memory = memory if memory is not None else decoder.default_memory()
+    return _Run(pair, config, decoder, cols, start_memory, store, progress).over(items, prompts)
 
-    # datasets take turns (gsm8k 1, humaneval 1, gsm8k 2, ...): a run stopped early stays balanced
+
+def interleaved_items(datasets: list[str], limit: int | None, seed: int) -> list[Item]:
+    """Each dataset spec's items, the datasets taking turns (gsm8k 1, humaneval 1, gsm8k 2, ...), so
+    that a run stopped early stays balanced."""
     per_dataset = []
     for spec in datasets:
         name, skip, stop = item_range(spec, limit)
         per_dataset.append(load_dataset(name, stop, seed)[skip:])
-    items: list[Item] = [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
-    prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
-    for ids in prompts.values():
-        base.validated(pair.context_limit, len(ids))
+    return [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
 
-    decoder = Decoder(pair, costs=costs)
-    if gamma == "auto":
-        _ = decoder.costs                  # measure (or read) the profile before any timing
-    start_memory = memory if memory is not None else decoder.default_memory()
-    memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
-    results = {"meta": _meta(pair, decoder, cols, datasets, limit, seed, base, memory_mode, start_memory,
-                             bench_id, command),
-               "items": [], "status": "running"}
-    records: list[ItemResult] = []
-    divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
-    token_text: dict[int, str] = {}
 
-    total = len(items) * len(cols)
-    status = "failed"
-    bar = tqdm(total=total, desc="bench", unit="gen", disable=not show_bar, dynamic_ncols=True)
-    done = 0
-    try:
-        if warmup:
-            warm_ids = pair.encode_prompt(WARMUP_PROMPT, chat=True)
-            for m in cols:
-                bar.set_postfix_str(f"warm-up {m.name}")
-                if progress:
-                    progress(f"warm-up: {m.name}", 0.0)
-                mem = memories[m.name].copy() if m.name in memories else None    # the warm-up never teaches a memory
-                warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
-                measure(pair, decoder, warm, warm_ids, mem)
-        if bound_checks > 0:
-            _check_profile(results, pair, decoder, progress)
-        for k, it in enumerate(items):
-            prompt_ids = prompts[(it.dataset, it.item_id)]
-            item_records: dict[str, ItemResult] = {}
-            for j, m in enumerate(rotated(cols, k)):
-                bar.set_postfix_str(f"{it.dataset} {it.item_id} {m.name}")
-                if progress:
-                    progress(f"{it.dataset} {it.item_id}: {m.name}", done / total)
-                mem = None
-                if m.name in memories:
-                    mem = memories[m.name] if memory_mode == "online" else start_memory.copy()
-                r, run = measure(pair, decoder, m, prompt_ids, mem)
-                r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
-                if run is not None and m.name in divergences:
-                    for ev in run.events:
-                        if ev.is_divergence:
-                            divergences[m.name][(ev.draft_id, ev.target_id)] += 1
-                            token_text.setdefault(ev.draft_id, ev.draft_text or "")
-                            token_text.setdefault(ev.target_id, ev.target_text or "")
-                g = grade(it, r.text)
-                r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
-                item_records[m.name] = r
-                if store is not None:
-                    _record(store, pair, m, it, r, run, bench_id)
-                done += 1
-                bar.update(1)
-            for ref in ("ar", "sd"):
-                if ref in item_records:
-                    ids = item_records[ref].token_ids
-                    for r in item_records.values():
-                        setattr(r, f"identical_to_{ref}", r.token_ids == ids)
-            mark_where_answers_leave_sd(item_records.values(), pair.tokenizer.decode)
-            records.extend(item_records[m.name] for m in cols if m.name in item_records)
-            results.update(_assemble(records, cols, divergences, token_text, "running", _bound(results)))
-            _write_json(out / "results.json", results)
-            (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
-        for _ in range(bound_checks - 1):
-            _check_profile(results, pair, decoder, progress)
-        status = "finished"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    finally:
-        bar.close()
-        results.update(_assemble(records, cols, divergences, token_text, status, _bound(results)))
-        results["meta"]["finished_at"] = _now()
+class _Run:
+    """One benchmark run as it goes: each memory column's own memory, the records, the divergences
+    seen, and the results, written again after every item."""
+
+    def __init__(self, pair, config: BenchConfig, decoder, cols: list[Method], start_memory, store,
+                 progress: Progress | None):
+        self.pair, self.config, self.decoder, self.cols = pair, config, decoder, cols
+        self.store, self.progress, self.start_memory = store, progress, start_memory
+        self.memories = {m.name: start_memory.copy() for m in cols if m.reads_memory}
+        self.out = Path(config.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.bench_id = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.results = {"meta": _meta(pair, decoder, config, cols, start_memory, self.bench_id),
+                        "items": [], "status": "running"}
+        self.records: list[ItemResult] = []
+        self.divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
+        self.token_text: dict[int, str] = {}
+        self.bar = None
+        self.done = self.total = 0
+
+    def over(self, items: list[Item], prompts: dict[tuple, list[int]]) -> dict:
+        """Warm up, check the profile, run every column on every item, write the outputs; the results."""
+        from tqdm.auto import tqdm
+
+        checks = self.config.bound_checks
+        self.total = len(items) * len(self.cols)
+        status = "failed"
+        self.bar = tqdm(total=self.total, desc="bench", unit="gen", disable=not self.config.show_bar,
+                        dynamic_ncols=True)
+        try:
+            if self.config.warmup:
+                self._warm_up()
+            if checks > 0:
+                self._check_profile()
+            for k, it in enumerate(items):
+                self._item(k, it, prompts[(it.dataset, it.item_id)])
+                self._assemble("running")
+                write_json(self.out / "results.json", self.results)
+                (self.out / "results.md").write_text(render_markdown(self.results), encoding="utf-8")
+            for _ in range(checks - 1):
+                self._check_profile()
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            self.bar.close()
+            self._finish(status, len(items))
+        return self.results
+
+    def _say(self, postfix: str, message: str, fraction: float) -> None:
+        self.bar.set_postfix_str(postfix)
+        if self.progress:
+            self.progress(message, fraction)
+
+    def _memory(self, m: Method):
+        """The memory a column reads on this item: its own (online) or a fresh copy; None without one."""
+        if m.name not in self.memories:
+            return None
+        return self.memories[m.name] if self.config.memory_mode == "online" else self.start_memory.copy()
+
+    def _warm_up(self) -> None:
+        """One short generation per column (the warm-up never teaches a memory)."""
+        warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
+        for m in self.cols:
+            self._say(f"warm-up {m.name}", f"warm-up: {m.name}", 0.0)
+            mem = self.memories[m.name].copy() if m.name in self.memories else None
+            warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
+            measure(self.pair, self.decoder, warm, warm_ids, mem)
+
+    def _item(self, k: int, it: Item, prompt_ids: list[int]) -> None:
+        """Every column on the k-th item, in the k-th rotated order; its records paired up."""
+        item_records: dict[str, ItemResult] = {}
+        for j, m in enumerate(rotated(self.cols, k)):
+            self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
+                      self.done / self.total)
+            r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
+            r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
+            if run is not None and m.name in self.divergences:
+                self._count_divergences(m.name, run.events)
+            g = grade(it, r.text)
+            r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
+            item_records[m.name] = r
+            if self.store is not None:
+                _record(self.store, self.pair, m, it, r, run, self.bench_id)
+            self.done += 1
+            self.bar.update(1)
+        for ref in ("ar", "sd"):
+            if ref in item_records:
+                ids = item_records[ref].token_ids
+                for r in item_records.values():
+                    setattr(r, f"identical_to_{ref}", r.token_ids == ids)
+        mark_where_answers_leave_sd(item_records.values(), self.pair.tokenizer.decode)
+        self.records.extend(item_records[m.name] for m in self.cols if m.name in item_records)
+
+    def _count_divergences(self, name: str, events) -> None:
+        for ev in events:
+            if ev.is_divergence:
+                self.divergences[name][(ev.draft_id, ev.target_id)] += 1
+                self.token_text.setdefault(ev.draft_id, ev.draft_text or "")
+                self.token_text.setdefault(ev.target_id, ev.target_text or "")
+
+    def _check_profile(self) -> None:
+        """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
+        bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
+        if self.decoder._costs is None:
+            return
+        from csd.profile import measure as measure_costs
+        costs = measure_costs(self.pair, progress=self.progress)
+        self.results["meta"].setdefault("profile_checks", []).append(_profile_record(costs))
+
+    def _assemble(self, status: str) -> None:
+        self.results.update(assemble(self.records, [m.name for m in self.cols], self.divergences, self.token_text,
+                                     status, median_bound(self.results)))
+
+    def _finish(self, status: str, n_items: int) -> None:
+        """The outputs of a run that ended (finished, interrupted or failed): every file, every memory."""
+        results, out = self.results, self.out
+        self._assemble(status)
+        results["meta"]["finished_at"] = now()
         results["meta"]["loadavg_end"] = _loadavg()
-        _write_json(out / "results.json", results)
-        _write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
-                                                     ("command", "started_at", "machine", "dtype", "draft_dtype",
-                                                      "models", "config")},
-                                            "status": results["status"], "points": results.get("frontier", [])})
+        write_json(out / "results.json", results)
+        write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
+                                                    ("command", "started_at", "machine", "dtype", "draft_dtype",
+                                                     "models", "config")},
+                                           "status": results["status"], "points": results.get("frontier", [])})
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         try:
             write_charts(results, out)
         except (ImportError, ValueError, KeyError, OSError) as e:       # never lose the JSON and the table to a chart
             log.exception("bench charts not written: %s", e)
-        for name, mem in memories.items():
+        for name, mem in self.memories.items():
             mem.save(out / f"memory_{_safe(name)}.json.gz")
-            if store is not None and memory_mode == "online":
-                store.save_memory(mem, label=f"bench {bench_id} {name} memory after {len(items)} items")
-        if progress:
-            progress(f"bench {results['status']}", 1.0)
-    return results
+            if self.store is not None and self.config.memory_mode == "online":
+                self.store.save_memory(mem, label=f"bench {self.bench_id} {name} memory after {n_items} items")
+        if self.progress:
+            self.progress(f"bench {results['status']}", 1.0)
 
 
 def _safe(name: str) -> str:
@@ -495,129 +381,6 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
         rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
-# -- summaries ----------------------------------------------------------------------------------------
-def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
-    """Where an answer first differs from the reference answer: [position, the reference's token, this
-    answer's token] as text ("" past an answer's end); None when they are the same."""
-    if ids == ref_ids:
-        return None
-    i = common_prefix(ref_ids, ids)
-    return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
-
-
-def mark_where_answers_leave_sd(records, decode) -> None:
-    """Set ``leaves_sd_at`` on one item's records (every method but SD, where SD ran). On the embedded
-    pair nearly every HumanEval answer of CSD leaves SD's at its first rescue, token 3 of the code block."""
-    records = list(records)
-    sd = next((r for r in records if r.method == "sd"), None)
-    for r in records:
-        if sd is not None and r is not sd:
-            r.leaves_sd_at = leaves_at(sd.token_ids, r.token_ids, decode)
-
-
-def summarize(records: list[ItemResult], methods: list[str]) -> dict:
-    """Per dataset (and "all"), per method, over the items that every method finished."""
-    by_item: dict[tuple, dict[str, ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), {})[r.method] = r
-    complete = {k: v for k, v in by_item.items() if all(m in v for m in methods)}
-    datasets = list(dict.fromkeys(k[0] for k in complete))
-    out = {}
-    for ds in datasets + (["all"] if len(datasets) > 1 else []):
-        keys = [k for k in complete if ds == "all" or k[0] == ds]
-        out[ds] = {m: _method_stats([complete[k] for k in keys], m) for m in methods}
-    return out
-
-
-def _paired(rows, m: str, ref: str) -> dict | None:
-    """Accuracy of m against ref on the items both graded: gained, lost, exact McNemar p."""
-    if not rows or ref not in rows[0] or m == ref:
-        return None
-    return paired_accuracy((row[m].correct, row[ref].correct) for row in rows
-                           if row[m].correct is not None and row[ref].correct is not None)
-
-
-def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
-    rs = [row[m] for row in rows]
-    n = len(rs)
-    wall = sum(r.wall_s for r in rs)
-    tokens = sum(r.new_tokens for r in rs)
-    tp = None if any(r.target_passes is None for r in rs) else sum(r.target_passes for r in rs)
-    drafted = None if any(r.drafted is None for r in rs) else sum(r.drafted for r in rs)
-    kept = None if drafted is None else sum((r.accepted or 0) + (r.rescued or 0) for r in rs)
-    div = None if drafted is None else sum(r.divergences or 0 for r in rs)
-    rescued = None if drafted is None else sum(r.rescued or 0 for r in rs)
-    graded = [r for r in rs if r.correct is not None]
-    n_correct = sum(bool(r.correct) for r in graded)
-    ci = wilson(n_correct, len(graded))
-    s = {
-        "n": n, "wall_s": wall, "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
-        "target_passes": tp, "target_passes_per_token": tp / tokens if tp is not None and tokens else None,
-        "mean_accepted_length": tokens / tp if tp else None,
-        "drafted": drafted, "acceptance_rate": kept / drafted if drafted else None,
-        "rescued": rescued, "divergences": div,
-        "rescues_per_divergence": rescued / div if div else None,
-        "eos_share": sum(r.stopped_by == "eos" for r in rs) / n if n else None,
-        "n_graded": len(graded), "n_correct": n_correct,
-        "accuracy": n_correct / len(graded) if graded else None,
-        "accuracy_ci95": list(ci) if ci else None,
-        "bookkeeping_share": (sum(r.bookkeeping_s for r in rs) / wall
-                              if wall > 0 and all(r.bookkeeping_s is not None for r in rs) else None),
-        "policy_share": (sum(r.policy_s for r in rs) / wall
-                         if wall > 0 and all(r.policy_s is not None for r in rs) else None),
-        "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
-        "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
-    }
-    if rs and all(r.lookup_blocks is not None for r in rs):
-        blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
-        copies_kept = sum(r.lookup_kept for r in rs)
-        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=copies_kept,
-                 lookup_pass_share=blocks / tp if tp else None,
-                 lookup_acceptance=copies_kept / proposed if proposed else None)
-    for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
-                     (HF_FIXED, "speedup_over_hf_fixed")):
-        if rows and ref in rows[0]:
-            ref_wall = sum(row[ref].wall_s for row in rows)
-            s[key] = ref_wall / wall if wall > 0 else None
-            if ref != m:     # how much of the ratio the choice of items decides (bootstrap over items)
-                ci = ratio_ci((row[ref].wall_s, row[m].wall_s) for row in rows)
-                s[key + "_ci95"] = list(ci) if ci else None
-    if rows and "ar" in rows[0]:
-        ar = [row["ar"] for row in rows]
-        ratios = [r.tokens_per_s / a.tokens_per_s for r, a in zip(rs, ar) if a.tokens_per_s > 0]
-        s["speedup_tps_mean"] = statistics.fmean(ratios) if ratios else None
-        s["accuracy_vs_ar"] = _paired(rows, m, "ar")
-    s["accuracy_vs_sd"] = _paired(rows, m, "sd")
-    if rows and "sd" in rows[0] and tp is not None:
-        sd_tp = sum(row["sd"].target_passes for row in rows)
-        s["target_passes_vs_sd"] = tp / sd_tp if sd_tp else None
-    return s
-
-
-def frontier(summary: dict) -> list[dict]:
-    """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
-    stats = overall(summary)
-    points = []
-    for name, s in stats.items():
-        points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),
-                       "accuracy_ci95": s.get("accuracy_ci95"), "n_graded": s.get("n_graded"),
-                       "target_passes_per_token": s.get("target_passes_per_token"),
-                       "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
-                       "rescues_per_divergence": s.get("rescues_per_divergence"),
-                       "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
-                       "eos_share": s.get("eos_share"), "accuracy_vs_sd": s.get("accuracy_vs_sd")})
-    return points
-
-
-def _check_profile(results: dict, pair, decoder, progress: Progress | None) -> None:
-    """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
-    bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
-    if decoder._costs is None:
-        return
-    from csd.profile import measure as measure_costs
-    results["meta"].setdefault("profile_checks", []).append(_profile_record(measure_costs(pair, progress=progress)))
-
-
 def _profile_record(c) -> dict:
     """A cost model as the results hold it: its figures, its bound at a few block lengths, its best bound."""
     g_best, b_best = c.best_bound()
@@ -625,84 +388,7 @@ def _profile_record(c) -> dict:
             "best_bound": {"gamma": g_best, "speedup": b_best}}
 
 
-def _bound(results: dict) -> float | None:
-    """The median of the run's bounds (``bounds``): one profile slowed by another process on a shared
-    machine moves it less than it moves that profile's own bound."""
-    found = bounds(results)
-    return statistics.median(found) if found else None
-
-
-def _assemble(records, cols: list[Method], divergences: dict[str, Counter], token_text: dict, status: str,
-              bound: float | None = None) -> dict:
-    div = {}
-    for m, counts in divergences.items():
-        p = pareto(counts)
-        p["top"] = [{"draft_id": d, "target_id": t, "draft_text": token_text.get(d, ""),
-                     "target_text": token_text.get(t, ""), "count": c}
-                    for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]
-        div[m] = p
-    names = [m.name for m in cols]
-    summary = summarize(records, names)
-    return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
-            "targets": check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}), bound),
-            "frontier": frontier(summary), "divergences": div}
-
-
-def resummarize(results: dict) -> dict:
-    """The summary, goals and frontier of a run again, from its stored items by the current code (after
-    the report gains a figure); the items, profiles and divergences stay as they were measured."""
-    records = [ItemResult.from_dict(d) for d in results.get("items") or []]
-    before = results.get("summary") or {}
-    names = list(next(iter(before.values()), {})) or list(dict.fromkeys(r.method for r in records))
-    summary = summarize(records, names)
-    results.update(summary=summary, frontier=frontier(summary),
-                   targets=check_targets(summary.get("all") or (next(iter(summary.values())) if summary else {}),
-                                         _bound(results)))
-    return results
-
-
-def check_targets(stats: dict, bound: float | None = None) -> dict:
-    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured).
-    ``bound``: the profile's ideal speed-up over AR; where it is below the 2x goal, CSD's share of it
-    is the goal instead (at least 80%), where it is 2x or more that share is reported, not judged."""
-    def get(m, k):
-        return (stats.get(m) or {}).get(k)
-
-    def t(value, threshold, higher=True, ci=None):
-        out = {"value": value, "threshold": threshold,
-               "met": None if value is None else (value >= threshold if higher else value <= threshold)}
-        if ci is not None:      # a speed-up's bootstrap interval over the items: reported, not judged
-            out["ci95"] = ci
-        return out
-
-    def speedup(key, target):
-        return t(get("csd", key), TARGETS[target], ci=get("csd", key + "_ci95"))
-
-    return {"csd_over_ar": speedup("speedup_wall", "csd_over_ar"),
-            "csd_over_hf": speedup("speedup_over_hf", "csd_over_hf"),
-            "csd_over_sd": speedup("speedup_over_sd", "csd_over_sd"),
-            "csd_share_of_bound": _share_of_bound(get("csd", "speedup_wall"), bound),
-            "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
-            "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
-            "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
-            "csd_policy_share": t(get("csd", "policy_share"), TARGETS["policy_share"], higher=False),
-            "sd_eos_share": t(get("sd", "eos_share"), TARGETS["eos_share_sd"]),
-            "csd_accuracy_vs_sd": get("csd", "accuracy_vs_sd"),
-            "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
-
-
-def _share_of_bound(speedup: float | None, bound: float | None) -> dict:
-    value = speedup / bound if speedup is not None and bound else None
-    applies = bound is not None and bound < TARGETS["csd_over_ar"]
-    return {"value": value, "threshold": TARGETS["share_of_bound"], "bound": bound,
-            "met": None if value is None or not applies else value >= TARGETS["share_of_bound"]}
-
-
 # -- outputs ------------------------------------------------------------------------------------------
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def _loadavg():
     try:
         return list(os.getloadavg())
@@ -710,16 +396,16 @@ def _loadavg():
         return None
 
 
-def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDConfig, memory_mode, memory,
-          bench_id: str, command: str) -> dict:
+def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_id: str) -> dict:
     import torch
     import transformers
 
     from csd.profile import machine_name
 
     costs = _profile_record(decoder.costs) if decoder._costs is not None else None
+    base = config.engine()
     return {
-        "bench_id": bench_id, "command": command, "started_at": _now(),
+        "bench_id": bench_id, "command": config.command, "started_at": now(),
         "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                     "torch": torch.__version__, "transformers": transformers.__version__,
@@ -731,12 +417,12 @@ def _meta(pair, decoder, cols: list[Method], datasets, limit, seed, base: CSDCon
         "models": pair.describe(),
         "profile": costs,
         "humaneval_isolation": _isolation(),
-        "config": {"datasets": datasets, "limit": limit, "methods": [m.name for m in cols],
+        "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf} for m in cols},
-                   "max_new_tokens": base.max_new_tokens, "seed": seed, "gamma": base.gamma, "lookup": base.lookup,
+                   "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma, "lookup": base.lookup,
                    "lam": base.lam,
-                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": memory_mode,
+                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,
                    "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
                    "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "
                                   "(heuristic draft length, confidence threshold); passes counted by forward hooks",
@@ -754,8 +440,3 @@ def _isolation() -> str:
     except SandboxError as e:
         return f"unavailable: {e}"
 
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomic: a killed process leaves the previous file or the new one."""
-    from csd.fileio import atomic_write
-    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))

@@ -14,30 +14,12 @@ merge counts how many are, and the figure keeps the first run's SD point.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from csd.fileio import atomic_write
-
-
-class MergeError(ValueError):
-    pass
-
-
-def load_results(path: Path) -> dict:
-    """A benchmark run's results.json, from its output directory or the file; MergeError says what is wrong."""
-    f = path / "results.json" if path.is_dir() else path
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MergeError(f"{f}: no such file (give a benchmark output directory or its results.json)") from None
-    except ValueError as e:
-        raise MergeError(f"{f}: not JSON ({e})") from None
-    if not isinstance(data, dict) or "frontier" not in data or "items" not in data:
-        raise MergeError(f"{f}: not a benchmark results.json (no items or frontier)")
-    data["_path"] = str(f)
-    return data
+from .io import write_json
+from .report import frontier_figure, frontier_markdown
+from .results import ResultsError, load_results
 
 
 def _sd_answers(run: dict) -> dict[tuple, list]:
@@ -47,20 +29,20 @@ def _sd_answers(run: dict) -> dict[tuple, list]:
 def merge(runs: list[dict]) -> dict:
     """The merged frontier (``{"meta", "status", "points", "checks"}``) of ``runs`` (parsed results.json)."""
     if len(runs) < 2:
-        raise MergeError("give at least two benchmark runs to merge")
+        raise ResultsError("give at least two benchmark runs to merge")
     sds = []
     for run in runs:
         sd = next((p for p in run["frontier"] if p["method"] == "sd"), None)
         if sd is None or not sd.get("tokens_per_s"):
-            raise MergeError(f"{run['_path']}: no SD column; run each part with --methods sd,... so that its "
-                             "speed can be compared side by side")
+            raise ResultsError(f"{run['_path']}: no SD column; run each part with --methods sd,... so that its "
+                               "speed can be compared side by side")
         sds.append(sd)
     first, *others = [_sd_answers(run) for run in runs]
     for run, other in zip(runs[1:], others):
         if set(other) != set(first):
             differ = sorted(set(first) ^ set(other))[:3]
-            raise MergeError(f"{run['_path']}: not the same items as {runs[0]['_path']} "
-                             f"({len(other)} against {len(first)}; e.g. {differ})")
+            raise ResultsError(f"{run['_path']}: not the same items as {runs[0]['_path']} "
+                               f"({len(other)} against {len(first)}; e.g. {differ})")
     sd_identical = [sum(other[k] == first[k] for k in first) for other in others]
     points, seen = [], set()
     for i, (run, sd) in enumerate(zip(runs, sds)):
@@ -93,13 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         merged = merge([load_results(Path(p)) for p in args.runs])
-    except MergeError as e:
+    except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "frontier.json", json.dumps(merged, indent=1).encode())
-    from .report import frontier_figure, frontier_markdown
+    write_json(out / "frontier.json", merged)
     frontier_figure(merged["points"], merged["meta"]).write_html(out / "frontier.html", include_plotlyjs="directory",
                                                                  full_html=True)
     c = merged["checks"]

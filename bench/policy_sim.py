@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def answer(pair, spec: str, max_new_tokens: int) -> list[dict]:
     """The target's greedy answers (AR) to the benchmark's seeded draw of ``spec``."""
-    from bench.datasets import load_dataset
-    from bench.harness import item_range
+    from bench.datasets import item_range, load_dataset
     from csd.config import CSDConfig
     from csd.decode import Decoder
     dec, out = Decoder(pair), []

@@ -13,6 +13,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .io import fmt, pct, write_json
+from .results import ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
+
 
 def _copies(lookup) -> str:
     """The drafting columns' copy length as the header says it (runs before it existed had none)."""
@@ -24,14 +27,6 @@ def _impl(models: dict) -> str:
     they were recorded had none)."""
     path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
     return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
-
-
-def _fmt(x, spec=".2f", suffix="") -> str:
-    return "–" if x is None else f"{x:{spec}}{suffix}"
-
-
-def _pct(x, nd=1) -> str:
-    return "–" if x is None else f"{100 * x:.{nd}f}%"
 
 
 def _acc(s: dict) -> str:
@@ -47,19 +42,6 @@ def _vs(p: dict | None) -> str:
         return "–"
     pv = f" (p = {p['p_value']:.2f})" if p.get("p_value") is not None else ""
     return f"+{p['gained']} / −{p['lost']}{pv}"
-
-
-def overall(summary: dict) -> dict:
-    """Per-method figures over all items: the "all" row, or the only dataset's."""
-    return summary.get("all") or (next(iter(summary.values())) if summary else {})
-
-
-def bounds(results: dict) -> list[float]:
-    """Every ideal speed-up over AR (every draft token accepted) the run measured: the cached
-    profile's, then each re-measurement's."""
-    meta = results.get("meta") or {}
-    profiles = [meta.get("profile") or {}] + list(meta.get("profile_checks") or [])
-    return [b for p in profiles if (b := (p.get("best_bound") or {}).get("speedup"))]
 
 
 def _profile_figures(p: dict, bound_label: str) -> str:
@@ -112,7 +94,7 @@ def render_markdown(results: dict) -> str:
         f"- Date: {meta['started_at']} (UTC); status: {results.get('status')}",
         f"- Machine: {meta['machine']['cpu']}, {meta['machine']['torch_threads']} torch threads, torch "
         f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
-        f"{_fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
+        f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
         f"{_impl(models)}, draft "
         f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
@@ -140,13 +122,13 @@ def render_markdown(results: dict) -> str:
         for m, s in per_method.items():
             same = "–" if s.get("identical_to_sd") is None or m == "sd" else f"{s['identical_to_sd']}/{s['n']}"
             resc = "–" if s.get("rescued") is None else (
-                f"{s['rescued']} ({_pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
+                f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
                 f"{s['rescued']}")
             lines.append(
-                f"| {ds} | {m} | {s['n']} | {_fmt(s['tokens_per_s'], '.2f')} | {_fmt(s.get('speedup_wall'), '.2f', 'x')} "
-                f"| {_fmt(s.get('speedup_over_sd'), '.2f', 'x')} | {_fmt(s.get('speedup_over_hf'), '.2f', 'x')} "
-                f"| {_fmt(s.get('target_passes_per_token'), '.3f')} | {_fmt(s['mean_accepted_length'], '.2f')} "
-                f"| {_pct(s['acceptance_rate'])} | {resc} | {_pct(s.get('eos_share'), 0)} | {_acc(s)} "
+                f"| {ds} | {m} | {s['n']} | {fmt(s['tokens_per_s'], '.2f')} | {fmt(s.get('speedup_wall'), '.2f', 'x')} "
+                f"| {fmt(s.get('speedup_over_sd'), '.2f', 'x')} | {fmt(s.get('speedup_over_hf'), '.2f', 'x')} "
+                f"| {fmt(s.get('target_passes_per_token'), '.3f')} | {fmt(s['mean_accepted_length'], '.2f')} "
+                f"| {pct(s['acceptance_rate'])} | {resc} | {pct(s.get('eos_share'), 0)} | {_acc(s)} "
                 f"| {_vs(s.get('accuracy_vs_sd'))} | {same} |")
     targets = results.get("targets") or {}
     if targets:
@@ -187,8 +169,8 @@ def render_markdown(results: dict) -> str:
     for m, st in overall(summary).items():
         if st.get("lookup_blocks") is not None:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
-                          f"({_pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
-                          f"copied tokens and kept {st['lookup_kept']} ({_pct(st.get('lookup_acceptance'), 0)})."]
+                          f"({pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
+                          f"copied tokens and kept {st['lookup_kept']} ({pct(st.get('lookup_acceptance'), 0)})."]
     lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
@@ -212,7 +194,7 @@ def write_charts(results: dict, out: Path) -> list[Path]:
         ys = [(summary[ds].get(m) or {}).get("speedup_wall") for ds in datasets]
         tps = [(summary[ds].get(m) or {}).get("speedup_tps_mean") for ds in datasets]
         ns = [(summary[ds].get(m) or {}).get("n") for ds in datasets]
-        fig.add_bar(name=m, x=datasets, y=ys, text=[_fmt(y, ".2f", "x") for y in ys], textposition="outside",
+        fig.add_bar(name=m, x=datasets, y=ys, text=[fmt(y, ".2f", "x") for y in ys], textposition="outside",
                     customdata=list(zip(tps, ns)),
                     hovertemplate=f"{m}<br>%{{x}}: %{{y:.2f}}x (Σ wall)<br>mean tok/s ratio %{{customdata[0]:.2f}}x"
                                   f"<br>N = %{{customdata[1]}}<extra></extra>")
@@ -294,7 +276,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
             hovertemplate=(f"<b>{name}</b><br>{p['tokens_per_s']:.2f} tokens/s"
                            + (f" ({p[xkey]:.2f}x SD in run {p.get('run')})" if merged else "")
                            + "<br>accuracy %{y:.1%}"
-                           f"<br>passes/token {_fmt(p.get('target_passes_per_token'), '.3f')}"
+                           f"<br>passes/token {fmt(p.get('target_passes_per_token'), '.3f')}"
                            f"<br>rescued {p.get('rescued') if p.get('rescued') is not None else '–'}"
                            f"<br>vs SD: +{vs.get('gained', 0)} / -{vs.get('lost', 0)}<extra></extra>"))
     title = "Speed / quality frontier: one point per setting (accuracy with 95% intervals)"
@@ -326,8 +308,8 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
         rel = p.get("speed_vs_sd")
         rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
         resc = p.get("rescued") if p.get("rescued") is not None else "–"
-        rows.append(f"| {escape(str(p.get('method')))} | {_fmt(p.get('tokens_per_s'))} | {rel_s}"
-                    f"{_fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {_pct(p.get('eos_share'), 0)} | "
+        rows.append(f"| {escape(str(p.get('method')))} | {fmt(p.get('tokens_per_s'))} | {rel_s}"
+                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {pct(p.get('eos_share'), 0)} | "
                     f"{acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
     machine = escape(str((meta.get("machine") or {}).get("cpu", "")))
     where = f"on {machine} (target {escape(str(meta.get('dtype')))}); N = {points[0].get('n')} items"
@@ -361,101 +343,18 @@ def profile_figure(costs, title: str = ""):
     return fig
 
 
-def _fill_leaves_sd_at(results: dict) -> None:
-    """A run from before ``leaves_sd_at`` existed gains it, from its stored token ids, where its pair is the
-    embedded one (whose tokenizer is at hand); others are left as they are."""
-    items = results.get("items") or []
-    if all("leaves_sd_at" in it for it in items) or not any(it["method"] == "sd" for it in items):
-        return                   # nothing to fill, or no SD to compare with: no tokenizer needed
-    from csd.embedded import prepare_embedded
-    from csd.pair import EMBEDDED_PAIR_ID
-    if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
-        return
-    from transformers import AutoTokenizer
-
-    from .harness import ItemResult, mark_where_answers_leave_sd
-    decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
-    records = [ItemResult.from_dict(it) for it in items]
-    by_item: dict[tuple, list[ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), []).append(r)
-    for group in by_item.values():         # the run's own pairing, one item at a time
-        mark_where_answers_leave_sd(group, decode)
-    for it, r in zip(items, records):
-        it["leaves_sd_at"] = r.leaves_sd_at
-
-
-POOL_SETUP = ("methods", "max_new_tokens", "gamma", "lookup", "lam", "tau", "seed", "memory_mode", "temperature")
-
-
-def _setup(results: dict) -> dict:
-    """What must be the same for two runs' items to count as one sample."""
-    meta = results["meta"]
-    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
-            "target path": (meta.get("models") or {}).get("target_impl"),
-            # smoothing changes an int8 target's answers (and so acceptance): runs from before it
-            # existed record none and count as unsmoothed
-            "int8 smoothing": (meta.get("models") or {}).get("target_smoothing") or "",
-            "machine": (meta.get("machine") or {}).get("cpu"),
-            **{k: meta["config"].get(k) for k in POOL_SETUP}}
-
-
-def pool(runs: list[dict], command: str = "") -> dict:
-    """Benchmark runs of one set-up (pair, representations, machine kind, methods and settings) on
-    different items, as one run: every speed-up is again a ratio of summed walls over all items and
-    its bootstrap interval is over all of them. That is sound because each item's methods ran side
-    by side, interleaved, in its own run; the runs' own speeds may differ (a shared machine drifts),
-    which widens the interval rather than biasing the ratio. The bound is the median of every
-    profile the runs measured. Divergence patterns are not pooled (each run's memory evolved on its
-    own items): see each run's report."""
-    import copy
-
-    from .harness import resummarize
-    from .merge import MergeError
-    if len(runs) < 2:
-        raise MergeError("pooling needs at least two runs")
-    first = _setup(runs[0])
-    for r in runs[1:]:
-        other = _setup(r)
-        diff = [k for k in first if first[k] != other[k]]
-        if diff:
-            raise MergeError(f"the runs differ in {', '.join(diff)}: only runs of one set-up can be pooled")
-    seen, items = set(), []
-    for r in runs:
-        for it in r["items"]:
-            key = (it["dataset"], it["item_id"], it["method"])
-            if key in seen:
-                raise MergeError(f"item {it['dataset']} {it['item_id']} ({it['method']}) is in two runs: "
-                                 "pool runs on different items (--dataset gsm8k:11-20 draws the next ten)")
-            seen.add(key)
-            items.append(it)
-    out = copy.deepcopy({k: v for k, v in runs[0].items() if k != "_path"})
-    meta = out["meta"]
-    meta["command"] = command or meta["command"]
-    meta["pooled_from"] = [{"command": r["meta"].get("command"), "started_at": r["meta"].get("started_at"),
-                            "status": r.get("status"), "items": len({(i["dataset"], i["item_id"]) for i in r["items"]}),
-                            "loadavg_start": r["meta"].get("loadavg_start")} for r in runs]
-    meta["profile_checks"] = list(meta.get("profile_checks") or []) + [
-        p for r in runs[1:] for p in [r["meta"].get("profile")] + list(r["meta"].get("profile_checks") or []) if p]
-    meta["config"]["datasets"] = list(dict.fromkeys(d for r in runs for d in r["meta"]["config"].get("datasets") or []))
-    out.update(items=items, divergences={}, status="pooled")
-    return resummarize(out)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
     ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
-    from .harness import _write_json, resummarize
-    from .merge import MergeError, load_results
     if len(args.run) > 1 and not args.out:
         print("error: several runs are pooled into a new report: give it a directory with --out", file=sys.stderr)
         return 2
     try:
         runs = [load_results(Path(r)) for r in args.run]
         for r in runs:
-            _fill_leaves_sd_at(r)
+            fill_leaves_sd_at(r)
         if len(runs) > 1:
             results = pool(runs, "python -m bench.report " + " ".join(args.run) + f" --out {args.out}")
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -464,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             results = runs[0]
             path = Path(results.pop("_path"))
             resummarize(results)
-    except MergeError as e:
+    except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _write_json(path, results)
+    write_json(path, results)
     (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_charts(results, path.parent)
     print(f"{'pooled into' if len(runs) > 1 else 're-rendered'} {path} and {path.parent / 'results.md'}", file=sys.stderr)

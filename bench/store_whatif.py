@@ -17,9 +17,12 @@ import time
 import numpy as np
 
 from csd.events import REJECTED, RESCUED, TokenEvent
+from csd.rule import log_tau, rescues
 from db import analytics as A
 from db.models import Run
 from db.store import Store
+
+LAM, TAU = 6, 0.01      # the paper's defaults: the thresholds the events are written under and replayed at
 
 
 def synthetic_divergences(n: int, n_patterns: int = 5000, seed: int = 0) -> list[TokenEvent]:
@@ -31,7 +34,7 @@ def synthetic_divergences(n: int, n_patterns: int = 5000, seed: int = 0) -> list
         count = int(seen[p])
         seen[p] += 1
         gap = float(-rng.exponential(2.0))
-        rescued = count >= 6 and gap >= np.log(0.01)
+        rescued = rescues(count, gap, LAM, log_tau(TAU))      # the decode loop's own rule
         events.append(TokenEvent(position=i, token_id=p, text=f" d{p}", status=RESCUED if rescued else REJECTED,
                                  block=i // 6, index_in_block=i % 6, draft_id=p, draft_text=f" d{p}",
                                  target_id=p + 100_000, target_text=f" t{p}", gap=gap, memory_count=count))
@@ -66,13 +69,13 @@ def main(argv=None) -> int:
               f"({len(events) / write_s:,.0f} events/s)")
 
         f = A.Filter(run_ids=(run_id,))
-        cold = timed(lambda: (store.cache.clear(), A.what_if(store, 6, 0.01, f)), 5)
-        warm = timed(lambda: A.what_if(store, 6, 0.01, f), args.repeat)
+        cold = timed(lambda: (store.cache.clear(), A.what_if(store, LAM, TAU, f)), 5)
+        warm = timed(lambda: A.what_if(store, LAM, TAU, f), args.repeat)
         lams, taus = list(range(1, 11)), list(np.logspace(-4, 0, 10))
         grid = timed(lambda: A.what_if_grid(store, lams, taus, f), args.repeat)
         sql_only = timed(lambda: A.load_divergences(store, f), 5)
-        w = A.what_if(store, 6, 0.01, f)
-        print(f"what_if(lam=6, tau=0.01): {w.rescued:,} of {w.total:,} divergences rescued ({w.rate:.1%}), "
+        w = A.what_if(store, LAM, TAU, f)
+        print(f"what_if(lam={LAM}, tau={TAU}): {w.rescued:,} of {w.total:,} divergences rescued ({w.rate:.1%}), "
               f"{len(w.by_pattern):,} patterns")
         for name, ms in [("what_if cold (query + arrays)", cold), ("what_if warm (cached arrays)", warm),
                          ("what_if_grid 10 x 10 (warm)", grid), ("  of which loading the arrays", sql_only)]:

@@ -5,16 +5,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.datasets import BUILTIN
-from bench.harness import (
-    BENCH_METHODS,
-    DEFAULT_METHODS,
-    MEMORY_MODES,
-    parse_sweep,
-    run_bench,
-    validate_datasets,
-    validate_methods,
-)
+from bench.datasets import BUILTIN, validate_datasets
+from bench.harness import MEMORY_MODES, BenchConfig, run_bench
+from bench.io import command_line
+from bench.methods import BENCH_METHODS, DEFAULT_METHODS, parse_sweep, validate_methods
 from bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, CSDConfig, parse_gamma
 
@@ -28,7 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "results.json, results.md, speedup.html, divergences.html and frontier.html to --out. "
                     "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier). --synthetic "
                     "instead times ar, sd and csd on randomly initialised models with the real pair's "
-                    "architectures (no model files needed: for GPU machines; see bench/synthetic.py).")
+                    "architectures (no model files needed: for GPU machines; see bench/synthetic/).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each optionally with its own item "
                         "count, e.g. gsm8k:40,humaneval:40,prose:10, or range of the seeded draw, e.g. gsm8k:16-40 (the "
@@ -90,6 +84,7 @@ def cmd_bench(args) -> int:
     validate_datasets(args.dataset)
     if args.limit < 0 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
+    config = bench_config(args, methods)
     pair = load_from_args(args, need_draft=any(m != "ar" for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     try:
@@ -97,22 +92,27 @@ def cmd_bench(args) -> int:
     except ImportError as e:        # the store is optional: bench without it
         print(f"warning: not recording to the store ({e})", file=sys.stderr)
         store = None
-    command = getattr(args, "command_line", None) or _command_line()
+    out = Path(config.out_dir)
     try:
-        res = run_bench(pair, args.dataset, None if args.limit == 0 else args.limit, methods,
-                        args.max_new_tokens, args.out, args.seed, store, gamma=args.gamma, lam=args.lam,
-                        tau=args.tau, sweep=args.sweep, memory=memory, memory_mode=args.memory_mode,
-                        warmup=not args.no_warmup, command=command, gamma_max=args.gamma_max,
-                        lookup=args.lookup, bound_checks=args.bound_checks)
+        res = run_bench(pair, config, store=store, memory=memory)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the finished items are in {Path(args.out) / 'results.json'}", file=sys.stderr)
+        print(f"\ninterrupted: the finished items are in {out / 'results.json'}", file=sys.stderr)
         return 130
     finally:
         if store is not None:
             store.close()
-    print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
-    print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
+    print((out / "results.md").read_text(encoding="utf-8"))
+    print(f"results: {out.resolve()}", file=sys.stderr)
     return 0 if res["status"] == "finished" else 1
+
+
+def bench_config(args, methods: list[str]) -> BenchConfig:
+    """The run that the flags describe (``methods``: the validated names of --methods)."""
+    return BenchConfig(args.dataset, None if args.limit == 0 else args.limit, tuple(methods), args.max_new_tokens,
+                       args.out, args.seed, gamma=args.gamma, lam=args.lam, tau=args.tau, sweep=args.sweep,
+                       memory_mode=args.memory_mode, warmup=not args.no_warmup,
+                       command=getattr(args, "command_line", None) or command_line("csd"),
+                       gamma_max=args.gamma_max, lookup=args.lookup, bound_checks=args.bound_checks)
 
 
 def cmd_synthetic(args) -> int:
@@ -123,10 +123,4 @@ def cmd_synthetic(args) -> int:
     if given:
         flags = ", ".join("--" + a.replace("_", "-") for a in given)
         raise ValueError(f"{flags}: not used by --synthetic (it runs ar, sd and csd on random prompts and models)")
-    return run_from_args(args, getattr(args, "command_line", None) or _command_line())
-
-
-def _command_line() -> str:
-    """The command as typed, for the record."""
-    import shlex
-    return f"python -m csd {shlex.join(sys.argv[1:])}".strip()
+    return run_from_args(args, getattr(args, "command_line", None) or command_line("csd"))

@@ -76,12 +76,12 @@ def test_user_file(tmp_path):
 
 # -- summaries (pure functions over records) -----------------------------------------------------
 def _rec(ds, iid, method, wall, tokens, passes, **kw):
-    from bench.harness import ItemResult
+    from bench.results import ItemResult
     return ItemResult(ds, iid, method, 0, wall, tokens, passes, None, **kw)
 
 
 def test_summary_speedups_and_pairing():
-    from bench.harness import check_targets, summarize
+    from bench.results import check_targets, summarize
 
     recs = [
         _rec("a", "1", "ar", 10.0, 10, 10, correct=True), _rec("a", "1", "sd", 5.0, 10, 4, drafted=12, accepted=8,
@@ -107,7 +107,7 @@ def test_summary_speedups_and_pairing():
 
 
 def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
-    from bench.harness import check_targets
+    from bench.results import check_targets
     stats = {"csd": {"speedup_wall": 1.36}}
     low = check_targets(stats, bound=1.66)["csd_share_of_bound"]
     assert low["value"] == pytest.approx(1.36 / 1.66) and low["met"] is True
@@ -133,7 +133,7 @@ def test_pareto_wilson_mcnemar():
 
 
 def test_speedup_interval_over_items():
-    from bench.harness import check_targets, summarize
+    from bench.results import check_targets, summarize
     from bench.stats import ratio_ci
 
     steady = [(2.0 + 0.01 * (i % 3), 1.0) for i in range(20)]          # every item about 2x
@@ -155,8 +155,8 @@ def test_speedup_interval_over_items():
 
 
 def test_where_answers_leave_sd():
-    from bench.harness import leaves_at
     from bench.report import leave_sd_lines
+    from bench.results import leaves_at
 
     def dec(ids):
         return "".join(chr(96 + i) for i in ids)
@@ -177,7 +177,7 @@ def test_where_answers_leave_sd():
 
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
-    from bench.report import _fill_leaves_sd_at
+    from bench.results import fill_leaves_sd_at
     from csd.pair import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
@@ -189,19 +189,19 @@ def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tok
 
     run = {"meta": {"models": {"pair_id": EMBEDDED_PAIR_ID}},
            "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids), item("2", "sd", sd_ids), item("2", "csd", sd_ids)]}
-    _fill_leaves_sd_at(run)
+    fill_leaves_sd_at(run)
     at = [it["leaves_sd_at"] for it in run["items"]]
     assert at[0] is None and at[3] is None                         # SD itself; an answer equal to SD's
     i = at[1][0]
     assert sd_ids[:i] == csd_ids[:i] and at[1][1:] == [qwen_tokenizer.decode([sd_ids[i]]), qwen_tokenizer.decode([csd_ids[i]])]
     assert at[1][1].strip() == "def" and at[1][2].strip() == "from"
     other = {"meta": {"models": {"pair_id": "a->b"}}, "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids)]}
-    _fill_leaves_sd_at(other)                                     # another pair: no tokenizer at hand, left alone
+    fill_leaves_sd_at(other)                                     # another pair: no tokenizer at hand, left alone
     assert all("leaves_sd_at" not in it for it in other["items"])
 
 
 def test_methods_and_sweep():
-    from bench.harness import make_methods, parse_sweep
+    from bench.methods import make_methods, parse_sweep
     from csd.config import CSDConfig
 
     assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [{"lam": 6.0, "tau": 0.01},
@@ -224,7 +224,7 @@ def test_methods_and_sweep():
 def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     """The whole harness, fast: a tiny target, its perturbed copy as the draft, a prompt file, a
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
-    from bench.harness import run_bench
+    from bench.harness import BenchConfig, run_bench
     from conftest import tiny_model
     from csd.pair import ModelPair
     from test_engine_tiny import make_pair, perturbed
@@ -237,8 +237,8 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     pair = TinyPair(**vars(make_pair(qwen_tokenizer, target, perturbed(target, 0.05), eos=(7,))))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(3)))
-    res = run_bench(pair, str(prompts), None, "ar,sd,csd", 16, tmp_path / "out", sweep="lam=0,tau=1;lam=6,tau=0.01",
-                    show_bar=False)
+    res = run_bench(pair, BenchConfig(str(prompts), None, "ar,sd,csd", 16, tmp_path / "out",
+                                      sweep="lam=0,tau=1;lam=6,tau=0.01", show_bar=False))
     out = tmp_path / "out"
     for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",
                  "frontier.json", "memory_csd.json.gz", "memory_csd_lam=0_tau=1.json.gz"):
@@ -303,7 +303,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
 def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, qwen_tokenizer):
     """With gamma auto the harness re-measures the profile beside the run (``bound_checks``) and judges
     CSD against the median bound; the policy keeps the profile it started with."""
-    from bench.harness import run_bench
+    from bench.harness import BenchConfig, run_bench
     from conftest import tiny_model
     from csd.costs import CostModel
     from test_engine_tiny import make_pair, perturbed
@@ -315,8 +315,8 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
     prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(2)))
     # a deliberately odd starting profile: a draft that costs nothing gives a bound far above any re-measurement
     given = CostModel({1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0}, 0.0)
-    res = run_bench(pair, str(prompts), None, "ar,csd", 8, tmp_path / "a", gamma="auto", costs=given,
-                    bound_checks=2, show_bar=False)
+    res = run_bench(pair, BenchConfig(str(prompts), None, "ar,csd", 8, tmp_path / "a", gamma="auto", bound_checks=2,
+                                      show_bar=False), costs=given)
     checks = res["meta"]["profile_checks"]
     assert len(checks) == 2 and all(c["measured_at"] and c["draft_ms"] > 0 for c in checks)
     found = [given.best_bound()[1]] + [c["best_bound"]["speedup"] for c in checks]
@@ -326,8 +326,8 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
     md = (tmp_path / "a" / "results.md").read_text()
     assert md.count("re-measured beside the run") == 2 and "the median of 3 profiles" in md
 
-    res0 = run_bench(pair, str(prompts), None, "ar,csd", 8, tmp_path / "b", gamma="auto", costs=given,
-                     bound_checks=0, show_bar=False)
+    res0 = run_bench(pair, BenchConfig(str(prompts), None, "ar,csd", 8, tmp_path / "b", gamma="auto", bound_checks=0,
+                                       show_bar=False), costs=given)
     assert "profile_checks" not in res0["meta"]
     assert res0["targets"]["csd_share_of_bound"]["bound"] == pytest.approx(found[0])
 
@@ -344,15 +344,33 @@ def test_cli_parser():
     assert a.func is cmd_bench
 
 
+def test_cli_builds_the_bench_config():
+    """``csd bench``'s flags become one BenchConfig: every setting the harness reads, with its default."""
+    from bench.harness import BenchConfig
+    from cli.bench import add_parser, bench_config
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="cmd"))
+    a = parser.parse_args(["bench", "--dataset", "gsm8k:3,prose", "--limit", "0", "--methods", "ar,csd", "--out", "x",
+                           "--gamma", "4", "--lam", "3", "--tau", "0.1", "--sweep", "lam=2,tau=0.5",
+                           "--memory-mode", "fresh", "--no-warmup", "--lookup", "0", "--bound-checks", "1"])
+    a.command_line = "python -m csd bench ..."
+    assert bench_config(a, ["ar", "csd"]) == BenchConfig(
+        "gsm8k:3,prose", None, ("ar", "csd"), 128, "x", 0, gamma=4, lam=3.0, tau=0.1, sweep="lam=2,tau=0.5",
+        memory_mode="fresh", warmup=False, command="python -m csd bench ...", gamma_max=16, lookup=0, bound_checks=1)
+    with pytest.raises(ValueError, match="memory_mode"):
+        BenchConfig("gsm8k", 1, memory_mode="sometimes").columns()
+
+
 # -- the whole harness on the real embedded pair (float32, shared with the engine tests) ------------
 def test_bench_smoke_real_pair(real_pair, tmp_path):
-    from bench.harness import run_bench
+    from bench.harness import BenchConfig, run_bench
     from db.store import Store
 
     methods = ["ar", "sd", "csd", "hf-assisted", "hf-assisted-fixed"]
     with Store.open("sqlite://") as store:
-        res = run_bench(real_pair, "gsm8k,humaneval", 2, ",".join(methods), 12, tmp_path, seed=1, store=store,
-                        show_bar=False)
+        res = run_bench(real_pair, BenchConfig("gsm8k,humaneval", 2, ",".join(methods), 12, tmp_path, seed=1,
+                                               show_bar=False), store=store)
         from sqlalchemy import func, select
 
         from db.models import Run
@@ -408,14 +426,15 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
 
 
 def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
-    from bench.harness import run_bench
+    from bench.harness import BenchConfig, run_bench
 
     def progress(msg, frac):
         if msg.startswith("gsm8k") and frac >= 2 / 6 - 1e-9:
             raise KeyboardInterrupt      # as if Ctrl-C hit as the second item starts
 
     with pytest.raises(KeyboardInterrupt):
-        run_bench(real_pair, "gsm8k", 3, "ar,sd", 4, tmp_path, seed=0, progress=progress, warmup=False, show_bar=False)
+        run_bench(real_pair, BenchConfig("gsm8k", 3, "ar,sd", 4, tmp_path, seed=0, warmup=False, show_bar=False),
+                  progress=progress)
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["status"] == "interrupted"
     assert [it["method"] for it in res["items"]] == ["ar", "sd"]        # the first item, complete
@@ -424,7 +443,7 @@ def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
 
 
 def test_per_dataset_item_counts():
-    from bench.harness import split_limit, validate_datasets
+    from bench.datasets import split_limit, validate_datasets
 
     assert split_limit("gsm8k:40", 5) == ("gsm8k", 40) and split_limit("prose", 5) == ("prose", 5)
     assert validate_datasets("gsm8k:40,humaneval:2") == ["gsm8k:40", "humaneval:2"]
@@ -435,8 +454,7 @@ def test_per_dataset_item_counts():
 
 
 def test_an_item_range_draws_the_items_a_shorter_run_left_out():
-    from bench.datasets import load_dataset
-    from bench.harness import item_range, validate_datasets
+    from bench.datasets import item_range, load_dataset, validate_datasets
 
     assert item_range("gsm8k:16-40") == ("gsm8k", 15, 40) and item_range("gsm8k:40") == ("gsm8k", 0, 40)
     assert item_range("prose", 5) == ("prose", 0, 5)

@@ -143,7 +143,7 @@ def test_the_store_keeps_the_source(tmp_path):
 
 
 def test_sweep_columns_with_copies():
-    from bench.harness import make_methods, parse_sweep
+    from bench.methods import make_methods, parse_sweep
 
     cols = make_methods("sd,csd", CSDConfig(gamma="auto"),
                         sweep="method=sd,lookup=8;lookup=8;lam=2,lookup=8;lookup=8,lookup_ngram=2")
@@ -163,7 +163,7 @@ def test_sweep_columns_with_copies():
 def test_the_benchmark_copies_in_its_drafting_columns_only():
     """``bench --lookup N`` (default 16) gives the sd, csd and ablation columns copies; ar and the
     transformers columns never have any, and a sweep column can turn them off (the paper's method)."""
-    from bench.harness import make_methods
+    from bench.methods import make_methods
     from cli import build_parser
 
     assert build_parser().parse_args(["bench"]).lookup == DEFAULT_LOOKUP == 16

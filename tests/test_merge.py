@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from bench.merge import MergeError, main, merge
+from bench.merge import main, merge
+from bench.results import ResultsError
 
 
 def _run(path, sd_tps, settings, items=(("gsm8k", "1"), ("gsm8k", "2")), sd_ids=None, status="finished"):
@@ -47,13 +48,13 @@ def test_runs_on_other_items_or_without_sd_are_refused():
     a = _run("a", 10.0, [("csd", 12.0, 0.5)])
     other = _run("b", 10.0, [("csd[lam=3]", 11.0, 0.5)], items=(("gsm8k", "1"), ("gsm8k", "3")),
                  sd_ids={("gsm8k", "1"): [1], ("gsm8k", "3"): [1]})
-    with pytest.raises(MergeError, match="not the same items"):
+    with pytest.raises(ResultsError, match="not the same items"):
         merge([a, other])
     no_sd = _run("c", 10.0, [("csd[lam=3]", 11.0, 0.5)])
     no_sd["frontier"] = no_sd["frontier"][1:]
-    with pytest.raises(MergeError, match="no SD column"):
+    with pytest.raises(ResultsError, match="no SD column"):
         merge([a, no_sd])
-    with pytest.raises(MergeError, match="at least two"):
+    with pytest.raises(ResultsError, match="at least two"):
         merge([a])
 
 

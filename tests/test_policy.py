@@ -4,8 +4,8 @@ the draft agrees with the target, a cost model says what each pass costs)."""
 import random
 
 from bench.policy_sim import Trace, replay
-from csd.policy import AutoGamma, FixedGamma
 from csd.costs import CostModel
+from csd.policy import AutoGamma, FixedGamma
 
 # a CPU like the ones CI runs on: a draft token costs a third of a 1-token target pass, and a pass of
 # up to 12 tokens costs 1.4x a 1-token one

@@ -14,13 +14,12 @@ from bench.synthetic import (
     PAIRS,
     ScriptedDraft,
     SyntheticConfig,
-    _coins,
-    _script_of,
     build_model,
     make_pair,
     run_synthetic,
     scripted_run,
 )
+from bench.synthetic.run import _coins, _script_of
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.memory import CorrectionMemory

@@ -1,0 +1,49 @@
+"""What the benchmark's modules share, written once: a JSON file written atomically, a figure as
+text (a dash where it was not measured), the time stamp, the command line as typed, and the
+signature of a progress callback."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from csd.fileio import atomic_write
+
+Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
+
+DASH = "–"                                # a figure that was not measured
+
+
+def write_json(path: str | os.PathLike, data) -> Path:
+    """``data`` as indented UTF-8 JSON, atomically: a killed process leaves the previous file or the
+    new one, never half of one."""
+    return atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))
+
+
+def fmt(x, spec: str = ".2f", suffix: str = "", none: str = DASH) -> str:
+    """A figure as text: ``fmt(1.234) == "1.23"``, ``fmt(2, ".1f", "x") == "2.0x"``, ``none`` for None."""
+    return none if x is None else f"{x:{spec}}{suffix}"
+
+
+def pct(x, nd: int = 1, none: str = DASH) -> str:
+    """A share as a percentage: ``pct(0.1234) == "12.3%"``, ``none`` for None."""
+    return none if x is None else f"{100 * x:.{nd}f}%"
+
+
+def now() -> str:
+    """The time stamp of the outputs: UTC, to the second, ISO 8601."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(module: str) -> str:
+    """The command as typed, for the record: ``python -m MODULE ARGS``."""
+    return f"python -m {module} {shlex.join(sys.argv[1:])}".strip()
+
+
+def print_progress(message: str, fraction: float = 0.0) -> None:
+    """A ``Progress`` for the command line: each message on its own line on stderr."""
+    print(message, file=sys.stderr, flush=True)

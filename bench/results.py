@@ -1,0 +1,384 @@
+"""A benchmark run's results as data: one ``ItemResult`` per method and item, and what is computed
+from them (the paired summary per dataset and method, the goals, the speed/quality frontier,
+where answers leave SD's), for a run as it goes (``bench.harness``), for a run read back from its
+``results.json`` (``load_results``, ``resummarize``) and for runs of one set-up pooled into one
+(``pool``). Rendering them for people is ``bench.report``'s.
+
+The layout of ``results.json`` is a contract (``summary[dataset][method]["tokens_per_s"]`` and the
+rest): ``{"meta", "status", "items", "summary", "targets", "frontier", "divergences"}``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from csd.events import common_prefix
+
+from .methods import HF_ASSISTED, HF_FIXED
+from .stats import paired_accuracy, pareto, ratio_ci, wilson
+
+# The figures the issues ask for, checked over the mix of all datasets.
+TARGETS = {"csd_over_ar": 2.0, "csd_over_hf": 1.3, "csd_over_sd": 1.0, "csd_passes_vs_sd": 0.9,
+           "bookkeeping_share": 0.001, "policy_share": 0.005, "csd_tokens_per_s": 8.0, "eos_share_sd": 0.9,
+           "share_of_bound": 0.8}
+
+
+# -- one method on one item -------------------------------------------------------------------------
+@dataclass
+class ItemResult:
+    """One method on one item."""
+    dataset: str
+    item_id: str
+    method: str
+    order: int                         # position of this method in the item's rotated order
+    wall_s: float                      # measured here, around the whole generation
+    new_tokens: int
+    target_passes: int | None          # target forward passes (hf: counted by a forward hook)
+    draft_passes: int | None
+    drafted: int | None = None         # draft tokens proposed (None where the method does not say)
+    accepted: int | None = None
+    rescued: int | None = None
+    divergences: int | None = None
+    bookkeeping_s: float | None = None  # memory + gate time inside the engine
+    policy_s: float | None = None       # block-length policy time inside the engine
+    engine_wall_s: float | None = None  # the engine's own wall time (excludes setting up the run)
+    stopped_by: str = ""
+    correct: bool | None = None        # None: not graded
+    predicted: str | None = None
+    grade_detail: str = ""
+    identical_to_ar: bool | None = None  # same token ids as AR on this item (None without AR)
+    identical_to_sd: bool | None = None  # same token ids as SD on this item (None without SD)
+    text: str = ""
+    token_ids: list = field(default_factory=list)
+    lookup_blocks: int | None = None   # target passes over tokens copied from the context (csd.lookup)
+    lookup_drafted: int | None = None
+    lookup_kept: int | None = None
+    leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return self.new_tokens / self.target_passes if self.target_passes else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if not self.drafted:
+            return None
+        return ((self.accepted or 0) + (self.rescued or 0)) / self.drafted
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tokens_per_s=self.tokens_per_s, mean_accepted_length=self.mean_accepted_length,
+                 acceptance_rate=self.acceptance_rate)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ItemResult:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# -- where answers leave SD's -----------------------------------------------------------------------
+def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
+    """Where an answer first differs from the reference answer: [position, the reference's token, this
+    answer's token] as text ("" past an answer's end); None when they are the same."""
+    if ids == ref_ids:
+        return None
+    i = common_prefix(ref_ids, ids)
+    return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
+
+
+def mark_where_answers_leave_sd(records, decode) -> None:
+    """Set ``leaves_sd_at`` on one item's records (every method but SD, where SD ran). On the embedded
+    pair nearly every HumanEval answer of CSD leaves SD's at its first rescue, token 3 of the code block."""
+    records = list(records)
+    sd = next((r for r in records if r.method == "sd"), None)
+    for r in records:
+        if sd is not None and r is not sd:
+            r.leaves_sd_at = leaves_at(sd.token_ids, r.token_ids, decode)
+
+
+def fill_leaves_sd_at(results: dict) -> None:
+    """A run from before ``leaves_sd_at`` existed gains it, from its stored token ids, where its pair is the
+    embedded one (whose tokenizer is at hand); others are left as they are."""
+    items = results.get("items") or []
+    if all("leaves_sd_at" in it for it in items) or not any(it["method"] == "sd" for it in items):
+        return                   # nothing to fill, or no SD to compare with: no tokenizer needed
+    from csd.embedded import prepare_embedded
+    from csd.pair import EMBEDDED_PAIR_ID
+    if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
+        return
+    from transformers import AutoTokenizer
+
+    decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
+    records = [ItemResult.from_dict(it) for it in items]
+    by_item: dict[tuple, list[ItemResult]] = {}
+    for r in records:
+        by_item.setdefault((r.dataset, r.item_id), []).append(r)
+    for group in by_item.values():         # the run's own pairing, one item at a time
+        mark_where_answers_leave_sd(group, decode)
+    for it, r in zip(items, records):
+        it["leaves_sd_at"] = r.leaves_sd_at
+
+
+# -- the summary, the goals, the frontier -----------------------------------------------------------
+def summarize(records: list[ItemResult], methods: list[str]) -> dict:
+    """Per dataset (and "all"), per method, over the items that every method finished."""
+    by_item: dict[tuple, dict[str, ItemResult]] = {}
+    for r in records:
+        by_item.setdefault((r.dataset, r.item_id), {})[r.method] = r
+    complete = {k: v for k, v in by_item.items() if all(m in v for m in methods)}
+    datasets = list(dict.fromkeys(k[0] for k in complete))
+    out = {}
+    for ds in datasets + (["all"] if len(datasets) > 1 else []):
+        keys = [k for k in complete if ds == "all" or k[0] == ds]
+        out[ds] = {m: _method_stats([complete[k] for k in keys], m) for m in methods}
+    return out
+
+
+def _paired(rows, m: str, ref: str) -> dict | None:
+    """Accuracy of m against ref on the items both graded: gained, lost, exact McNemar p."""
+    if not rows or ref not in rows[0] or m == ref:
+        return None
+    return paired_accuracy((row[m].correct, row[ref].correct) for row in rows
+                           if row[m].correct is not None and row[ref].correct is not None)
+
+
+def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
+    rs = [row[m] for row in rows]
+    n = len(rs)
+    wall = sum(r.wall_s for r in rs)
+    tokens = sum(r.new_tokens for r in rs)
+    tp = None if any(r.target_passes is None for r in rs) else sum(r.target_passes for r in rs)
+    drafted = None if any(r.drafted is None for r in rs) else sum(r.drafted for r in rs)
+    kept = None if drafted is None else sum((r.accepted or 0) + (r.rescued or 0) for r in rs)
+    div = None if drafted is None else sum(r.divergences or 0 for r in rs)
+    rescued = None if drafted is None else sum(r.rescued or 0 for r in rs)
+    graded = [r for r in rs if r.correct is not None]
+    n_correct = sum(bool(r.correct) for r in graded)
+    ci = wilson(n_correct, len(graded))
+    s = {
+        "n": n, "wall_s": wall, "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
+        "target_passes": tp, "target_passes_per_token": tp / tokens if tp is not None and tokens else None,
+        "mean_accepted_length": tokens / tp if tp else None,
+        "drafted": drafted, "acceptance_rate": kept / drafted if drafted else None,
+        "rescued": rescued, "divergences": div,
+        "rescues_per_divergence": rescued / div if div else None,
+        "eos_share": sum(r.stopped_by == "eos" for r in rs) / n if n else None,
+        "n_graded": len(graded), "n_correct": n_correct,
+        "accuracy": n_correct / len(graded) if graded else None,
+        "accuracy_ci95": list(ci) if ci else None,
+        "bookkeeping_share": (sum(r.bookkeeping_s for r in rs) / wall
+                              if wall > 0 and all(r.bookkeeping_s is not None for r in rs) else None),
+        "policy_share": (sum(r.policy_s for r in rs) / wall
+                         if wall > 0 and all(r.policy_s is not None for r in rs) else None),
+        "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
+        "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
+    }
+    if rs and all(r.lookup_blocks is not None for r in rs):
+        blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
+        copies_kept = sum(r.lookup_kept for r in rs)
+        s.update(lookup_blocks=blocks, lookup_drafted=proposed, lookup_kept=copies_kept,
+                 lookup_pass_share=blocks / tp if tp else None,
+                 lookup_acceptance=copies_kept / proposed if proposed else None)
+    for ref, key in (("ar", "speedup_wall"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
+                     (HF_FIXED, "speedup_over_hf_fixed")):
+        if rows and ref in rows[0]:
+            ref_wall = sum(row[ref].wall_s for row in rows)
+            s[key] = ref_wall / wall if wall > 0 else None
+            if ref != m:     # how much of the ratio the choice of items decides (bootstrap over items)
+                ci = ratio_ci((row[ref].wall_s, row[m].wall_s) for row in rows)
+                s[key + "_ci95"] = list(ci) if ci else None
+    if rows and "ar" in rows[0]:
+        ar = [row["ar"] for row in rows]
+        ratios = [r.tokens_per_s / a.tokens_per_s for r, a in zip(rs, ar) if a.tokens_per_s > 0]
+        s["speedup_tps_mean"] = statistics.fmean(ratios) if ratios else None
+        s["accuracy_vs_ar"] = _paired(rows, m, "ar")
+    s["accuracy_vs_sd"] = _paired(rows, m, "sd")
+    if rows and "sd" in rows[0] and tp is not None:
+        sd_tp = sum(row["sd"].target_passes for row in rows)
+        s["target_passes_vs_sd"] = tp / sd_tp if sd_tp else None
+    return s
+
+
+def frontier(summary: dict) -> list[dict]:
+    """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
+    stats = overall(summary)
+    points = []
+    for name, s in stats.items():
+        points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),
+                       "accuracy_ci95": s.get("accuracy_ci95"), "n_graded": s.get("n_graded"),
+                       "target_passes_per_token": s.get("target_passes_per_token"),
+                       "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
+                       "rescues_per_divergence": s.get("rescues_per_divergence"),
+                       "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
+                       "eos_share": s.get("eos_share"), "accuracy_vs_sd": s.get("accuracy_vs_sd")})
+    return points
+
+
+def overall(summary: dict) -> dict:
+    """Per-method figures over all items: the "all" row, or the only dataset's."""
+    return summary.get("all") or (next(iter(summary.values())) if summary else {})
+
+
+def bounds(results: dict) -> list[float]:
+    """Every ideal speed-up over AR (every draft token accepted) the run measured: the cached
+    profile's, then each re-measurement's."""
+    meta = results.get("meta") or {}
+    profiles = [meta.get("profile") or {}] + list(meta.get("profile_checks") or [])
+    return [b for p in profiles if (b := (p.get("best_bound") or {}).get("speedup"))]
+
+
+def median_bound(results: dict) -> float | None:
+    """The median of the run's bounds (``bounds``): one profile slowed by another process on a shared
+    machine moves it less than it moves that profile's own bound."""
+    found = bounds(results)
+    return statistics.median(found) if found else None
+
+
+def check_targets(stats: dict, bound: float | None = None) -> dict:
+    """The issues' figures over the mix: value, threshold and whether it is met (None: not measured).
+    ``bound``: the profile's ideal speed-up over AR; where it is below the 2x goal, CSD's share of it
+    is the goal instead (at least 80%), where it is 2x or more that share is reported, not judged."""
+    def get(m, k):
+        return (stats.get(m) or {}).get(k)
+
+    def t(value, threshold, higher=True, ci=None):
+        out = {"value": value, "threshold": threshold,
+               "met": None if value is None else (value >= threshold if higher else value <= threshold)}
+        if ci is not None:      # a speed-up's bootstrap interval over the items: reported, not judged
+            out["ci95"] = ci
+        return out
+
+    def speedup(key, target):
+        return t(get("csd", key), TARGETS[target], ci=get("csd", key + "_ci95"))
+
+    return {"csd_over_ar": speedup("speedup_wall", "csd_over_ar"),
+            "csd_over_hf": speedup("speedup_over_hf", "csd_over_hf"),
+            "csd_over_sd": speedup("speedup_over_sd", "csd_over_sd"),
+            "csd_share_of_bound": _share_of_bound(get("csd", "speedup_wall"), bound),
+            "csd_tokens_per_s": t(get("csd", "tokens_per_s"), TARGETS["csd_tokens_per_s"]),
+            "csd_passes_vs_sd": t(get("csd", "target_passes_vs_sd"), TARGETS["csd_passes_vs_sd"], higher=False),
+            "csd_bookkeeping_share": t(get("csd", "bookkeeping_share"), TARGETS["bookkeeping_share"], higher=False),
+            "csd_policy_share": t(get("csd", "policy_share"), TARGETS["policy_share"], higher=False),
+            "sd_eos_share": t(get("sd", "eos_share"), TARGETS["eos_share_sd"]),
+            "csd_accuracy_vs_sd": get("csd", "accuracy_vs_sd"),
+            "csd_accuracy_vs_ar": get("csd", "accuracy_vs_ar")}
+
+
+def _share_of_bound(speedup: float | None, bound: float | None) -> dict:
+    value = speedup / bound if speedup is not None and bound else None
+    applies = bound is not None and bound < TARGETS["csd_over_ar"]
+    return {"value": value, "threshold": TARGETS["share_of_bound"], "bound": bound,
+            "met": None if value is None or not applies else value >= TARGETS["share_of_bound"]}
+
+
+# -- a whole run ------------------------------------------------------------------------------------
+def assemble(records: list[ItemResult], names: list[str], divergences: dict[str, Counter], token_text: dict,
+             status: str, bound: float | None = None) -> dict:
+    """A run's figures from its records: the items, the summary over the items that every column in
+    ``names`` finished, the goals, the frontier and each drafting column's divergence patterns
+    (``divergences``: counts of (draft id, target id), ``token_text``: their text)."""
+    div = {}
+    for m, counts in divergences.items():
+        p = pareto(counts)
+        p["top"] = [{"draft_id": d, "target_id": t, "draft_text": token_text.get(d, ""),
+                     "target_text": token_text.get(t, ""), "count": c}
+                    for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]
+        div[m] = p
+    summary = summarize(records, names)
+    return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
+            "targets": check_targets(overall(summary), bound),
+            "frontier": frontier(summary), "divergences": div}
+
+
+def resummarize(results: dict) -> dict:
+    """The summary, goals and frontier of a run again, from its stored items by the current code (after
+    the report gains a figure); the items, profiles and divergences stay as they were measured."""
+    records = [ItemResult.from_dict(d) for d in results.get("items") or []]
+    before = results.get("summary") or {}
+    names = list(next(iter(before.values()), {})) or list(dict.fromkeys(r.method for r in records))
+    summary = summarize(records, names)
+    results.update(summary=summary, frontier=frontier(summary),
+                   targets=check_targets(overall(summary), median_bound(results)))
+    return results
+
+
+# -- runs read back and pooled ------------------------------------------------------------------------
+class ResultsError(ValueError):
+    """A results.json that cannot be read, or runs that cannot be joined; the message says why."""
+
+
+def load_results(path: Path) -> dict:
+    """A benchmark run's results.json, from its output directory or the file; ResultsError says what is wrong."""
+    f = path / "results.json" if path.is_dir() else path
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{f}: no such file (give a benchmark output directory or its results.json)") from None
+    except ValueError as e:
+        raise ResultsError(f"{f}: not JSON ({e})") from None
+    if not isinstance(data, dict) or "frontier" not in data or "items" not in data:
+        raise ResultsError(f"{f}: not a benchmark results.json (no items or frontier)")
+    data["_path"] = str(f)
+    return data
+
+
+POOL_SETUP = ("methods", "max_new_tokens", "gamma", "lookup", "lam", "tau", "seed", "memory_mode", "temperature")
+
+
+def _setup(results: dict) -> dict:
+    """What must be the same for two runs' items to count as one sample."""
+    meta = results["meta"]
+    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
+            "target path": (meta.get("models") or {}).get("target_impl"),
+            # smoothing changes an int8 target's answers (and so acceptance): runs from before it
+            # existed record none and count as unsmoothed
+            "int8 smoothing": (meta.get("models") or {}).get("target_smoothing") or "",
+            "machine": (meta.get("machine") or {}).get("cpu"),
+            **{k: meta["config"].get(k) for k in POOL_SETUP}}
+
+
+def pool(runs: list[dict], command: str = "") -> dict:
+    """Benchmark runs of one set-up (pair, representations, machine kind, methods and settings) on
+    different items, as one run: every speed-up is again a ratio of summed walls over all items and
+    its bootstrap interval is over all of them. That is sound because each item's methods ran side
+    by side, interleaved, in its own run; the runs' own speeds may differ (a shared machine drifts),
+    which widens the interval rather than biasing the ratio. The bound is the median of every
+    profile the runs measured. Divergence patterns are not pooled (each run's memory evolved on its
+    own items): see each run's report."""
+    if len(runs) < 2:
+        raise ResultsError("pooling needs at least two runs")
+    first = _setup(runs[0])
+    for r in runs[1:]:
+        other = _setup(r)
+        diff = [k for k in first if first[k] != other[k]]
+        if diff:
+            raise ResultsError(f"the runs differ in {', '.join(diff)}: only runs of one set-up can be pooled")
+    seen, items = set(), []
+    for r in runs:
+        for it in r["items"]:
+            key = (it["dataset"], it["item_id"], it["method"])
+            if key in seen:
+                raise ResultsError(f"item {it['dataset']} {it['item_id']} ({it['method']}) is in two runs: "
+                                   "pool runs on different items (--dataset gsm8k:11-20 draws the next ten)")
+            seen.add(key)
+            items.append(it)
+    out = copy.deepcopy({k: v for k, v in runs[0].items() if k != "_path"})
+    meta = out["meta"]
+    meta["command"] = command or meta["command"]
+    meta["pooled_from"] = [{"command": r["meta"].get("command"), "started_at": r["meta"].get("started_at"),
+                            "status": r.get("status"), "items": len({(i["dataset"], i["item_id"]) for i in r["items"]}),
+                            "loadavg_start": r["meta"].get("loadavg_start")} for r in runs]
+    meta["profile_checks"] = list(meta.get("profile_checks") or []) + [
+        p for r in runs[1:] for p in [r["meta"].get("profile")] + list(r["meta"].get("profile_checks") or []) if p]
+    meta["config"]["datasets"] = list(dict.fromkeys(d for r in runs for d in r["meta"]["config"].get("datasets") or []))
+    out.update(items=items, divergences={}, status="pooled")
+    return resummarize(out)

@@ -1,0 +1,220 @@
+"""The synthetic benchmark's models: real architectures, random weights, and a draft whose
+acceptance is set.
+
+- The architectures (``ARCHS``) are the embedded pair's, copied from its ``config.json`` files
+  (Qwen2.5-Coder-0.5B-Instruct draft, Qwen2.5-Coder-1.5B-Instruct target), plus a 7B-class target
+  (Qwen2.5-7B) and a tiny pair for the CPU and the tests. The target runs through ``csd.lm.HFLM``
+  and the draft through the lean path (``csd.lm.LeanLM``), as in the product, so every pass costs
+  what it costs with real weights.
+- The weights are random and seeded (``synthetic_init``). Transformers' own init (std 0.02) gives
+  a network whose greedy output repeats one token or a short cycle: the residual stream is
+  dominated by an almost uniform attention average. Here every matrix has unit-gain fan-in scaling
+  (std 1/sqrt(fan_in), embeddings std 1), so every layer contributes at the scale of the
+  embedding; q and k are scaled so that attention logits have std 2 (position-dependent attention
+  through RoPE; 4 made the network chaotic enough to double bfloat16's logit noise), and the output
+  layer so that the logits have std 4. The greedy output then depends on far context and does not
+  cycle (``outputs`` in the results: distinct-token share, longest run of one token).
+- Acceptance is set, not learnt. ``ScriptedDraft`` runs the draft's real forward pass for its cost
+  and then, with a per-position coin of probability ``acceptance`` (seeded), proposes the target's
+  own next token, or else its own argmax with that token masked out (so that the target rejects
+  it). The target's next tokens come from a script: the committed path and the target's top-1 at
+  each of its positions, first taken from the AR run of the same prompt (greedy SD commits AR's
+  tokens). The coin is a table lookup on the device, and "does the committed prefix still follow
+  the script" a running product kept per cache position on the device, so the draft adds no host
+  synchronisation. How a run is brought to follow its script is ``bench.synthetic.run``'s.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from csd.lm import LM, ids_tensor
+
+# -- the architectures ------------------------------------------------------------------------------
+_QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
+              max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+              use_sliding_window=False, attention_dropout=0.0)
+VOCAB = 151936     # the embedded pair's output layer (Qwen2.5-7B's own is 152064; the pair's is used)
+ARCHS: dict[str, dict] = {
+    # copied from the embedded pair's config.json (qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m)
+    "qwen2.5-coder-0.5b-instruct": dict(_QWEN2, vocab_size=VOCAB, hidden_size=896, intermediate_size=4864,
+                                        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-coder-1.5b-instruct": dict(_QWEN2, vocab_size=VOCAB, hidden_size=1536, intermediate_size=8960,
+                                        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2),
+    # Qwen2.5-7B
+    "qwen2.5-7b": dict(_QWEN2, vocab_size=VOCAB, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
+    # the CPU and test pair: seconds, not minutes (vocab > 250: csd.profile.time_pass feeds ids up to 249)
+    "tiny-draft": dict(_QWEN2, vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+    "tiny-target": dict(_QWEN2, vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096),
+}
+PAIRS = {"tiny": ("tiny-draft", "tiny-target"),
+         "1.5b": ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"),
+         "7b": ("qwen2.5-coder-0.5b-instruct", "qwen2.5-7b")}
+PAIR_CHOICES = ("auto",) + tuple(PAIRS)
+ATTN_LOGIT_STD = 2.0     # std of q.k / sqrt(d) at init: position-dependent attention, not so sharp that
+                         # rounding is amplified (4 doubled the bfloat16 logit noise and its top-1 flips)
+LOGIT_STD = 4.0          # std of the output logits at init
+BIG = 1e4                # added to the scripted token's draft logit: it becomes the argmax
+
+
+# -- models ------------------------------------------------------------------------------------------
+class IdTokenizer:
+    """The little of a tokenizer that the engine needs for random ids: each id's text is itself."""
+    eos_token_id = None
+    pad_token_id = None
+    chat_template = None
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+@torch.no_grad()
+def synthetic_init(model: torch.nn.Module, generator: torch.Generator, attn_logit_std: float = ATTN_LOGIT_STD,
+                   logit_std: float = LOGIT_STD) -> torch.nn.Module:
+    """Every parameter, in a fixed order, from ``generator``: unit-gain fan-in scaling, sharper
+    attention, sharper output logits (see the module docstring); RMSNorm gains 1, biases 0."""
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.fill_(1.0 if "norm" in name else 0.0)
+            continue
+        fan_in = p.shape[1]
+        if name.endswith("embed_tokens.weight"):
+            std = 1.0
+        elif ".q_proj." in name or ".k_proj." in name:     # q.k / sqrt(d) has std attn_logit_std
+            std = math.sqrt(attn_logit_std / fan_in)
+        elif name.startswith("lm_head"):                   # after the final norm: logits of std logit_std
+            std = logit_std / math.sqrt(fan_in)
+        else:
+            std = 1.0 / math.sqrt(fan_in)
+        p.normal_(0.0, std, generator=generator)
+    return model
+
+
+def build_model(arch: dict, device: torch.device, seed: int) -> torch.nn.Module:
+    """A float32 Qwen2 causal LM with ``arch``'s shape, built on ``device`` and initialised once
+    by ``synthetic_init`` (transformers' own init is skipped where it can be: it would be overwritten)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:                 # older transformers: initialise twice, slower but the same weights
+        no_init_weights = contextlib.nullcontext
+    cfg = Qwen2Config(**{k: v for k, v in arch.items() if k != "model_type"})
+    with torch.device(device), no_init_weights():
+        model = Qwen2ForCausalLM(cfg)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return synthetic_init(model, gen).eval()
+
+
+@dataclass
+class ScriptedCache:
+    inner: object            # the draft's own cache
+    ok: torch.Tensor         # (capacity + 1,) bool on the device: ok[j] = positions < j all follow the script
+
+
+class ScriptedDraft(LM):
+    """A draft whose acceptance is set: it runs ``inner``'s forward pass (the real cost), then moves
+    the logits of the rows that predict scripted positions. For position j whose prefix follows
+    the script: coin[j] -> the scripted target token wins (+BIG); no coin -> it is masked (-inf)
+    and the draft's own argmax stands. Elsewhere (no script, off the path, past its end) the logits
+    are the draft's own. All on the device: no host synchronisation is added."""
+
+    def __init__(self, inner: LM):
+        if inner.vocab_ids is not None:
+            raise ValueError("ScriptedDraft needs a full-vocabulary draft")
+        self.inner = inner
+        self.impl = f"scripted-{inner.impl}"
+        self._path = self._idx = self._boost = None   # (N,) the script's tables on the device
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    def script(self, path: list[int] | None, want: list[int] | None = None, coins: torch.Tensor | None = None) -> None:
+        """``path``: the committed sequence (prompt + new tokens); ``want``: per position, the token
+        the target will choose there (-1 for none: the prompt); ``coins``: (N >= len(path),) bool,
+        True where the draft proposes ``want``. ``None`` turns the script off (the plain draft)."""
+        if path is None:
+            self._path = self._idx = self._boost = None
+            return
+        if want is None or coins is None:
+            raise ValueError("a script needs the target's tokens and the coins")
+        n = max(len(path) + 1, len(coins))
+        path_t = torch.full((n,), -1, dtype=torch.long)
+        path_t[:len(path)] = torch.tensor(path, dtype=torch.long)
+        want_t = torch.full((n,), -1, dtype=torch.long)
+        want_t[:len(want)] = torch.tensor(want, dtype=torch.long)
+        coin = torch.zeros(n, dtype=torch.bool)
+        coin[:len(coins)] = coins.cpu()
+        boost = torch.where(coin, torch.tensor(BIG), torch.tensor(-math.inf))
+        boost = torch.where(want_t >= 0, boost, torch.tensor(0.0))
+        dev = self.device
+        self._path, self._idx, self._boost = path_t.to(dev), want_t.clamp_min(0).to(dev), boost.to(dev)
+
+    def _fit(self, n: int) -> None:
+        """Tables reach position n - 1 (past the script: no effect)."""
+        extra = n - self._path.numel()
+        if extra > 0:
+            self._path = torch.cat([self._path, self._path.new_full((extra,), -1)])
+            self._idx = torch.cat([self._idx, self._idx.new_zeros(extra)])
+            self._boost = torch.cat([self._boost, self._boost.new_zeros(extra)])
+
+    def new_cache(self) -> ScriptedCache:
+        ok = torch.zeros(257, dtype=torch.bool, device=self.device)
+        ok[0] = True
+        return ScriptedCache(self.inner.new_cache(), ok)
+
+    def length(self, cache: ScriptedCache) -> int:
+        return self.inner.length(cache.inner)
+
+    def crop(self, cache: ScriptedCache, length: int) -> None:
+        self.inner.crop(cache.inner, length)       # ok[:length + 1] depends on the kept tokens only
+
+    def forward(self, cache: ScriptedCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        x = ids_tensor(ids, self.device)       # as the engine's models do: no host sync for a list of ids
+        start, t = self.inner.length(cache.inner), x.numel()
+        logits = self.inner.forward(cache.inner, x, keep)                          # (keep, V): the real cost
+        if self._path is None:
+            return logits
+        end = start + t
+        self._fit(end + 1)
+        if cache.ok.numel() < end + 1:
+            cache.ok = torch.cat([cache.ok, cache.ok.new_zeros(max(end + 1, 2 * cache.ok.numel()) - cache.ok.numel())])
+        match = (x == self._path[start:end]).long().cumprod(0).bool()             # (t,)
+        cache.ok[start + 1:end + 1] = match & cache.ok[start]
+        rows = slice(end - keep + 1, end + 1)                                       # row i predicts position rows[i]
+        add = torch.where(cache.ok[rows], self._boost[rows], 0.0)                   # (keep,)
+        return logits.scatter_add(1, self._idx[rows, None], add[:, None])
+
+
+def make_pair(name: str, draft_model, target_model, device: torch.device, target_repr: str, draft_repr: str,
+              draft_impl: str):
+    """A ``ModelPair`` of the two models in their representations (converted in place, as
+    ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path."""
+    from csd.lm import HFLM, LeanLM
+    from csd.pair import ModelPair
+    from csd.quant import DTYPES, quantize_int8, to_repr
+
+    d_arch, t_arch = PAIRS[name]
+    if target_repr != "float32" or target_model.dtype != torch.float32:
+        target_model = to_repr(target_model, target_repr)
+    int8 = draft_repr == "int8"
+    if not int8:
+        draft_model = draft_model.to(DTYPES[draft_repr])
+    lean = draft_impl in ("auto", "lean")
+    inner = LeanLM(draft_model, int8=int8) if lean else None        # built from the float weights
+    if int8:
+        draft_model = quantize_int8(draft_model).eval()
+    if not lean:
+        inner = HFLM(draft_model)
+    act = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
+    ctx = int(target_model.config.max_position_embeddings)
+    return ModelPair(draft_model, target_model, IdTokenizer(), f"synthetic-{name}", d_arch, t_arch, device, act, (),
+                     ctx, draft_dtype=draft_repr, target_repr=target_repr, special_ids=frozenset(),
+                     target_lm=HFLM(target_model), draft_lm=ScriptedDraft(inner),
+                     draft_vocab_size=draft_model.get_output_embeddings().out_features)

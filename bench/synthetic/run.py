@@ -1,0 +1,414 @@
+"""The synthetic benchmark's runs: build the random pair, check greedy SD == AR, time the target's
+passes, then run AR, SD and CSD on random prompts, each run timed around the whole generation.
+
+A run counts only when it followed its script (``bench.synthetic.models.ScriptedDraft``). Where a
+run leaves it (a CSD rescue, or a representation whose top-1 depends on the shape of the verify
+pass: bfloat16 rounds a 7-token pass differently from a 1-token one) the draft falls back to its
+own argmax and that run's acceptance would not be the requested one. So its own path and top-1s
+become the script and it runs again, untimed, up to ``rehearsals`` times, until it is a fixed
+point (``attempts`` and ``fixed_point`` in the results; each rerun follows the script further). In
+float32 greedy SD equals AR and the first run is a fixed point. Dynamic int8 quantises each pass
+with one activation scale, so a top-1 depends on the other tokens of its pass and random weights'
+small top-1 margins flip at most positions: no fixed point, acceptance collapses (use float32 on
+the CPU). Random weights also give CSD nothing to learn (its memory rarely sees a pattern twice
+and its gate rarely passes), so CSD here shows its cost over SD, not its gain.
+
+Host-device synchronisations: ``RunMetrics.host_syncs`` counts the engine's own device-to-host
+transfers, one per block on the greedy fixed-gamma path; ``syncs_per_block`` reports it over the
+target passes. On CUDA one more untimed run per method counts every synchronising CUDA call that
+torch's sync debug mode sees (host-to-device copies of Python lists included) as
+``cuda_syncs_per_block``.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import resource
+import time
+import warnings
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from csd.config import CSDConfig
+from csd.profile import PASS_LENGTHS
+
+from ..io import now, write_json
+from .models import ARCHS, ATTN_LOGIT_STD, LOGIT_STD, PAIR_CHOICES, PAIRS, build_model, make_pair
+from .report import Measured, output_stats, render_markdown, summarize
+
+METHODS = ("ar", "sd", "csd")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    pair: str = "auto"               # tiny, 1.5b or 7b (PAIRS); auto: 1.5b on CUDA, tiny on the CPU
+    acceptance: float = 0.8          # probability that the draft proposes the target's own next token
+    prompts: int = 10                # random prompts, each run by every method
+    prompt_tokens: int = 32          # tokens per random prompt
+    max_new_tokens: int = 128
+    gamma: int | str = 6             # draft block length (paper default 6), or "auto"
+    gamma_max: int = 16              # the longest block "auto" may draft
+    lam: float = 6                   # CSD memory threshold (paper default)
+    tau: float = 0.01                # CSD gate threshold (paper default)
+    memory_mode: str = "online"      # online: CSD's memory evolves over the prompts; fresh: new per prompt
+    seed: int = 0                    # weights, prompts and coins all follow from it
+    device: str = "auto"             # auto: CUDA if available
+    dtype: str = "auto"              # the target's representation; auto: bfloat16 on CUDA, float32 on the CPU
+    draft_dtype: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
+    draft_impl: str = "auto"         # lean (auto) or hf
+    pass_lengths: tuple[int, ...] = PASS_LENGTHS   # tokens per target pass in the verify-time table
+    reps: int = 3                    # timed repetitions per pass length (median)
+    warmup: bool = True              # one short untimed generation per method first
+    rehearsals: int = 16             # untimed reruns allowed per method and prompt to reach the script's fixed point
+    repeats: int = 1                 # timed runs of each counted run (the same path); the fastest counts: on a GPU
+                                     # whose clocks follow the load, and on a shared host, one run is noisy
+    check_tokens: int = 32           # length of the float32 SD == AR check when the timed runs are not float32
+    check_prompts: int = 1           # prompts of that check
+    threads: int | None = None       # CPU intra-op threads; None: torch's default, but 1 for the tiny pair (its
+                                     # matrices are too small for threads to pay, and busy threads spin-wait)
+
+    def validated(self) -> SyntheticConfig:
+        if self.pair not in PAIR_CHOICES:
+            raise ValueError(f"unknown synthetic config {self.pair!r}; choose {', '.join(PAIR_CHOICES)}")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"--acceptance must be in [0, 1], got {self.acceptance}")
+        if self.prompts < 1 or self.prompt_tokens < 2 or self.max_new_tokens < 1:
+            raise ValueError("--limit must be >= 1, --prompt-tokens >= 2 and --max-new-tokens >= 1 with --synthetic")
+        if not self.pass_lengths or any(k < 1 for k in self.pass_lengths):
+            raise ValueError("--pass-lengths must be positive whole numbers")
+        if self.gamma == "auto" and len(set(self.pass_lengths)) < 2:
+            raise ValueError("gamma auto needs at least two --pass-lengths to interpolate the target's cost")
+        if self.memory_mode not in ("online", "fresh"):
+            raise ValueError(f"memory mode must be online or fresh, got {self.memory_mode!r}")
+        if self.rehearsals < 0 or self.check_tokens < 1 or self.check_prompts < 0:
+            raise ValueError("--rehearsals must be >= 0")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or not 1 <= self.repeats <= 20:
+            raise ValueError(f"--repeats must be a whole number in 1..20, got {self.repeats!r}")
+        CSDConfig(gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                  max_new_tokens=self.max_new_tokens).validated()
+        return self
+
+
+# -- running ------------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _script_of(prompt: list[int], run) -> tuple[list[int], list[int]]:
+    """The path a run committed, and the target's top-1 at each of its new positions."""
+    want = [e.target_id for e in run.events if e.in_output]
+    return prompt + list(run.token_ids), [-1] * len(prompt) + want
+
+
+def _coins(n: int, acceptance: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, generator=g) < acceptance
+
+
+def _timed(pair, decoder, prompt: list[int], cfg: CSDConfig, memory):
+    """(run, wall seconds, peak CUDA bytes or None), the wall time taken around the whole generation."""
+    dev = pair.device
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    run = decoder.run(prompt, cfg, memory)
+    for _ in run:
+        pass
+    _sync(dev)
+    wall = time.perf_counter() - t0
+    return run, wall, (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None)
+
+
+def _measured(method: str, k: int, run, wall: float, peak) -> Measured:
+    m = run.metrics
+    return Measured(method, k, wall, m.new_tokens, m.target_forwards, m.draft_forwards, m.drafted,
+                    sum(m.per_position_drafted), m.accepted, m.rescued, m.host_syncs, m.draft_s, m.verify_s,
+                    m.bookkeeping_s, peak_bytes=peak, token_ids=list(run.token_ids))
+
+
+def _fastest(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, run, wall: float, repeats: int) -> float:
+    """The counted run's wall time: the fastest of it and ``repeats - 1`` reruns of the same path
+    (the draft's script is left as it was, the memory restarts from ``memory``)."""
+    for _ in range(repeats - 1):
+        again, w, _ = _timed(pair, decoder, prompt, cfg, memory.copy() if memory is not None else None)
+        if list(again.token_ids) == list(run.token_ids):
+            wall = min(wall, w)
+    return wall
+
+
+def scripted_run(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, script, coins, rehearsals: int,
+                 repeats: int = 1):
+    """Run until the run follows its script (see the module docstring): returns the counted run, its
+    wall time (the fastest of ``repeats`` runs) and peak, the memory it leaves, the number of
+    attempts, whether it is a fixed point and its own script."""
+    for attempt in range(1, rehearsals + 2):
+        pair.draft_lm.script(*script, coins)
+        mem = memory.copy() if memory is not None else None
+        run, wall, peak = _timed(pair, decoder, prompt, cfg, mem)
+        own = _script_of(prompt, run)
+        if own == script or attempt == rehearsals + 1:
+            wall = _fastest(pair, decoder, prompt, cfg, memory, run, wall, repeats)
+            return run, wall, peak, mem, attempt, own == script, own
+        script = own
+    raise AssertionError("unreachable")
+
+
+def count_cuda_syncs(fn) -> int | None:
+    """Synchronising CUDA calls made by ``fn()``, as torch's sync debug mode sees them (None off CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    prev = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(prev)
+    return sum("synchronizing CUDA operation" in str(w.message) for w in caught)
+
+
+def check_sd_equals_ar(pair, prompts: list[list[int]], tokens: int, gamma: int, acceptance: float, seed: int) -> dict:
+    """Greedy SD against AR token for token on ``prompts`` (the pair as it is: call it in float32)."""
+    from csd.decode import Decoder
+    from csd.memory import CorrectionMemory
+
+    decoder = Decoder(pair)                    # fixed gamma: no cost model needed
+    same, first_diff = 0, []
+    for k, prompt in enumerate(prompts):
+        ar, _, _ = _timed(pair, decoder, prompt, CSDConfig(method="ar", max_new_tokens=tokens), None)
+        pair.draft_lm.script(*_script_of(prompt, ar), _coins(len(prompt) + tokens + 64, acceptance, seed + k))
+        sd, _, _ = _timed(pair, decoder, prompt, CSDConfig(method="sd", gamma=gamma, max_new_tokens=tokens),
+                          CorrectionMemory(pair.pair_id))
+        same += sd.token_ids == ar.token_ids
+        first_diff.append(next((i for i, (a, b) in enumerate(zip(ar.token_ids, sd.token_ids)) if a != b), None))
+    pair.draft_lm.script(None)
+    return {"dtype": pair.target_repr, "prompts": len(prompts), "tokens": tokens, "gamma": gamma,
+            "identical": same, "passed": same == len(prompts), "first_difference": first_diff}
+
+
+def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, length), generator=g).tolist()
+
+
+def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
+    from csd.models import DRAFT_DTYPES, check_repr
+    from csd.pair import ModelLoadError
+
+    target = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    target = check_repr(target, device)
+    if cfg.draft_dtype not in DRAFT_DTYPES:
+        raise ModelLoadError(f"unknown draft dtype {cfg.draft_dtype!r}; choose {', '.join(DRAFT_DTYPES)}")
+    draft = target if cfg.draft_dtype in ("auto", "same") else cfg.draft_dtype
+    if draft == "int8" and device.type != "cpu":
+        raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
+    return target, draft
+
+
+def run_synthetic(cfg: SyntheticConfig, out_dir: str | os.PathLike | None = "bench-results", command: str = "",
+                  log=None) -> dict:
+    """Build the synthetic pair, check SD == AR, time the target's passes, run AR, SD and CSD on
+    ``cfg.prompts`` random prompts and write ``results.json`` and ``results.md`` to ``out_dir``
+    (None: write nothing). ``log``: a callable for progress lines (None: silent)."""
+    from csd.models import resolve_device
+
+    cfg.validated()
+    device = resolve_device(cfg.device)
+    name = cfg.pair if cfg.pair != "auto" else ("1.5b" if device.type == "cuda" else "tiny")
+    threads = cfg.threads or (1 if name == "tiny" and device.type == "cpu" else None)
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run(replace(cfg, pair=name), device, out_dir, command, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log) -> dict:
+    """The benchmark in numbered steps: 1. build the random models; 2. check SD == AR in float32 and
+    convert them to their representations; 3. time the target's passes; 4. run every method on every
+    prompt; 5. count CUDA synchronisations; 6. write the figures."""
+    from csd.decode import Decoder
+    from csd.profile import measure
+
+    say = log or (lambda _msg: None)
+    target_repr, draft_repr = _reprs(cfg, device)
+    d_arch, t_arch = (ARCHS[a] for a in PAIRS[cfg.pair])
+    if d_arch["vocab_size"] != t_arch["vocab_size"]:
+        raise ValueError("the draft and target architectures must share a vocabulary")
+    if cfg.prompt_tokens + cfg.max_new_tokens > t_arch["max_position_embeddings"]:
+        raise ValueError("--prompt-tokens + --max-new-tokens exceed the architecture's context")
+    started, t_start = now(), time.perf_counter()
+    prompts = _random_prompts(cfg.prompts, cfg.prompt_tokens, t_arch["vocab_size"], cfg.seed)
+
+    say(f"building random {cfg.pair} models on {device} (seed {cfg.seed})")                      # 1.
+    draft_model, target_model = build_model(d_arch, device, cfg.seed), build_model(t_arch, device, cfg.seed + 1)
+    build_s = time.perf_counter() - t_start
+    check = None
+    if target_repr != "float32" and cfg.check_prompts > 0:                                       # 2.
+        say("checking greedy SD == AR in float32")
+        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl)
+        check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
+                                   _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
+        del ref
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    pair = make_pair(cfg.pair, draft_model, target_model, device, target_repr, draft_repr, cfg.draft_impl)
+    del draft_model, target_model
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    say(f"timing target passes of {', '.join(map(str, cfg.pass_lengths))} tokens")               # 3.
+    costs = measure(pair, tuple(sorted(set(cfg.pass_lengths))), cfg.reps)
+    table_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    decoder = Decoder(pair, costs=costs)
+    records = bench_prompts(pair, decoder, cfg, prompts, say)                                    # 4.
+    syncs = cuda_syncs(pair, decoder, cfg, prompts[0], say) if device.type == "cuda" else {}       # 5.
+
+    if check is None:             # the timed runs are float32: they are the check                  6.
+        sd = [r for r in records if r.method == "sd"]
+        check = {"dtype": target_repr, "prompts": len(sd), "tokens": cfg.max_new_tokens, "gamma": _fixed_gamma(cfg),
+                 "identical": sum(bool(r.identical_to_ar) for r in sd), "source": "the timed runs",
+                 "passed": all(r.identical_to_ar for r in sd) if target_repr == "float32" else None}
+    results = _results(cfg, pair, records, costs, check, syncs, _peak_memory(device, records, table_peak),
+                       {"command": command, "started_at": started, "build_s": build_s,
+                        "wall_s": time.perf_counter() - t_start, "target_repr": target_repr, "draft_repr": draft_repr})
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", results)
+        (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    return results
+
+
+def _fixed_gamma(cfg: SyntheticConfig) -> int:
+    return cfg.gamma if cfg.gamma != "auto" else 6
+
+
+def _coin_seed(cfg: SyntheticConfig, k: int) -> int:
+    return cfg.seed * 1_000_003 + k
+
+
+def bench_prompts(pair, decoder, cfg: SyntheticConfig, prompts: list[list[int]], say) -> list[Measured]:
+    """Warm up, then per prompt: AR first (its run writes the script), then SD and CSD, taking
+    turns going first, each until it follows its script."""
+    base = CSDConfig(method="ar", gamma=cfg.gamma, gamma_max=cfg.gamma_max, lam=cfg.lam, tau=cfg.tau,
+                     max_new_tokens=cfg.max_new_tokens)
+    configs = {m: replace(base, method=m) for m in METHODS}
+    start_memory = decoder.default_memory()                       # empty: nothing is known about random models
+    memory = start_memory.copy()
+    room = cfg.prompt_tokens + cfg.max_new_tokens + 64
+    if cfg.warmup:
+        say("warm-up")
+        warm = _random_prompts(1, cfg.prompt_tokens, pair.draft_vocab_size, cfg.seed + 99)[0]
+        # at full length: on the H200 an 8-token warm-up left the first prompt's AR run 3x slower than
+        # the next ones (the allocator and the kernels meet each longer cache for the first time)
+        ar, _, _ = _timed(pair, decoder, warm, configs["ar"], None)
+        for m in METHODS[1:]:
+            scripted_run(pair, decoder, warm, configs[m], start_memory.copy(),
+                         _script_of(warm, ar), _coins(room, cfg.acceptance, cfg.seed + 99), 0)
+    records: list[Measured] = []
+    for k, prompt in enumerate(prompts):
+        say(f"prompt {k + 1}/{len(prompts)}")
+        run, wall, peak = _timed(pair, decoder, prompt, configs["ar"], None)
+        wall = _fastest(pair, decoder, prompt, configs["ar"], None, run, wall, cfg.repeats)
+        ar = _measured("ar", k, run, wall, peak)
+        ar.identical_to_ar = True
+        records.append(ar)
+        script = _script_of(prompt, run)
+        coins = _coins(room, cfg.acceptance, _coin_seed(cfg, k))
+        for m in (METHODS[1:] if k % 2 == 0 else METHODS[:0:-1]):
+            online = m == "csd" and cfg.memory_mode == "online"
+            run, wall, peak, mem_after, attempts, fixed, own = scripted_run(
+                pair, decoder, prompt, configs[m], memory if online else start_memory.copy(), script, coins,
+                cfg.rehearsals, cfg.repeats)
+            if online:
+                memory = mem_after
+            r = _measured(m, k, run, wall, peak)
+            r.attempts, r.fixed_point, r.identical_to_ar = attempts, fixed, run.token_ids == ar.token_ids
+            records.append(r)
+            if fixed:
+                script = own                                # the next method starts from a known fixed point
+    pair.draft_lm.script(None)
+    return records
+
+
+def cuda_syncs(pair, decoder, cfg: SyntheticConfig, prompt: list[int], say) -> dict:
+    """Per method, one untimed run on ``prompt`` under torch's sync debug mode."""
+    from csd.memory import CorrectionMemory
+
+    say("counting CUDA synchronisations")
+    base = CSDConfig(method="ar", gamma=cfg.gamma, gamma_max=cfg.gamma_max, lam=cfg.lam, tau=cfg.tau,
+                     max_new_tokens=cfg.max_new_tokens)
+    ar, _, _ = _timed(pair, decoder, prompt, base, None)
+    pair.draft_lm.script(*_script_of(prompt, ar), _coins(len(prompt) + cfg.max_new_tokens + 64, cfg.acceptance,
+                                                         _coin_seed(cfg, 0)))
+    out = {}
+    for m in METHODS:
+        holder = {}
+
+        def go(m=m, holder=holder):
+            holder["run"] = run = decoder.run(prompt, replace(base, method=m), CorrectionMemory(pair.pair_id))
+            for _ in run:
+                pass
+        try:
+            n = count_cuda_syncs(go)
+            mt = holder["run"].metrics
+            out[m] = {"cuda_syncs": n, "target_passes": mt.target_forwards,
+                      "cuda_syncs_per_block": n / mt.target_forwards, "engine_host_syncs": mt.host_syncs}
+        except Exception as e:       # a diagnostic: never lose the benchmark to it
+            out[m] = {"error": f"{type(e).__name__}: {e}"}
+    pair.draft_lm.script(None)
+    return out
+
+
+def _peak_memory(device: torch.device, records: list[Measured], table_peak: int | None) -> dict:
+    if device.type == "cuda":
+        peak = {"kind": "cuda max_memory_allocated",
+                "bytes": max([table_peak or 0] + [r.peak_bytes or 0 for r in records])}
+    else:
+        peak = {"kind": "cpu peak RSS (ru_maxrss of this process)",
+                "bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {**peak, "mib": peak["bytes"] / 2**20}
+
+
+def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: dict, syncs: dict, peak: dict,
+             run_meta: dict) -> dict:
+    import transformers
+
+    from csd.profile import machine_name
+
+    d_name, t_name = PAIRS[cfg.pair]
+    ar = [r for r in records if r.method == "ar"]
+    return {
+        "kind": "synthetic", "status": "finished",
+        "meta": {**{k: run_meta[k] for k in ("command", "started_at", "build_s", "wall_s")},
+                 "finished_at": now(),
+                 "machine": {"name": machine_name(pair.device), "device": str(pair.device),
+                             "platform": platform.platform(), "cpu_count": os.cpu_count(),
+                             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+                             "torch": torch.__version__, "transformers": transformers.__version__},
+                 "config": {**asdict(cfg), "target_repr": run_meta["target_repr"], "draft_repr": run_meta["draft_repr"]},
+                 "archs": {"draft": {"name": d_name, **ARCHS[d_name]}, "target": {"name": t_name, **ARCHS[t_name]}},
+                 "init": {"scheme": "fan-in: std 1/sqrt(fan_in); embeddings std 1; q, k: attention logits of std "
+                                    f"{ATTN_LOGIT_STD}; lm_head: logits of std {LOGIT_STD}; norms 1, biases 0",
+                          "draft_seed": cfg.seed, "target_seed": cfg.seed + 1},
+                 "models": pair.describe()},
+        "summary": {f"synthetic-{cfg.pair}": {m: summarize([r for r in records if r.method == m], ar)
+                                              for m in METHODS}},
+        "verify_ms": {str(k): v for k, v in sorted(costs.verify_ms.items())},
+        "draft_ms": costs.draft_ms,
+        "bound": {str(g): costs.bound(g) for g in sorted({1, 2, 4, 6, 8} | {_fixed_gamma(cfg)})},
+        "sd_equals_ar": check,
+        "syncs": syncs,
+        "peak_memory": peak,
+        "outputs": output_stats([r.token_ids for r in ar]),
+        "items": [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in records],
+    }
