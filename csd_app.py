@@ -21,8 +21,11 @@ import time
 def parse_args(argv=None) -> argparse.Namespace:
     prog = "csd-app" if os.path.basename(sys.argv[0]) == "csd-app" else "python app.py"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    ap.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    env = os.environ     # a host that runs the app for you (a Hugging Face Space) sets these two
+    ap.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                    help="address to listen on (default 127.0.0.1, or $GRADIO_SERVER_NAME)")
+    ap.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", 7860)),
+                    help="port (default 7860, or $GRADIO_SERVER_PORT)")
     ap.add_argument("--db", metavar="URL", default=None,
                     help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
                          "dir); 'none' runs without recording")
@@ -38,8 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "everyone while it is read")
     ap.add_argument("--no-shared-scope", dest="shared_scope", action="store_false",
                     help="hide the 'all runs' scope (every user's answers) in Analyse and Explore, e.g. for a "
-                         "public demo; users then see their own runs only")
+                         "public demo; users then see their own runs only (the default on a Hugging Face Space, "
+                         "unless CSD_SHARED_SCOPE=1)")
     args = ap.parse_args(argv)
+    if on_space() and os.environ.get("CSD_SHARED_SCOPE") != "1":
+        args.shared_scope = False        # a public demo: strangers do not see each other's prompts
     if not 1 <= args.port <= 65535:
         ap.error("--port must be in 1..65535")
     if args.queue_size < 1 or args.concurrency < 1:
@@ -47,6 +53,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.max_prompt_tokens < 1:
         ap.error("--max-prompt-tokens must be at least 1")
     return args
+
+
+def on_space() -> bool:
+    """Running as a Hugging Face Space (the runtime sets SPACE_ID): a public demo."""
+    return bool(os.environ.get("SPACE_ID"))
 
 
 class ConsoleProgress:
