@@ -98,12 +98,12 @@ def make_policy(name: str, costs, gamma_max: int = 16, floor: int = 0, fade: flo
     return FixedGamma(int(name))
 
 
-def table(traces: list[Trace], policies: list[str], costs, floor: int = 0) -> dict:
+def table(traces: list[Trace], policies: list[str], costs, floor: int = 0, fade: float | None = None) -> dict:
     """Per dataset and policy: tokens per second of the cost model, tokens per pass, drafted per pass."""
     rows: dict = defaultdict(lambda: defaultdict(list))
     for tr in traces:
         for name in policies:
-            r = replay(tr, make_policy(name, costs, floor=floor), costs)
+            r = replay(tr, make_policy(name, costs, floor=floor, fade=fade), costs)
             rows[tr.dataset][name].append(r)
         ar_ms = len(tr.target) * costs.verify(1)
         rows[tr.dataset]["ar"].append({"tokens": len(tr.target), "ms": ar_ms, "passes": len(tr.target),
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("traces")
     rep.add_argument("--policies", default="auto,1,2,3,4,5,6,8")
     rep.add_argument("--floor", type=int, default=0, help="auto drafts at least this many tokens a block")
+    rep.add_argument("--costs", help="a cost model's JSON (a cached profile; default: this machine's, measured once)")
+    rep.add_argument("--fade", type=float, default=None, help="auto's fading of idle evidence (default the engine's)")
     args = ap.parse_args(argv)
 
     from csd.models import load_pair
@@ -162,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             items = answer(pair, args.dataset, args.max_new_tokens)
         save(record(pair, items), args.out)
         return 0
-    pair = load_pair()
-    costs = cached_costs(pair)
+    if args.costs:
+        from csd.costs import CostModel
+        costs = CostModel.from_dict(json.load(open(args.costs, encoding="utf-8")))
+    else:
+        costs = cached_costs(load_pair())
     print(f"costs: draft {costs.draft_ms:.1f} ms/token, verify 1: {costs.verify(1):.1f} ms, "
           f"7: {costs.verify(7):.1f} ms")
-    res = table(load(args.traces), args.policies.split(","), costs, args.floor)
+    res = table(load(args.traces), args.policies.split(","), costs, args.floor, args.fade)
     for ds, by in res.items():
         print(f"\n{ds} ({by['ar']['items']} answers)")
         for name, r in by.items():

@@ -92,6 +92,8 @@ class AutoGamma:
         self._pos_kept = [0.0] * (max_len + 1)
         self._pos_n = [0.0] * (max_len + 1)
         self._idle = [0] * (max_len + 1)      # blocks since the position was last decided
+        self._rates = [0.0] * (max_len + 1)
+        self._update_rates()
         self._marginal = [costs.verify(k + 1) - costs.verify(k) for k in range(1, max_len + 2)]
         self._d = costs.draft_ms
         self.start()
@@ -108,10 +110,20 @@ class AutoGamma:
         return (self._acc[b] + centre * PRIOR_WEIGHT) / (self._n[b] + PRIOR_WEIGHT)
 
     def position_rate(self, j: int) -> float:
-        """The keep rate at draft position j, its evidence faded by the blocks since j was last tried."""
+        """The keep rate at draft position j (given that the tokens before it were kept)."""
+        return self._rates[j]
+
+    def _update_rates(self) -> None:
+        """Each position's keep rate: its evidence, faded by the blocks since it was last tried, against
+        a prior that is the rate of the position before it (the first position's: ``POSITION_PRIOR``).
+        So a position never tried inherits what the run has seen closer to the block's start: a run
+        whose drafts are kept 95% of the time learns to try long blocks, one whose first token fails
+        learns not to draft."""
         rate, w = POSITION_PRIOR
-        f = self.fade ** self._idle[j]
-        return (f * self._pos_kept[j] + rate * w) / (f * self._pos_n[j] + w)
+        for j in range(1, self.max_len + 1):
+            f = self.fade ** self._idle[j]
+            rate = (f * self._pos_kept[j] + rate * w) / (f * self._pos_n[j] + w)
+            self._rates[j] = rate
 
     def more(self, j: int, confidence: float) -> bool:
         """After drafting j >= 1 tokens, the last with top-1 probability ``confidence``
@@ -175,3 +187,4 @@ class AutoGamma:
                 self._idle[j] = 0
             else:
                 self._idle[j] += 1
+        self._update_rates()
