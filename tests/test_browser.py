@@ -455,7 +455,7 @@ def test_token_details_navigation_and_export(page, tmp_path):
     pinned = page.locator("#tokens .tok.pinned")
     assert pinned.get_attribute("data-status") == "rescued"
     first = page.locator("#tokens-detail .csd-detail-body .first").inner_text()
-    assert first.startswith("The draft wrote") and "kept because the memory has seen this swap" in first
+    assert first.startswith("The draft wrote") and "kept because the memory had seen this swap" in first
     i = int(pinned.get_attribute("data-i"))
     page.click("#tokens [data-nav=rescued]")
     assert int(page.locator("#tokens .tok.pinned").get_attribute("data-i")) != i or \

@@ -139,7 +139,8 @@ def tokens_html(view: RunView | None, lam: float, tau: float, hide_rejected: boo
     latest = view.events[-1].block if (view.events and not view.done) else None
     return render.render_tokens(view.events, lam=view.cfg.lam, tau=view.cfg.tau, hide_rejected=hide_rejected,
                                 whatif=(lam, tau), diff_positions=diff_positions,
-                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id, **kw)
+                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id,
+                                method=view.cfg.method, **kw)
 
 
 def remember_ar(sess: Session, view: RunView | None) -> None:

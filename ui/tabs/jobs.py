@@ -22,6 +22,7 @@ from db.store import NullRecorder, recording
 
 from .. import render
 from ..lane import Job
+from ..render import plural
 from ..state import RunView, Services, Session
 from .common import ensure_session, error, warn
 
@@ -239,11 +240,6 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
     job.run, job.label, job.progress = run, label, ""
     job.prompt_tokens, job.max_tokens = len(ids), cfg.max_new_tokens
     return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids))
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """"1 token", "2 tokens" ("pass" -> "passes" with ``many``)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def done_sentence(view: RunView) -> str:

@@ -25,10 +25,10 @@ from csd.events import (
     TARGET,
     TokenEvent,
 )
-from csd.rule import log_tau
+from csd.rule import log_tau, rescues
 
 from .. import render
-from ..render import STATUS_STYLE, _fmt, esc, show_token, token_text_html
+from ..render import STATUS_STYLE, _fmt, esc, plural, rescue_modules, show_token, token_text_html
 from ..state import Services, Session
 from .common import ensure_session, error, exactness_note, page_config
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
@@ -36,10 +36,13 @@ from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
 # -- the view of one iteration -----------------------------------------------------------------
-def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
-    """A sentence saying why this position was decided as it was (plain text)."""
+def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None = None) -> str:
+    """A sentence saying why this position was decided as it was (plain text): for a rejection,
+    every half of the rule that failed (``method``'s modules; None: CSD's two)."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
     c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
+    use_mem, use_gate = rescue_modules(method)
+    gate_fails = use_gate and g is not None and not rescues(None, g, 0, lt, use_ocm=False)
     if ev.status == CORRECTED:
         return f"The draft was rejected here, so the target's own top-1 {show_token(ev.text)} is emitted; this target pass ends."
     if ev.status == BONUS:
@@ -55,13 +58,18 @@ def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
     if ev.rule == RULE_NO_RESCUE:
         return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
     if ev.rule == RULE_MEMORY_RARE:
-        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern, rejected; "
-                f"{t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
+        gate = (f" and gap {_fmt(g)} < log τ = {_fmt(lt)}: the target also finds {x} too unlikely"
+                if gate_fails else "")
+        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern{gate}; "
+                f"rejected, {t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
     if ev.rule == RULE_GAP_LOW:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} but gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
+        known = f"count {c} ≥ λ = {lam:g} but " if use_mem else ""
+        return (f"x~ = {x} ≠ t* = {t}; {known}gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
                 f"{x} too unlikely, rejected.")
     if ev.rule == RULE_RESCUE:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} and gap {_fmt(g)} ≥ log τ = {_fmt(lt)}: rescued, {x} is kept "
+        known = f"count {c} ≥ λ = {lam:g}" if use_mem else ""
+        gate = f"gap {_fmt(g)} ≥ log τ = {_fmt(lt)}" if use_gate else ""
+        return (f"x~ = {x} ≠ t* = {t}; {' and '.join(filter(None, (known, gate)))}: rescued, {x} is kept "
                 f"and verification goes on with the next draft position.")
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
@@ -104,7 +112,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(explain_decision(e, lam, tau))}</td></tr>')
+            f'<td class="why">{esc(explain_decision(e, lam, tau, method))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             first = e.index_in_block + 2
             for k, t in enumerate(discarded_texts):
@@ -113,8 +121,8 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
     summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
-               f"{block_len} token{'s' if block_len != 1 else ''}, {len(drafted)} checked, "
-               f"{sum(1 for e in evs if e.in_output)} tokens emitted, one target pass"
+               f"{plural(block_len, 'token')}, {len(drafted)} checked, "
+               f"{plural(sum(1 for e in evs if e.in_output), 'token')} emitted, one target pass"
                + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
     return (f'<div class="csd-teach"><p>{summary}</p>'
             f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
