@@ -155,3 +155,25 @@ def test_a_one_token_iteration_says_one_token():
                      draft_text=" a", target_id=1, target_text=" a", block_len=1)
     assert "the draft proposed 1 token," in teach.render_teach_step([acc], step=0, n_steps=1, text_before="",
                                                                     lam=LAM, tau=TAU, method="sd")
+
+
+def test_no_plural_is_made_by_hand_in_the_app():
+    """Counts go through render.plural: no "{n} token{'s' if ...}" left to get wrong."""
+    from pathlib import Path
+    for path in (Path(render.__file__).parent).rglob("*.py"):
+        src = path.read_text()
+        assert not re.search(r"""['"]s['"] if\b|['"]s are['"] if\b""", src), path
+
+
+def test_one_of_a_kind_reads_in_the_singular():
+    from csd.config import CSDConfig
+    from csd.events import RunMetrics
+    from ui.state import RunView
+    from ui.tabs import compare
+    one = div(REJECTED, RULE_MEMORY_RARE, 2, -5.2)
+    assert "0 of 1 divergence in the last answer" in render.whatif_summary([one], LAM, TAU)
+    assert "1 changed decision is outlined" in render.whatif_summary([one], 2, 1e-4)
+    assert "1 draft token rejected" in render.run_summary([one])
+    view = RunView(None, "p", True, CSDConfig(method="sd"), done=True,
+                   metrics=RunMetrics(new_tokens=1, target_forwards=1, wall_s=0.5))
+    assert "**SD**: 1 target pass for 1 token, 0.50 s" in compare._compare_caption("sd", view, None, None)

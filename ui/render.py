@@ -383,10 +383,10 @@ def whatif_summary(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
     would = sum(1 for e in div if would_rescue(e, lam, tau))
     now = sum(1 for e in div if e.status == RESCUED)
     changed = changed_decisions(div, lam, tau)
-    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {len(div)} divergences in "
+    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
             f"the last answer would be rescued; the run rescued {now}.")
     if changed:
-        line += (f" {changed} changed decision{'s are' if changed > 1 else ' is'} outlined (dashed: would be "
+        line += (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would be "
                  f"rescued, double: would be rejected); the text after the first one would differ.")
     else:
         line += " No decision changes."
@@ -397,7 +397,7 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
     """The rescues of an answer, listed (each a link to its token), or why there are none."""
     rescued = [(i, e) for i, e in enumerate(events) if e.status == RESCUED]
     rejected = sum(1 for e in events if e.status == REJECTED)
-    rej = f"{rejected} draft token{'s' if rejected != 1 else ''} rejected"
+    rej = f"{plural(rejected, 'draft token')} rejected"
     if not rescued:
         body = "0 rescued" + (f"; {rej}." if rejected else ".")
     else:

@@ -19,6 +19,7 @@ from csd.rule import rescues
 from db import analytics as A
 
 from .. import render
+from ..render import plural
 from ..state import Services, Session
 from .common import NO_STORE, SCOPE_SESSION, as_int, ensure_session, error, info, scope_filter, scopes, warn
 from .jobs import in_lane, status_line, stop, take_job
@@ -86,7 +87,7 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     except Exception as e:
         log.exception("the store could not list events")
         raise error(f"The store could not answer: {e}") from None
-    caption = f"{n} events match" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
+    caption = f"{plural(n, 'event')} {'matches' if n == 1 else 'match'}" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
     return [_event_row(le) for le in rows], caption, gr.update(choices=choices), hidden, sess
 
 
@@ -125,8 +126,8 @@ def _calibration_line(c: dict) -> str:
         return "?"
     if c.get("mode") == "prompts":
         name = c.get("source") or "prompts"
-        return f"{render.esc_md(name)}: {c.get('prompts', 0)} prompts, {c.get('positions', 0)} positions"
-    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {c.get('positions', 0)} positions"
+        return f"{render.esc_md(name)}: {plural(c.get('prompts', 0), 'prompt')}, {plural(c.get('positions', 0), 'position')}"
+    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {plural(c.get('positions', 0), 'position')}"
 
 
 def memory_view(services: Services, lam, sess: Session | None):
@@ -140,8 +141,10 @@ def memory_view(services: Services, lam, sess: Session | None):
     cal = cal if isinstance(cal, list) else []
     cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
     mismatch = mem.mismatch(services.pair)
-    md = (f"**{len(mem)}** patterns, **{mem.total}** divergences counted, **{mem.n_candidates(lam)}** patterns at "
-          f"or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
+    n_mem, n_cand = len(mem), mem.n_candidates(lam)
+    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,}** "
+          f"{'divergence' if mem.total == 1 else 'divergences'} counted, **{n_cand:,}** "
+          f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
           + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
              f"weights are held)." if mismatch else "")
@@ -218,9 +221,9 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
                 log.exception("could not save the calibrated memory")
                 warn(f"The calibrated memory is in your session but not saved in the store: {e}")
         last = (work.meta.get("calibration") or [{}])[-1]
-        what = f"{last.get('positions')} positions" if isinstance(last, dict) and last.get("positions") else ""
+        what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {work.total - before} divergences added.{note}")
+                       f": {plural(work.total - before, 'divergence')} added.{note}")
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
@@ -240,7 +243,7 @@ def memory_download(services: Services, sess: Session | None):
     sess = ensure_session(services, sess)
     path = Path(tempfile.mkdtemp(prefix="csd-memory-")) / "csd-memory.json.gz"
     sess.memory.save(path)
-    return gr.update(value=str(path), label=f"Download csd-memory.json.gz ({len(sess.memory)} patterns)",
+    return gr.update(value=str(path), label=f"Download csd-memory.json.gz ({plural(len(sess.memory), 'pattern')})",
                      visible=True), sess
 
 
@@ -263,7 +266,7 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
         msg = f"{name} could not be read as a correction memory ({type(e).__name__}: {e})"
     else:
         sess.memory = mem
-        info(f"Memory loaded: {len(mem)} patterns")
+        info(f"Memory loaded: {plural(len(mem), 'pattern')}")
         md, rows, sess = memory_view(services, lam, sess)
         mismatch = mem.mismatch(services.pair)
         note = render.render_error(f"Loaded, with a note: {mismatch}.") if mismatch else ""

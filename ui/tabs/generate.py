@@ -44,7 +44,7 @@ def _pass_sentence(view: RunView) -> str:
     end = evs[-1].status
     tail = "a free bonus token" if end == "bonus" else "the target's correction"
     n = evs[0].block_len or drafted
-    return f"Verify pass {last + 1}: {kept} of {n} drafted tokens kept, then {tail}."
+    return f"Verify pass {last + 1}: {kept} of {render.plural(n, 'drafted token')} kept, then {tail}."
 
 
 def _metrics_html(sess: Session, view: RunView) -> str:
@@ -76,7 +76,7 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
         sess.last = view
         yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected,
-                           empty=f"Reading the prompt ({view.prompt_tokens:,} tokens), then the first draft "
+                           empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), then the first draft "
                                  f"block and its verify pass…"),
                "", render.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
         with recorded(services, sess, prompt, cfg, "generate") as rec:
