@@ -49,7 +49,7 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
         kinds = A.rescued_by_kind(services.store, f)
     except Exception as e:
         log.exception("the store could not answer the analysis")
-        raise error(f"The store could not answer: {e}") from None
+        raise error(f"The store could not answer: {e}", expected=False) from None
     summary = (f"**{render.esc_md(scope)}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
                f"τ = {tau:.3g} the rule "
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "

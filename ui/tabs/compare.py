@@ -17,6 +17,7 @@ from ..render import plural
 from ..state import RunView, Services, Session
 from . import analyse
 from .common import ensure_session, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
+from .inputs import slider
 from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
@@ -196,8 +197,8 @@ def build(page: Page):
                         c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
             with gr.Column(scale=1):
                 c_chat = gr.Checkbox(True, label="Chat template")
-                c_max = gr.Slider(1, s.max_new_tokens_limit, value=s.compare_tokens, step=1,
-                                  label="Max new tokens", elem_id="c-max-new")
+                c_max = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                               value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
         with gr.Row(equal_height=False):
             panes, caps = [], []
             for m in COMPARE_METHODS:
@@ -215,7 +216,8 @@ def build(page: Page):
     def wire():
         cmp = page.model_job(c_btn, "compare", partial(compare, services),
                              [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess],
-                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
+                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat),
+                             check_in=(gamma, lam, log10_tau, c_max))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
     return wire

@@ -220,7 +220,7 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
                 yield view
     except Exception as e:
         log.exception("generation failed")
-        raise error(f"Generation failed: {type(e).__name__}: {e}") from None
+        raise error(f"Generation failed: {type(e).__name__}: {e}", expected=False) from None
     finally:
         run.close()
         view.token_ids = list(run.token_ids)

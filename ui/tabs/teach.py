@@ -31,6 +31,7 @@ from .. import render
 from ..render import STATUS_STYLE, _fmt, esc, plural, rescue_modules, show_token, token_text_html
 from ..state import Services, Session
 from .common import ensure_session, error, exactness_note, page_config
+from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
@@ -247,10 +248,10 @@ def build(page: Page):
                     t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
                                           elem_id="t-prompt")
                     with gr.Column(scale=1, min_width=160, elem_classes=HIDE_PRESENT):
-                        t_method = gr.Dropdown([m for m in METHODS if m != "ar"], value="csd", label="Method",
-                                               elem_id="t-method")
-                        t_max = gr.Slider(4, 128, value=s.teach_tokens, step=1, label="Max new tokens",
-                                          elem_id="teach-max")
+                        t_method = dropdown("Teach's method", [m for m in METHODS if m != "ar"], value="csd",
+                                            label="Method", elem_id="t-method")
+                        t_max = slider("Teach's max new tokens", 4, 128, note="(a short run, to step through)",
+                                       value=s.teach_tokens, step=1, label="Max new tokens", elem_id="teach-max")
                 with gr.Row(equal_height=False):
                     t_run = gr.Button("Run", variant="primary", elem_id="teach-run", min_width=80)
                     t_prev = gr.Button("◀ Previous", elem_id="teach-prev", min_width=90)
@@ -268,7 +269,7 @@ def build(page: Page):
     def wire():
         page.model_job(t_run, "teach", partial(teach_run, services),
                        [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
-                       prompt_in=(t_prompt,))
+                       prompt_in=(t_prompt,), check_in=(t_method, gamma, lam, log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
         t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
