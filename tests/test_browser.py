@@ -434,6 +434,27 @@ def test_phone_layout(browser, tiny_url, shots):
         pg.context.close()
 
 
+def test_one_toast_at_a_time(page, shots):
+    """Two errors in a row leave one toast on the screen, the newer one; the out-of-range value typed
+    in log10 tau's box gets a sentence naming the range (two handlers refuse it: still one toast)."""
+    visible = "() => [...document.querySelectorAll('.toast-message-item')].filter(e => e.offsetParent !== null)" \
+              ".map(e => e.innerText)"
+    set_number(page, "log10-tau", -5)
+    page.wait_for_function(f"() => ({visible})().some(t => t.includes('between -4 and 0'))", timeout=WAIT_MS)
+    page.wait_for_timeout(700)
+    shown = page.evaluate(visible)
+    assert len(shown) == 1 and "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1)" in shown[0]
+    assert page.locator(".toast-body:visible").count() == 1
+    page.locator("#prompt textarea").fill("   ")
+    page.click("#generate-btn")
+    page.wait_for_function(f"() => ({visible})().some(t => t.includes('the prompt is empty'))", timeout=WAIT_MS)
+    page.wait_for_timeout(700)
+    assert page.evaluate(visible) == ["the prompt is empty"]
+    assert page.locator(".toast-body:visible").count() == 1
+    assert not page.locator(".toast-count:visible").count()        # no "(3)": one message on the screen
+    page.screenshot(path=str(shots / "one-toast.png"))
+
+
 def test_legends_on_generate_compare_and_analyse(page):
     for tab, elem in (("Generate", "#legend"), ("Compare", "#compare-legend"), ("Analyse", "#analyse-legend")):
         open_tab(page, tab)

@@ -1,7 +1,7 @@
 // CSD Explorer's page script: read by ui/render.py at start-up and handed to gradio in a
 // <script> tag with launch(head=...). Token details on click (pinned), next rescued / next
-// rejected, and arrow keys for the Teach view. Listeners sit on the document, so they keep
-// working while gradio replaces the HTML inside the components.
+// rejected, arrow keys for the Teach view, and one toast at a time. Listeners sit on the
+// document, so they keep working while gradio replaces the HTML inside the components.
 (() => {
   if (window.csdInstalled) return;
   window.csdInstalled = true;
@@ -55,6 +55,27 @@
     const tok = e.target.closest('[data-csd-view] .tok[data-i]');
     if (tok) show(tok);
   });
+  // one toast at a time: a new message closes the other toasts; gradio groups the messages of one
+  // kind (error, warning, info) in one toast whose close button closes them all, so there the older
+  // messages are only hidden (the toast still closes itself 10 s after its first message)
+  const seen = new WeakSet();
+  const oneToast = () => {
+    const items = [...document.querySelectorAll('.toast-message-item')];
+    const fresh = items.filter(i => !seen.has(i));
+    if (!fresh.length) return;
+    items.forEach(i => seen.add(i));
+    const newest = fresh[fresh.length - 1];
+    const body = newest.closest('.toast-body');
+    document.querySelectorAll('.toast-body').forEach(b => {
+      if (b !== body && !b.hasAttribute('data-csd-closing')) {
+        b.setAttribute('data-csd-closing', '1');
+        const x = b.querySelector('.toast-close');
+        if (x) x.click();
+      }
+    });
+    items.forEach(i => { if (i !== newest && i.closest('.toast-body') === body) i.setAttribute('data-csd-old', '1'); });
+    if (body) body.setAttribute('data-csd-one', '1');
+  };
   // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
   new MutationObserver(() => {
     for (const [view, i] of Object.entries(pins)) {
@@ -62,6 +83,7 @@
       const t = box && box.querySelector('.tok[data-i="' + i + '"]');
       if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
     }
+    oneToast();
   }).observe(document.body, {childList: true, subtree: true});
   document.addEventListener('keydown', (e) => {
     if (e.target.closest('input, textarea, select, [contenteditable]')) return;
