@@ -369,9 +369,26 @@ def test_two_users_share_the_model_and_stop_works_while_queued(browser, tiny_url
 
 
 # -- layouts ---------------------------------------------------------------------------------------
+TAB_ORDER = ["Generate", "Compare", "Analyse", "Explore & memory", "Teach"]
+
+
 def phone_tab(pg, name: str):
-    """The visible button of a tab, in the tab bar or among the tabs gradio would put in its menu."""
-    return pg.locator("#tabs [role=tablist] button:visible, #tabs .overflow-dropdown button:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
+    """The visible button of a tab in the tab bar."""
+    return pg.locator("#tabs [role=tab]:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
+
+
+def tab_reading_order(pg) -> list[str]:
+    """The visible tab buttons as a reader meets them: row by row (top to bottom), left to right."""
+    buttons = "#tabs .tab-wrapper [role=tablist] button:visible, #tabs .overflow-dropdown button:visible"
+    boxes = pg.locator(buttons).evaluate_all(
+        "els => els.map(e => { const r = e.getBoundingClientRect(); return [e.innerText.trim(), r.x, r.y, r.height]; })")
+    rows: list[list] = []
+    for text, x, y, h in sorted(boxes, key=lambda b: b[2]):
+        if rows and abs(rows[-1][0][2] - y) < h / 2:
+            rows[-1].append((text, x, y))
+        else:
+            rows.append([(text, x, y)])
+    return [t for row in rows for t, _, _ in sorted(row, key=lambda b: b[1])]
 
 
 def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url, shots):
@@ -407,16 +424,21 @@ def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url
 
 
 def test_phone_layout(browser, tiny_url, shots):
+    """390x844: nothing wider than the screen; the tab row wraps but keeps its order, whichever tab is
+    open; Teach's table scrolls sideways and says so (a label, and a fade while columns are off to the
+    right), which a wide screen, where the table fits, does not."""
     pg = new_page(browser, tiny_url, 390, 844)
     try:
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
+        assert tab_reading_order(pg) == TAB_ORDER
         for name, panel in (("Compare", "#tab-compare"), ("Analyse", "#tab-analyse"),
                             ("Explore & memory", "#tab-explore"), ("Teach", "#tab-teach"), ("Generate", "#tab-generate")):
             tab = phone_tab(pg, name)
             assert tab.count() == 1 and tab.is_visible(), f"tab {name} is not reachable"
             tab.click()
             pg.wait_for_selector(f"{panel}", state="visible", timeout=WAIT_MS)
-        assert pg.locator("#tabs .overflow-menu > button").is_hidden()
+            assert tab_reading_order(pg) == TAB_ORDER, f"with {name} open"
+        assert pg.locator("#tabs .overflow-menu").count() == 0
         # Teach: the table scrolls sideways, so its decision and why columns can be reached
         phone_tab(pg, "Teach").click()
         set_number(pg, "teach-max", 12)
@@ -424,12 +446,28 @@ def test_phone_layout(browser, tiny_url, shots):
         pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
         scroller = pg.locator("#teach-view .csd-scroll")
         assert scroller.evaluate("e => e.scrollWidth > e.clientWidth")
+        box, hint = pg.locator("#teach-view .csd-scroll-box"), pg.locator("#teach-view .csd-scroll-hint")
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'more'",
+                             timeout=WAIT_MS)
+        assert hint.is_visible() and "scroll the table sideways" in hint.inner_text()
+        hb = hint.bounding_box()
+        assert hb["x"] >= 0 and hb["x"] + hb["width"] <= 392
+        fade = box.evaluate("e => getComputedStyle(e, '::after').backgroundImage")
+        assert "gradient" in fade
+        pg.locator("#teach-view").scroll_into_view_if_needed()
+        pg.screenshot(path=str(shots / "teach-phone-390x844.png"))
         scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'end'",
+                             timeout=WAIT_MS)
+        assert box.evaluate("e => getComputedStyle(e, '::after').content") in ("none", "normal")   # no fade at the end
         why = pg.locator("#teach-view th").last.bounding_box()
         assert why["x"] >= 0 and why["x"] + why["width"] <= 392
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
-        pg.locator("#teach-view").scroll_into_view_if_needed()
-        pg.screenshot(path=str(shots / "teach-phone-390x844.png"))
+        # a wide screen: the table fits, no hint
+        pg.set_viewport_size({"width": 1920, "height": 1000})
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'no'",
+                             timeout=WAIT_MS)
+        assert hint.is_hidden()
     finally:
         pg.context.close()
 

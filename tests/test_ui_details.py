@@ -177,3 +177,15 @@ def test_one_of_a_kind_reads_in_the_singular():
     view = RunView(None, "p", True, CSDConfig(method="sd"), done=True,
                    metrics=RunMetrics(new_tokens=1, target_forwards=1, wall_s=0.5))
     assert "**SD**: 1 target pass for 1 token, 0.50 s" in compare._compare_caption("sd", view, None, None)
+
+
+def test_teach_table_carries_its_scroll_hint():
+    """The hint is in the page's HTML; the script shows it only where the table is wider than its box."""
+    acc = TokenEvent(position=0, token_id=1, text=" a", status=ACCEPTED, block=0, index_in_block=0, draft_id=1,
+                     draft_text=" a", target_id=1, target_text=" a", block_len=1)
+    out = teach.render_teach_step([acc], step=0, n_steps=1, text_before="", lam=LAM, tau=TAU, method="sd")
+    assert re.search(r'<div class="csd-scroll-box"><div class="csd-scroll-hint">[^<]*scroll[^<]*→</div>'
+                     r'<div class="csd-scroll"><table>', out)
+    css = render.CSS
+    assert re.search(r"\.csd-scroll-hint \{ display: none;", css)
+    assert '.csd-scroll-box[data-scrolls="more"] .csd-scroll-hint' in css and "data-scrolls" in render.JS

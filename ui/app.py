@@ -74,7 +74,7 @@ def build_demo(services: Services) -> gr.Blocks:
             tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
 
         page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau)
-        with gr.Tabs(elem_id="tabs"):
+        with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):    # a narrow screen wraps the tabs, in order
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 
         # -- wiring: the bar's own events first, then each tab's (once every tab is laid out) -----

@@ -128,9 +128,10 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
     return (f'<div class="csd-teach"><p>{summary}</p>'
             f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
             f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
-            f'<div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
+            f'<div class="csd-scroll-box"><div class="csd-scroll-hint">more columns: scroll the table sideways →'
+            f'</div><div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
             f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div></div>")
+            f"<tbody>{''.join(rows)}</tbody></table></div></div></div>")
 
 
 TEACH_EXPLANATION = r"""
