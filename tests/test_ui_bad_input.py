@@ -142,3 +142,24 @@ def test_the_app_logs_its_own_info_lines():
     app.configure_logging()
     assert logging.getLogger("ui.tabs.common").isEnabledFor(logging.INFO)
     assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+
+
+def test_a_refused_value_is_escaped_in_the_toast(demo):
+    message = refusal(component(demo, "method"), "<img src=x onerror=alert(1)>")
+    assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message
+
+
+@pytest.mark.parametrize("button,checked", [("generate-btn", ("gamma", "lam", "log10-tau", "temperature", "max-new",
+                                                             "seed", "method")),
+                                            ("compare-btn", ("gamma", "lam", "log10-tau", "c-max-new")),
+                                            ("teach-run", ("t-method", "gamma", "lam", "log10-tau", "teach-max")),
+                                            ("calibrate-btn", ("cal-prompts", "cal-answer", "cal-positions"))])
+def test_a_click_checks_the_settings_before_it_joins_the_lane(demo, button, checked):
+    """The click's first step (the request for the model, private) takes the run's checked settings as
+    inputs, so gradio refuses one out of range before the request waits for the model."""
+    btn = component(demo, button)
+    first = [fn for fn in demo.fns.values() if (btn._id, "click") in [(t[0], t[1]) for t in fn.targets]]
+    assert len(first) == 1
+    ids = {b._id for b in first[0].inputs}
+    for elem_id in checked:
+        assert component(demo, elem_id)._id in ids, elem_id
