@@ -14,6 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import argparse
+import logging
 import sys
 import time
 
@@ -60,6 +61,16 @@ def on_space() -> bool:
     return bool(os.environ.get("SPACE_ID"))
 
 
+def configure_logging() -> None:
+    """One line per record on stderr, with the time and the logger. The app's own loggers (``ui``,
+    ``csd``, ``db``) speak from INFO: a refused request (bad input, a prompt over the cap) is one
+    INFO line, a bug an ERROR with its traceback; other libraries from WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for name in ("ui", "csd", "db"):
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
 class ConsoleProgress:
     """Model preparation progress on stderr, at most a line a second per stage."""
 
@@ -75,6 +86,7 @@ class ConsoleProgress:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    configure_logging()
     from csd.models import load_pair
     from csd.pair import ModelLoadError
     from db.store import Store

@@ -369,9 +369,26 @@ def test_two_users_share_the_model_and_stop_works_while_queued(browser, tiny_url
 
 
 # -- layouts ---------------------------------------------------------------------------------------
+TAB_ORDER = ["Generate", "Compare", "Analyse", "Explore & memory", "Teach"]
+
+
 def phone_tab(pg, name: str):
-    """The visible button of a tab, in the tab bar or among the tabs gradio would put in its menu."""
-    return pg.locator("#tabs [role=tablist] button:visible, #tabs .overflow-dropdown button:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
+    """The visible button of a tab in the tab bar."""
+    return pg.locator("#tabs [role=tab]:visible").filter(has_text=re.compile(f"^{re.escape(name)}$"))
+
+
+def tab_reading_order(pg) -> list[str]:
+    """The visible tab buttons as a reader meets them: row by row (top to bottom), left to right."""
+    buttons = "#tabs .tab-wrapper [role=tablist] button:visible, #tabs .overflow-dropdown button:visible"
+    boxes = pg.locator(buttons).evaluate_all(
+        "els => els.map(e => { const r = e.getBoundingClientRect(); return [e.innerText.trim(), r.x, r.y, r.height]; })")
+    rows: list[list] = []
+    for text, x, y, h in sorted(boxes, key=lambda b: b[2]):
+        if rows and abs(rows[-1][0][2] - y) < h / 2:
+            rows[-1].append((text, x, y))
+        else:
+            rows.append([(text, x, y)])
+    return [t for row in rows for t, _, _ in sorted(row, key=lambda b: b[1])]
 
 
 def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url, shots):
@@ -407,16 +424,21 @@ def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url
 
 
 def test_phone_layout(browser, tiny_url, shots):
+    """390x844: nothing wider than the screen; the tab row wraps but keeps its order, whichever tab is
+    open; Teach's table scrolls sideways and says so (a label, and a fade while columns are off to the
+    right), which a wide screen, where the table fits, does not."""
     pg = new_page(browser, tiny_url, 390, 844)
     try:
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
+        assert tab_reading_order(pg) == TAB_ORDER
         for name, panel in (("Compare", "#tab-compare"), ("Analyse", "#tab-analyse"),
                             ("Explore & memory", "#tab-explore"), ("Teach", "#tab-teach"), ("Generate", "#tab-generate")):
             tab = phone_tab(pg, name)
             assert tab.count() == 1 and tab.is_visible(), f"tab {name} is not reachable"
             tab.click()
             pg.wait_for_selector(f"{panel}", state="visible", timeout=WAIT_MS)
-        assert pg.locator("#tabs .overflow-menu > button").is_hidden()
+            assert tab_reading_order(pg) == TAB_ORDER, f"with {name} open"
+        assert pg.locator("#tabs .overflow-menu").count() == 0
         # Teach: the table scrolls sideways, so its decision and why columns can be reached
         phone_tab(pg, "Teach").click()
         set_number(pg, "teach-max", 12)
@@ -424,14 +446,51 @@ def test_phone_layout(browser, tiny_url, shots):
         pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
         scroller = pg.locator("#teach-view .csd-scroll")
         assert scroller.evaluate("e => e.scrollWidth > e.clientWidth")
+        box, hint = pg.locator("#teach-view .csd-scroll-box"), pg.locator("#teach-view .csd-scroll-hint")
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'more'",
+                             timeout=WAIT_MS)
+        assert hint.is_visible() and "scroll the table sideways" in hint.inner_text()
+        hb = hint.bounding_box()
+        assert hb["x"] >= 0 and hb["x"] + hb["width"] <= 392
+        fade = box.evaluate("e => getComputedStyle(e, '::after').backgroundImage")
+        assert "gradient" in fade
+        pg.locator("#teach-view").scroll_into_view_if_needed()
+        pg.screenshot(path=str(shots / "teach-phone-390x844.png"))
         scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'end'",
+                             timeout=WAIT_MS)
+        assert box.evaluate("e => getComputedStyle(e, '::after').content") in ("none", "normal")   # no fade at the end
         why = pg.locator("#teach-view th").last.bounding_box()
         assert why["x"] >= 0 and why["x"] + why["width"] <= 392
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
-        pg.locator("#teach-view").scroll_into_view_if_needed()
-        pg.screenshot(path=str(shots / "teach-phone-390x844.png"))
+        # a wide screen: the table fits, no hint
+        pg.set_viewport_size({"width": 1920, "height": 1000})
+        pg.wait_for_function("() => document.querySelector('#teach-view .csd-scroll-box')?.dataset.scrolls === 'no'",
+                             timeout=WAIT_MS)
+        assert hint.is_hidden()
     finally:
         pg.context.close()
+
+
+def test_one_toast_at_a_time(page, shots):
+    """Two errors in a row leave one toast on the screen, the newer one; the out-of-range value typed
+    in log10 tau's box gets a sentence naming the range (two handlers refuse it: still one toast)."""
+    visible = "() => [...document.querySelectorAll('.toast-message-item')].filter(e => e.offsetParent !== null)" \
+              ".map(e => e.innerText)"
+    set_number(page, "log10-tau", -5)
+    page.wait_for_function(f"() => ({visible})().some(t => t.includes('between -4 and 0'))", timeout=WAIT_MS)
+    page.wait_for_timeout(700)
+    shown = page.evaluate(visible)
+    assert len(shown) == 1 and "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1)" in shown[0]
+    assert page.locator(".toast-body:visible").count() == 1
+    page.locator("#prompt textarea").fill("   ")
+    page.click("#generate-btn")
+    page.wait_for_function(f"() => ({visible})().some(t => t.includes('the prompt is empty'))", timeout=WAIT_MS)
+    page.wait_for_timeout(700)
+    assert page.evaluate(visible) == ["the prompt is empty"]
+    assert page.locator(".toast-body:visible").count() == 1
+    assert not page.locator(".toast-count:visible").count()        # no "(3)": one message on the screen
+    page.screenshot(path=str(shots / "one-toast.png"))
 
 
 def test_legends_on_generate_compare_and_analyse(page):
@@ -455,7 +514,7 @@ def test_token_details_navigation_and_export(page, tmp_path):
     pinned = page.locator("#tokens .tok.pinned")
     assert pinned.get_attribute("data-status") == "rescued"
     first = page.locator("#tokens-detail .csd-detail-body .first").inner_text()
-    assert first.startswith("The draft wrote") and "kept because the memory has seen this swap" in first
+    assert first.startswith("The draft wrote") and "kept because the memory had seen this swap" in first
     i = int(pinned.get_attribute("data-i"))
     page.click("#tokens [data-nav=rescued]")
     assert int(page.locator("#tokens .tok.pinned").get_attribute("data-i")) != i or \

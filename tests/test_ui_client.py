@@ -9,6 +9,7 @@ clear error. The gate holds the engine inside a pass where a test needs it to wa
 from __future__ import annotations
 
 import csv
+import logging
 import re
 from pathlib import Path
 
@@ -141,13 +142,53 @@ def test_bad_input_gets_a_clear_message_and_the_app_keeps_working(client):
         client.predict(*gen_args(prompt="   "), api_name="/generate")
     with pytest.raises(Exception, match="at most 100 tokens"):
         client.predict(*gen_args(prompt="the cat " * 80), api_name="/generate")
-    with pytest.raises(Exception, match="(?i)gamma|maximum"):
+    with pytest.raises(Exception, match="from 1 to 32; got 40"):
         client.predict(*gen_args(gamma=40), api_name="/generate")
-    with pytest.raises(Exception, match="greater than maximum value 0"):   # log10 tau > 0 means tau > 1
+    with pytest.raises(Exception, match=r"between -4 and 0 \(τ from 0.0001 to 1\); got 0.5"):   # tau > 1
         client.predict(*gen_args(log10_tau=0.5), api_name="/generate")
     tokens, _, _, metrics, _, status = client.predict(*gen_args(max_new=4, method="sd", auto=True),
                                                       api_name="/generate")
     assert metrics["new_tokens"] == 4 and "tok tok-" in tokens
+
+
+# (endpoint, arguments with one setting out of range, the sentence's range)
+REFUSED = [
+    ("/generate", gen_args(gamma=33), "γ (the draft block length) must be a whole number from 1 to 32; got 33."),
+    ("/generate", gen_args(lam=-2), "λ (the memory count threshold) must be a whole number from 0 to 64; got -2."),
+    ("/generate", gen_args(log10_tau=-5), "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 "
+                                          "to 1); got -5."),
+    ("/generate", gen_args()[:7] + (3,) + gen_args()[8:], "Temperature must be between 0 and 2 (0 = greedy); got 3."),
+    ("/generate", gen_args(max_new=0), "Max new tokens must be a whole number from 1 to 512 (this app's limit); got 0."),
+    ("/generate", gen_args()[:9] + (-1,) + gen_args()[10:], "Seed must be a whole number, 0 or more; got -1."),
+    ("/compare", (PROMPT, True, 40, False, 6, -2, 8), "from 1 to 32; got 40."),
+    ("/compare", (PROMPT, True, 4, False, 6, -2, 600), "Max new tokens must be a whole number from 1 to 512"),
+    ("/teach_run", (PROMPT, "csd", 4, 6, -4.5, 8), "between -4 and 0 (τ from 0.0001 to 1); got -4.5."),
+    ("/teach_run", (PROMPT, "csd", 4, 6, -2, 129), "Teach's max new tokens must be a whole number from 4 to 128"),
+]
+
+
+def test_out_of_range_settings_are_refused_with_the_range_and_the_session_is_kept(app_url, gate, capfd, caplog):
+    """Through the API, each setting out of range is refused before the handler runs, with a sentence
+    naming the range; the server logs one line for each and no traceback; the caller's session (its
+    last answer, its memory) is what it was before."""
+    gate.arm(None)
+    caplog.set_level(logging.INFO, logger="ui")
+    own = Client(app_url, verbose=False)
+    *_, metrics, _, status = own.predict(*gen_args(max_new=12, lam=0), api_name="/generate")
+    assert "Done: 12 tokens" in status
+    before = (own.predict(0, -0.5, False, api_name="/recolour"), own.predict(0, api_name="/memory_view"))
+    capfd.readouterr()
+    caplog.clear()
+    for endpoint, args, words in REFUSED:
+        with pytest.raises(Exception) as err:
+            own.predict(*args, api_name=endpoint)
+        assert words in str(err.value), (endpoint, str(err.value))
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused: ")]
+    assert len(refused) == len(REFUSED) and all(r.exc_info is None for r in caplog.records)
+    assert "Traceback" not in capfd.readouterr().err
+    after = (own.predict(0, -0.5, False, api_name="/recolour"), own.predict(0, api_name="/memory_view"))
+    assert after == before and "tok tok-" in after[0][0] and "patterns" in after[1][0]
+    assert own.predict(*gen_args(max_new=4), api_name="/generate")[-1].count("Done: 4 tokens") == 1
 
 
 def test_memory_upload_refuses_other_files(client, tmp_path):

@@ -143,14 +143,14 @@ def test_plain_first_line_of_each_decision():
     rescued = ev(RESCUED, draft_text=" nature", target_text=" the", count=9, gap=-1.2)
     first = render.token_detail(rescued, 6, 0.01).splitlines()[0]
     assert first.startswith("The draft wrote ␣nature, the target preferred ␣the; kept because")
-    assert "9 times (λ = 6)" in first and "log τ = −4.61" in first
+    assert "9 times (at least λ = 6)" in first and "log τ = −4.61" in first
     rare = ev(REJECTED, count=2, gap=-0.1, rule=RULE_MEMORY_RARE, discarded=[5, 6])
-    assert "only 2 times (fewer than λ = 6)" in render.plain_sentence(rare, 6, 0.01, 2)
+    assert "2 times, fewer than λ = 6" in render.plain_sentence(rare, 6, 0.01, 2)
     assert "2 later draft tokens were discarded" in render.token_detail(rare, 6, 0.01).splitlines()[0]
     low = ev(REJECTED, count=9, gap=-8.0, rule=RULE_GAP_LOW)
     assert "too unlikely" in render.plain_sentence(low, 6, 0.01)
     assert "never rescued" in render.plain_sentence(ev(REJECTED, rule=RULE_SPECIAL), 6, 0.01)
-    assert "keeps only" in render.plain_sentence(ev(REJECTED, rule=RULE_NO_RESCUE))
+    assert "has no rescue" in render.plain_sentence(ev(REJECTED, rule=RULE_NO_RESCUE))
     assert render.plain_sentence(ev(BONUS, text=" a")).startswith("A free token")
     assert render.plain_sentence(ev(CORRECTED, text=" a")).startswith("The target's own token")
 

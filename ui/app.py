@@ -11,10 +11,13 @@ from functools import partial
 
 import gradio as gr
 
+from csd.config import GAMMA_RANGE
+
 from . import render
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
+from .tabs.inputs import slider
 from .tabs.jobs import poll_status
 from .tabs.page import HIDE_PRESENT, Page
 
@@ -57,19 +60,21 @@ def build_demo(services: Services) -> gr.Blocks:
                 present = gr.Checkbox(False, label="Presentation mode (large answer, settings hidden)",
                                       elem_id="present")
         with gr.Row(equal_height=True, elem_classes=HIDE_PRESENT):
-            gamma = gr.Slider(1, 32, value=6, step=1, label="γ (draft block length)", elem_id="gamma")
+            gamma = slider("γ (the draft block length)", *GAMMA_RANGE, value=6, step=1, label="γ (draft block length)",
+                           elem_id="gamma")
             with gr.Column(min_width=200):
                 auto_gamma = gr.Checkbox(True, label="γ = auto (per block, from this machine's measured costs; "
                                          "Generate and Compare; Teach keeps the number)", elem_id="auto-gamma")
                 show_spec = gr.Checkbox(True, label=f"Show speculation: auto drafts at least {SHOW_SPECULATION} "
                                         "tokens a block (off: only what pays here)", elem_id="show-spec")
-            lam = gr.Slider(0, 64, value=6, step=1, label="λ (memory count threshold)", elem_id="lam")
-            log10_tau = gr.Slider(-4, 0, value=-2, step=0.05, label="log₁₀ τ (gate threshold, τ up to 1)",
-                                  elem_id="log10-tau")
+            lam = slider("λ (the memory count threshold)", 0, 64, value=6, step=1,
+                         label="λ (memory count threshold)", elem_id="lam")
+            log10_tau = slider("log₁₀ τ (the gate threshold)", -4, 0, note="(τ from 0.0001 to 1)", value=-2, step=0.05,
+                               label="log₁₀ τ (gate threshold, τ up to 1)", elem_id="log10-tau")
             tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
 
         page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau)
-        with gr.Tabs(elem_id="tabs"):
+        with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):    # a narrow screen wraps the tabs, in order
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 
         # -- wiring: the bar's own events first, then each tab's (once every tab is laid out) -----

@@ -18,7 +18,7 @@ from plotly.subplots import make_subplots
 from csd.events import RunMetrics
 from csd.rule import log_tau, rescues, top_share
 
-from .render import show_token
+from .render import plural, show_token
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def make_gap_figure(gaps: Sequence[float], counts: Sequence[float] | None, lam: 
     fig.add_vrect(x0=lt, x1=0.0, fillcolor="#2e7d32", opacity=0.12, line_width=0)
     fig.add_vline(x=lt, line_color="#2e7d32", line_width=2)
     n_rescue = int(np.sum(rescues(c, g, lam, lt)))
-    fig.add_annotation(text=f"log τ = {lt:.2f} · rescue region: {n_rescue} of {g.size} divergences",
+    fig.add_annotation(text=f"log τ = {lt:.2f} · rescue region: {n_rescue} of {plural(g.size, 'divergence')}",
                        x=lt, y=1.02, xref="x", yref="paper", showarrow=False, xanchor="left", yanchor="bottom",
                        font=dict(color="#2e7d32"))
     fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), barmode="stack",
@@ -163,7 +163,7 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
     fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
                              marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),
                              hovertemplate="current λ = %{y:g}, log₁₀ τ = %{x:.2f}<extra></extra>"))
-    sub = f" ({total} divergences)" if total else ""
+    sub = f" ({plural(total, 'divergence')})" if total else ""
     fig.update_layout(**LAYOUT, title=dict(text=title + sub, y=0.98), xaxis_title="log₁₀ τ",
                       yaxis_title="λ (memory count threshold)", showlegend=False)
     return fig

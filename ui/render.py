@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from csd.config import CSDConfig
 from csd.events import (
     ACCEPTED,
     BONUS,
@@ -149,14 +150,74 @@ def whatif_class(ev: TokenEvent, lam: float, tau: float) -> str | None:
 
 
 # -- one token ---------------------------------------------------------------------------------
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """"1 token", "2 tokens", "1,024 tokens" ("pass" -> "passes" with ``many``)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
+def rescue_modules(method: str | None) -> tuple[bool, bool]:
+    """(memory, gate): the rescue modules ``method`` uses; an unknown method is read as CSD (both)."""
+    if method is None:
+        return True, True
+    cfg = CSDConfig(method=method)
+    return cfg.use_ocm, cfg.use_scg
+
+
+def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
+                     method: str | None = None) -> str:
+    """Why a divergence was rescued or rejected: every reason that decided it, in plain words,
+    from the event's memory count and logit gap against the λ and τ in force (``csd.rule.rescues``
+    on each half of the rule); the logged rule where a threshold is not known. '' for other events."""
+    if ev.status not in DIVERGENCE_STATUSES:
+        return ""
+    x = show_token(ev.draft_text)
+    if ev.rule == RULE_SPECIAL:
+        return ("a special token (end of turn, chat template) is never rescued, whatever the memory and the gate "
+                "say")
+    if ev.rule == RULE_NO_RESCUE:
+        if ev.draft_id is not None and ev.draft_id == ev.target_id:
+            return "rejection sampling did not keep it (the draft gave it more probability than the target)"
+        return ("this method has no rescue: it keeps a draft token only where the target agrees with it (SD checks "
+                "the target's top-1)")
+    use_mem, use_gate = rescue_modules(method)
+    c, gap = ev.memory_count, ev.gap
+    lt = log_tau(tau) if tau is not None else None
+    mem_ok = rescues(c, None, lam, 0, use_scg=False) if use_mem and lam is not None and c is not None else None
+    gate_ok = rescues(None, gap, 0, lt, use_ocm=False) if use_gate and lt is not None and gap is not None else None
+    if ev.status == REJECTED and mem_ok is not False and gate_ok is not False:   # thresholds unknown: the rule
+        mem_ok = False if ev.rule == RULE_MEMORY_RARE else mem_ok
+        gate_ok = False if ev.rule == RULE_GAP_LOW else gate_ok
+    lam_s = f"λ = {lam:g}" if lam is not None else "λ"
+    lt_s = f"log τ = {_fmt(lt)}" if lt is not None else "log τ"
+    seen = "had never seen this swap" if c == 0 else f"had seen this swap {plural(c or 0, 'time')}"
+    if mem_ok is False:
+        mem = f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
+    else:
+        mem = f"the memory {seen} (at least {lam_s})"
+    gate_no = f"the target found {x} too unlikely (logit gap {_fmt(gap)}, below {lt_s})"
+    gate_yes = f"the target found {x} close enough (logit gap {_fmt(gap)}, at or above {lt_s})"
+    if ev.status == RESCUED:
+        if use_mem and use_gate:
+            return f"{mem} and {gate_yes}"
+        return f"{mem}; this method has no gate" if use_mem else f"{gate_yes}; this method uses no memory"
+    failed = [r for r, ok in ((mem, mem_ok), (gate_no, gate_ok)) if ok is False]
+    if not failed:
+        return f"of the rule {ev.rule or 'none'}"
+    why = " and ".join(failed)
+    if mem_ok is False and gate_ok and use_gate:
+        why += f", although the gate would have let it through (logit gap {_fmt(gap)}, at or above {lt_s})"
+    elif gate_ok is False and mem_ok and use_mem:
+        why += f", although the memory knew the swap ({plural(c, 'time')}, {lam_s})"
+    return why
+
+
 def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
-                   discarded: int | None = None) -> str:
-    """What happened at this token, in one plain sentence (the first line of its details)."""
+                   discarded: int | None = None, method: str | None = None) -> str:
+    """What happened at this token, in one plain sentence (the first line of its details): for a
+    rescue or a rejection, every reason that decided it (``decision_reasons``)."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
     wrote = f"The draft wrote {x}, the target preferred {t}"
-    lam_s = f"λ = {lam:g}" if lam is not None else "λ"
-    lt_s = f"log τ = {_fmt(log_tau(tau))}" if tau else "log τ"
-    rest = "" if not discarded else f" and the block's {discarded} later draft token{'s' if discarded > 1 else ''} " \
+    rest = "" if not discarded else f" and the block's {plural(discarded, 'later draft token')} " \
                                     f"{'were' if discarded > 1 else 'was'} discarded unchecked"
     if ev.special and ev.in_output:
         return f"A special token ({special_label(ev.text)}): it ends the turn or frames the chat; it is not answer text."
@@ -176,48 +237,40 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
             return f"The draft wrote {x}; rejection sampling kept it (the target gives it enough probability)."
         return f"The draft wrote {x}, and the target agreed: kept."
     if ev.status == RESCUED:
-        return (f"{wrote}; kept because the memory has seen this swap {ev.memory_count} times ({lam_s}) and the "
-                f"target found it close enough (logit gap {_fmt(ev.gap)} ≥ {lt_s}).")
+        return f"{wrote}; kept because {decision_reasons(ev, lam, tau, method)}."
     if ev.status == REJECTED:
-        if ev.rule == RULE_SPECIAL:
-            why = "a special token (end of turn, template) is never rescued"
-        elif ev.rule == RULE_NO_RESCUE:
-            why = "this method keeps only tokens the target agrees with"
-        elif ev.rule == RULE_MEMORY_RARE:
-            why = (f"the memory has seen this swap only {ev.memory_count} time{'s' if ev.memory_count != 1 else ''}"
-                   f" (fewer than {lam_s})")
-        elif ev.rule == RULE_GAP_LOW:
-            why = (f"the target found it too unlikely (logit gap {_fmt(ev.gap)} < {lt_s}), although the memory "
-                   f"knows the swap ({ev.memory_count} times)")
-        else:
-            why = f"rule: {ev.rule or 'none'}"
-        return f"{wrote}; thrown away because {why}. The target's {t} was written instead{rest}."
+        return (f"{wrote}; rejected because {decision_reasons(ev, lam, tau, method)}. The target's {t} was written "
+                f"instead{rest}.")
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
 
 def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
-                 whatif: tuple[float, float] | None = None) -> str:
-    """The details of one token (plain text, first line plain language; escaped by the caller)."""
+                 whatif: tuple[float, float] | None = None, method: str | None = None) -> str:
+    """The details of one token (plain text, first line plain language; escaped by the caller).
+    ``method``: the run's method, whose rescue modules the reasons name (None: CSD's two)."""
     n_disc = len(ev.discarded) if ev.discarded else None
     label = STATUS_STYLE.get(ev.status, ("", ev.status, ""))[1]
-    lines = [plain_sentence(ev, lam, tau, n_disc),
+    lines = [plain_sentence(ev, lam, tau, n_disc, method),
              f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}, draft position "
              f"{ev.index_in_block + 1}" + (f" of {ev.block_len}" if ev.block_len else "")]
     if ev.draft_id is not None:
         lines.append(f"draft x~ = {show_token(ev.draft_text)}   target top-1 t* = {show_token(ev.target_text)}")
     elif ev.target_text is not None:
         lines.append(f"target top-1: {show_token(ev.target_text)}")
-    if ev.gap is not None and ev.status in DIVERGENCE_STATUSES:
+    use_mem, use_gate = rescue_modules(method)
+    if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
         lt = log_tau(tau) if tau else None
-        lines.append(f"logit gap z(x~) − z(t*) = {_fmt(ev.gap)}" +
-                     (f" vs log τ = {_fmt(lt)}" + (" ✓" if rescues(None, ev.gap, 0, lt, use_ocm=False) else " ✗") if lt is not None else ""))
+        ok = lt is not None and rescues(None, ev.gap, 0, lt, use_ocm=False)
+        lines.append(f"gate: logit gap z(x~) − z(t*) = {_fmt(ev.gap)}"
+                     + (f" vs log τ = {_fmt(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
+                     + ("" if use_gate else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
-        lines.append(f"memory count(x~ → t*) = {ev.memory_count}" +
-                     (f" vs λ = {lam:g}" + (" ✓" if rescues(ev.memory_count, None, lam, 0, use_scg=False) else " ✗") if lam is not None else ""))
+        ok = lam is not None and rescues(ev.memory_count, None, lam, 0, use_scg=False)
+        lines.append(f"memory: count(x~ → t*) = {ev.memory_count}"
+                     + (f" vs λ = {lam:g} {'✓' if ok else '✗'}" if lam is not None else "")
+                     + ("" if use_mem else " (this method uses no memory)"))
     if ev.target_prob is not None:
         lines.append(f"p_target(token) = {ev.target_prob:.3f}")
-    if ev.rule:
-        lines.append(f"rule: {ev.rule}")
     if whatif is not None:
         w = would_rescue(ev, *whatif)
         if w is not None:
@@ -250,14 +303,15 @@ def _prompt_html(prompt: str | None) -> str:
 def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau: float | None = None,
                   hide_rejected: bool = False, whatif: tuple[float, float] | None = None,
                   diff_positions: set[int] | None = None, prompt: str | None = None, latest_block: int | None = None,
-                  view: str = "tokens", panel: str | None = None, nav: bool = True,
+                  view: str = "tokens", panel: str | None = None, nav: bool = True, method: str | None = None,
                   empty: str = "The answer appears here, one verify pass at a time.") -> str:
     """The coloured answer: one escaped ``<span>`` per event, its details in ``data-detail``.
 
     lam/tau: the thresholds the run used; whatif: other (lam, tau) under which changed decisions
     are outlined; diff_positions: output positions to mark as departures; latest_block: the pass
     that just arrived (marked while streaming); view: this answer's name on the page; panel: the id
-    prefix of the details panel a click fills (default: the view's own)."""
+    prefix of the details panel a click fills (default: the view's own); method: the run's method
+    (its rescue modules, for the details)."""
     parts = []
     n = {RESCUED: 0, REJECTED: 0}
     for i, ev in enumerate(events):
@@ -281,7 +335,7 @@ def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau
         attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
                  + (' data-pass-end="1"' if ev.pass_end else ""))
         parts.append(f'<span class="{" ".join(cls)}" {attrs} '
-                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif))}">{text}</span>')
+                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif, method))}">{text}</span>')
     body = "".join(parts) or f'<span class="csd-note">{esc(empty)}</span>'
     wrap = "csd-tokens csd-hide-rejected" if hide_rejected else "csd-tokens"
     bar = ""
@@ -329,10 +383,10 @@ def whatif_summary(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
     would = sum(1 for e in div if would_rescue(e, lam, tau))
     now = sum(1 for e in div if e.status == RESCUED)
     changed = changed_decisions(div, lam, tau)
-    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {len(div)} divergences in "
+    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
             f"the last answer would be rescued; the run rescued {now}.")
     if changed:
-        line += (f" {changed} changed decision{'s are' if changed > 1 else ' is'} outlined (dashed: would be "
+        line += (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would be "
                  f"rescued, double: would be rejected); the text after the first one would differ.")
     else:
         line += " No decision changes."
@@ -343,7 +397,7 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
     """The rescues of an answer, listed (each a link to its token), or why there are none."""
     rescued = [(i, e) for i, e in enumerate(events) if e.status == RESCUED]
     rejected = sum(1 for e in events if e.status == REJECTED)
-    rej = f"{rejected} draft token{'s' if rejected != 1 else ''} rejected"
+    rej = f"{plural(rejected, 'draft token')} rejected"
     if not rescued:
         body = "0 rescued" + (f"; {rej}." if rejected else ".")
     else:
@@ -412,7 +466,7 @@ def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str,
     for ev in events:
         cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
         text, extra = token_text_html(ev)
-        spans.append(f'<span class="{" ".join(cls + extra)}" title="{esc(token_detail(ev, lam, tau))}">{text}</span>')
+        spans.append(f'<span class="{" ".join(cls + extra)}" title="{esc(token_detail(ev, lam, tau, method=method))}">{text}</span>')
     fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"

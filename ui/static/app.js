@@ -1,7 +1,8 @@
 // CSD Explorer's page script: read by ui/render.py at start-up and handed to gradio in a
 // <script> tag with launch(head=...). Token details on click (pinned), next rescued / next
-// rejected, and arrow keys for the Teach view. Listeners sit on the document, so they keep
-// working while gradio replaces the HTML inside the components.
+// rejected, arrow keys for the Teach view, one toast at a time, and the mark on a table that
+// scrolls sideways. Listeners sit on the document, so they keep working while gradio replaces
+// the HTML inside the components.
 (() => {
   if (window.csdInstalled) return;
   window.csdInstalled = true;
@@ -55,6 +56,41 @@
     const tok = e.target.closest('[data-csd-view] .tok[data-i]');
     if (tok) show(tok);
   });
+  // one toast at a time: a new message closes the other toasts; gradio groups the messages of one
+  // kind (error, warning, info) in one toast whose close button closes them all, so there the older
+  // messages are only hidden (the toast still closes itself 10 s after its first message)
+  const seen = new WeakSet();
+  const oneToast = () => {
+    const items = [...document.querySelectorAll('.toast-message-item')];
+    const fresh = items.filter(i => !seen.has(i));
+    if (!fresh.length) return;
+    items.forEach(i => seen.add(i));
+    const newest = fresh[fresh.length - 1];
+    const body = newest.closest('.toast-body');
+    document.querySelectorAll('.toast-body').forEach(b => {
+      if (b !== body && !b.hasAttribute('data-csd-closing')) {
+        b.setAttribute('data-csd-closing', '1');
+        const x = b.querySelector('.toast-close');
+        if (x) x.click();
+      }
+    });
+    items.forEach(i => { if (i !== newest && i.closest('.toast-body') === body) i.setAttribute('data-csd-old', '1'); });
+    if (body) body.setAttribute('data-csd-one', '1');
+  };
+  // a table wider than its box: data-scrolls="more" while columns are off to the right, "end" at the end
+  // (checked again when the box changes size: a tab shown, a window turned)
+  const watched = new WeakSet();
+  const sizes = new ResizeObserver(() => markScrollers());
+  const markScrollers = () => document.querySelectorAll('.csd-scroll').forEach(s => {
+    const box = s.closest('.csd-scroll-box');
+    if (!box) return;
+    if (!watched.has(s)) { watched.add(s); sizes.observe(s); }
+    const state = s.scrollWidth <= s.clientWidth + 1 ? 'no'
+      : s.scrollLeft + s.clientWidth >= s.scrollWidth - 2 ? 'end' : 'more';
+    if (box.getAttribute('data-scrolls') !== state) box.setAttribute('data-scrolls', state);
+  });
+  window.addEventListener('resize', markScrollers);
+  document.addEventListener('scroll', (e) => { if (e.target.classList && e.target.classList.contains('csd-scroll')) markScrollers(); }, true);
   // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
   new MutationObserver(() => {
     for (const [view, i] of Object.entries(pins)) {
@@ -62,6 +98,8 @@
       const t = box && box.querySelector('.tok[data-i="' + i + '"]');
       if (t && !t.classList.contains('pinned')) t.classList.add('pinned');
     }
+    oneToast();
+    markScrollers();
   }).observe(document.body, {childList: true, subtree: true});
   document.addEventListener('keydown', (e) => {
     if (e.target.closest('input, textarea, select, [contenteditable]')) return;

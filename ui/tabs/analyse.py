@@ -31,7 +31,7 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
     tokens = tokens_html(sess.last, lam, tau, hide_rejected, view_id="analyse-tokens")
     changed = render.changed_decisions(sess.last.events, lam, tau) if sess.last else 0
     heading = ("**Last answer under the λ/τ sliders**"
-               + (f": {changed} changed decision{'s' if changed != 1 else ''} outlined (dashed: would be rescued, "
+               + (f": {render.plural(changed, 'changed decision')} outlined (dashed: would be rescued, "
                   f"double: would be rejected)" if changed else (": no decision changes" if sess.last else "")))
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
@@ -49,8 +49,9 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
         kinds = A.rescued_by_kind(services.store, f)
     except Exception as e:
         log.exception("the store could not answer the analysis")
-        raise error(f"The store could not answer: {e}") from None
-    summary = (f"**{render.esc_md(scope)}**: {wi.total} divergences logged; at λ = {lam:g}, τ = {tau:.3g} the rule "
+        raise error(f"The store could not answer: {e}", expected=False) from None
+    summary = (f"**{render.esc_md(scope)}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
+               f"τ = {tau:.3g} the rule "
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "
                f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
                + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")

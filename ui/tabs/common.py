@@ -4,7 +4,7 @@ the session, the scopes of Analyse and Explore, and the coloured answer's HTML.
 A handler is a plain function from component values (and the session) to new values; handlers
 that need the loaded models or the store take ``services`` first, and the tabs bind it with
 ``functools.partial``. Bad input raises ``gr.Error`` with the engine's message, escaped (gradio
-renders toasts as HTML).
+renders toasts as HTML), and is logged as one line without a traceback (``error``).
 """
 from __future__ import annotations
 
@@ -51,9 +51,15 @@ def scopes(services: Services) -> list[str]:
     return [SCOPE_RUN, SCOPE_SESSION] + ([SCOPE_ALL] if services.settings.shared_scope else [])
 
 
-def error(msg: str) -> gr.Error:
-    """A page error; gradio renders toast messages as HTML, so the text is escaped."""
-    return gr.Error(render.esc_message(msg))
+def error(msg: str, *, expected: bool = True) -> gr.Error:
+    """A page error; gradio renders toast messages as HTML, so the text is escaped.
+
+    ``expected`` (bad input, a prompt over the cap, a refused file): the user's mistake, not the
+    app's, is logged here as one line and gradio prints no traceback for it; otherwise the caller
+    has logged the failure with its traceback (``log.exception``) before raising this."""
+    if expected:
+        log.info("refused: %s", msg)
+    return gr.Error(render.esc_message(msg), print_exception=False)
 
 
 def warn(msg: str) -> None:
@@ -139,7 +145,8 @@ def tokens_html(view: RunView | None, lam: float, tau: float, hide_rejected: boo
     latest = view.events[-1].block if (view.events and not view.done) else None
     return render.render_tokens(view.events, lam=view.cfg.lam, tau=view.cfg.tau, hide_rejected=hide_rejected,
                                 whatif=(lam, tau), diff_positions=diff_positions,
-                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id, **kw)
+                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id,
+                                method=view.cfg.method, **kw)
 
 
 def remember_ar(sess: Session, view: RunView | None) -> None:

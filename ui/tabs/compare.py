@@ -13,9 +13,11 @@ import gradio as gr
 from csd.events import REJECTED, RESCUED, common_prefix
 
 from .. import figures, render
+from ..render import plural
 from ..state import RunView, Services, Session
 from . import analyse
 from .common import ensure_session, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
+from .inputs import slider
 from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
@@ -50,7 +52,8 @@ def leaves_sd(csd: RunView, sd: RunView) -> str:
     head = (f" · leaves SD's answer at token {i}: SD (the target's top-1) wrote {_code(sd_ev.text if sd_ev else '')}, "
             f"CSD kept {_code(ev.text if ev else '')}")
     if ev is not None and ev.status == RESCUED:
-        seen = f"the memory had seen this divergence {ev.memory_count} times" if ev.memory_count else "the gate let it through"
+        seen = (f"the memory had seen this divergence {plural(ev.memory_count, 'time')}" if ev.memory_count
+                else "the gate let it through")
         return head + f", a rescue ({seen}); everything after it follows from that token"
     return head
 
@@ -63,15 +66,16 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
     if m is None:
         return f"**{method.upper()}**: reading the prompt…"
     saved = m.new_tokens - m.target_forwards
-    head = f"**{method.upper()}**: {m.target_forwards} target passes"
+    head = f"**{method.upper()}**: {plural(m.target_forwards, 'target pass', 'target passes')}"
     if method != "ar" and saved > 0:
         head += f" (**{saved} saved**)"
-    head += f" for {m.new_tokens} tokens, {m.wall_s:.2f} s"
+    head += f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
     if not view.done:
         return head + " (running…)"
     if method != "ar" and ar is not None and ar.done and diff is not None:
         head += " · same tokens as AR" if not diff else \
-            f" · departs from AR at token {min(diff)}; {len(diff)} tokens differ (wavy underline)"
+            f" · departs from AR at token {min(diff)}; {plural(len(diff), 'token')} " \
+            f"{'differs' if len(diff) == 1 else 'differ'} (wavy underline)"
         if ar.metrics and ar.metrics.tokens_per_s and m.tokens_per_s:
             head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× AR tokens/s"
     if method == "csd" and sd is not None and sd.done:
@@ -97,7 +101,8 @@ def compare_note(views: dict[str, RunView | None]) -> str:
         saved = a.target_forwards - m.target_forwards
         per = m.verify_s / m.target_forwards if m.target_forwards else 0.0
         ratio = per / step if step else 0.0
-        lines.append(f"**{k.upper()}** used {m.target_forwards} target passes instead of AR's {a.target_forwards} "
+        lines.append(f"**{k.upper()}** used {plural(m.target_forwards, 'target pass', 'target passes')} instead of "
+                     f"AR's {a.target_forwards} "
                      f"(**{saved} saved**, {m.mean_accepted_length:.2f} tokens per pass); one of its verify passes "
                      f"(a block of about {m.mean_block_len:.1f} draft tokens + 1) took {per:.3f} s against "
                      f"{step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took {m.draft_s:.2f} s in all, and "
@@ -162,7 +167,7 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
             sess.last = views["csd"]
         done = [v for v in views.values() if v is not None and v.done]
         job.summary = ("Stopped" if job.cancel else "Done") + \
-            f": {len(done)} of 3 methods ran, {sum(v.metrics.new_tokens for v in done)} tokens in all."
+            f": {len(done)} of 3 methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
         if views["csd"] is not None and views["csd"].done:
             note = speculation_sentence(views["csd"], gamma, services.decoder.costs)
             job.summary += f" CSD: {note}" if note else ""
@@ -192,8 +197,8 @@ def build(page: Page):
                         c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
             with gr.Column(scale=1):
                 c_chat = gr.Checkbox(True, label="Chat template")
-                c_max = gr.Slider(1, s.max_new_tokens_limit, value=s.compare_tokens, step=1,
-                                  label="Max new tokens", elem_id="c-max-new")
+                c_max = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                               value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
         with gr.Row(equal_height=False):
             panes, caps = [], []
             for m in COMPARE_METHODS:
@@ -211,7 +216,8 @@ def build(page: Page):
     def wire():
         cmp = page.model_job(c_btn, "compare", partial(compare, services),
                              [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess],
-                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat))
+                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat),
+                             check_in=(gamma, lam, log10_tau, c_max))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
     return wire

@@ -20,8 +20,10 @@ from csd.rule import rescues
 from db import analytics as A
 
 from .. import render
+from ..render import plural
 from ..state import Services, Session
 from .common import NO_STORE, SCOPE_SESSION, as_int, ensure_session, error, info, scope_filter, scopes, warn
+from .inputs import number
 from .jobs import in_lane, status_line, stop, take_job
 from .page import Page
 
@@ -86,8 +88,8 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
         choices = _pattern_choices(services, f)
     except Exception as e:
         log.exception("the store could not list events")
-        raise error(f"The store could not answer: {e}") from None
-    caption = f"{n} events match" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
+        raise error(f"The store could not answer: {e}", expected=False) from None
+    caption = f"{plural(n, 'event')} {'matches' if n == 1 else 'match'}" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
     return [_event_row(le) for le in rows], caption, gr.update(choices=choices), hidden, sess
 
 
@@ -105,7 +107,7 @@ def export_events_csv(services: Services, scope: str, run_id, statuses, pattern,
         n = A.export_csv(services.store, f, tmp)
     except Exception as e:
         log.exception("the CSV export failed")
-        raise error(f"The export failed: {e}") from None
+        raise error(f"The export failed: {e}", expected=False) from None
     path = tmp.rename(out / f"csd-events-{n}.csv")
     return gr.update(value=str(path), label=f"Download CSV ({n} events)", visible=True), sess
 
@@ -119,6 +121,7 @@ def hide_download():
 MEMORY_COLUMNS = ["draft x~", "target t*", "ids", "count", "≥ λ"]
 CAL_PROMPTS, CAL_TEXT = "prompts: the target's own answers", "text: teacher-forced reading"
 SRC_SHIPPED, SRC_UPLOAD = "shipped set", "uploaded file"
+MAX_PROMPTS, MAX_ANSWER_TOKENS, MAX_POSITIONS = 10_000, 2048, 1_000_000   # a calibration's limits
 
 
 def _calibration_line(c: dict) -> str:
@@ -126,8 +129,8 @@ def _calibration_line(c: dict) -> str:
         return "?"
     if c.get("mode") == "prompts":
         name = c.get("source") or "prompts"
-        return f"{render.esc_md(name)}: {c.get('prompts', 0)} prompts, {c.get('positions', 0)} positions"
-    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {c.get('positions', 0)} positions"
+        return f"{render.esc_md(name)}: {plural(c.get('prompts', 0), 'prompt')}, {plural(c.get('positions', 0), 'position')}"
+    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {plural(c.get('positions', 0), 'position')}"
 
 
 def memory_view(services: Services, lam, sess: Session | None):
@@ -141,8 +144,10 @@ def memory_view(services: Services, lam, sess: Session | None):
     cal = cal if isinstance(cal, list) else []
     cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
     mismatch = mem.mismatch(services.pair)
-    md = (f"**{len(mem)}** patterns, **{mem.total}** divergences counted, **{mem.n_candidates(lam)}** patterns at "
-          f"or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
+    n_mem, n_cand = len(mem), mem.n_candidates(lam)
+    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,}** "
+          f"{'divergence' if mem.total == 1 else 'divergences'} counted, **{n_cand:,}** "
+          f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
           + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
              f"weights are held)." if mismatch else "")
@@ -165,10 +170,11 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
         n_prompts = as_int("prompts", n_prompts)
         tokens = as_int("answer tokens", answer_tokens)
         n = as_int("positions", max_positions)
-        if prompts_mode and not (1 <= n_prompts <= 10_000 and 1 <= tokens <= 2048):
-            raise ConfigError(f"prompts must be in 1..10000 and answer tokens in 1..2048, got {n_prompts} and {tokens}")
-        if not prompts_mode and not 1 <= n <= 1_000_000:
-            raise ConfigError(f"positions must be in 1..1000000, got {n}")
+        if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
+            raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
+                              f"got {n_prompts} and {tokens}")
+        if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
+            raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
@@ -210,7 +216,7 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
         except Exception as e:
             log.exception("calibration failed")
             job.summary = "Failed."
-            raise error(f"The calibration failed: {type(e).__name__}: {e}") from None
+            raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
         sess.memory = work
         if services.store is not None and work.total != before:
             try:
@@ -219,9 +225,9 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
                 log.exception("could not save the calibrated memory")
                 warn(f"The calibrated memory is in your session but not saved in the store: {e}")
         last = (work.meta.get("calibration") or [{}])[-1]
-        what = f"{last.get('positions')} positions" if isinstance(last, dict) and last.get("positions") else ""
+        what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {work.total - before} divergences added.{note}")
+                       f": {plural(work.total - before, 'divergence')} added.{note}")
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
@@ -241,7 +247,7 @@ def memory_download(services: Services, sess: Session | None):
     sess = ensure_session(services, sess)
     path = Path(tempfile.mkdtemp(prefix="csd-memory-")) / "csd-memory.json.gz"
     sess.memory.save(path)
-    return gr.update(value=str(path), label=f"Download csd-memory.json.gz ({len(sess.memory)} patterns)",
+    return gr.update(value=str(path), label=f"Download csd-memory.json.gz ({plural(len(sess.memory), 'pattern')})",
                      visible=True), sess
 
 
@@ -264,7 +270,7 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
         msg = f"{name} could not be read as a correction memory ({type(e).__name__}: {e})"
     else:
         sess.memory = mem
-        info(f"Memory loaded: {len(mem)} patterns")
+        info(f"Memory loaded: {plural(len(mem), 'pattern')}")
         md, rows, sess = memory_view(services, lam, sess)
         mismatch = mem.mismatch(services.pair)
         note = render.render_error(f"Loaded, with a note: {mismatch}.") if mismatch else ""
@@ -284,7 +290,7 @@ def build(page: Page):
             e_scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
                                info="'all runs' is shared: it shows every user's answers" if s.shared_scope
                                else None)
-            e_run = gr.Number(0, precision=0, label="Run id (0 = the scope)", minimum=0)
+            e_run = number("Run id", value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
             e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, REJECTED], label="Status",
                                         elem_id="e-status")
         with gr.Row():
@@ -315,12 +321,12 @@ def build(page: Page):
                                    "text (.txt, .jsonl 'text')", file_types=[".txt", ".jsonl", ".md", ".py"],
                                    type="filepath")
                 with gr.Row():
-                    m_prompts = gr.Number(s.calibrate_prompts, precision=0, minimum=1, label="Prompts",
-                                          elem_id="cal-prompts")
-                    m_answer = gr.Number(s.calibrate_answer_tokens, precision=0, minimum=1,
-                                         label="Answer tokens each", elem_id="cal-answer")
-                    m_positions = gr.Number(s.calibrate_positions, precision=0, minimum=1,
-                                            label="Text positions", elem_id="cal-positions")
+                    m_prompts = number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
+                                       maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts")
+                    m_answer = number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0, minimum=1,
+                                      maximum=MAX_ANSWER_TOKENS, label="Answer tokens each", elem_id="cal-answer")
+                    m_positions = number("Text positions", value=s.calibrate_positions, precision=0, minimum=1,
+                                         maximum=MAX_POSITIONS, label="Text positions", elem_id="cal-positions")
                 with gr.Row(equal_height=True):
                     m_cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0,
                                       min_width=110)
@@ -350,7 +356,7 @@ def build(page: Page):
                            api_visibility="private", **light)
         page.model_job(m_cal, "calibrate", partial(calibrate_memory, services),
                        [m_mode, m_source, m_corpus, m_prompts, m_answer, m_positions, lam, sess],
-                       [m_summary, m_table, m_status, sess], "calibrate")
+                       [m_summary, m_table, m_status, sess], "calibrate", check_in=(m_prompts, m_answer, m_positions))
         m_stop.click(partial(stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
         m_reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
                       **light)

@@ -17,6 +17,7 @@ from .. import render
 from ..state import RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
+from .inputs import dropdown, number, slider
 from .jobs import (
     done_sentence,
     follow_run,
@@ -44,7 +45,7 @@ def _pass_sentence(view: RunView) -> str:
     end = evs[-1].status
     tail = "a free bonus token" if end == "bonus" else "the target's correction"
     n = evs[0].block_len or drafted
-    return f"Verify pass {last + 1}: {kept} of {n} drafted tokens kept, then {tail}."
+    return f"Verify pass {last + 1}: {kept} of {render.plural(n, 'drafted token')} kept, then {tail}."
 
 
 def _metrics_html(sess: Session, view: RunView) -> str:
@@ -76,7 +77,7 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
         sess.last = view
         yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected,
-                           empty=f"Reading the prompt ({view.prompt_tokens:,} tokens), then the first draft "
+                           empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), then the first draft "
                                  f"block and its verify pass…"),
                "", render.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
         with recorded(services, sess, prompt, cfg, "generate") as rec:
@@ -147,13 +148,14 @@ def build(page: Page):
                 summary = gr.HTML("", elem_id="summary")
                 whatif_md = gr.Markdown(elem_id="whatif-line")
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
-                method = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
-                                     label="Method", elem_id="method")
+                method = dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
+                                  label="Method", elem_id="method")
                 chat = gr.Checkbox(True, label="Chat template (instruct models)")
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
-                max_new = gr.Slider(1, s.max_new_tokens_limit, value=s.max_new_tokens, step=1,
-                                    label="Max new tokens", elem_id="max-new")
-                seed = gr.Number(0, precision=0, minimum=0, label="Seed (sampling only)")
+                temperature = slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
+                                     label="Temperature (0 = greedy)", elem_id="temperature")
+                max_new = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                                 value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new")
+                seed = number("Seed", value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed")
                 lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} "
                                      "tokens that followed the last few earlier, where the costs say it "
                                      "pays (sd and csd; underlined)", elem_id="lookup")
@@ -175,7 +177,8 @@ def build(page: Page):
                              [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
                               hide_rejected, lookup, page.show_spec, sess],
                              [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
-                             prompt_in=(prompt, chat))
+                             prompt_in=(prompt, chat), check_in=(gamma, lam, log10_tau, temperature, max_new, seed,
+                                                                 method))
         analyse.refresh_after(page, gen)
         stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
 

@@ -22,6 +22,7 @@ from db.store import NullRecorder, recording
 
 from .. import render
 from ..lane import Job
+from ..render import plural
 from ..state import RunView, Services, Session
 from .common import ensure_session, error, warn
 
@@ -80,8 +81,8 @@ def _run_progress(job: Job, now: float) -> str:
     m = run.metrics
     if m.target_forwards == 0 and m.prefill_s == 0 and job.prompt_tokens > 1:
         return f"{label}reading the prompt ({job.prompt_tokens:,} tokens) · {_ago(job.elapsed(now))}"
-    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens} of at most {job.max_tokens} "
-            f"tokens · {_ago(job.elapsed(now))}")
+    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens} of at most "
+            f"{plural(job.max_tokens, 'token')} · {_ago(job.elapsed(now))}")
 
 
 def status_line(services: Services, sess: Session | None, kind: str) -> str:
@@ -108,7 +109,7 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         first = running[0] if running else None
         doing = f" The one running: {_run_progress(first, now)}." if first else ""
         n = len(ahead)
-        return render.render_status(f"Waiting for the model: {n} request{'s' if n > 1 else ''} ahead of yours "
+        return render.render_status(f"Waiting for the model: {plural(n, 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
 
@@ -165,7 +166,8 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
     except ValueError as e:
         raise error(str(e)) from None
     if len(ids) > cap:
-        raise error(f"The prompt is {len(ids):,} tokens long; this app takes prompts of at most {cap:,} tokens "
+        raise error(f"The prompt is {plural(len(ids), 'token')} long; this app takes prompts of at most "
+                    f"{plural(cap, 'token')} "
                     f"(python app.py --max-prompt-tokens N sets the limit). Please shorten it.")
     if cfg is not None:
         try:
@@ -218,7 +220,7 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
                 yield view
     except Exception as e:
         log.exception("generation failed")
-        raise error(f"Generation failed: {type(e).__name__}: {e}") from None
+        raise error(f"Generation failed: {type(e).__name__}: {e}", expected=False) from None
     finally:
         run.close()
         view.token_ids = list(run.token_ids)
@@ -239,11 +241,6 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
     job.run, job.label, job.progress = run, label, ""
     job.prompt_tokens, job.max_tokens = len(ids), cfg.max_new_tokens
     return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids))
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """"1 token", "2 tokens" ("pass" -> "passes" with ``many``)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def done_sentence(view: RunView) -> str:

@@ -71,12 +71,17 @@ class Page:
         """``poll_status``'s inputs and outputs: every status line, in its order, and the timer."""
         return [self.sess], [*(self.status[k] for k in KINDS), self.status_timer]
 
-    def model_job(self, btn, kind: str, fn, inputs, outputs, api_name: str, prompt_in=()):
+    def model_job(self, btn, kind: str, fn, inputs, outputs, api_name: str, prompt_in=(), check_in=()):
         """A click: the request is checked and joins the lane at once (in the light group, which
         no model work holds up; a refusal is a toast), then, if it was not refused, the model's
-        queued handler runs."""
-        services, sess = self.services, self.sess
-        ask = btn.click(partial(request_job, services, kind), [sess, *prompt_in],
+        queued handler runs. ``check_in``: settings whose components refuse a value out of their
+        range (``ui.tabs.inputs``) at the click, before the request joins the lane."""
+        services, sess, n = self.services, self.sess, len(prompt_in)
+
+        def ask_for(sess, *values):     # the prompt (and chat), then the checked settings
+            return request_job(services, kind, sess, *values[:n])
+
+        ask = btn.click(ask_for, [sess, *prompt_in, *check_in],
                         [sess, self.status[kind], self.status_timer], show_progress="hidden",
                         api_visibility="private", **self.light)
         run = ask.success(fn, inputs, outputs, api_name=api_name, show_progress="hidden", **self.model)

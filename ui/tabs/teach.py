@@ -25,21 +25,25 @@ from csd.events import (
     TARGET,
     TokenEvent,
 )
-from csd.rule import log_tau
+from csd.rule import log_tau, rescues
 
 from .. import render
-from ..render import STATUS_STYLE, _fmt, esc, show_token, token_text_html
+from ..render import STATUS_STYLE, _fmt, esc, plural, rescue_modules, show_token, token_text_html
 from ..state import Services, Session
 from .common import ensure_session, error, exactness_note, page_config
+from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
 # -- the view of one iteration -----------------------------------------------------------------
-def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
-    """A sentence saying why this position was decided as it was (plain text)."""
+def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None = None) -> str:
+    """A sentence saying why this position was decided as it was (plain text): for a rejection,
+    every half of the rule that failed (``method``'s modules; None: CSD's two)."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
     c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
+    use_mem, use_gate = rescue_modules(method)
+    gate_fails = use_gate and g is not None and not rescues(None, g, 0, lt, use_ocm=False)
     if ev.status == CORRECTED:
         return f"The draft was rejected here, so the target's own top-1 {show_token(ev.text)} is emitted; this target pass ends."
     if ev.status == BONUS:
@@ -55,13 +59,18 @@ def explain_decision(ev: TokenEvent, lam: float, tau: float) -> str:
     if ev.rule == RULE_NO_RESCUE:
         return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
     if ev.rule == RULE_MEMORY_RARE:
-        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern, rejected; "
-                f"{t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
+        gate = (f" and gap {_fmt(g)} < log τ = {_fmt(lt)}: the target also finds {x} too unlikely"
+                if gate_fails else "")
+        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern{gate}; "
+                f"rejected, {t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
     if ev.rule == RULE_GAP_LOW:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} but gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
+        known = f"count {c} ≥ λ = {lam:g} but " if use_mem else ""
+        return (f"x~ = {x} ≠ t* = {t}; {known}gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
                 f"{x} too unlikely, rejected.")
     if ev.rule == RULE_RESCUE:
-        return (f"x~ = {x} ≠ t* = {t}; count {c} ≥ λ = {lam:g} and gap {_fmt(g)} ≥ log τ = {_fmt(lt)}: rescued, {x} is kept "
+        known = f"count {c} ≥ λ = {lam:g}" if use_mem else ""
+        gate = f"gap {_fmt(g)} ≥ log τ = {_fmt(lt)}" if use_gate else ""
+        return (f"x~ = {x} ≠ t* = {t}; {' and '.join(filter(None, (known, gate)))}: rescued, {x} is kept "
                 f"and verification goes on with the next draft position.")
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
@@ -104,7 +113,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(explain_decision(e, lam, tau))}</td></tr>')
+            f'<td class="why">{esc(explain_decision(e, lam, tau, method))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             first = e.index_in_block + 2
             for k, t in enumerate(discarded_texts):
@@ -113,15 +122,16 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
     summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
-               f"{block_len} token{'s' if block_len != 1 else ''}, {len(drafted)} checked, "
-               f"{sum(1 for e in evs if e.in_output)} tokens emitted, one target pass"
+               f"{plural(block_len, 'token')}, {len(drafted)} checked, "
+               f"{plural(sum(1 for e in evs if e.in_output), 'token')} emitted, one target pass"
                + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
     return (f'<div class="csd-teach"><p>{summary}</p>'
             f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
             f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
-            f'<div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
+            f'<div class="csd-scroll-box"><div class="csd-scroll-hint">more columns: scroll the table sideways →'
+            f'</div><div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
             f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table></div></div>")
+            f"<tbody>{''.join(rows)}</tbody></table></div></div></div>")
 
 
 TEACH_EXPLANATION = r"""
@@ -239,10 +249,10 @@ def build(page: Page):
                     t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
                                           elem_id="t-prompt")
                     with gr.Column(scale=1, min_width=160, elem_classes=HIDE_PRESENT):
-                        t_method = gr.Dropdown([m for m in METHODS if m != "ar"], value="csd", label="Method",
-                                               elem_id="t-method")
-                        t_max = gr.Slider(4, 128, value=s.teach_tokens, step=1, label="Max new tokens",
-                                          elem_id="teach-max")
+                        t_method = dropdown("Teach's method", [m for m in METHODS if m != "ar"], value="csd",
+                                            label="Method", elem_id="t-method")
+                        t_max = slider("Teach's max new tokens", 4, 128, note="(a short run, to step through)",
+                                       value=s.teach_tokens, step=1, label="Max new tokens", elem_id="teach-max")
                 with gr.Row(equal_height=False):
                     t_run = gr.Button("Run", variant="primary", elem_id="teach-run", min_width=80)
                     t_prev = gr.Button("◀ Previous", elem_id="teach-prev", min_width=90)
@@ -260,7 +270,7 @@ def build(page: Page):
     def wire():
         page.model_job(t_run, "teach", partial(teach_run, services),
                        [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
-                       prompt_in=(t_prompt,))
+                       prompt_in=(t_prompt,), check_in=(t_method, gamma, lam, log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
         t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",

@@ -1,0 +1,165 @@
+"""Bad input in the app, without a browser: a setting out of its range is refused with a sentence
+that names the range (before the handler runs, as gradio itself checks a slider), the session's
+memory and last answer survive a refused request, and an expected refusal is one log line with no
+traceback (gradio prints one for every ``gr.Error`` unless told not to).
+
+The app is built on the tiny in-process models of ``ui_fixtures``; its components are the ones
+the page uses, found by their ``elem_id``.
+"""
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+import pytest
+from ui_fixtures import tiny_services
+
+from ui import build_demo
+from ui.tabs import common, generate, jobs
+
+PROMPT = "Write about the cat on the mat and the dog in the park."
+
+
+@pytest.fixture(scope="module")
+def services():
+    return tiny_services(None)
+
+
+@pytest.fixture(scope="module")
+def demo(services):
+    return build_demo(services)
+
+
+def component(demo, elem_id: str):
+    found = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id]
+    assert len(found) == 1, elem_id
+    return found[0]
+
+
+def refusal(comp, value) -> str:
+    with pytest.raises(gr.Error) as err:
+        comp.preprocess(value)
+    assert err.value.print_exception is False         # no traceback in the log for the user's mistake
+    return err.value.message
+
+
+# (elem_id, a value out of range, the range as the message must name it)
+OUT_OF_RANGE = [
+    ("gamma", 40, "γ (the draft block length) must be a whole number from 1 to 32; got 40."),
+    ("gamma", 0, "from 1 to 32; got 0."),
+    ("gamma", 6.5, "a whole number from 1 to 32; got 6.5."),
+    ("lam", -1, "λ (the memory count threshold) must be a whole number from 0 to 64; got -1."),
+    ("lam", 65, "from 0 to 64; got 65."),
+    ("log10-tau", -5, "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
+    ("log10-tau", 0.5, "between -4 and 0 (τ from 0.0001 to 1); got 0.5."),
+    ("temperature", 2.5, "Temperature must be between 0 and 2 (0 = greedy); got 2.5."),
+    ("temperature", -0.1, "between 0 and 2"),
+    ("max-new", 0, "Max new tokens must be a whole number from 1 to 512 (this app's limit); got 0."),
+    ("max-new", 513, "from 1 to 512"),
+    ("c-max-new", 10_000, "Max new tokens must be a whole number from 1 to 512"),
+    ("teach-max", 200, "Teach's max new tokens must be a whole number from 4 to 128"),
+    ("seed", -1, "Seed must be a whole number, 0 or more; got -1."),
+    ("cal-prompts", 0, "Prompts must be a whole number from 1 to 10000; got 0."),
+    ("gamma", None, "from 1 to 32; got nothing."),
+    ("lam", "six", "from 0 to 64; got 'six'."),
+    ("log10-tau", float("nan"), "between -4 and 0"),
+]
+
+
+@pytest.mark.parametrize("elem_id,value,words", OUT_OF_RANGE)
+def test_a_setting_out_of_range_names_the_range(demo, elem_id, value, words):
+    assert words in refusal(component(demo, elem_id), value)
+
+
+def test_in_range_values_pass_as_gradio_would_pass_them(demo):
+    assert component(demo, "gamma").preprocess(32) == 32
+    assert component(demo, "log10-tau").preprocess(-4) == -4
+    assert component(demo, "seed").preprocess(None) is None          # an empty seed box: no seed
+    assert component(demo, "seed").preprocess(7) == 7
+    assert component(demo, "method").preprocess("sd") == "sd"
+
+
+def test_a_method_not_offered_is_named_with_the_choices(demo):
+    assert "Method must be one of ar, sd, csd, ocm-only, scg-only; got 'fast'." in refusal(component(demo, "method"),
+                                                                                           "fast")
+    assert "must be one of sd, csd, ocm-only, scg-only; got 'ar'" in refusal(component(demo, "t-method"), "ar")
+
+
+def test_the_page_draws_them_as_gradio_components(demo):
+    """The checked components are gradio's own (the page has no other slider code) and only ever
+    inputs: gradio rebuilds a component that a handler updates from its class, without the check."""
+    for elem_id, kind in (("gamma", gr.Slider), ("log10-tau", gr.Slider), ("seed", gr.Number),
+                          ("method", gr.Dropdown)):
+        comp = component(demo, elem_id)
+        assert type(comp) is kind and comp.get_block_name() == kind.__name__.lower()
+    cfg = component(demo, "log10-tau").get_config()
+    assert (cfg["minimum"], cfg["maximum"], cfg["value"]) == (-4, 0, -2) and "csd_what" not in cfg
+    checked = {b._id for b in demo.blocks.values() if hasattr(b, "csd_what")}
+    assert len(checked) >= 12
+    for fn in demo.fns.values():
+        assert not checked & {b._id for b in fn.outputs}, fn.name
+
+
+def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog):
+    caplog.set_level(logging.INFO, logger="ui")
+    for ask, words in ((lambda: jobs.request_job(services, "generate", None, "   ", True), "the prompt is empty"),
+                       (lambda: jobs.request_job(services, "generate", None, "the cat " * 2000, True),
+                        "this app takes prompts of at most 2,048 tokens"),
+                       (lambda: list(generate.generate(services, PROMPT, True, "csd", 4, False, 6, 0.5, 0, 8, 0, False,
+                                                       False, False, None)), "tau must be in (0, 1]")):
+        caplog.clear()
+        with pytest.raises(gr.Error) as err:
+            ask()
+        assert err.value.print_exception is False
+        assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+        rec = caplog.records[0]
+        assert rec.levelno == logging.INFO and rec.getMessage().startswith("refused: ") and not rec.exc_info
+        assert words in rec.getMessage() and "\n" not in rec.getMessage()
+    # a failure the app did not expect is logged by its caller with the traceback, and not again as a refusal
+    caplog.clear()
+    assert common.error("The store could not answer: disk full", expected=False).print_exception is False
+    assert caplog.records == []
+
+
+def test_a_refused_request_keeps_the_session(services):
+    sess = None
+    for _ in generate.generate(services, PROMPT, True, "csd", 4, False, 0, -0.5, 0, 12, 0, False, False, False, sess):
+        pass
+    sess = _[-1]
+    last, memory, total = sess.last, sess.memory, sess.memory.total
+    assert last is not None and last.done and total > 0
+    jobs.request_job(services, "generate", sess, PROMPT, True)      # the click; the handler then refuses
+    with pytest.raises(gr.Error, match="tau must be in"):
+        list(generate.generate(services, PROMPT, True, "csd", 4, False, 0, 0.5, 0, 12, 0, False, False, False, sess))
+    assert sess.last is last and sess.memory is memory and sess.memory.total == total
+    assert sess.jobs["generate"].summary.startswith("Not run: tau must be in") and not sess.pending["generate"]
+    assert len(services.lane) == 0
+
+
+def test_the_app_logs_its_own_info_lines():
+    """``python app.py`` shows the one-line refusals: its loggers speak from INFO."""
+    import csd_app
+    csd_app.configure_logging()
+    assert logging.getLogger("ui.tabs.common").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+
+
+def test_a_refused_value_is_escaped_in_the_toast(demo):
+    message = refusal(component(demo, "method"), "<img src=x onerror=alert(1)>")
+    assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message
+
+
+@pytest.mark.parametrize("button,checked", [("generate-btn", ("gamma", "lam", "log10-tau", "temperature", "max-new",
+                                                             "seed", "method")),
+                                            ("compare-btn", ("gamma", "lam", "log10-tau", "c-max-new")),
+                                            ("teach-run", ("t-method", "gamma", "lam", "log10-tau", "teach-max")),
+                                            ("calibrate-btn", ("cal-prompts", "cal-answer", "cal-positions"))])
+def test_a_click_checks_the_settings_before_it_joins_the_lane(demo, button, checked):
+    """The click's first step (the request for the model, private) takes the run's checked settings as
+    inputs, so gradio refuses one out of range before the request waits for the model."""
+    btn = component(demo, button)
+    first = [fn for fn in demo.fns.values() if (btn._id, "click") in [(t[0], t[1]) for t in fn.targets]]
+    assert len(first) == 1
+    ids = {b._id for b in first[0].inputs}
+    for elem_id in checked:
+        assert component(demo, elem_id)._id in ids, elem_id

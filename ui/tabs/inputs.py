@@ -1,0 +1,91 @@
+"""Sliders, number boxes and pickers that name their range when they refuse a value.
+
+Gradio checks a slider's or a number box's range itself, before the handler runs, and says only
+"Value -5 is less than minimum value -4." (with a traceback in the log); a value that is not a
+number at all (an API caller's None or text) fails there with a bare "Error". The components made
+here are gradio's own (gr.Slider, gr.Number, gr.Dropdown: the page draws them as usual) whose
+``preprocess`` first refuses such a value with a sentence naming the setting and its allowed
+range, through ``common.error`` (one log line, no traceback). The handler never runs, so a
+session's memory and last answer are kept; in the page a refused setting also stops a click before
+its request joins the model's lane (``Page.model_job``).
+
+The check is bound to each instance (``types.MethodType``) rather than made a subclass: gradio
+writes a ``.pyi`` stub next to the module of every Component subclass when it is defined. Gradio
+rebuilds a component from its class when a handler updates its properties, which would drop the
+check: these components are inputs only (a test holds the app to that).
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import gradio as gr
+
+from .common import error
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
+    """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more'."""
+    kind = "a whole number" if whole else "a number"
+    if lo is not None and hi is not None:
+        return f"{kind} from {_num(lo)} to {_num(hi)}" if whole else f"between {_num(lo)} and {_num(hi)}"
+    if lo is not None:
+        return f"{kind}, {_num(lo)} or more"
+    if hi is not None:
+        return f"{kind}, {_num(hi)} or less"
+    return kind
+
+
+def check_range(what: str, value, lo: float | None, hi: float | None, whole: bool, note: str = "") -> None:
+    """Refuse ``value`` unless it is a number in [lo, hi] (whole with ``whole``), with a sentence
+    that names ``what`` and the range (and ``note``: what the range means)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (lo is None or value >= lo) and (hi is None or value <= hi) and not (whole and value % 1)
+    if not ok:
+        got = "nothing" if value is None else repr(value)
+        raise error(f"{what} must be {range_words(lo, hi, whole)}{f' {note}' if note else ''}; got {got}.")
+
+
+def _check_slider(self: gr.Slider, payload):
+    check_range(self.csd_what, payload, self.minimum, self.maximum,
+                whole=self.step == 1 and float(self.minimum) % 1 == 0, note=self.csd_note)
+    return type(self).preprocess(self, payload)
+
+
+def _check_number(self: gr.Number, payload):
+    if payload is not None:       # an empty box: the handler decides (an empty seed is no seed)
+        check_range(self.csd_what, payload, self.minimum, self.maximum, whole=self.precision == 0,
+                    note=self.csd_note)
+    return type(self).preprocess(self, payload)
+
+
+def _check_choice(self: gr.Dropdown, payload):
+    values = [v for _, v in self.choices]
+    if not self.allow_custom_value and not self.multiselect and payload not in values:
+        raise error(f"{self.csd_what} must be one of {', '.join(map(str, values))}; got {payload!r}.")
+    return type(self).preprocess(self, payload)
+
+
+def _named(comp, check, what: str, note: str = ""):
+    comp.csd_what, comp.csd_note = what, note
+    comp.preprocess = types.MethodType(check, comp)
+    return comp
+
+
+def slider(what: str, minimum: float, maximum: float, *, note: str = "", **kw) -> gr.Slider:
+    """A gr.Slider whose refusals say "<what> must be <range> <note>; got <value>."."""
+    return _named(gr.Slider(minimum, maximum, **kw), _check_slider, what, note)
+
+
+def number(what: str, *, note: str = "", **kw) -> gr.Number:
+    """A gr.Number whose refusals name ``what`` and its range (an empty box passes)."""
+    return _named(gr.Number(**kw), _check_number, what, note)
+
+
+def dropdown(what: str, choices, **kw) -> gr.Dropdown:
+    """A gr.Dropdown whose refusal of a value it does not offer lists the choices."""
+    return _named(gr.Dropdown(choices, **kw), _check_choice, what)
