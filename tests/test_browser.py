@@ -391,12 +391,14 @@ def tab_reading_order(pg) -> list[str]:
     return [t for row in rows for t, _, _ in sorted(row, key=lambda b: b[1])]
 
 
-def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url, shots):
-    """A newcomer sees the first streamed tokens without scrolling, at 1440x900 and at 1280x720; in
-    presentation mode at 1280x720, Teach shows the drafted block and its per-iteration table."""
+def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url, gate, shots):
+    """A newcomer sees the first streamed tokens without scrolling, at 1440x900 and at 1280x720 (the
+    engine is held in its second verify pass, so the first pass's tokens are on the page while the
+    answer streams); in presentation mode at 1280x720, Teach shows the drafted block and its table."""
     for w, h in ((1440, 900), (1280, 720)):
         pg = new_page(browser, tiny_url, w, h)
         try:
+            gate.arm(3)
             start(pg, TINY_PROMPT, 12)
             pg.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
             first = pg.locator("#tokens .tok").first.bounding_box()
@@ -404,6 +406,7 @@ def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url
             assert 0 <= first["y"] and first["y"] + first["height"] <= h, f"{w}x{h}: first token at {first}"
             pg.screenshot(path=str(shots / f"generate-{w}x{h}.png"))
         finally:
+            gate.open()
             pg.context.close()
     pg = new_page(browser, tiny_url, 1280, 720)
     try:
