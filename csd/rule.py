@@ -149,6 +149,13 @@ class Relax:
                 FLY: frozenset({TOP3_ENTROPY}) if self.entropy_thre > FLY_GATE_OFF else frozenset()
                 }.get(self.method, frozenset())
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The logged values (``keeps``'s keywords) this rule decides on: without one, a divergence is unknown."""
+        return {LOSSY: ("gap",), TOPK: ("gap", "p_x", "target_rank"), TYPICAL: ("p_x", "entropy"),
+                FLY: ("index", "block_len", "matches_after") + (("top3_entropy",) if self.needs else ())
+                }[self.method]
+
     def keeps(self, *, gap=None, p_x=None, target_rank=None, entropy=None, top3_entropy=None, index=None,
               block_len=None, matches_after=None):
         """Whether the rule keeps divergent draft tokens (scalars or numpy arrays of logged values, named as

@@ -14,8 +14,8 @@ import torch
 from csd.config import ConfigError, CSDConfig
 from csd.events import (
     ACCEPTED,
-    RELAXED,
     REJECTED,
+    RELAXED,
     RULE_MATCH,
     RULE_NOT_RELAXED,
     RULE_RELAXED,
