@@ -11,6 +11,8 @@ from functools import partial
 
 import gradio as gr
 
+from csd.config import CSDConfig
+
 from . import render
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
@@ -44,6 +46,27 @@ def header(services: Services) -> str:
             + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
 
+def rival_controls() -> list:
+    """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``ui.rules.RIVAL_FIELDS`` order, folded under
+    the bar: Generate, Compare, Teach and Analyse's what-if read them when a rival is chosen."""
+    d = CSDConfig()
+    with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy: relaxed acceptance rules, greedy only)",
+                      open=False, elem_id="rivals-panel", elem_classes=HIDE_PRESENT):
+        with gr.Row(equal_height=True):
+            out = [gr.Slider(0.01, 1, value=d.tau_lossy, step=0.01, label="lossy: τ (keep p(x) ≥ τ·p(top-1))",
+                             elem_id="tau-lossy"),
+                   gr.Slider(1, 64, value=d.topk, step=1, label="top-k: k (TensorRT-LLM's example 15)",
+                             elem_id="topk"),
+                   gr.Slider(0, 1, value=d.delta, step=0.01, label="top-k: δ (p(x) ≥ p(top-1) − δ)", elem_id="delta"),
+                   gr.Slider(0.01, 1, value=d.posterior_threshold, step=0.01,
+                             label="typical: threshold (p(x) > min(threshold, α·e^−H))", elem_id="posterior-threshold"),
+                   gr.Slider(0.01, 2, value=d.posterior_alpha, step=0.01, label="typical: α", elem_id="posterior-alpha"),
+                   gr.Slider(2, 32, value=d.win_len, step=1, label="FLy: window (needs γ above it)", elem_id="win-len"),
+                   gr.Slider(0, 1.2, value=d.entropy_thre, step=0.01, label="FLy: top-3 entropy gate (≤ 0.01: off)",
+                             elem_id="entropy-thre")]
+    return out
+
+
 def build_demo(services: Services) -> gr.Blocks:
     s = services.settings
     with gr.Blocks(title="CSD Explorer", analytics_enabled=False) as demo:
@@ -67,8 +90,9 @@ def build_demo(services: Services) -> gr.Blocks:
             log10_tau = gr.Slider(-4, 0, value=-2, step=0.05, label="log₁₀ τ (gate threshold, τ up to 1)",
                                   elem_id="log10-tau")
             tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
+        rivals = rival_controls()
 
-        page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau)
+        page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau, rivals=rivals)
         with gr.Tabs(elem_id="tabs"):
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 
