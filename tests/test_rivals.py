@@ -350,3 +350,73 @@ def test_score_all_logs_every_rules_inputs_on_a_csd_run(loose_pair):
                            and e.matches_after is not None for e in drafted)
     assert all(e.target_rank is None and e.entropy is None for e in plain.events)
     assert scored.metrics.host_syncs == scored.metrics.target_forwards
+
+
+# -- the command line and the benchmark (parsing only: no model is loaded) ----------------------------
+@pytest.fixture
+def no_models(monkeypatch):
+    """Loading a model or opening the store fails the test: bad input must be refused before either."""
+    import cli.bench
+    import cli.engine
+
+    def refuse(*a, **k):
+        raise AssertionError("a model or the store was reached")
+    for module in (cli.engine, cli.bench):
+        monkeypatch.setattr(module, "load_from_args", refuse)
+        monkeypatch.setattr(module, "open_store", refuse)
+
+
+def test_generate_help_lists_the_rivals_and_their_options(capsys):
+    import cli
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for word in ("lossy", "topk", "typical", "fly", "--tau-lossy", "--topk", "--delta", "--posterior-threshold",
+                 "--posterior-alpha", "--win-len", "--entropy-thre", "TensorRT-LLM", "vLLM"):
+        assert word in out, word
+    a = cli.build_parser().parse_args(["generate", "--prompt", "x", "--method", "fly", "--win-len", "4",
+                                       "--entropy-thre", "0.1", "--gamma", "12"])
+    assert (a.method, a.win_len, a.entropy_thre, a.topk, a.tau_lossy) == ("fly", 4, 0.1, 15, 0.6)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--method", "topk", "--topk", "0"], "topk (the topk rule's k) must be an integer >= 1, got 0"),
+    (["--method", "lossy", "--tau-lossy", "1.5"], "tau_lossy (the lossy rule's tau) must be in (0, 1], got 1.5"),
+    (["--method", "topk", "--delta", "-0.1"], "delta (the topk rule's probability gap) must be >= 0"),
+    (["--method", "typical", "--posterior-threshold", "0"], "posterior_threshold (the typical rule's) must be in"),
+    (["--method", "typical", "--posterior-alpha", "-1"], "posterior_alpha (the typical rule's alpha) must be > 0"),
+    (["--method", "fly", "--win-len", "1"], "win_len (FLy's window) must be an integer in 2..32"),
+    (["--method", "fly", "--entropy-thre", "-0.5"], "entropy_thre (FLy's entropy gate) must be >= 0"),
+    (["--method", "lossy", "--temperature", "0.8"], "lossy is a greedy rule here"),
+])
+def test_generate_refuses_out_of_range_rival_parameters_before_any_model(no_models, capsys, argv, needle):
+    import cli
+    assert cli.main(["generate", "--prompt", "x", "--no-db", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bench_takes_the_rivals_as_methods_and_sweeps(no_models, capsys):
+    import cli
+    from bench.harness import BenchConfig
+    from bench.methods import parse_sweep, validate_methods
+    from cli.bench import bench_config
+    assert validate_methods(["ar", "lossy", "topk", "typical", "fly"]) == ["ar", "lossy", "topk", "typical", "fly"]
+    a = cli.build_parser().parse_args(["bench", "--methods", "sd,csd,lossy,fly", "--topk", "5", "--win-len", "4",
+                                       "--sweep", "tau_lossy=0.4;topk=3,delta=0.2;method=fly,gamma=15"])
+    config = bench_config(a, ["sd", "csd", "lossy", "fly"])
+    assert config.rivals == {"topk": 5, "win_len": 4}                # only what differs from the defaults
+    cols = {m.name: m.cfg for m in config.columns()}
+    assert list(cols) == ["sd", "csd", "lossy", "fly", "lossy[tau_lossy=0.4]", "topk[topk=3,delta=0.2]",
+                          "fly[gamma=15]"]
+    assert cols["fly"].win_len == 4 and cols["fly[gamma=15]"].gamma == 15 and cols["topk[topk=3,delta=0.2]"].topk == 3
+    assert cols["lossy[tau_lossy=0.4]"].relax.log_tau == pytest.approx(math.log(0.4))
+    assert isinstance(config, BenchConfig)
+    assert parse_sweep("posterior_threshold=0.05,posterior_alpha=0.2") == [
+        {"posterior_threshold": 0.05, "posterior_alpha": 0.2, "method": "typical"}]
+    for sweep, needle in (("topk=0", "topk (the topk rule's k) must be an integer >= 1"),
+                          ("tau_lossy=0.5,win_len=4", "belong to fly and lossy: one method per setting"),
+                          ("method=csd,entropy_thre=0.2", "entropy_thre: a parameter of fly, not of csd")):
+        assert cli.main(["bench", "--methods", "sd", "--sweep", sweep, "--no-db"]) == 2
+        assert needle in capsys.readouterr().err, sweep
+    assert cli.main(["bench", "--methods", "lossy", "--tau-lossy", "0", "--no-db"]) == 2
+    assert "tau_lossy (the lossy rule's tau) must be in (0, 1]" in capsys.readouterr().err
