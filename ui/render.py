@@ -357,8 +357,9 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None) 
     now = sum(1 for e in div if rules.was_kept(e))
     changed = changed_decisions(div, rule)
     if tau is not None:
+        ran = "the run's relaxed rule kept" if any(e.status == RELAXED for e in div) else "the run rescued"
         line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {len(div)} divergences in "
-                f"the last answer would be rescued; the run rescued {now}.")
+                f"the last answer would be rescued; {ran} {now}.")
     else:
         unknown = sum(1 for e in div if e.rule != RULE_SPECIAL and rules.would_keep(e, rule) is None)
         line = (f"Under {rules.describe(rule)}: {would} of {len(div)} divergences in the last answer would be kept; "

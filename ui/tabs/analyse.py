@@ -137,6 +137,6 @@ def build(page: Page):
 
     def wire():
         a_refresh.click(partial(analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
-        for trigger in (scope.change, analyse_tab.select, a_rule.change, *(c.release for c in page.rivals)):
+        for trigger in (scope.change, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(partial(analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
     return wire

@@ -156,9 +156,9 @@ only where it is the target's top-1. CSD also keeps harmless differences (`' the
 `','` → `'.'`) for fewer target passes.
 
 **The rivals** replace step 3 with a rule of their own, on the same target pass and without a memory
-(their parameters are in the folded panel under the bar): *lossy* keeps x̃ when p(x̃) ≥ τ·p(t\*);
-*topk* when x̃ is among the target's top k and within δ of p(t\*); *typical* when
-p(x̃) > min(threshold, α·e^−H); *FLy* forgives a mismatch when the next (window − 1) draft tokens all
+(their parameters are in the folded panel of the bar, beside τ): `lossy` keeps x̃ when p(x̃) ≥ τ·p(t\*);
+`topk` when x̃ is among the target's top k and within δ of p(t\*); `typical` when
+p(x̃) > min(threshold, α·e^−H); `FLy` forgives a mismatch when the next (window − 1) draft tokens all
 match and the target is not near-certain. A token kept that way is **relaxed** (≈), not rescued.
 
 {exactness}
