@@ -345,9 +345,9 @@ def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = Non
     return sum(1 for e in events if whatif_class(e, rule) is not None)
 
 
-def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None) -> str:
+def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, outline: bool = True) -> str:
     """One line: how many of the answer's divergences CSD's (lam, tau), or the rule given as ``lam``,
-    would keep, against the run; the outline sentence only when some decision changes."""
+    would keep, against the run; the outline sentence only when some decision changes (and ``outline``)."""
     div = [e for e in events if e.status in DIVERGENCE_STATUSES]
     rule = rules.as_rule(lam if tau is None else (lam, tau))
     if not div:
@@ -365,9 +365,12 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None) 
         line = (f"Under {rules.describe(rule)}: {would} of {len(div)} divergences in the last answer would be kept; "
                 f"the run kept {now}." + (f" {unknown} lack a score this rule reads (the Generate tab logs every "
                                           f"rule's scores)." if unknown else ""))
+    if not outline:
+        return line
     if changed:
         line += (f" {changed} changed decision{'s are' if changed > 1 else ' is'} outlined (dashed: would be "
-                 f"rescued, double: would be rejected); the text after the first one would differ.")
+                 f"{'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the first "
+                 f"one would differ.")
     else:
         line += " No decision changes."
     return line

@@ -57,8 +57,8 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
         + (f": {changed} changed decision{'s' if changed != 1 else ''} outlined (dashed: would be "
            f"{'rescued' if csd else 'kept'}, double: would be rejected)" if changed
            else (": no decision changes" if sess.last else ""))
-    if sess.last and not csd:
-        heading += "  \n" + render.esc_md(render.whatif_summary(sess.last.events, rule))
+    if sess.last and not csd:      # the count, and what the rule lacks (the outline sentence is above)
+        heading += "  \n" + render.esc_md(render.whatif_summary(sess.last.events, rule, outline=False))
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
         return e, e, e, e, NO_STORE, heading, tokens, sess
