@@ -31,7 +31,7 @@ import platform
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
@@ -73,7 +73,7 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     drafting = cfg.uses_draft
     return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards,
                       mt.drafted if drafting else None, mt.accepted if drafting else None,
-                      mt.rescued if drafting else None, mt.divergences if drafting else None,
+                      mt.rescued + mt.relaxed if drafting else None, mt.divergences if drafting else None,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
                       token_ids=list(run.token_ids),
                       **({"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted,
@@ -156,6 +156,7 @@ class BenchConfig:
     gamma_max: int = 16                 # the longest block gamma auto may draft
     lookup: int = 0                     # copies from the context in the drafting columns (0: the paper's methods)
     bound_checks: int = 2               # gamma auto: profiles re-measured beside the run, 1 before the items
+    rivals: dict = field(default_factory=dict)   # the rival columns' parameters (csd.config.RIVAL_PARAMS fields)
 
     def datasets(self) -> list[str]:
         """The dataset specs, checked (ValueError names an unknown one)."""
@@ -167,7 +168,7 @@ class BenchConfig:
             raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
         try:
             return CSDConfig(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
-                             max_new_tokens=self.max_new_tokens, lookup=self.lookup).validated()
+                             max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
         except ConfigError as e:
             raise ValueError(str(e)) from None
 
@@ -367,7 +368,8 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
                   label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200],
                   target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None)
     if m.hf is None and m.cfg.uses_draft:
-        fields.update({k: v for k, v in m.cfg.run_fields().items() if k in ("gamma", "lam", "tau", "lookup")})
+        fields.update({k: v for k, v in m.cfg.run_fields().items()
+                       if k in ("gamma", "lam", "tau", "lookup", "rule_params")})
     with store.record(**fields) as rec:
         if run is None:
             rec.result(r.text, {"new_tokens": r.new_tokens, "target_forwards": r.target_passes,
@@ -419,7 +421,8 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
         "humaneval_isolation": _isolation(),
         "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
-                                         "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf} for m in cols},
+                                         "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf,
+                                         **({} if m.hf else m.cfg.rule_params() or {})} for m in cols},
                    "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma, "lookup": base.lookup,
                    "lam": base.lam,
                    "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,

@@ -1,12 +1,13 @@
-"""The benchmark's columns: AR, SD, CSD and the ablations as the engine runs them, transformers'
-assisted generation at its defaults and configured like ours, and one CSD column per setting of a
-sweep (``lam=3,tau=0.1;gamma=auto``), each a ``Method``."""
+"""The benchmark's columns: AR, SD, CSD, the ablations and the rivals (lossy, topk, typical, fly) as
+the engine runs them, transformers' assisted generation at its defaults and configured like ours, and
+one column per setting of a sweep (``lam=3,tau=0.1;gamma=auto;tau_lossy=0.4;method=fly,gamma=15``),
+each a ``Method``."""
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from csd.config import METHODS, ConfigError, CSDConfig, parse_gamma
+from csd.config import METHODS, PARAM_METHOD, RIVAL_PARAMS, ConfigError, CSDConfig, parse_gamma
 
 HF_ASSISTED = "hf-assisted"
 HF_FIXED = "hf-assisted-fixed"
@@ -27,12 +28,13 @@ class Method:
         return self.hf is None and self.cfg.use_ocm
 
 
-SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram")
+SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram", *PARAM_METHOD)
+INT_KEYS = ("lookup", "lookup_ngram", "topk", "win_len")
 
 
 def setting_name(setting: dict, base: CSDConfig) -> str:
     """A sweep column's name: its method (csd unless the setting says) and the fields that differ
-    from that method's column, e.g. csd[lam=3,tau=0.1] or sd[lookup=8]."""
+    from that method's column, e.g. csd[lam=3,tau=0.1], sd[lookup=8] or lossy[tau_lossy=0.4]."""
     method = setting.get("method", "csd")
     diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
             for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
@@ -40,8 +42,9 @@ def setting_name(setting: dict, base: CSDConfig) -> str:
 
 
 def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
-    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per CSD setting (keys lam, tau, gamma),
-    each checked by the engine's config."""
+    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per setting (keys SWEEP_KEYS and method),
+    each checked by the engine's config. A rival's parameter names its method (tau_lossy: lossy, topk and
+    delta: topk, posterior_threshold and posterior_alpha: typical, win_len and entropy_thre: fly)."""
     if not sweep:
         return []
     if not isinstance(sweep, str):
@@ -53,19 +56,26 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
         if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
             raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
-                             "[,lookup_ngram=M]]"
-                             "[,method=sd|csd|...] (settings separated by ';')")
+                             "[,lookup_ngram=M]][,method=sd|csd|...], or a rival's parameters ("
+                             + ", ".join(f"{m}: {'/'.join(ps)}" for m, ps in RIVAL_PARAMS.items())
+                             + ") (settings separated by ';')")
         try:
-            setting = {k: float(v) for k, v in kv.items() if k in ("lam", "tau")}
+            setting = {k: int(v) if k in INT_KEYS else float(v) for k, v in kv.items()
+                       if k not in ("gamma", "method")}
             if "gamma" in kv:
                 setting["gamma"] = parse_gamma(kv["gamma"])
-            for key in ("lookup", "lookup_ngram"):
-                if key in kv:
-                    setting[key] = int(kv[key])
+            owners = {PARAM_METHOD[k] for k in setting if k in PARAM_METHOD}
             if "method" in kv:
                 setting["method"] = kv["method"]
+            elif owners:
+                setting["method"] = min(owners)
+            params = ", ".join(k for k in setting if k in PARAM_METHOD)
+            if len(owners) > 1:
+                raise ValueError(f"{params} belong to {' and '.join(sorted(owners))}: one method per setting")
+            if owners - {setting.get("method")}:
+                raise ValueError(f"{params}: a parameter of {min(owners)}, not of {setting['method']}")
             if setting.get("method") in ("ar", *HF_METHODS):
-                raise ValueError("a sweep column is sd, csd or an ablation")
+                raise ValueError("a sweep column is sd, csd or an ablation, or a rival (lossy, topk, typical, fly)")
             CSDConfig(**setting).validated()
         except (ValueError, ConfigError) as e:
             raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None

@@ -244,7 +244,8 @@ def write_charts(results: dict, out: Path) -> list[Path]:
     return paths
 
 
-FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00"}
+FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the rivals: by method, sweeps alike
+                    "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
 
 
 def is_merged(meta: dict | None) -> bool:
@@ -264,7 +265,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     for p in pts:
         name = p["method"]
         acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
-        colour = FRONTIER_COLOURS.get(name, "#e07b00" if name.startswith("csd[") else "#2ca02c")
+        colour = FRONTIER_COLOURS.get(name.split("[")[0], "#e07b00" if name.startswith("csd[") else "#2ca02c")
         symbol = "diamond" if name.startswith("csd") else ("square" if name == "sd" else "circle")
         err = None
         if acc is not None and ci:

@@ -10,14 +10,14 @@ from bench.harness import MEMORY_MODES, BenchConfig, run_bench
 from bench.io import command_line
 from bench.methods import BENCH_METHODS, DEFAULT_METHODS, parse_sweep, validate_methods
 from bench.synthetic import add_synthetic_args
-from csd.config import DEFAULT_LOOKUP, CSDConfig, parse_gamma
+from csd.config import DEFAULT_LOOKUP, PARAM_METHOD, CSDConfig, parse_gamma
 
-from .common import add_model_args, load_from_args, open_store
+from .common import add_model_args, add_rival_args, load_from_args, open_store, rival_values
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="benchmark AR, SD, CSD and transformers' assisted generation on the same items",
+        "bench", help="benchmark AR, SD, CSD, the rivals and transformers' assisted generation on the same items",
         description="Run every method on the same items (interleaved, rotated order, after a warm-up) and write "
                     "results.json, results.md, speedup.html, divergences.html and frontier.html to --out. "
                     "--sweep adds one CSD column per lambda/tau setting (the speed/quality frontier). --synthetic "
@@ -45,7 +45,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         f"the costs say they pay, verified exactly (default {DEFAULT_LOOKUP}; 0: the paper's methods "
                         f"alone, as in the README's earlier figures)")
     p.add_argument("--sweep", default=None,
-                   help="more CSD settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...'")
+                   help="more settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...' (CSD), a rival's "
+                        "parameters ('tau_lossy=0.4;topk=5,delta=0.2;posterior_threshold=0.05;win_len=4,"
+                        "entropy_thre=0.1': the parameter names its method) or any method with gamma/lookup "
+                        "('method=fly,gamma=15')")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
@@ -54,6 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="with gamma auto, re-measure the profile N times beside the run (one before the items, the "
                         "rest after them; about a minute each) and judge CSD against the median bound (default 2; "
                         "0: the cached profile alone)")
+    add_rival_args(p, ": of the lossy, topk, typical and fly columns")
     add_model_args(p)
     add_synthetic_args(p)
     p.set_defaults(func=cmd_bench, synthetic_refuses={a: p.get_default(a) for a in _NOT_SYNTHETIC})
@@ -71,7 +75,8 @@ def _count(text: str) -> int:
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
-_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db")
+_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db",
+                  *PARAM_METHOD)
 
 
 def cmd_bench(args) -> int:
@@ -85,6 +90,7 @@ def cmd_bench(args) -> int:
     if args.limit < 0 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
     config = bench_config(args, methods)
+    config.columns()              # every column's parameters checked before any model loads
     pair = load_from_args(args, need_draft=any(m != "ar" for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     try:
@@ -112,7 +118,8 @@ def bench_config(args, methods: list[str]) -> BenchConfig:
                        args.out, args.seed, gamma=args.gamma, lam=args.lam, tau=args.tau, sweep=args.sweep,
                        memory_mode=args.memory_mode, warmup=not args.no_warmup,
                        command=getattr(args, "command_line", None) or command_line("csd"),
-                       gamma_max=args.gamma_max, lookup=args.lookup, bound_checks=args.bound_checks)
+                       gamma_max=args.gamma_max, lookup=args.lookup, bound_checks=args.bound_checks,
+                       rivals=rival_values(args, changed_only=True))
 
 
 def cmd_synthetic(args) -> int:

@@ -10,19 +10,29 @@ from pathlib import Path
 
 from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHOD_HELP, METHODS, CSDConfig, default_lookup, parse_gamma
 
-from .common import add_model_args, load_from_args, open_store, tqdm_progress, warn_memory_mismatch
+from .common import (
+    add_model_args,
+    add_rival_args,
+    load_from_args,
+    open_store,
+    rival_values,
+    tqdm_progress,
+    warn_memory_mismatch,
+)
 
 
 def add_parsers(sub) -> None:
     """Register ``generate``, ``calibrate``, ``prepare`` and ``profile``."""
-    g = sub.add_parser("generate", help="generate text with AR, SD, CSD or an ablation")
+    g = sub.add_parser("generate", help="generate text with AR, SD, CSD, an ablation or a rival rule")
     g.add_argument("--prompt", required=True)
     g.add_argument("--method", default="csd", choices=METHODS,
                    help="; ".join(f"{k}: {v}" for k, v in METHOD_HELP.items()))
     d = CSDConfig()
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     add_decoding_args(g)
-    g.add_argument("--temperature", type=float, default=d.temperature)
+    add_rival_args(g)
+    g.add_argument("--temperature", type=float, default=d.temperature,
+                   help="0 (default): greedy; > 0: sampling with rejection-sampling verification (not the rivals)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the chat template (default on)")
@@ -104,7 +114,7 @@ def cmd_generate(args) -> int:
     cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                     lookup=default_lookup(args.method) if args.lookup is None else args.lookup,
-                    lookup_ngram=args.lookup_ngram).validated()
+                    lookup_ngram=args.lookup_ngram, **rival_values(args)).validated()
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)
@@ -135,17 +145,20 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
                           "pair": pair.pair_id, "dtype": pair.target_repr, "models": pair.describe(),
-                          "config": {k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
-                                                                  "max_new_tokens", "seed", "lookup")},
+                          "config": {**{k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
+                                                                     "max_new_tokens", "seed", "lookup")},
+                                     **(cfg.rule_params() or {})},
                           "events": [e.to_dict() for e in run.events], "metrics": run.metrics.to_dict()}))
     else:
         m = run.metrics
+        kept, n_kept = (("relaxed", m.relaxed), m.relaxed_share) if cfg.relax else (("rescued", m.rescued), m.rescued_share)
+        copies = (f"; {m.lookup_kept} of {m.lookup_drafted} tokens copied from the context kept in {m.lookup_blocks} "
+                  f"passes" if cfg.lookup else "")
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
-              f"accepted {m.accepted_share:.1%} and rescued {m.rescued_share:.1%} of {m.drafted} draft tokens "
-              f"({m.rescued} rescued)" + (f"; {m.lookup_kept} of {m.lookup_drafted} tokens copied from the context kept "
-                                          f"in {m.lookup_blocks} passes" if cfg.lookup else "") +
-              f"; target {pair.target_repr}, draft {pair.draft_dtype or '-'}", file=sys.stderr)
+              f"accepted {m.accepted_share:.1%} and {kept[0]} {n_kept:.1%} of {m.drafted} draft tokens "
+              f"({kept[1]} {kept[0]}){copies}; target {pair.target_repr}, draft {pair.draft_dtype or '-'}",
+              file=sys.stderr)
     return 130 if cancelled else 0
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .rule import log_tau
+from .rule import ALL_SCORES, FLY, LOSSY, RIVALS, TOPK, TYPICAL, Relax, Rescue, log_tau
 
-METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only")
+METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only") + RIVALS
 METHOD_SHORT = {   # the app's method picker: fits a narrow column
     "ar": "target alone", "sd": "speculative, top-1 match", "csd": "SD + memory + gate",
     "ocm-only": "memory, no gate", "scg-only": "gate, no memory",
+    LOSSY: "rival: p ≥ τ·p(top-1)", TOPK: "rival: top-k within δ", TYPICAL: "rival: typical acceptance",
+    FLY: "rival: FLy deferred window",
 }
 METHOD_HELP = {
     "ar": "the target alone, autoregressive (baseline)",
@@ -21,7 +23,18 @@ METHOD_HELP = {
     "csd": "SD + Online Correction Memory + Semantic Consistency Gate",
     "ocm-only": "ablation: memory without gate (rescue any pattern with count >= lambda)",
     "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
+    LOSSY: "rival, lossy SD: keep a draft token whose target probability is at least --tau-lossy times the top-1's",
+    TOPK: "rival, TensorRT-LLM's relaxed acceptance: keep a draft token in the target's --topk within --delta "
+          "of the top-1's probability",
+    TYPICAL: "rival, vLLM/Medusa typical acceptance: keep a draft token with p > min(--posterior-threshold, "
+             "--posterior-alpha * exp(-entropy))",
+    FLY: "rival, FLy: forgive a mismatch when the next --win-len - 1 draft tokens match and the target's top-3 "
+         "entropy is at least --entropy-thre (needs blocks longer than --win-len: use a fixed --gamma, e.g. 15)",
 }
+# each rival's parameters (CSDConfig fields): the command line's options and the benchmark's sweep keys
+RIVAL_PARAMS = {LOSSY: ("tau_lossy",), TOPK: ("topk", "delta"), TYPICAL: ("posterior_threshold", "posterior_alpha"),
+                FLY: ("win_len", "entropy_thre")}
+PARAM_METHOD = {p: m for m, ps in RIVAL_PARAMS.items() for p in ps}
 GAMMA_RANGE = (1, 32)
 LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
@@ -54,6 +67,15 @@ class CSDConfig:
     explain_top_k: int = 5       # how many target candidates an explained event carries
     lookup: int = 0              # propose up to this many tokens copied from the context when they pay (0: off)
     lookup_ngram: int = 3        # the shortest recurring suffix (in tokens) that the lookup copies after (1..4)
+    # the rivals (greedy; docs/rivals.md): each field is read by its method only
+    tau_lossy: float = 0.6       # lossy: keep x~ when p(x~) >= tau_lossy * p(top-1), in (0, 1] (CSD's baseline: 0.6)
+    topk: int = 15               # topk: x~ among the target's top k, >= 1 (TensorRT-LLM's example 15; its default 1)
+    delta: float = 0.5           # topk: and p(x~) >= p(top-1) - delta, >= 0 (the example 0.5; the default 0)
+    posterior_threshold: float = 0.09  # typical: keep x~ when p(x~) > min(this, alpha exp(-H)), in (0, 1] (vLLM: 0.09)
+    posterior_alpha: float = 0.3  # typical: alpha, > 0 (vLLM and Medusa: 0.3)
+    win_len: int = 6             # fly: a mismatch is forgiven iff the next win_len - 1 draft tokens match, 2..32 (6)
+    entropy_thre: float = 0.3    # fly: and the target's top-3 entropy there is >= this, >= 0 (<= 0.01: no gate) (0.3)
+    score_all: bool = False      # compute every rival's scores on each block so the what-if can replay any rule (app)
 
     @property
     def uses_draft(self) -> bool:
@@ -70,6 +92,23 @@ class CSDConfig:
     @property
     def log_tau(self) -> float:
         return log_tau(self.tau)
+
+    @property
+    def relax(self) -> Relax | None:
+        """The rival's relaxed rule of this method, None for ar, sd, csd and the ablations."""
+        if self.method not in RIVALS:
+            return None
+        return Relax(self.method, log_tau(self.tau_lossy), self.topk, self.delta, self.posterior_threshold,
+                     self.posterior_alpha, self.win_len, self.entropy_thre)
+
+    def rule(self, special=()) -> Rescue:
+        """The run's rule for ``csd.rule.decide``: CSD's modules, or the rival's relaxed rule."""
+        return Rescue.of(self.use_ocm, self.use_scg, self.lam, self.tau, special, self.relax,
+                         ALL_SCORES if self.score_all else ())
+
+    def rule_params(self) -> dict | None:
+        """The rival's parameters by name (what a stored run records), None for the other methods."""
+        return {p: getattr(self, p) for p in RIVAL_PARAMS[self.method]} if self.method in RIVALS else None
 
     def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> CSDConfig:
         """Return self if every field is in range, else raise ConfigError with a clear message."""
@@ -110,13 +149,34 @@ class CSDConfig:
             raise ConfigError(f"lookup_ngram must be an integer in 1..{LOOKUP_NGRAM_MAX}, got {self.lookup_ngram!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        self._validate_rivals()
         return self
+
+    def _validate_rivals(self) -> None:
+        if not _finite(self.tau_lossy) or not 0 < self.tau_lossy <= 1:
+            raise ConfigError(f"tau_lossy (the lossy rule's tau) must be in (0, 1], got {self.tau_lossy!r}")
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
+            raise ConfigError(f"topk (the topk rule's k) must be an integer >= 1, got {self.topk!r}")
+        if not _finite(self.delta) or self.delta < 0:
+            raise ConfigError(f"delta (the topk rule's probability gap) must be >= 0, got {self.delta!r}")
+        if not _finite(self.posterior_threshold) or not 0 < self.posterior_threshold <= 1:
+            raise ConfigError(f"posterior_threshold (the typical rule's) must be in (0, 1], got {self.posterior_threshold!r}")
+        if not _finite(self.posterior_alpha) or self.posterior_alpha <= 0:
+            raise ConfigError(f"posterior_alpha (the typical rule's alpha) must be > 0, got {self.posterior_alpha!r}")
+        if isinstance(self.win_len, bool) or not isinstance(self.win_len, int) \
+                or not 2 <= self.win_len <= GAMMA_RANGE[1]:
+            raise ConfigError(f"win_len (FLy's window) must be an integer in 2..{GAMMA_RANGE[1]}, got {self.win_len!r}")
+        if not _finite(self.entropy_thre) or self.entropy_thre < 0:
+            raise ConfigError(f"entropy_thre (FLy's entropy gate) must be >= 0, got {self.entropy_thre!r}")
+        if self.method in RIVALS and self.temperature > 0:
+            raise ConfigError(f"{self.method} is a greedy rule here (as TensorRT-LLM's relaxed acceptance and the "
+                              f"rivals' published settings): use temperature 0, or sd / csd to sample")
 
     def run_fields(self) -> dict:
         """The parameters a stored run records (gamma "auto" is stored as 0)."""
         return dict(method=self.method, gamma=0 if self.gamma == GAMMA_AUTO else self.gamma, lam=self.lam,
                     tau=self.tau, temperature=self.temperature, seed=self.seed, max_new_tokens=self.max_new_tokens,
-                    lookup=self.lookup)
+                    lookup=self.lookup, rule_params=self.rule_params())
 
 
 def parse_gamma(value: str | int) -> int | str:

@@ -1,4 +1,4 @@
-"""One decode loop for AR, SD, CSD and the ablations (Calibrated Speculative Decoding,
+"""One decode loop for AR, SD, CSD, the ablations and the rivals (Calibrated Speculative Decoding,
 arXiv 2604.13634), yielding one ``TokenEvent`` per token decision.
 
 Both models keep a KV cache holding a prefix of the committed sequence; each step feeds a model
@@ -26,7 +26,6 @@ from .events import (
     BONUS,
     CORRECTED,
     REJECTED,
-    RESCUED,
     STOP_CANCELLED,
     STOP_EOS,
     STOP_MAX,
@@ -131,7 +130,7 @@ class Run:
         self.events: list[TokenEvent] = []
         width = policy.max_len if policy is not None else 0
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
-        self.rescue = Rescue.of(cfg.use_ocm, cfg.use_scg, cfg.lam, cfg.tau, pair.special_ids)
+        self.rescue = cfg.rule(pair.special_ids)     # CSD's modules, or a rival's relaxed rule (csd.rule)
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
         self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None, cfg.lookup_ngram) \
             if cfg.lookup and cfg.uses_draft else None
@@ -298,7 +297,7 @@ class Run:
         cfg, m, tl = self.cfg, self.metrics, block.logits
         m.host_syncs += 1
         if cfg.temperature == 0:
-            drafts, scores = score_block(block.proposed, tl)   # the argmax work SD needs anyway (not bookkeeping)
+            drafts, scores = score_block(block.proposed, tl, rule.scores)   # the argmax work SD needs anyway
             cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
@@ -358,7 +357,7 @@ class Run:
             memory_count=v.count, rule=v.rule, target_prob=self._prob(block, i, v.x_tilde, v.z_x),
             draft_prob=draft_prob, block_len=block.size, special=v.x_tilde in self.pair.special_ids,
             discarded=list(block.proposed[i + 1:]) if not kept else None,
-            source=block.source if block.source != DRAFT else None, **explain)
+            source=block.source if block.source != DRAFT else None, **v.logged(), **explain)
 
     def _emit(self, block: Block) -> Iterator[TokenEvent]:
         """Step 5: one event per decided draft position, then the target's own token. A rejected
@@ -380,8 +379,7 @@ class Run:
                 m.lookup_kept += 1
             else:
                 m.per_position_kept[i] += 1
-                m.rescued += v.status == RESCUED
-                m.accepted += v.status != RESCUED
+                m.keep(v.status)
             self._seq.append(v.x_tilde)
             m.new_tokens += 1
             if v.x_tilde in self.eos:

@@ -12,13 +12,15 @@ from dataclasses import asdict, dataclass, field, fields
 # Status of a token decision.
 ACCEPTED = "accepted"    # draft token equal to the target's choice (kept)
 RESCUED = "rescued"      # draft token differed from the target's top-1 but CSD kept it
+RELAXED = "relaxed"      # draft token differed from the target's top-1 but a relaxed rule kept it (lossy, topk, ...)
 REJECTED = "rejected"    # draft token discarded (not part of the output)
 CORRECTED = "corrected"  # the target's token emitted in place of a rejected draft token
 BONUS = "bonus"          # the target's token after a fully kept block
 TARGET = "target"        # a token of the target alone (autoregressive method)
-STATUSES = (ACCEPTED, RESCUED, REJECTED, CORRECTED, BONUS, TARGET)
-OUTPUT_STATUSES = frozenset({ACCEPTED, RESCUED, CORRECTED, BONUS, TARGET})  # those that enter the text
-DIVERGENCE_STATUSES = frozenset({RESCUED, REJECTED})  # draft != target top-1
+STATUSES = (ACCEPTED, RESCUED, RELAXED, REJECTED, CORRECTED, BONUS, TARGET)
+OUTPUT_STATUSES = frozenset({ACCEPTED, RESCUED, RELAXED, CORRECTED, BONUS, TARGET})  # those that enter the text
+DIVERGENCE_STATUSES = frozenset({RESCUED, RELAXED, REJECTED})  # draft != target top-1
+KEPT_DIVERGENCES = frozenset({RESCUED, RELAXED})  # kept although the target preferred another token
 
 # Which rule decided a draft position (for the teach view and the what-if analysis).
 RULE_MATCH = "match"               # x~ == t*
@@ -28,6 +30,8 @@ RULE_RESCUE = "rescue"              # memory and gate passed
 RULE_SAMPLED = "sampled"            # rejection sampling accepted (temperature > 0)
 RULE_NO_RESCUE = "no rescue"        # SD: no rescue mechanism
 RULE_SPECIAL = "special token"      # x~ or t* is an end-of-turn / template token: never rescued, never counted
+RULE_RELAXED = "relaxed"            # the run's relaxed rule (lossy, topk, typical, fly: csd.rule.Relax) kept x~
+RULE_NOT_RELAXED = "not relaxed"    # the run's relaxed rule refused x~
 
 # Why a run stopped.
 STOP_EOS, STOP_MAX, STOP_CANCELLED = "eos", "max_new_tokens", "cancelled"
@@ -59,6 +63,12 @@ class TokenEvent:
     discarded: list | None = None      # REJECTED only: the block's later draft token ids, thrown away unverified
     special: bool = False              # the token is a special token (end of turn, chat template)
     source: str | None = None          # "lookup": proposed by copying from the context (csd.lookup), not by the draft
+    # what the relaxed rules read (csd.rule.Relax), logged so that the what-if can replay any rule on an answer;
+    # None where the run did not compute it (each rule computes what it needs; CSDConfig.score_all: all of them)
+    target_rank: int | None = None     # tokens the target scores strictly above x~ (0: x~ ties the top-1)
+    entropy: float | None = None       # the target row's entropy -sum p log(p + 1e-5), nats, T = 1 (typical)
+    top3_entropy: float | None = None  # -sum over the target's top 3 of p log p, T = 1 (FLy's gate)
+    matches_after: int | None = None   # the block's draft tokens right after this one that equal the target's top-1
 
     @property
     def in_output(self) -> bool:
@@ -87,7 +97,8 @@ class RunMetrics:
     drafted: int = 0                 # draft tokens proposed
     accepted: int = 0                # draft tokens kept by exact match / rejection sampling
     rescued: int = 0                 # draft tokens kept by CSD although they diverged
-    divergences: int = 0             # decided draft positions where x~ != t* (rescued + rejected)
+    relaxed: int = 0                 # draft tokens kept by a relaxed rule (lossy, topk, typical, fly) although they diverged
+    divergences: int = 0             # decided draft positions where x~ != t* (rescued + relaxed + rejected)
     wall_s: float = 0.0
     prefill_s: float = 0.0           # time to feed the prompt (both models), before the first block
     draft_s: float = 0.0             # time in the draft's forward passes
@@ -102,10 +113,19 @@ class RunMetrics:
     lookup_kept: int = 0             # of those, kept (not in ``accepted``)
     stopped_by: str = ""             # "eos", "max_new_tokens" or "cancelled"
 
+    def keep(self, status: str) -> None:
+        """Count one kept draft token by its status (accepted, rescued or relaxed)."""
+        if status == RESCUED:
+            self.rescued += 1
+        elif status == RELAXED:
+            self.relaxed += 1
+        else:
+            self.accepted += 1
+
     @property
     def acceptance_rate(self) -> float:
-        """Kept (accepted + rescued) over proposed draft tokens."""
-        return (self.accepted + self.rescued) / self.drafted if self.drafted else 0.0
+        """Kept (accepted + rescued + relaxed) over proposed draft tokens."""
+        return (self.accepted + self.rescued + self.relaxed) / self.drafted if self.drafted else 0.0
 
     @property
     def accepted_share(self) -> float:
@@ -114,6 +134,10 @@ class RunMetrics:
     @property
     def rescued_share(self) -> float:
         return self.rescued / self.drafted if self.drafted else 0.0
+
+    @property
+    def relaxed_share(self) -> float:
+        return self.relaxed / self.drafted if self.drafted else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -144,7 +168,7 @@ class RunMetrics:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, accepted_share=self.accepted_share,
-                 rescued_share=self.rescued_share, mean_accepted_length=self.mean_accepted_length,
+                 rescued_share=self.rescued_share, relaxed_share=self.relaxed_share, mean_accepted_length=self.mean_accepted_length,
                  mean_block_len=self.mean_block_len, tokens_per_s=self.tokens_per_s,
                  per_position_acceptance=self.per_position_acceptance, bookkeeping_share=self.bookkeeping_share,
                  policy_share=self.policy_share)

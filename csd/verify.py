@@ -6,16 +6,23 @@ the block. ``verify_sampling`` is rejection sampling with CSD's rescue of reject
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from .events import REJECTED
-from .rule import BlockScores, CountFn, Decision, Rescue, decide
+from .rule import ENTROPY, RANK, TOP3_ENTROPY, BlockScores, CountFn, Decision, Rescue, decide
+
+ALL = (RANK, ENTROPY, TOP3_ENTROPY)   # the order of the optional scores in the transfer
 
 
-def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], BlockScores]:
+def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor,
+                scores: Collection[str] = ()) -> tuple[list[int], BlockScores]:
     """The draft tokens as a list, and t*, z(t*), z(x~) and each row's log-normaliser, brought to the
     host in ONE transfer (the only host sync of a greedy block). target_logits: (g + 1, V), row g
-    scores the bonus; x_tilde: the g draft tokens, a list or a device tensor."""
+    scores the bonus; x_tilde: the g draft tokens, a list or a device tensor. ``scores``: what the
+    relaxed rules read besides (``csd.rule.RANK``, ``ENTROPY``, ``TOP3_ENTROPY``), computed on the
+    device for the g draft rows and carried by the same transfer; each costs a pass over the vocabulary."""
     g = len(x_tilde)
     xs = x_tilde if torch.is_tensor(x_tilde) else torch.tensor(x_tilde, dtype=torch.long,
                                                                device=target_logits.device)
@@ -24,11 +31,25 @@ def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor) 
     z_t = tl.gather(-1, t_star[:, None])[:, 0]                          # (g + 1,)
     z_x = tl[:g].gather(-1, xs[:, None])[:, 0]                          # (g,)
     lse = torch.logsumexp(tl, -1)                                       # (g + 1,)
+    extra = []                                                          # (g,) each, in ALL order
+    if RANK in scores:                       # tokens scored strictly above x~: x~ is in the top k iff rank < k
+        extra.append((tl[:g] > z_x[:, None]).sum(-1).float())
+    if ENTROPY in scores:                    # vLLM's typical acceptance: -sum p log(p + 1e-5), T = 1
+        p = torch.exp(tl[:g] - lse[:g, None])
+        extra.append(-(p * torch.log(p + 1e-5)).sum(-1))
+    if TOP3_ENTROPY in scores:               # FLy's gate: -sum over the top 3 of p log p, p over the whole vocabulary
+        lp3 = torch.topk(tl[:g], min(3, tl.shape[-1]), -1).values - lse[:g, None]
+        extra.append(-(lp3.exp() * lp3.clamp_min(torch.finfo(lp3.dtype).min)).sum(-1))   # 0 log 0 = 0
     # ids < 2**24 are exact in float32; the block's numbers cross to the host together
-    host = torch.cat([xs.float(), t_star.float(), z_t, z_x, lse]).tolist()
+    host = torch.cat([xs.float(), t_star.float(), z_t, z_x, lse, *extra]).tolist()
     ids = [int(v) for v in host[:g]]
     t = [int(v) for v in host[g:2 * g + 1]]
-    return ids, BlockScores(t, host[2 * g + 1:3 * g + 2], host[3 * g + 2:4 * g + 2], host[4 * g + 2:])
+    rest = host[5 * g + 3:]
+    named = {name: rest[j * g:(j + 1) * g] for j, name in enumerate(n for n in ALL if n in scores)}
+    if RANK in named:
+        named[RANK] = [int(v) for v in named[RANK]]
+    return ids, BlockScores(t, host[2 * g + 1:3 * g + 2], host[3 * g + 2:4 * g + 2], host[4 * g + 2:4 * g + 3 + g],
+                            **named)
 
 
 def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
@@ -43,7 +64,7 @@ def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
 
 def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn, rescue: Rescue) -> Decision:
     """Greedy verification of a draft block (x~: the draft tokens; count: the memory lookup)."""
-    return decide(x_tilde, score_block(x_tilde, target_logits)[1], count, rescue)
+    return decide(x_tilde, score_block(x_tilde, target_logits, rescue.scores)[1], count, rescue)
 
 
 def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
@@ -62,7 +83,7 @@ def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target
     q_x = q.gather(-1, xs[:, None])[:, 0]                                 # (g,)
     u = torch.rand(g, generator=generator).to(p.device)                  # the generator lives on the CPU
     accept = (u <= (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0)).tolist()  # q <= p: always accept
-    d = decide(x_tilde, score_block(x_tilde, target_logits)[1], count, rescue, accept=accept)
+    d = decide(x_tilde, score_block(x_tilde, target_logits, rescue.scores)[1], count, rescue, accept=accept)
     if d.bonus:
         nxt = sample(p[g], generator)
     else:                    # the walk ended on a rejection at its last verdict

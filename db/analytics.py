@@ -1,8 +1,9 @@
 """Analytics over the logged token events: pure functions of a Store (or a Session) and a Filter.
 
 A divergence is a decided draft position where the draft token x~ differs from the target's
-top-1 t* (status rescued or rejected). What-if replays the CSD rule of arXiv 2604.13634 on the
-logged values: a divergence is rescued iff memory_count >= lambda and gap >= log(tau).
+top-1 t* (status rescued, relaxed or rejected). What-if replays the CSD rule of arXiv 2604.13634 on the
+logged values: a divergence is rescued iff memory_count >= lambda and gap >= log(tau); ``what_if_rule``
+replays any run rule (``csd.rule.Rescue``: CSD, SD, an ablation or a rival) with the same functions.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import numpy as np
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RESCUED, TokenEvent
-from csd.rule import log_tau, rescues
+from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RELAXED, RESCUED, RULE_SPECIAL, TokenEvent
+from csd.rule import Rescue, log_tau, rescues
 from csd.rule import top_share as _top_share
 from db.models import Run
 from db.models import TokenEventRow as E
@@ -124,12 +125,22 @@ class Divergences:
     gap: np.ndarray              # z(x~) - z(t*) (NaN = unknown)
     pattern: np.ndarray          # index into ``patterns`` per divergence
     patterns: list[tuple[int, int]]
+    scores: dict[str, np.ndarray] | None = None   # what the rivals read, by Relax.keeps's names (``rivals=True``)
+    special: np.ndarray | None = None             # a special token on either side: never kept (``rivals=True``)
 
     def __len__(self) -> int:
         return len(self.count)
 
     def rescued_mask(self, lam: float, tau: float) -> np.ndarray:
         return rescues(self.count, self.gap, lam, log_tau(tau))   # NaN compares False: never rescued
+
+    def kept_mask(self, rule: Rescue) -> np.ndarray:
+        """The divergences ``rule`` would keep (a rival's needs ``rivals=True``; unlogged scores: never kept)."""
+        if rule.relax is None:
+            return np.asarray(rule.keeps_logged(count=self.count, gap=self.gap), dtype=bool) & np.ones(len(self), bool)
+        if self.scores is None:
+            raise ValueError("load the divergences with rivals=True to replay a rival's rule")
+        return np.asarray(rule.keeps_logged(gap=self.gap, **self.scores), dtype=bool) & ~self.special
 
 
 def _driver_rows(s: Session, q: Select) -> list[tuple]:
@@ -148,30 +159,43 @@ def _driver_rows(s: Session, q: Select) -> list[tuple]:
         cur.close()
 
 
-def load_divergences(source, f: Filter = ANY) -> Divergences:
-    q = _divergences(f, E.memory_count, E.gap, E.draft_id, E.target_id)
+# what a rival reads (csd.rule.Relax.keeps's names) and the column that logs it
+_RIVAL_COLUMNS = {"p_x": E.target_prob, "target_rank": E.target_rank, "entropy": E.entropy,
+                  "top3_entropy": E.top3_entropy, "index": E.index_in_block, "block_len": E.block_len,
+                  "matches_after": E.matches_after}
+
+
+def load_divergences(source, f: Filter = ANY, rivals: bool = False) -> Divergences:
+    """The filter's divergences as arrays; ``rivals``: also what the rivals read (a wider read: the
+    what-if columns of CSD come from an index alone)."""
+    extra = [*_RIVAL_COLUMNS.values(), case((E.rule == RULE_SPECIAL, 1), else_=0)] if rivals else []
+    q = _divergences(f, E.memory_count, E.gap, E.draft_id, E.target_id, *extra)
     with _session(source) as s:
-        a = np.array(_driver_rows(s, q), dtype=float).reshape(-1, 4)   # None -> NaN
-    ids = np.nan_to_num(a[:, 2:], nan=-1).astype(np.int64) + 1        # token ids < 2**31; None -> 0
+        a = np.array(_driver_rows(s, q), dtype=float).reshape(-1, 4 + len(extra))   # None -> NaN
+    ids = np.nan_to_num(a[:, 2:4], nan=-1).astype(np.int64) + 1       # token ids < 2**31; None -> 0
     keys, inverse = np.unique(ids[:, 0] << 32 | ids[:, 1], return_inverse=True)   # 1-D: 50x faster than axis=0
     patterns = [(int(k >> 32) - 1, int(k & 0xFFFFFFFF) - 1) for k in keys]
-    return Divergences(a[:, 0], a[:, 1], inverse.reshape(-1), patterns)
+    d = Divergences(a[:, 0], a[:, 1], inverse.reshape(-1), patterns)
+    if rivals:
+        d.scores = {name: a[:, 4 + j] for j, name in enumerate(_RIVAL_COLUMNS)}
+        d.special = a[:, -1] == 1
+    return d
 
 
-def cached_divergences(source, f: Filter = ANY) -> Divergences:
+def cached_divergences(source, f: Filter = ANY, rivals: bool = False) -> Divergences:
     """``load_divergences``, memoised on a Store per filter until events are written or runs deleted."""
     if isinstance(source, Session):
-        return load_divergences(source, f)
+        return load_divergences(source, f, rivals)
     with source.session() as s:   # cheap: two index lookups and a count of the (small) runs table
         version = tuple(s.execute(select(select(func.max(E.id)).scalar_subquery(),
                                          select(func.max(Run.id)).scalar_subquery(),
                                          select(func.count()).select_from(Run).scalar_subquery())).one())
-    key = ("divergences", f)
+    key = ("divergences", f, rivals)
     hit = source.cache.get(key)
     if hit is None or hit[0] != version:
         if len(source.cache) > 32:
             source.cache.clear()
-        hit = source.cache[key] = (version, load_divergences(source, f))
+        hit = source.cache[key] = (version, load_divergences(source, f, rivals))
     return hit[1]
 
 
@@ -190,7 +214,29 @@ class WhatIf:
 
 def what_if(source, lam: float, tau: float, f: Filter = ANY) -> WhatIf:
     d = cached_divergences(source, f)
-    mask = d.rescued_mask(lam, tau)
+    return _what_if(d, d.rescued_mask(lam, tau), lam, tau)
+
+
+def what_if_rule(source, rule: Rescue, f: Filter = ANY) -> WhatIf:
+    """How many logged divergences ``rule`` (CSD, SD, an ablation or a rival: ``CSDConfig.rule()``) would
+    keep; ``rescued`` counts them whatever the rule calls a keep. A rival's scores that a run did not log
+    count as not kept (``unscored`` says how many lack them)."""
+    d = cached_divergences(source, f, rivals=rule.relax is not None)
+    return _what_if(d, d.kept_mask(rule), rule.lam, float(np.exp(rule.log_tau)))
+
+
+def unscored(source, rule: Rescue, f: Filter = ANY) -> int:
+    """Logged divergences (special tokens aside) that lack a score the rival ``rule`` reads."""
+    if rule.relax is None:
+        return 0
+    d = cached_divergences(source, f, rivals=True)
+    missing = np.zeros(len(d), bool)
+    for name in rule.relax.reads:
+        missing |= np.isnan(d.gap if name == "gap" else d.scores[name])
+    return int((missing & ~d.special).sum())
+
+
+def _what_if(d: Divergences, mask: np.ndarray, lam: float, tau: float) -> WhatIf:
     per = np.bincount(d.pattern[mask], minlength=len(d.patterns))
     order = np.argsort(-per, kind="stable")
     by_pattern = {d.patterns[i]: int(per[i]) for i in order[:np.count_nonzero(per)]}
@@ -223,8 +269,8 @@ def what_if_grid(source, lams, taus, f: Filter = ANY) -> WhatIfGrid:
 @dataclass
 class PositionRate:
     index_in_block: int
-    kept: int                    # accepted + rescued
-    decided: int                 # accepted + rescued + rejected
+    kept: int                    # accepted + rescued + relaxed
+    decided: int                 # accepted + rescued + relaxed + rejected
 
     @property
     def rate(self) -> float:
@@ -233,9 +279,9 @@ class PositionRate:
 
 def acceptance_by_position(source, f: Filter = ANY) -> dict[str, list[PositionRate]]:
     """Per method: for each draft position in the block, kept / decided draft tokens."""
-    kept = func.sum(case((E.status.in_((ACCEPTED, RESCUED)), 1), else_=0))
+    kept = func.sum(case((E.status.in_((ACCEPTED, RESCUED, RELAXED)), 1), else_=0))
     q = f.apply(select(Run.method, E.index_in_block, kept, func.count()).join(Run, Run.id == E.run_id)
-                .where(E.status.in_((ACCEPTED, RESCUED, REJECTED))), runs_joined=True) \
+                .where(E.status.in_((ACCEPTED, RESCUED, RELAXED, REJECTED))), runs_joined=True) \
         .group_by(Run.method, E.index_in_block).order_by(Run.method, E.index_in_block)
     out: dict[str, list[PositionRate]] = {}
     with _session(source) as s:

@@ -48,7 +48,7 @@ class Run(Base):
     pair_id: Mapped[str] = mapped_column(String(200), default="")      # the model pair (memory key)
     draft_name: Mapped[str | None] = mapped_column(String(200))
     target_name: Mapped[str | None] = mapped_column(String(200))
-    method: Mapped[str | None] = mapped_column(String(32))             # csd.config.METHODS
+    method: Mapped[str | None] = mapped_column(String(32))             # csd.config.METHODS (a bench column's name)
     gamma: Mapped[int | None]
     lam: Mapped[float | None]
     tau: Mapped[float | None]
@@ -56,6 +56,7 @@ class Run(Base):
     seed: Mapped[int | None] = mapped_column(BigInteger)
     max_new_tokens: Mapped[int | None]
     lookup: Mapped[int | None]                                         # copies from the context: up to N, 0 none
+    rule_params: Mapped[dict | None]                                   # a rival's parameters (lossy, topk, typical, fly)
     prompt: Mapped[str] = mapped_column(Text, default="")
     output_text: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict | None]                                       # RunMetrics.to_dict()
@@ -106,6 +107,11 @@ class TokenEventRow(Base):
     discarded: Mapped[list | None] = mapped_column(JSON)   # REJECTED: the block's later draft ids, never verified
     special: Mapped[bool] = mapped_column(default=False, server_default=false())    # a special token
     source: Mapped[str | None] = mapped_column(String(16))   # "lookup": copied from the context (csd.lookup)
+    # what the relaxed rules read, for the what-if (csd.events.TokenEvent; NULL where not computed, and in older runs)
+    target_rank: Mapped[int | None]
+    entropy: Mapped[float | None]
+    top3_entropy: Mapped[float | None]
+    matches_after: Mapped[int | None]
 
 
 class MemorySnapshot(Base):

@@ -475,7 +475,7 @@ def test_open_upgrades_an_old_empty_database(db_url):
     assert {"runs", "token_events", "memory_snapshots", "alembic_version"} <= names
     from alembic.script import ScriptDirectory
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0004"                         # the newest migration (the run's copy length)
+    assert head == "0005"                         # the newest migration (the rivals: parameters, scores)
     with engine.connect() as c:
         assert c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
     # downgraded to the empty schema, the next open upgrades it again

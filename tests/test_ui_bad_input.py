@@ -80,9 +80,10 @@ def test_in_range_values_pass_as_gradio_would_pass_them(demo):
 
 
 def test_a_method_not_offered_is_named_with_the_choices(demo):
-    assert "Method must be one of ar, sd, csd, ocm-only, scg-only; got 'fast'." in refusal(component(demo, "method"),
-                                                                                           "fast")
-    assert "must be one of sd, csd, ocm-only, scg-only; got 'ar'" in refusal(component(demo, "t-method"), "ar")
+    assert "Method must be one of ar, sd, csd, ocm-only, scg-only, lossy, topk, typical, fly; got 'fast'." in \
+        refusal(component(demo, "method"), "fast")
+    assert "must be one of sd, csd, ocm-only, scg-only, lossy, topk, typical, fly; got 'ar'" in \
+        refusal(component(demo, "t-method"), "ar")
 
 
 def test_the_page_draws_them_as_gradio_components(demo):

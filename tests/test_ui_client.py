@@ -17,6 +17,7 @@ import pytest
 from gradio_client import Client, handle_file
 from ui_fixtures import Gate, served, tiny_services
 
+from ui.rules import RIVAL_FIELDS
 from ui.tabs import common, explore
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
@@ -66,9 +67,14 @@ def test_generate_takes_the_copy_switch_last_and_defaults_it_on(client):
     copying off, a 13th value False turns show speculation off."""
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     params = api["/generate"]["parameters"]
-    assert params[-2]["parameter_name"] == "lookup" and params[-2]["parameter_default"] is True
-    assert params[-1]["parameter_name"] == "show_spec" and params[-1]["parameter_default"] is True
-    assert api["/compare"]["parameters"][-1]["parameter_name"] == "show_spec"
+    names = [p["parameter_name"] for p in params]
+    at = names.index("lookup")                 # the 12th and 13th values; the rivals' parameters follow, optional
+    assert names[at + 1] == "show_spec" and at == 11
+    assert params[at]["parameter_default"] is True and params[at + 1]["parameter_default"] is True
+    assert all(p["parameter_has_default"] for p in params[at:])
+    assert names[at + 2:] == list(RIVAL_FIELDS)
+    compare_names = [p["parameter_name"] for p in api["/compare"]["parameters"]]
+    assert compare_names[7:] == ["show_spec", "method_1", "method_2", "method_3", *RIVAL_FIELDS]
     code = "Repeat this code exactly, in a python block:\ndef add(a, b):\n    total = a + b\n    return total"
     tokens, *_, metrics, _what_if, _status = client.predict(*gen_args(prompt=code, method="sd", max_new=32),
                                                             api_name="/generate")

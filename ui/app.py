@@ -11,7 +11,7 @@ from functools import partial
 
 import gradio as gr
 
-from csd.config import GAMMA_RANGE
+from csd.config import GAMMA_RANGE, CSDConfig
 
 from . import render
 from .state import Services
@@ -47,6 +47,32 @@ def header(services: Services) -> str:
             + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
 
+def rival_controls() -> list:
+    """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``ui.rules.RIVAL_FIELDS`` order, folded in the
+    bar: Generate, Compare, Teach and Analyse's what-if read them when a rival is chosen."""
+    d = CSDConfig()
+    with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy)", open=False, elem_id="rivals-panel",
+                      elem_classes=HIDE_PRESENT):
+        gr.Markdown("Relaxed acceptance rules, greedy only; their definitions and sources: docs/rivals.md.",
+                    elem_id="rivals-note")
+        with gr.Row(equal_height=True):    # compact numbers, two to a line in the bar's narrow column
+            out = [gr.Number(d.tau_lossy, minimum=0.001, maximum=1, step=0.05, label="lossy: τ", min_width=100,
+                             info="keep p(x) ≥ τ·p(top-1)", elem_id="tau-lossy"),
+                   gr.Number(d.topk, minimum=1, step=1, precision=0, label="top-k: k", min_width=100,
+                             info="TensorRT-LLM's example", elem_id="topk"),
+                   gr.Number(d.delta, minimum=0, step=0.05, label="top-k: δ", min_width=100,
+                             info="p(x) ≥ p(top-1) − δ", elem_id="delta"),
+                   gr.Number(d.posterior_threshold, minimum=0.001, maximum=1, step=0.01, label="typical: threshold",
+                             min_width=100, info="p(x) > min(thr, α·e^−H)", elem_id="posterior-threshold"),
+                   gr.Number(d.posterior_alpha, minimum=0.001, step=0.05, label="typical: α", min_width=100,
+                             info="vLLM's 0.3", elem_id="posterior-alpha"),
+                   gr.Number(d.win_len, minimum=2, maximum=32, step=1, precision=0, label="FLy: window",
+                             min_width=100, info="needs γ above it", elem_id="win-len"),
+                   gr.Number(d.entropy_thre, minimum=0, step=0.05, label="FLy: entropy gate", min_width=100,
+                             info="top-3; ≤ 0.01: off", elem_id="entropy-thre")]
+    return out
+
+
 def build_demo(services: Services) -> gr.Blocks:
     s = services.settings
     with gr.Blocks(title="CSD Explorer", analytics_enabled=False) as demo:
@@ -71,9 +97,11 @@ def build_demo(services: Services) -> gr.Blocks:
                          label="λ (memory count threshold)", elem_id="lam")
             log10_tau = slider("log₁₀ τ (the gate threshold)", -4, 0, note="(τ from 0.0001 to 1)", value=-2, step=0.05,
                                label="log₁₀ τ (gate threshold, τ up to 1)", elem_id="log10-tau")
-            tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
+            with gr.Column(min_width=220):
+                tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
+                rivals = rival_controls()          # folded: it adds no height to the bar until opened
 
-        page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau)
+        page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau, rivals=rivals)
         with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):    # a narrow screen wraps the tabs, in order
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 

@@ -22,7 +22,8 @@ from .render import plural, show_token
 
 log = logging.getLogger(__name__)
 
-COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd"}
+COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd",
+          "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
 LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=50, b=50), height=360,
               font=dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12))
 
@@ -172,7 +173,8 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
 def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
     """Target passes (what speculative decoding saves), wall time and tokens per second for each
     method, bars side by side. results: method -> ``RunMetrics``."""
-    title = "AR vs SD vs CSD on the same prompt"
+    title = " vs ".join(m.upper() for m in results) + " on the same prompt" if results else \
+        "AR vs SD vs CSD on the same prompt"
     if not results:
         return empty_figure("Run a comparison to see the chart.", title)
     methods = list(results)

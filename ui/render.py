@@ -5,8 +5,9 @@ Every piece of model or user text goes through ``html.escape`` before it enters 
 shown as text here. A token's details travel in a ``data-detail`` attribute (escaped with
 quotes); the page's script (``JS``) shows them, pinned, when the token is clicked.
 
-The CSD decision is ``csd.rule.rescues`` and log tau is ``csd.rule.log_tau``: nothing here
-re-implements either.
+The CSD decision is ``csd.rule.rescues`` and log tau is ``csd.rule.log_tau``; the what-if under any
+rule (CSD's sliders or a rival's) is ``ui.rules.would_keep`` on ``csd.rule``: nothing here
+re-implements a rule.
 """
 from __future__ import annotations
 
@@ -23,17 +24,21 @@ from csd.events import (
     CORRECTED,
     DIVERGENCE_STATUSES,
     REJECTED,
+    RELAXED,
     RESCUED,
     RULE_GAP_LOW,
     RULE_MEMORY_RARE,
     RULE_NO_RESCUE,
+    RULE_NOT_RELAXED,
     RULE_SAMPLED,
     RULE_SPECIAL,
     TARGET,
     RunMetrics,
     TokenEvent,
 )
-from csd.rule import log_tau, rescues
+from csd.rule import RIVALS, Relax, log_tau, rescues
+
+from . import rules
 
 PAPER_URL = "https://arxiv.org/abs/2604.13634"
 
@@ -42,6 +47,8 @@ STATUS_STYLE = {
     ACCEPTED: ("tok-accepted", "accepted", "the draft's token is what the target would have written: kept."),
     RESCUED: ("tok-rescued", "rescued ★", "boxed, with a star: the target preferred another token, but CSD kept "
               "the draft's because the memory knows this swap and the gate found it close enough."),
+    RELAXED: ("tok-relaxed", "relaxed ≈", "dotted box, with ≈: the target preferred another token, but the run's "
+              "relaxed rule (lossy, top-k, typical or FLy) found the draft's close enough and kept it; no memory."),
     REJECTED: ("tok-rejected", "rejected", "struck through: the draft's token was thrown away (with the rest of "
                "its block), not part of the answer."),
     CORRECTED: ("tok-corrected", "correction", "solid underline: the target's own token, written where it "
@@ -52,8 +59,10 @@ STATUS_STYLE = {
 }
 WHATIF_RESCUE, WHATIF_REJECT = "wi-rescue", "wi-reject"
 WHATIF_STYLE = {
-    WHATIF_RESCUE: ("would be rescued", "dashed box: under the λ/τ sliders this rejected token would be rescued."),
-    WHATIF_REJECT: ("would be rejected", "double box: under the λ/τ sliders this rescued token would be rejected."),
+    WHATIF_RESCUE: ("would be rescued", "dashed box: under the λ/τ sliders (Analyse: the what-if rule) this rejected "
+                    "token would be kept."),
+    WHATIF_REJECT: ("would be rejected", "double box: under the λ/τ sliders (Analyse: the what-if rule) this kept "
+                    "token would be rejected."),
 }
 SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a marker, never part of the text."
 DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
@@ -129,22 +138,19 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 def would_rescue(ev: TokenEvent, lam: float, tau: float) -> bool | None:
     """The CSD rule (``csd.rule.rescues``) replayed on a logged divergence; None for events that
     are not divergences, lack the logged values, or involve a special token (never rescued)."""
-    if ev.status not in DIVERGENCE_STATUSES or ev.memory_count is None or ev.gap is None:
-        return None
-    if ev.rule == RULE_SPECIAL:
-        return None
-    return rescues(ev.memory_count, ev.gap, lam, log_tau(tau))
+    return rules.would_keep(ev, (lam, tau))
 
 
-def whatif_class(ev: TokenEvent, lam: float, tau: float) -> str | None:
-    """``wi-rescue`` for a rejected token these thresholds would rescue, ``wi-reject`` for a
-    rescued token they would not; None when the decision would not change."""
-    w = would_rescue(ev, lam, tau)
+def whatif_class(ev: TokenEvent, lam, tau: float | None = None) -> str | None:
+    """``wi-rescue`` for a rejected token the rule would keep, ``wi-reject`` for a kept (rescued or
+    relaxed) token it would not; None when the decision would not change. The rule: CSD's (lam, tau),
+    or any ``csd.rule.Rescue`` given as ``lam`` alone."""
+    w = rules.would_keep(ev, lam if tau is None else (lam, tau))
     if w is None:
         return None
     if w and ev.status == REJECTED:
         return WHATIF_RESCUE
-    if not w and ev.status == RESCUED:
+    if not w and rules.was_kept(ev):
         return WHATIF_REJECT
     return None
 
@@ -212,9 +218,10 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
 
 
 def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
-                   discarded: int | None = None, method: str | None = None) -> str:
+                   discarded: int | None = None, method: str | None = None, relax: Relax | None = None) -> str:
     """What happened at this token, in one plain sentence (the first line of its details): for a
-    rescue or a rejection, every reason that decided it (``decision_reasons``)."""
+    rescue or a rejection, every reason that decided it (``decision_reasons``); ``relax``: the run's
+    rival rule, if any."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
     wrote = f"The draft wrote {x}, the target preferred {t}"
     rest = "" if not discarded else f" and the block's {plural(discarded, 'later draft token')} " \
@@ -238,6 +245,11 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
         return f"The draft wrote {x}, and the target agreed: kept."
     if ev.status == RESCUED:
         return f"{wrote}; kept because {decision_reasons(ev, lam, tau, method)}."
+    if ev.status == RELAXED:
+        return f"{wrote}; kept by the run's relaxed rule, not by a memory: {rules.relax_sentence(ev, relax)}."
+    if ev.status == REJECTED and ev.rule == RULE_NOT_RELAXED:
+        return (f"{wrote}; thrown away because the run's relaxed rule refused it ({rules.relax_sentence(ev, relax)}). "
+                f"The target's {t} was written instead{rest}.")
     if ev.status == REJECTED:
         return (f"{wrote}; rejected because {decision_reasons(ev, lam, tau, method)}. The target's {t} was written "
                 f"instead{rest}.")
@@ -245,12 +257,13 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
 
 
 def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
-                 whatif: tuple[float, float] | None = None, method: str | None = None) -> str:
+                 whatif=None, method: str | None = None, relax: Relax | None = None) -> str:
     """The details of one token (plain text, first line plain language; escaped by the caller).
-    ``method``: the run's method, whose rescue modules the reasons name (None: CSD's two)."""
+    ``whatif``: CSD's (lam, tau) or a ``csd.rule.Rescue``; ``method``: the run's method, whose rescue
+    modules the reasons name (None: CSD's two); ``relax``: the run's rival rule, if any."""
     n_disc = len(ev.discarded) if ev.discarded else None
     label = STATUS_STYLE.get(ev.status, ("", ev.status, ""))[1]
-    lines = [plain_sentence(ev, lam, tau, n_disc, method),
+    lines = [plain_sentence(ev, lam, tau, n_disc, method, relax),
              f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}, draft position "
              f"{ev.index_in_block + 1}" + (f" of {ev.block_len}" if ev.block_len else "")]
     if ev.draft_id is not None:
@@ -259,22 +272,31 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
         lines.append(f"target top-1: {show_token(ev.target_text)}")
     use_mem, use_gate = rescue_modules(method)
     if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
-        lt = log_tau(tau) if tau else None
+        lt = log_tau(tau) if tau and relax is None else None
         ok = lt is not None and rescues(None, ev.gap, 0, lt, use_ocm=False)
         lines.append(f"gate: logit gap z(x~) − z(t*) = {_fmt(ev.gap)}"
                      + (f" vs log τ = {_fmt(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
-                     + ("" if use_gate else " (this method has no gate)"))
+                     + ("" if use_gate or relax is not None else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
-        ok = lam is not None and rescues(ev.memory_count, None, lam, 0, use_scg=False)
+        show = lam is not None and relax is None
+        ok = show and rescues(ev.memory_count, None, lam, 0, use_scg=False)
         lines.append(f"memory: count(x~ → t*) = {ev.memory_count}"
-                     + (f" vs λ = {lam:g} {'✓' if ok else '✗'}" if lam is not None else "")
-                     + ("" if use_mem else " (this method uses no memory)"))
+                     + (f" vs λ = {lam:g} {'✓' if ok else '✗'}" if show else "")
+                     + ("" if use_mem or relax is not None else " (this method uses no memory)"))
     if ev.target_prob is not None:
         lines.append(f"p_target(token) = {ev.target_prob:.3f}")
+    scores = [f"{name} = {v:.3f}" if isinstance(v, float) else f"{name} = {v}" for name, v in
+              (("rank of x~", ev.target_rank), ("entropy H", ev.entropy), ("top-3 entropy", ev.top3_entropy),
+               ("matches after", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
+    if scores:
+        lines.append(" · ".join(scores))
     if whatif is not None:
-        w = would_rescue(ev, *whatif)
+        w = rules.would_keep(ev, whatif)
         if w is not None:
-            lines.append(f"what-if λ = {whatif[0]:g}, τ = {whatif[1]:.3g}: " + ("rescued" if w else "rejected"))
+            rule = rules.as_rule(whatif)
+            head = (f"what-if λ = {rule.lam:g}, τ = {whatif[1]:.3g}" if isinstance(whatif, tuple)
+                    else f"what-if {rules.describe(rule)}")
+            lines.append(f"{head}: " + (("rescued" if rule.relax is None else "kept") if w else "rejected"))
     return "\n".join(lines)
 
 
@@ -301,19 +323,19 @@ def _prompt_html(prompt: str | None) -> str:
 
 
 def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau: float | None = None,
-                  hide_rejected: bool = False, whatif: tuple[float, float] | None = None,
+                  hide_rejected: bool = False, whatif=None, relax: Relax | None = None,
                   diff_positions: set[int] | None = None, prompt: str | None = None, latest_block: int | None = None,
                   view: str = "tokens", panel: str | None = None, nav: bool = True, method: str | None = None,
                   empty: str = "The answer appears here, one verify pass at a time.") -> str:
     """The coloured answer: one escaped ``<span>`` per event, its details in ``data-detail``.
 
-    lam/tau: the thresholds the run used; whatif: other (lam, tau) under which changed decisions
-    are outlined; diff_positions: output positions to mark as departures; latest_block: the pass
+    lam/tau: the thresholds the run used; whatif: other (lam, tau), or any rule (``csd.rule.Rescue``),
+    under which changed decisions are outlined; relax: the run's rival rule, if any; diff_positions: output positions to mark as departures; latest_block: the pass
     that just arrived (marked while streaming); view: this answer's name on the page; panel: the id
     prefix of the details panel a click fills (default: the view's own); method: the run's method
     (its rescue modules, for the details)."""
     parts = []
-    n = {RESCUED: 0, REJECTED: 0}
+    n = {RESCUED: 0, RELAXED: 0, REJECTED: 0}
     for i, ev in enumerate(events):
         if not isinstance(ev, TokenEvent):
             raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
@@ -321,7 +343,7 @@ def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau
         text, extra = token_text_html(ev)
         cls += extra
         if whatif is not None:
-            w = whatif_class(ev, *whatif)
+            w = whatif_class(ev, whatif)
             if w:
                 cls.append(w)
         if diff_positions and ev.in_output and ev.position in diff_positions:
@@ -335,7 +357,7 @@ def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau
         attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
                  + (' data-pass-end="1"' if ev.pass_end else ""))
         parts.append(f'<span class="{" ".join(cls)}" {attrs} '
-                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif, method))}">{text}</span>')
+                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif, method, relax))}">{text}</span>')
     body = "".join(parts) or f'<span class="csd-note">{esc(empty)}</span>'
     wrap = "csd-tokens csd-hide-rejected" if hide_rejected else "csd-tokens"
     bar = ""
@@ -343,7 +365,9 @@ def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau
         bar = (f'<div class="csd-nav"><button type="button" data-nav="rescued"{"" if n[RESCUED] else " disabled"}>'
                f'Next rescued ▸</button><button type="button" data-nav="rejected"'
                f'{"" if n[REJECTED] else " disabled"}>Next rejected ▸</button>'
-               f'<span>{n[RESCUED]} rescued · {n[REJECTED]} rejected · click any token for its details</span></div>')
+               + ('<button type="button" data-nav="relaxed">Next relaxed ▸</button>' if n[RELAXED] else "")
+               + f'<span>{n[RESCUED]} rescued · ' + (f"{n[RELAXED]} relaxed · " if n[RELAXED] else "")
+               + f'{n[REJECTED]} rejected · click any token for its details</span></div>')
     return (f'<div data-csd-view="{esc(view)}" data-csd-panel="{esc(panel or view)}">{_prompt_html(prompt)}{bar}'
             f'<div class="{wrap}">{body}</div></div>')
 
@@ -370,41 +394,61 @@ def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence
     return f'<div class="csd-legend" role="note"><ul>{"".join(items)}</ul></div>'
 
 
-def changed_decisions(events: Sequence[TokenEvent], lam: float, tau: float) -> int:
-    return sum(1 for e in events if whatif_class(e, lam, tau) is not None)
+def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = None) -> int:
+    """Decisions that CSD's (lam, tau), or the rule given as ``lam``, would change."""
+    rule = lam if tau is None else (lam, tau)
+    return sum(1 for e in events if whatif_class(e, rule) is not None)
 
 
-def whatif_summary(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
-    """One line: how many of the answer's divergences (lam, tau) would rescue, against the run;
-    the outline sentence only when some decision changes."""
+def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, outline: bool = True) -> str:
+    """One line: how many of the answer's divergences CSD's (lam, tau), or the rule given as ``lam``,
+    would keep, against the run; the outline sentence only when some decision changes (and ``outline``)."""
     div = [e for e in events if e.status in DIVERGENCE_STATUSES]
+    rule = rules.as_rule(lam if tau is None else (lam, tau))
     if not div:
-        return "No divergences in the last answer: nothing for λ and τ to change."
-    would = sum(1 for e in div if would_rescue(e, lam, tau))
-    now = sum(1 for e in div if e.status == RESCUED)
-    changed = changed_decisions(div, lam, tau)
-    line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
-            f"the last answer would be rescued; the run rescued {now}.")
+        return ("No divergences in the last answer: nothing for λ and τ to change." if tau is not None else
+                "No divergences in the last answer: no rule has anything to change.")
+    would = sum(1 for e in div if rules.would_keep(e, rule))
+    now = sum(1 for e in div if rules.was_kept(e))
+    changed = changed_decisions(div, rule)
+    if tau is not None:
+        ran = "the run's relaxed rule kept" if any(e.status == RELAXED for e in div) else "the run rescued"
+        line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
+                f"the last answer would be rescued; {ran} {now}.")
+    else:
+        unknown = sum(1 for e in div if e.rule != RULE_SPECIAL and rules.would_keep(e, rule) is None)
+        line = (f"Under {rules.describe(rule)}: {would} of {plural(len(div), 'divergence')} in the last answer would be kept; "
+                f"the run kept {now}." + (f" {unknown} lack a score this rule reads (the Generate tab logs every "
+                                          f"rule's scores)." if unknown else ""))
+    if not outline:
+        return line
     if changed:
         line += (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would be "
-                 f"rescued, double: would be rejected); the text after the first one would differ.")
+                 f"{'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the first "
+                 f"one would differ.")
     else:
         line += " No decision changes."
     return line
 
 
 def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int = 12) -> str:
-    """The rescues of an answer, listed (each a link to its token), or why there are none."""
-    rescued = [(i, e) for i, e in enumerate(events) if e.status == RESCUED]
+    """The rescues (and a rival's relaxed keeps) of an answer, listed (each a link to its token), or why
+    there are none."""
     rejected = sum(1 for e in events if e.status == REJECTED)
     rej = f"{plural(rejected, 'draft token')} rejected"
-    if not rescued:
+    parts = []
+    for status in (RESCUED, RELAXED):
+        kept = [(i, e) for i, e in enumerate(events) if e.status == status]
+        if not kept:
+            continue
+        links = [f'<a data-goto="{i}" title="show token {e.position}">{esc(show_token(e.draft_text))} kept over '
+                 f'{esc(show_token(e.target_text))} (token {e.position})</a>' for i, e in kept[:limit]]
+        more = f", and {len(kept) - limit} more" if len(kept) > limit else ""
+        parts.append(f"<b>{len(kept)} {status}:</b> " + "; ".join(links) + more)
+    if not parts:
         body = "0 rescued" + (f"; {rej}." if rejected else ".")
     else:
-        links = [f'<a data-goto="{i}" title="show token {e.position}">{esc(show_token(e.draft_text))} kept over '
-                 f'{esc(show_token(e.target_text))} (token {e.position})</a>' for i, e in rescued[:limit]]
-        more = f", and {len(rescued) - limit} more" if len(rescued) > limit else ""
-        body = f"<b>{len(rescued)} rescued:</b> " + "; ".join(links) + more + (f". {rej}." if rejected else ".")
+        body = ". ".join(parts) + (f". {rej}." if rejected else ".")
     return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'
 
 
@@ -424,8 +468,9 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
               f"{m.target_forwards}"),
              ("new tokens", f"{m.new_tokens}"), ("tokens / s", f"{m.tokens_per_s:.2f}")]
     if spec:
-        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)),
-                  (f"rescued by CSD ({m.rescued} of {m.drafted} drafted)", _pct(m.rescued_share)),
+        kept = ((f"relaxed by the {method} rule ({m.relaxed} of {m.drafted} drafted)", _pct(m.relaxed_share))
+                if method in RIVALS else (f"rescued by CSD ({m.rescued} of {m.drafted} drafted)", _pct(m.rescued_share)))
+        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)), kept,
                   ("tokens per target pass", f"{m.mean_accepted_length:.2f}"),
                   ("draft block length γ (mean)", f"{m.mean_block_len:.1f}")]
     cells.append(("wall time", f"{m.wall_s:.1f} s"))
@@ -459,14 +504,15 @@ def render_error(msg: str) -> str:
 
 # -- export ------------------------------------------------------------------------------------
 def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict, lam: float,
-                       tau: float, metrics: RunMetrics | None, method: str) -> str:
+                       tau: float, metrics: RunMetrics | None, method: str, relax: Relax | None = None) -> str:
     """A self-contained HTML page of a coloured answer (styles inline, details as hover titles,
     no script, nothing fetched)."""
     spans = []
     for ev in events:
         cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
         text, extra = token_text_html(ev)
-        spans.append(f'<span class="{" ".join(cls + extra)}" title="{esc(token_detail(ev, lam, tau, method=method))}">{text}</span>')
+        spans.append(f'<span class="{" ".join(cls + extra)}" '
+                     f'title="{esc(token_detail(ev, lam, tau, method=method, relax=relax))}">{text}</span>')
     fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"

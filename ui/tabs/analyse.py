@@ -1,6 +1,7 @@
 """The Analyse tab: four charts of the logged divergences for a scope (Pareto, logit gaps,
 acceptance by position, what-if heatmap), the benchmark's frontier, and the last answer recoloured
-under the λ/τ sliders. Nothing here runs the model.
+under a what-if rule: CSD's λ/τ sliders, or SD, an ablation or a rival at the bar's parameters.
+Nothing here runs the model.
 """
 from __future__ import annotations
 
@@ -10,29 +11,54 @@ from functools import partial
 import gradio as gr
 import numpy as np
 
+from csd.config import METHOD_SHORT, ConfigError, CSDConfig
 from db import analytics as A
 
-from .. import figures, render
+from .. import figures, render, rules
 from ..state import Services, Session
-from .common import NO_STORE, SCOPE_SESSION, ensure_session, error, scope_filter, scopes, tau_from_log10, tokens_html
+from .common import (
+    NO_STORE,
+    SCOPE_SESSION,
+    ensure_session,
+    error,
+    rival_params,
+    scope_filter,
+    scopes,
+    tau_from_log10,
+    tokens_html,
+)
 from .page import Page
 
 log = logging.getLogger(__name__)
 
 WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
+D = CSDConfig()   # the rivals' defaults: analyse's last, optional values
 
 
-def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool, sess: Session | None):
-    """The four charts for a scope and thresholds, from the store (no model runs).
+def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool, sess: Session | None,
+            whatif_method: str = "csd", tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
+            posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
+            entropy_thre=D.entropy_thre):
+    """The four charts for a scope and thresholds, from the store (no model runs), and the last answer
+    recoloured under the what-if rule (``whatif_method`` at the λ/τ sliders and the rivals' parameters).
     -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, session)."""
     sess = ensure_session(services, sess)
     lam, tau = float(lam), tau_from_log10(log10_tau)
-    tokens = tokens_html(sess.last, lam, tau, hide_rejected, view_id="analyse-tokens")
-    changed = render.changed_decisions(sess.last.events, lam, tau) if sess.last else 0
-    heading = ("**Last answer under the λ/τ sliders**"
-               + (f": {render.plural(changed, 'changed decision')} outlined (dashed: would be rescued, "
-                  f"double: would be rejected)" if changed else (": no decision changes" if sess.last else "")))
+    try:
+        rule = rules.whatif_rule(whatif_method or "csd", lam, tau, rival_params(
+            tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
+    except ConfigError as e:
+        raise error(str(e)) from None
+    csd = whatif_method in (None, "", "csd")
+    tokens = tokens_html(sess.last, lam, tau, hide_rejected, view_id="analyse-tokens", whatif=None if csd else rule)
+    changed = render.changed_decisions(sess.last.events, rule) if sess.last else 0
+    heading = ("**Last answer under the λ/τ sliders**" if csd else f"**Last answer under {rules.describe(rule)}**") \
+        + (f": {render.plural(changed, 'changed decision')} outlined (dashed: would be "
+           f"{'rescued' if csd else 'kept'}, double: would be rejected)" if changed
+           else (": no decision changes" if sess.last else ""))
+    if sess.last and not csd:      # the count, and what the rule lacks (the outline sentence is above)
+        heading += "  \n" + render.esc_md(render.whatif_summary(sess.last.events, rule, outline=False))
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
         return e, e, e, e, NO_STORE, heading, tokens, sess
@@ -47,6 +73,7 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
         grid = A.what_if_grid(services.store, WHATIF_LAMS, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], f)
         wi = A.what_if(services.store, lam, tau, f)
         kinds = A.rescued_by_kind(services.store, f)
+        other = None if csd else (A.what_if_rule(services.store, rule, f), A.unscored(services.store, rule, f))
     except Exception as e:
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
@@ -55,6 +82,11 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "
                f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
                + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")
+    if other is not None:
+        (kept, missing), label = other, render.esc_md(rules.describe(rule))
+        summary += (f" Under **{label}** the logged divergences would keep **{kept.rescued}** ({100 * kept.rate:.1f}%)"
+                    + (f"; {missing} lack a score it reads (older runs, or runs that did not log it)" if missing
+                       else "") + ".")
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(div.gap, div.count, lam, tau),
             figures.make_position_figure(pos),
             figures.make_whatif_figure(grid.lams, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], grid.rate, lam, tau,
@@ -93,16 +125,19 @@ def build(page: Page):
             frontier_data = figures.load_frontier(s.frontier_file)
             gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
             gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
+        a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
+                             label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the folded "
+                                   "panel's parameters)", elem_id="whatif-rule")
         a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
         a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
         gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
     assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
-    analyse_inputs = [scope, page.lam, page.log10_tau, page.hide_rejected, sess]
+    analyse_inputs = [scope, page.lam, page.log10_tau, page.hide_rejected, sess, a_rule, *page.rivals]
     analyse_outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
     page.analyse_io = (analyse_inputs, analyse_outputs)
 
     def wire():
         a_refresh.click(partial(analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
-        for trigger in (scope.change, analyse_tab.select):
+        for trigger in (scope.change, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(partial(analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
     return wire

@@ -17,7 +17,7 @@ from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_look
 from csd.rule import log_tau
 from db import analytics as A
 
-from .. import render
+from .. import render, rules
 from ..state import RunView, Services, Session, new_session
 
 log = logging.getLogger(__name__)
@@ -88,14 +88,26 @@ def as_int(name: str, v) -> int:
     return int(v)
 
 
+def rival_params(*values) -> dict:
+    """The rivals' parameters from the bar's inputs, in ``ui.rules.RIVAL_FIELDS`` order (numbers from the
+    page; k and the window made whole numbers, or refused)."""
+    out = {}
+    for name, v in zip(rules.RIVAL_FIELDS, values):
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            raise ConfigError(f"{name} is missing")
+        out[name] = as_int(name, v) if name in rules.INT_FIELDS else float(v)
+    return out
+
+
 def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens, seed=None,
                 explain: bool = False, auto_gamma: bool = False, lookup: bool = False,
-                show_speculation: bool = False) -> CSDConfig:
+                show_speculation: bool = False, rivals=None, score_all: bool = False) -> CSDConfig:
     """The engine's config from slider values (floats from the page), validated by the engine.
     ``auto_gamma``: the block length is chosen per block from the machine's measured costs, at least
     ``SHOW_SPECULATION`` tokens with ``show_speculation``;
     ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
-    and the ablations; the switch means nothing to ar)."""
+    and the ablations; the switch means nothing to ar); ``rivals``: the rivals' parameters (a dict, or
+    the bar's values in ``ui.rules.RIVAL_FIELDS`` order); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     seed = None if seed is None or seed == "" else as_int("seed", seed)
@@ -103,7 +115,9 @@ def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens,
                     tau=tau_from_log10(log10_tau), temperature=float(temperature),
                     max_new_tokens=as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
                     lookup=default_lookup(method) if lookup else 0,   # ar drafts nothing to copy into
-                    gamma_min=SHOW_SPECULATION if auto_gamma and show_speculation and method != "ar" else 0)
+                    gamma_min=SHOW_SPECULATION if auto_gamma and show_speculation and method != "ar" else 0,
+                    score_all=score_all and method != "ar",
+                    **(rival_params(*rivals) if isinstance(rivals, (list, tuple)) else rivals or {}))
     return cfg.validated()
 
 
@@ -137,14 +151,17 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
 # -- answers -----------------------------------------------------------------------------------
 def tokens_html(view: RunView | None, lam: float, tau: float, hide_rejected: bool,
                 diff_positions: set[int] | None = None, view_id: str = "tokens", prompt: bool = True,
-                empty: str | None = None, panel: str | None = None) -> str:
+                empty: str | None = None, panel: str | None = None, whatif=None) -> str:
+    """The coloured answer of ``view``, its changed decisions outlined under CSD's (lam, tau) or the
+    rule ``whatif`` (a ``csd.rule.Rescue``)."""
     kw = dict(empty=empty) if empty else {}
     kw["panel"] = panel
     if view is None:
         return render.render_tokens([], hide_rejected=hide_rejected, view=view_id, **kw)
     latest = view.events[-1].block if (view.events and not view.done) else None
     return render.render_tokens(view.events, lam=view.cfg.lam, tau=view.cfg.tau, hide_rejected=hide_rejected,
-                                whatif=(lam, tau), diff_positions=diff_positions,
+                                whatif=(lam, tau) if whatif is None else whatif, relax=view.cfg.relax,
+                                diff_positions=diff_positions,
                                 prompt=view.prompt if prompt else None, latest_block=latest, view=view_id,
                                 method=view.cfg.method, **kw)
 

@@ -1,5 +1,6 @@
-"""The Compare tab: AR, SD and CSD on one prompt, one after another, with where their answers part
-and what a target pass costs on this machine.
+"""The Compare tab: two or three methods on one prompt (AR, SD and CSD unless others are picked: an
+ablation or a rival), one after another, with where their answers part and what a target pass costs on
+this machine.
 """
 from __future__ import annotations
 
@@ -10,18 +11,35 @@ from functools import partial
 
 import gradio as gr
 
-from csd.events import REJECTED, RESCUED, common_prefix
+from csd.config import METHOD_SHORT, METHODS, CSDConfig
+from csd.events import KEPT_DIVERGENCES, REJECTED, RELAXED, common_prefix
 
 from .. import figures, render
 from ..render import plural
 from ..state import RunView, Services, Session
 from . import analyse
-from .common import ensure_session, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
+from .common import ensure_session, error, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
 from .inputs import slider
 from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
-COMPARE_METHODS = ("ar", "sd", "csd")
+COMPARE_METHODS = ("ar", "sd", "csd")   # the default panes; their names are also the panes' element ids
+NONE = "none"                            # a pane left empty (two methods side by side)
+D = CSDConfig()                          # the rivals' defaults: compare's last, optional values
+
+
+def chosen_methods(*picked: str | None) -> tuple[list[str], str | None]:
+    """The methods of the panes, in order, and what is wrong with them (None when nothing): two or three
+    different ones (``NONE`` leaves a pane empty)."""
+    out = [m for m in picked if m and m != NONE]
+    bad = [m for m in out if m not in METHODS]
+    if bad:
+        return out, f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}"
+    if len(set(out)) != len(out):
+        return out, "Pick each method once: the same method twice would show the same answer."
+    if len(out) < 2:
+        return out, "Pick two or three methods to compare."
+    return out, None
 
 
 def departures(base_ids: list[int], other_ids: list[int]) -> set[int]:
@@ -39,19 +57,22 @@ def _code(text: str) -> str:
     return f"<code>{html.escape(repr(text)[1:-1])}</code>"
 
 
-def leaves_sd(csd: RunView, sd: RunView) -> str:
-    """Where CSD's answer first leaves SD's (SD's token there is the target's top-1 in SD's pass) and why: a rescue
-    (with the memory's count) or, in a representation whose passes round differently, the rounding."""
+def leaves_sd(csd: RunView, sd: RunView, name: str = "CSD") -> str:
+    """Where CSD's (or another relaxing method's, ``name``) answer first leaves SD's (SD's token there is the
+    target's top-1 in SD's pass) and why: a rescue (with the memory's count), a rival's relaxed keep or, in a
+    representation whose passes round differently, the rounding."""
     a, b = sd.token_ids, csd.token_ids
     if a == b:
         return " · same tokens as SD"
     i = common_prefix(a, b)
     if i >= len(a) or i >= len(b):
-        return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else 'CSD'} ended"
+        return f" · leaves SD's answer at token {i}, where {'SD' if i >= len(a) else name} ended"
     ev, sd_ev = (next((e for e in v.events if e.position == i and e.status != REJECTED), None) for v in (csd, sd))
     head = (f" · leaves SD's answer at token {i}: SD (the target's top-1) wrote {_code(sd_ev.text if sd_ev else '')}, "
-            f"CSD kept {_code(ev.text if ev else '')}")
-    if ev is not None and ev.status == RESCUED:
+            f"{name} kept {_code(ev.text if ev else '')}")
+    if ev is not None and ev.status == RELAXED:
+        return head + f", a relaxed keep (the {name.lower()} rule); everything after it follows from that token"
+    if ev is not None and ev.status in KEPT_DIVERGENCES:
         seen = (f"the memory had seen this divergence {plural(ev.memory_count, 'time')}" if ev.memory_count
                 else "the gate let it through")
         return head + f", a rescue ({seen}); everything after it follows from that token"
@@ -59,7 +80,9 @@ def leaves_sd(csd: RunView, sd: RunView) -> str:
 
 
 def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None,
-                     sd: RunView | None = None) -> str:
+                     sd: RunView | None = None, ref: str = "ar") -> str:
+    """A pane's caption: its passes and time, where it departs from the reference pane (``ar``: AR's, or the
+    first pane's when AR is not compared, named ``ref``) and, for a relaxing method, where it leaves SD's."""
     if view is None:
         return f"**{method.upper()}**: waiting"
     m = view.metrics
@@ -72,14 +95,15 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
     head += f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
     if not view.done:
         return head + " (running…)"
-    if method != "ar" and ar is not None and ar.done and diff is not None:
-        head += " · same tokens as AR" if not diff else \
-            f" · departs from AR at token {min(diff)}; {plural(len(diff), 'token')} " \
+    r = ref.upper()
+    if method != ref and ar is not None and ar.done and diff is not None:
+        head += f" · same tokens as {r}" if not diff else \
+            f" · departs from {r} at token {min(diff)}; {plural(len(diff), 'token')} " \
             f"{'differs' if len(diff) == 1 else 'differ'} (wavy underline)"
         if ar.metrics and ar.metrics.tokens_per_s and m.tokens_per_s:
-            head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× AR tokens/s"
-    if method == "csd" and sd is not None and sd.done:
-        head += leaves_sd(view, sd)
+            head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× {r} tokens/s"
+    if method not in ("ar", "sd") and sd is not None and sd.done:
+        head += leaves_sd(view, sd, method.upper())
     return head
 
 
@@ -94,8 +118,8 @@ def compare_note(views: dict[str, RunView | None]) -> str:
     a = done["ar"]
     step = a.verify_s / a.target_forwards if a.target_forwards else 0.0
     lines = []
-    for k in ("sd", "csd"):
-        if k not in done:
+    for k in done:
+        if k == "ar":
             continue
         m = done[k]
         saved = a.target_forwards - m.target_forwards
@@ -108,7 +132,7 @@ def compare_note(views: dict[str, RunView | None]) -> str:
                      f"{step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took {m.draft_s:.2f} s in all, and "
                      f"reading the prompt {m.prefill_s:.2f} s with both models (AR: {a.prefill_s:.2f} s, the target "
                      f"alone).")
-    faster = [k for k in ("sd", "csd") if k in done and done[k].wall_s < a.wall_s]
+    faster = [k for k in done if k != "ar" and done[k].wall_s < a.wall_s]
     why = ("**Why speculative decoding can be slower than AR here.** On a GPU a verify pass over γ + 1 tokens costs "
            "about as much as one AR step, so every kept draft token is time saved. On a CPU, and more so a busy "
            "one or a float32 model, the work of a pass grows with the tokens in it: when a verify pass costs "
@@ -121,23 +145,35 @@ def compare_note(views: dict[str, RunView | None]) -> str:
 
 
 def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool, lam, log10_tau, max_new_tokens,
-            show_spec: bool, sess: Session | None):
-    """Run AR, SD and CSD on one prompt, one after another (greedy), one burst per verify pass.
+            show_spec: bool, sess: Session | None, method_1: str = "ar", method_2: str = "sd", method_3: str = "csd",
+            tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta, posterior_threshold=D.posterior_threshold,
+            posterior_alpha=D.posterior_alpha, win_len=D.win_len, entropy_thre=D.entropy_thre):
+    """Run two or three methods (AR, SD and CSD by default; ``NONE`` leaves the third pane empty) on one
+    prompt, one after another (greedy), one burst per verify pass; the rivals' parameters come last.
     Yields the three panes, their captions, the chart, the explanation, the status line, the session."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "compare")
-    views: dict[str, RunView | None] = dict.fromkeys(COMPARE_METHODS)
+    picked, problem = chosen_methods(method_1, method_2, method_3)
+    if problem:
+        services.lane.finish(job, "Not run: pick two or three different methods.")
+        raise error(problem)
+    views: dict[str, RunView | None] = dict.fromkeys(picked)
+    slots = [picked[i] if i < len(picked) else None for i in range(len(COMPARE_METHODS))]
+    ref = "ar" if "ar" in views else picked[0]        # the answer the others are compared with
     tau = tau_from_log10(log10_tau)
+    rivals = (tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre)
 
     def out(final: bool = False):
-        ar = views["ar"]
-        diffs = {m: (departures(ar.token_ids, v.token_ids) if (ar and ar.done and v and v.done and m != "ar") else None)
-                 for m, v in views.items()}
-        panes = [tokens_html(views[m], float(lam), tau, False, diffs[m], view_id=f"pane-{m}", prompt=False,
+        base = views[ref]
+        diffs = {m: (departures(base.token_ids, v.token_ids) if (base and base.done and v and v.done and m != ref)
+                     else None) for m, v in views.items()}
+        panes = [tokens_html(views[m], float(lam), tau, False, diffs[m], view_id=f"pane-{slot}", prompt=False,
                              panel="compare")
-                 if views[m] else render.render_tokens([], empty="waiting…", view=f"pane-{m}", panel="compare")
-                 for m in COMPARE_METHODS]
-        caps = [_compare_caption(m, views[m], ar, diffs[m], views["sd"]) for m in COMPARE_METHODS]
+                 if m and views[m] else render.render_tokens([], empty="waiting…" if m else "no method picked",
+                                                             view=f"pane-{slot}", panel="compare")
+                 for slot, m in zip(COMPARE_METHODS, slots)]
+        caps = [_compare_caption(m, views[m], base, diffs[m], views.get("sd"), ref) if m else "*(no method)*"
+                for m in slots]
         fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics}) \
             if final else gr.skip()
         note = compare_note(views) if final else gr.skip()
@@ -149,12 +185,12 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
         return
     with in_lane(services, job):
         cfgs = {m: page_config(m, gamma, lam, log10_tau, 0.0, max_new_tokens, auto_gamma=auto_gamma and m != "ar",
-                               show_speculation=bool(show_spec))
-                for m in COMPARE_METHODS}
-        for m in COMPARE_METHODS:
+                               show_speculation=bool(show_spec), rivals=rivals)
+                for m in picked}
+        for m in picked:
             if job.cancel:
                 break
-            # SD gets a throwaway copy of the memory, so that CSD does not learn from SD's run of this prompt.
+            # the others get a throwaway copy of the memory, so that CSD does not learn from their runs of this prompt
             memory = sess.memory if m == "csd" else sess.memory.copy()
             t0 = time.perf_counter()
             run, views[m] = start_run(services, sess, job, prompt, chat, cfgs[m], memory, label=m.upper())
@@ -163,12 +199,13 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
                 for _ in follow_run(run, rec, views[m], t0):
                     yield out()
             remember_ar(sess, views[m])
-        if views["csd"] is not None:
-            sess.last = views["csd"]
+        last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None), None)
+        if last is not None:
+            sess.last = last
         done = [v for v in views.values() if v is not None and v.done]
         job.summary = ("Stopped" if job.cancel else "Done") + \
-            f": {len(done)} of 3 methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
-        if views["csd"] is not None and views["csd"].done:
+            f": {len(done)} of {len(picked)} methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
+        if views.get("csd") is not None and views["csd"].done:
             note = speculation_sentence(views["csd"], gamma, services.decoder.costs)
             job.summary += f" CSD: {note}" if note else ""
     yield out(final=True)
@@ -180,8 +217,9 @@ def build(page: Page):
     services, s, sess = page.services, page.settings, page.sess
     gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
     with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
-        gr.Markdown("The same prompt with AR, SD and CSD, one after another (greedy, γ/λ/τ from the bar "
-                    "above). Speculative decoding saves **target passes**; whether it also saves time "
+        gr.Markdown("The same prompt with two or three methods, one after another (greedy, γ/λ/τ and the rivals' "
+                    "parameters from the bar above): AR, SD and CSD unless you pick others, an ablation or a rival. "
+                    "Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
         gr.Markdown(exactness_note(services.pair.target_repr), elem_id="compare-exactness")
@@ -196,6 +234,10 @@ def build(page: Page):
                     with gr.Column(scale=3, min_width=220):
                         c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
             with gr.Column(scale=1):
+                choices = [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS]
+                c_methods = [gr.Dropdown(choices + ([("— none —", NONE)] if i == 2 else []), value=m,
+                                         label=f"Pane {i + 1}", elem_id=f"c-method-{i + 1}")
+                             for i, m in enumerate(COMPARE_METHODS)]
                 c_chat = gr.Checkbox(True, label="Chat template")
                 c_max = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
                                value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
@@ -215,7 +257,8 @@ def build(page: Page):
 
     def wire():
         cmp = page.model_job(c_btn, "compare", partial(compare, services),
-                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess],
+                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess,
+                              *c_methods, *page.rivals],
                              [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat),
                              check_in=(gamma, lam, log10_tau, c_max))
         analyse.refresh_after(page, cmp)

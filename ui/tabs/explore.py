@@ -14,7 +14,7 @@ from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import ConfigError
 from csd.corpus import default_corpus, read_corpus, read_prompts
-from csd.events import REJECTED, RESCUED, STATUSES, TokenEvent
+from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues
 from db import analytics as A
@@ -291,7 +291,7 @@ def build(page: Page):
                                info="'all runs' is shared: it shows every user's answers" if s.shared_scope
                                else None)
             e_run = number("Run id", value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
-            e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, REJECTED], label="Status",
+            e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
                                         elem_id="e-status")
         with gr.Row():
             e_pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)",

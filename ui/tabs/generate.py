@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS
+from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS, CSDConfig
 from csd.events import RunMetrics
 
 from .. import render
@@ -32,6 +32,7 @@ from .jobs import (
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
+D = CSDConfig()                  # the rivals' defaults: the handlers' last, optional values (after the session)
 
 
 def _pass_sentence(view: RunView) -> str:
@@ -61,9 +62,12 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 
 def generate(services: Services, prompt: str, chat: bool, method: str, gamma, auto_gamma: bool, lam, log10_tau,
              temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, show_spec: bool,
-             sess: Session | None):
+             sess: Session | None, tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
+             posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
+             entropy_thre=D.entropy_thre):
     """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
-    metrics html, metrics json, what-if line, status line, session)."""
+    metrics html, metrics json, what-if line, status line, session). The rivals' parameters come last
+    (the bar's folded panel); every rule's scores are logged, so Analyse can replay any rule on the answer."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "generate")
     if job.cancel:
@@ -72,7 +76,8 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         return
     with in_lane(services, job):
         cfg = page_config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma,
-                          lookup=bool(lookup), show_speculation=bool(show_spec))
+                          lookup=bool(lookup), show_speculation=bool(show_spec), score_all=True,
+                          rivals=(tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
         t0 = time.perf_counter()
         run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
         sess.last = view
@@ -118,8 +123,10 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
              "draft": d["draft"], "target": d["target"], "representations": f"target {d['target_repr']}, "
              f"draft {d['draft_repr']}", "device": d["device"]}
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
+    facts.update(view.cfg.rule_params() or {})
     page = render.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
-                                     lam=view.cfg.lam, tau=view.cfg.tau, metrics=view.metrics, method=view.cfg.method)
+                                     lam=view.cfg.lam, tau=view.cfg.tau, metrics=view.metrics, method=view.cfg.method,
+                                     relax=view.cfg.relax)
     (out / "csd-answer.html").write_text(page, encoding="utf-8")
     (out / "csd-answer.json").write_text(render.export_json(
         view.events, prompt=view.prompt, chat=view.chat, text=view.text, config=vars(view.cfg), pair=d,
@@ -175,7 +182,7 @@ def build(page: Page):
     def wire():
         gen = page.model_job(gen_btn, "generate", partial(generate, services),
                              [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
-                              hide_rejected, lookup, page.show_spec, sess],
+                              hide_rejected, lookup, page.show_spec, sess, *page.rivals],
                              [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
                              prompt_in=(prompt, chat), check_in=(gamma, lam, log10_tau, temperature, max_new, seed,
                                                                  method))

@@ -49,6 +49,7 @@ class Page:
     show_spec: gr.Checkbox      # gamma auto drafts at least SHOW_SPECULATION tokens a block
     lam: gr.Slider
     log10_tau: gr.Slider
+    rivals: list = field(default_factory=list)   # the rivals' parameters (ui.rules.RIVAL_FIELDS order)
     status: dict[str, gr.HTML] = field(default_factory=dict)   # job kind -> the status line beside its button
     hide_rejected: gr.Checkbox | None = None   # Generate's switch; Analyse's recoloured answer follows it too
     analyse_io: tuple[list, list] | None = None   # Analyse's inputs and outputs, refreshed after runs

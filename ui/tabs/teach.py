@@ -10,7 +10,7 @@ from functools import partial
 
 import gradio as gr
 
-from csd.config import METHODS
+from csd.config import METHODS, CSDConfig
 from csd.events import (
     BONUS,
     CORRECTED,
@@ -19,15 +19,17 @@ from csd.events import (
     RULE_MATCH,
     RULE_MEMORY_RARE,
     RULE_NO_RESCUE,
+    RULE_NOT_RELAXED,
+    RULE_RELAXED,
     RULE_RESCUE,
     RULE_SAMPLED,
     RULE_SPECIAL,
     TARGET,
     TokenEvent,
 )
-from csd.rule import log_tau, rescues
+from csd.rule import Relax, Rescue, log_tau, rescues
 
-from .. import render
+from .. import render, rules
 from ..render import STATUS_STYLE, _fmt, esc, plural, rescue_modules, show_token, token_text_html
 from ..state import Services, Session
 from .common import ensure_session, error, exactness_note, page_config
@@ -35,11 +37,15 @@ from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
+D = CSDConfig()   # the rivals' defaults: teach_run's last, optional values (after the session)
+
 
 # -- the view of one iteration -----------------------------------------------------------------
-def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None = None) -> str:
+def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None = None,
+                     relax: Relax | None = None) -> str:
     """A sentence saying why this position was decided as it was (plain text): for a rejection,
-    every half of the rule that failed (``method``'s modules; None: CSD's two)."""
+    every half of the rule that failed (``method``'s modules; None: CSD's two); ``relax``: the run's
+    rival rule, if any."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
     c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
     use_mem, use_gate = rescue_modules(method)
@@ -55,7 +61,13 @@ def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None 
     if ev.rule == RULE_SAMPLED:
         return f"Rejection sampling accepted {x} (u ≤ p(x~)/q(x~))."
     if ev.rule == RULE_SPECIAL:
-        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued: rejected, {t} is emitted."
+        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued nor relaxed: rejected, {t} is emitted."
+    if ev.rule == RULE_RELAXED:
+        return (f"x~ = {x} ≠ t* = {t}; {rules.relax_sentence(ev, relax)}: relaxed, {x} is kept (no memory involved) "
+                f"and verification goes on with the next draft position.")
+    if ev.rule == RULE_NOT_RELAXED:
+        return (f"x~ = {x} ≠ t* = {t}; {rules.relax_sentence(ev, relax)}: the rule refuses it, rejected; {t} is "
+                f"emitted and the rest of the block is discarded.")
     if ev.rule == RULE_NO_RESCUE:
         return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
     if ev.rule == RULE_MEMORY_RARE:
@@ -86,7 +98,7 @@ def _chip(text: str, cls: str, title: str = "") -> str:
 
 
 def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, lam: float,
-                      tau: float, method: str, discarded_texts: Sequence[str] = ()) -> str:
+                      tau: float, method: str, discarded_texts: Sequence[str] = (), relax: Relax | None = None) -> str:
     """One speculative iteration: every token the draft proposed (kept, rejected, and the ones
     thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
     evs = list(block)
@@ -113,7 +125,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(explain_decision(e, lam, tau, method))}</td></tr>')
+            f'<td class="why">{esc(explain_decision(e, lam, tau, method, relax))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             first = e.index_in_block + 2
             for k, t in enumerate(discarded_texts):
@@ -121,7 +133,8 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
                             f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
-    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, λ = {lam:g}, τ = {tau:.3g}): the draft proposed "
+    params = esc(rules.describe(Rescue(False, False, relax=relax))) if relax else f"λ = {lam:g}, τ = {tau:.3g}"
+    summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, {params}): the draft proposed "
                f"{plural(block_len, 'token')}, {len(drafted)} checked, "
                f"{plural(sum(1 for e in evs if e.in_output), 'token')} emitted, one target pass"
                + (f"; 1 draft token rejected and {len(discarded_texts)} discarded unchecked." if rejected else "."))
@@ -153,6 +166,12 @@ Standard speculative decoding (SD) is the same loop without step 3's rescue: a d
 only where it is the target's top-1. CSD also keeps harmless differences (`' the'` → `' a'`,
 `','` → `'.'`) for fewer target passes.
 
+**The rivals** replace step 3 with a rule of their own, on the same target pass and without a memory
+(their parameters are in the folded panel of the bar, beside τ): `lossy` keeps x̃ when p(x̃) ≥ τ·p(t\*);
+`topk` when x̃ is among the target's top k and within δ of p(t\*); `typical` when
+p(x̃) > min(threshold, α·e^−H); `FLy` forgives a mismatch when the next (window − 1) draft tokens all
+match and the target is not near-certain. A token kept that way is **relaxed** (≈), not rescued.
+
 {exactness}
 
 Keys: **←** and **→** step through the iterations; **Play** steps by itself.
@@ -181,13 +200,16 @@ def teach_view(services: Services | None, sess: Session | None, step: int) -> st
     decode = services.pair.tokenizer.decode if services is not None else (lambda ids: "?")
     texts = [decode([i]) for i in (discarded[0] if discarded else [])]
     return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, lam=view.cfg.lam,
-                                    tau=view.cfg.tau, method=view.cfg.method, discarded_texts=texts)
+                             tau=view.cfg.tau, method=view.cfg.method, discarded_texts=texts, relax=view.cfg.relax)
 
 
 def teach_run(services: Services, prompt: str, method: str, gamma, lam, log10_tau, max_new_tokens,
-              sess: Session | None):
+              sess: Session | None, tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
+              posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
+              entropy_thre=D.entropy_thre):
     """Run a short generation with explanations (draft and target top-k, a fixed gamma), then
-    show iteration 1. Yields (view, status line, session) as the passes arrive."""
+    show iteration 1. Yields (view, status line, session) as the passes arrive. The rivals'
+    parameters come last (the bar's folded panel)."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "teach")
     if job.cancel:
@@ -196,9 +218,10 @@ def teach_run(services: Services, prompt: str, method: str, gamma, lam, log10_ta
         return
     if method == "ar":
         services.lane.finish(job, "Not run: Teach needs a speculative method.")
-        raise error("Teach steps through speculative iterations: pick sd, csd or an ablation, not ar.")
+        raise error("Teach steps through speculative iterations: pick sd, csd, an ablation or a rival, not ar.")
     with in_lane(services, job):
-        cfg = page_config(method, gamma, lam, log10_tau, 0.0, max_new_tokens, explain=True)
+        cfg = page_config(method, gamma, lam, log10_tau, 0.0, max_new_tokens, explain=True, score_all=True,
+                          rivals=(tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
         t0 = time.perf_counter()
         run, view = start_run(services, sess, job, prompt, True, cfg, sess.memory)
         with recorded(services, sess, prompt, cfg, "teach") as rec:
@@ -269,8 +292,8 @@ def build(page: Page):
 
     def wire():
         page.model_job(t_run, "teach", partial(teach_run, services),
-                       [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess], [t_view, t_status, sess], "teach_run",
-                       prompt_in=(t_prompt,), check_in=(t_method, gamma, lam, log10_tau, t_max))
+                       [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess, *page.rivals], [t_view, t_status, sess],
+                       "teach_run", prompt_in=(t_prompt,), check_in=(t_method, gamma, lam, log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
         t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",

@@ -1,0 +1,112 @@
+"""The run rules in words, and replayed on an answer's logged events (the what-if): CSD under the λ/τ
+sliders, SD, the ablations and the rivals (``csd.rule.Relax``: lossy, topk, typical, fly). Every
+decision goes through ``csd.rule`` (``Rescue.keeps_logged``); nothing here re-implements a rule.
+Pure functions of events and numbers (no gradio, no models).
+"""
+from __future__ import annotations
+
+import math
+
+from csd.config import RIVAL_PARAMS, CSDConfig
+from csd.events import DIVERGENCE_STATUSES, KEPT_DIVERGENCES, RULE_SPECIAL, TokenEvent
+from csd.rule import FLY, LOSSY, TOPK, TYPICAL, Relax, Rescue
+
+RIVAL_FIELDS = tuple(p for ps in RIVAL_PARAMS.values() for p in ps)   # the app's order of the rivals' inputs
+INT_FIELDS = ("topk", "win_len")
+WHATIF_METHODS = ("csd", "sd", "ocm-only", "scg-only", LOSSY, TOPK, TYPICAL, FLY)   # Analyse's what-if choices
+
+
+def num(x: float | None, nd: int = 2) -> str:
+    """A number for a sentence (the true minus sign; – when not logged)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, float) and math.isinf(x):
+        return "−∞" if x < 0 else "∞"
+    return f"{x:.{nd}f}".replace("-", "−")
+
+
+def as_rule(whatif) -> Rescue:
+    """A what-if rule: a ``Rescue`` as it is, or CSD's (λ, τ)."""
+    if isinstance(whatif, Rescue):
+        return whatif
+    lam, tau = whatif
+    return Rescue.of(True, True, float(lam), float(tau))
+
+
+def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None) -> Rescue:
+    """The rule of ``method`` at the λ/τ sliders and the rivals' parameters (checked by the engine's config)."""
+    return CSDConfig(method=method, lam=float(lam), tau=float(tau), **(rivals or {})).validated().rule()
+
+
+def rule_method(rule: Rescue) -> str:
+    if rule.relax is not None:
+        return rule.relax.method
+    return {(True, True): "csd", (True, False): "ocm-only", (False, True): "scg-only",
+            (False, False): "sd"}[(rule.use_ocm, rule.use_scg)]
+
+
+def describe(rule: Rescue) -> str:
+    """The rule and its parameters, in a few words."""
+    r, m = rule.relax, rule_method(rule)
+    tau = f"τ = {math.exp(rule.log_tau):.3g} (log τ = {num(rule.log_tau)})"
+    return {"csd": f"CSD at λ = {rule.lam:g}, {tau}", "sd": "SD (no relaxation: top-1 matches only)",
+            "ocm-only": f"the memory alone at λ = {rule.lam:g}", "scg-only": f"the gate alone at {tau}",
+            LOSSY: r and f"lossy SD at τ = {math.exp(r.log_tau):.3g}",
+            TOPK: r and f"top-k at k = {r.k}, δ = {r.delta:g}",
+            TYPICAL: r and f"typical acceptance at threshold {r.threshold:g}, α = {r.alpha:g}",
+            FLY: r and f"FLy at window {r.win_len}, entropy gate {r.entropy_thre:g}"
+            + (" (off)" if r and not r.needs else "")}[m]
+
+
+def logged(ev: TokenEvent) -> dict:
+    """What a rival reads, from an event (``Relax.keeps``'s keywords)."""
+    return dict(gap=ev.gap, p_x=ev.target_prob, target_rank=ev.target_rank, entropy=ev.entropy,
+                top3_entropy=ev.top3_entropy, index=ev.index_in_block, block_len=ev.block_len,
+                matches_after=ev.matches_after)
+
+
+def would_keep(ev: TokenEvent, rule) -> bool | None:
+    """Whether ``rule`` keeps this logged divergence; None for events that are not divergences, involve a
+    special token (never kept) or lack a value the rule reads."""
+    rule = as_rule(rule)
+    if ev.status not in DIVERGENCE_STATUSES or ev.rule == RULE_SPECIAL:
+        return None
+    if rule.relax is not None:
+        values = logged(ev)
+        if any(values[k] is None for k in rule.relax.reads):
+            return None
+        return bool(rule.keeps_logged(**values))
+    if (rule.use_ocm and ev.memory_count is None) or (rule.use_scg and ev.gap is None):
+        return None
+    return bool(rule.keeps_logged(count=ev.memory_count, gap=ev.gap))
+
+
+def was_kept(ev: TokenEvent) -> bool:
+    return ev.status in KEPT_DIVERGENCES
+
+
+def relax_sentence(ev: TokenEvent, relax: Relax | None) -> str:
+    """Why a rival's rule kept or refused this divergence, with its numbers (plain text)."""
+    if relax is None:
+        return "the run's relaxed rule decided"
+    m = relax.method
+    if m == LOSSY:
+        ratio = math.exp(ev.gap) if ev.gap is not None else None
+        ok = ratio is not None and ev.gap >= relax.log_tau
+        return (f"lossy SD: p(x~)/p(t*) = {num(ratio, 3)} {'≥' if ok else '<'} τ = {math.exp(relax.log_tau):.3g}")
+    if m == TOPK:
+        rank = "–" if ev.target_rank is None else f"#{ev.target_rank + 1}"
+        diff = ev.target_prob * math.expm1(-ev.gap) if None not in (ev.target_prob, ev.gap) and ev.gap > -700 else None
+        return (f"top-k: x~ is the target's {rank} (k = {relax.k}) and p(t*) − p(x~) = {num(diff, 3)} "
+                f"(δ = {relax.delta:g})")
+    if m == TYPICAL:
+        thr = min(relax.threshold, relax.alpha * math.exp(-ev.entropy)) if ev.entropy is not None else None
+        return (f"typical acceptance: p(x~) = {num(ev.target_prob, 3)} against min({relax.threshold:g}, "
+                f"{relax.alpha:g}·e^−H) = {num(thr, 3)} (H = {num(ev.entropy)} nats)")
+    if m == FLY:
+        gate = (f"top-3 entropy {num(ev.top3_entropy)} against {relax.entropy_thre:g}" if relax.needs
+                else "entropy gate off")
+        return (f"FLy: {num(ev.matches_after, 0) if ev.matches_after is not None else '–'} of the next draft tokens "
+                f"match the target (the window needs {relax.win_len - 1}); position {ev.index_in_block + 1} of "
+                f"{ev.block_len or '–'}, forgivable only before the block's last {relax.win_len}; {gate}")
+    return f"rule {m}"
