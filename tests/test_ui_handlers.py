@@ -41,7 +41,7 @@ from csd.events import (
     TokenEvent,
 )
 from csd.memory import CorrectionMemory
-from ui import figures, render
+from ui import export, figures, render
 from ui.lane import Lane
 from ui.state import Session
 from ui.tabs import analyse, common, compare, explore, generate, jobs, teach
@@ -199,7 +199,7 @@ def test_run_summary_lists_the_rescues_with_links():
 
 def test_accepted_and_rescued_shares_are_shown_apart():
     m = RunMetrics(new_tokens=12, target_forwards=3, drafted=10, accepted=9, rescued=1, wall_s=2.0)
-    out = render.render_metrics(m, method="csd")
+    out = export.render_metrics(m, method="csd")
     assert ">90%<" in out and ">10%<" in out and "100%" not in out
     assert "target passes (9 fewer than AR)" in out
 

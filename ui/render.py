@@ -12,7 +12,6 @@ re-implements a rule.
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -33,10 +32,9 @@ from csd.events import (
     RULE_SAMPLED,
     RULE_SPECIAL,
     TARGET,
-    RunMetrics,
     TokenEvent,
 )
-from csd.rule import RIVALS, Relax, log_tau, rescues
+from csd.rule import Relax, log_tau, rescues
 
 from . import rules
 
@@ -453,46 +451,6 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
 
 
 # -- metrics -----------------------------------------------------------------------------------
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.1 or x == 0 else f"{100 * x:.1f}%"
-
-
-def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetrics | None = None,
-                   first_token_s: float | None = None, method: str | None = None, note: str = "") -> str:
-    """The metrics cards. ``ar``: the metrics of an AR run on the same prompt (for the speed-up)."""
-    if m is None:
-        return '<div class="csd-note">Metrics appear here after the first verify pass.</div>'
-    spec = method not in (None, "ar")
-    saved = m.new_tokens - m.target_forwards
-    cells = [(f"target passes ({saved} fewer than AR)" if spec and saved > 0 else "target passes",
-              f"{m.target_forwards}"),
-             ("new tokens", f"{m.new_tokens}"), ("tokens / s", f"{m.tokens_per_s:.2f}")]
-    if spec:
-        kept = ((f"relaxed by the {method} rule ({m.relaxed} of {m.drafted} drafted)", _pct(m.relaxed_share))
-                if method in RIVALS else (f"rescued by CSD ({m.rescued} of {m.drafted} drafted)", _pct(m.rescued_share)))
-        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)), kept,
-                  ("tokens per target pass", f"{m.mean_accepted_length:.2f}"),
-                  ("draft block length γ (mean)", f"{m.mean_block_len:.1f}")]
-    cells.append(("wall time", f"{m.wall_s:.1f} s"))
-    if m.prefill_s:
-        cells.append(("reading the prompt", f"{m.prefill_s:.1f} s"))
-    if spec and (m.draft_s or m.verify_s):
-        cells.append(("drafting / verifying", f"{m.draft_s:.1f} / {m.verify_s:.1f} s"))
-    if first_token_s is not None:
-        cells.append(("first token after", f"{first_token_s:.2f} s"))
-    if spec and ar is not None and ar.tokens_per_s:
-        cells.append(("speed-up over AR (tokens/s)", f"{m.tokens_per_s / ar.tokens_per_s:.2f}×"
-                      if m.tokens_per_s else "–"))
-    elif spec:
-        cells.append(("speed-up over AR: run AR on this prompt first", "–"))
-    body = "".join(f'<div class="csd-metric"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
-                   for k, v in cells)
-    state = "running…" if running else f"finished ({esc(m.stopped_by or 'done')})"
-    extra = f" · {esc(note)}" if note else ""
-    return (f'<div class="csd-metrics" data-state="{"running" if running else "done"}">{body}</div>'
-            f'<div class="csd-status">{state}{extra}</div>')
-
-
 def render_status(text: str, state: str = "idle") -> str:
     """The status line beside a Run button: waiting / running / stopping / stopped / done / idle."""
     return f'<div class="csd-status-line" data-state="{esc(state)}" role="status" aria-live="polite">{esc(text)}</div>'
@@ -500,32 +458,3 @@ def render_status(text: str, state: str = "idle") -> str:
 
 def render_error(msg: str) -> str:
     return f'<div class="csd-error" role="alert">{esc(msg)}</div>'
-
-
-# -- export ------------------------------------------------------------------------------------
-def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict, lam: float,
-                       tau: float, metrics: RunMetrics | None, method: str, relax: Relax | None = None) -> str:
-    """A self-contained HTML page of a coloured answer (styles inline, details as hover titles,
-    no script, nothing fetched)."""
-    spans = []
-    for ev in events:
-        cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
-        text, extra = token_text_html(ev)
-        spans.append(f'<span class="{" ".join(cls + extra)}" '
-                     f'title="{esc(token_detail(ev, lam, tau, method=method, relax=relax))}">{text}</span>')
-    fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
-            f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"
-            f"table{{border-collapse:collapse;font-size:13px}}th,td{{text-align:left;padding:2px 8px}}{CSS}</style>"
-            f"</head><body><h1>{esc(title)}</h1>{_prompt_html(prompt)}"
-            f'<div class="csd-tokens">{"".join(spans)}</div>{render_legend(whatif=False)}'
-            f"{render_metrics(metrics, method=method)}<table>{fact_rows}</table>"
-            f'<p>Calibrated Speculative Decoding: <a href="{PAPER_URL}">arXiv 2604.13634</a>. Hover a token for its '
-            f"details.</p></body></html>")
-
-
-def export_json(events: Sequence[TokenEvent], **fields) -> str:
-    def clean(x):
-        return None if isinstance(x, float) and not math.isfinite(x) else x
-    data = dict(fields, events=[{k: clean(v) for k, v in e.to_dict().items()} for e in events])
-    return json.dumps(data, ensure_ascii=False, indent=1, default=str)

@@ -13,7 +13,7 @@ import gradio as gr
 from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS, CSDConfig
 from csd.events import RunMetrics
 
-from .. import render
+from .. import export, render
 from ..state import RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
@@ -51,7 +51,7 @@ def _pass_sentence(view: RunView) -> str:
 
 def _metrics_html(sess: Session, view: RunView) -> str:
     ar = sess.ar_speed.get((view.prompt, view.chat)) if view.cfg.method != "ar" else None
-    return render.render_metrics(view.metrics, running=not view.done, ar=ar, first_token_s=view.first_token_s,
+    return export.render_metrics(view.metrics, running=not view.done, ar=ar, first_token_s=view.first_token_s,
                                  method=view.cfg.method)
 
 
@@ -84,7 +84,7 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected,
                            empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), then the first draft "
                                  f"block and its verify pass…"),
-               "", render.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
+               "", export.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
         with recorded(services, sess, prompt, cfg, "generate") as rec:
             for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
                 if view.done:
@@ -124,11 +124,11 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
              f"draft {d['draft_repr']}", "device": d["device"]}
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
     facts.update(view.cfg.rule_params() or {})
-    page = render.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
+    page = export.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
                                      lam=view.cfg.lam, tau=view.cfg.tau, metrics=view.metrics, method=view.cfg.method,
                                      relax=view.cfg.relax)
     (out / "csd-answer.html").write_text(page, encoding="utf-8")
-    (out / "csd-answer.json").write_text(render.export_json(
+    (out / "csd-answer.json").write_text(export.export_json(
         view.events, prompt=view.prompt, chat=view.chat, text=view.text, config=vars(view.cfg), pair=d,
         metrics=_metrics_json(view.metrics)), encoding="utf-8")
     return gr.update(value=[str(out / "csd-answer.html"), str(out / "csd-answer.json")], visible=True), sess
@@ -174,7 +174,7 @@ def build(page: Page):
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
         export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False,
                                elem_id="export-files")
-        metrics = gr.HTML(render.render_metrics(None), elem_id="metrics")
+        metrics = gr.HTML(export.render_metrics(None), elem_id="metrics")
         with gr.Accordion("Metrics as JSON", open=False, elem_classes=HIDE_PRESENT):
             metrics_json = gr.JSON(elem_id="metrics-json")
     page.status["generate"], page.hide_rejected = gen_status, hide_rejected
