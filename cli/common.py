@@ -55,12 +55,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-db", action="store_true", help="do not record to the store")
 
 
-def load_from_args(args, need_draft: bool = True):
+def load_from_args(args, need_draft: bool = True, check=None):
+    """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load."""
     from csd.models import load_pair
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
                      draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
-                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on")
+                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on", check=check)
 
 
 def warn_memory_mismatch(memory, pair) -> None:

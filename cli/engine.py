@@ -118,7 +118,12 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)
-    pair = load_from_args(args, need_draft=cfg.uses_draft)
+
+    def fits(tokenizer, context: int) -> None:    # a prompt over the context is refused before the load
+        from csd.pair import encode_prompt
+        cfg.validated(context, len(encode_prompt(tokenizer, args.prompt, args.chat)))
+
+    pair = load_from_args(args, need_draft=cfg.uses_draft, check=fits)
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
     decoder = Decoder(pair)
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else decoder.default_memory()

@@ -60,6 +60,11 @@ def _resolve_source(name: str, role: str, progress: Progress | None) -> tuple[st
     return name, name
 
 
+def context_limit(config) -> int:
+    """The longest sequence a model's config allows (2048 where it does not say)."""
+    return int(getattr(config, "max_position_embeddings", 0) or 2048)
+
+
 def compare_tokenizers(a, b) -> str | None:
     """None if two tokenizers map text to ids identically, else a message naming the difference."""
     va, vb = a.get_vocab(), b.get_vocab()
@@ -101,7 +106,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
               device: str | None = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
               progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
               draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto",
-              int8_smoothing: bool = True) -> ModelPair:
+              int8_smoothing: bool = True, check=None) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
     ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
@@ -123,7 +128,11 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     ``int8_smoothing``: before an int8 target is quantised, its activation outliers are moved into
     the weights (``csd.smoothing``, SmoothQuant; the float function is unchanged), so the per-pass
     activation scale of dynamic int8 rounds the other channels less coarsely. Llama-family targets
-    only; the maxima it needs are measured once per model and cached."""
+    only; the maxima it needs are measured once per model and cached.
+
+    ``check(tokenizer, context_limit)``: called once the tokenizers are loaded and before any model
+    is, so that a request the pair cannot serve (a prompt over the context) is refused in seconds,
+    not after the load; it raises to refuse."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -173,6 +182,10 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         diff = compare_tokenizers(tok_d, tok_t)
         if diff:
             raise ModelLoadError(f"draft {d_disp!r} and target {t_disp!r} do not share a tokenizer: {diff}")
+    if check is not None:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(t_src, trust_remote_code=trust_remote_code)
+        check(tok_t, context_limit(config))
 
     load_dtype = torch.float32 if target_repr in ("auto", "int8") else DTYPES[target_repr]
     target_model = _load(t_src, t_disp, "target", load_dtype, device_map)
@@ -233,7 +246,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         if draft_lm is None:
             draft_lm = HFLM(draft_model)
 
-    ctx = int(getattr(target_model.config, "max_position_embeddings", 0) or 2048)
+    ctx = context_limit(target_model.config)
     release_memory()            # the float weights that quantising replaced
     if progress:
         progress("models ready", 1.0)

@@ -368,9 +368,11 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
     from db.store import Store
 
     methods = ["ar", "sd", "csd", "hf-assisted", "hf-assisted-fixed"]
+    # no warm-up here: it is untimed (nothing below reads it), it cost 110 of this test's 390 s in
+    # float32, and test_harness_on_a_tiny_pair runs the harness with it
     with Store.open("sqlite://") as store:
         res = run_bench(real_pair, BenchConfig("gsm8k,humaneval", 2, ",".join(methods), 12, tmp_path, seed=1,
-                                               show_bar=False), store=store)
+                                               show_bar=False, warmup=False), store=store)
         from sqlalchemy import func, select
 
         from db.models import Run
