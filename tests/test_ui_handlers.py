@@ -501,7 +501,7 @@ def test_show_speculation_keeps_drafting_where_auto_would_not(services, monkeypa
     assert view.cfg.gamma_min == common.SHOW_SPECULATION == 3
     blocks = [e.block_len for e in view.events if e.pass_end]
     assert all(n >= 3 for n in blocks[:-1]) and view.metrics.drafted >= 3 * (len(blocks) - 1)
-    assert "(at least 3 by Show speculation)" in html.unescape(on[-2]) or "γ auto drafted" not in on[-2]
+    assert "(Show speculation asks for at least 3)" in html.unescape(on[-2]) or "γ auto drafted" not in on[-2]
     assert common.make_config("ar", 6, 6, -2, 0, 8, auto_gamma=False, show_speculation=True).gamma_min == 0
 
 
