@@ -187,14 +187,14 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         config = AutoConfig.from_pretrained(t_src, trust_remote_code=trust_remote_code)
         check(tok_t, context_limit(config))
 
-    load_dtype = torch.float32 if target_repr in ("auto", "int8") else DTYPES[target_repr]
+    if target_repr == "auto":   # before the target is loaded: each candidate is loaded afresh, one at a time
+        target_repr, _ = choose_target_repr(lambda: _load(t_src, t_disp, "target", torch.float32, device_map),
+                                            t_disp, dev, progress, int8_lean=target_impl != "hf" and device_map is None)
+    load_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
     target_model = _load(t_src, t_disp, "target", load_dtype, device_map)
     why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
     if target_impl == "lean" and why_t:
         raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-    if target_repr == "auto":
-        target_repr, _ = choose_target_repr(target_model, t_disp, dev, progress,
-                                            int8_lean=target_impl != "hf" and not why_t)
     if target_impl == "auto":   # lean for an int8 target (where it is faster), transformers otherwise
         target_impl = "lean" if target_repr == "int8" and not why_t else "hf"
     maxima, smoothed = None, ""

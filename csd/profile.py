@@ -24,7 +24,7 @@ import torch
 
 from .costs import CostModel
 from .fileio import atomic_write, cache_dir
-from .lm import HFLM, LeanLM
+from .lm import HFLM, LeanLM, lean_unsupported
 from .quant import quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
@@ -143,12 +143,16 @@ def candidate_reprs(device: torch.device) -> tuple[str, ...]:
     return ("float32", "bfloat16", "int8")
 
 
-def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: torch.device,
-                       progress: Progress | None = None, refresh: bool = False,
+def choose_target_repr(model_fp32: torch.nn.Module | Callable[[], torch.nn.Module], model_name: str,
+                       device: torch.device, progress: Progress | None = None, refresh: bool = False,
                        int8_lean: bool = False) -> tuple[str, dict]:
     """The target representation for ``auto`` on this machine, and the timings it was chosen on
     ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached.
-    ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto)."""
+    ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto).
+
+    ``model_fp32``: the float32 model (each candidate is a copy of it), or a function that loads a
+    fresh one, so that only one candidate is in memory at a time: with the model held beside a copy,
+    the first start of the embedded pair peaked at 17.5 GB, over a 16 GB machine."""
 
     key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
            "engine": engine_revision(), "int8_impl": "lean" if int8_lean else "hf"}
@@ -164,8 +168,9 @@ def choose_target_repr(model_fp32: torch.nn.Module, model_name: str, device: tor
     for i, r in enumerate(cands):
         if progress:
             progress(f"choosing the target's representation (once on this machine): timing {r}", i / len(cands))
-        m = to_repr(model_fp32, r, copy=True)
-        lm = LeanLM(m) if r == "int8" and int8_lean else HFLM(m)
+        m = to_repr(model_fp32, r, copy=True) if isinstance(model_fp32, torch.nn.Module) else \
+            to_repr(model_fp32(), r)
+        lm = LeanLM(m) if r == "int8" and int8_lean and not lean_unsupported(m) else HFLM(m)
         timings[r] = {"1": time_pass(lm, 1, 3, context=64), "7": time_pass(lm, 7, 3, context=64)}
         del lm, m
         release_memory()

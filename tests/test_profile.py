@@ -76,3 +76,26 @@ def test_target_representation_is_chosen_by_timing_the_path_it_will_run(cache, o
     profile.choose_target_repr(model, "tiny-repr", torch.device("cpu"))          # transformers' int8: another entry
     assert len(list(cache.glob("repr-*.json"))) == 2
     assert next(model.parameters()).dtype == torch.float32      # the candidates are copies
+
+
+def test_with_a_loader_one_candidate_is_in_memory_at_a_time(cache, one_thread):
+    """``load_pair`` hands the choice a loader, not the model: each candidate is loaded afresh and
+    dropped before the next, so the first start never holds the float32 model beside a copy (it
+    peaked at 17.5 GB that way on the embedded pair)."""
+    import gc
+    import weakref
+
+    import torch
+
+    made = []
+
+    def load():
+        gc.collect()
+        assert all(r() is None for r in made), "the previous candidate is still in memory"
+        m = tiny_model(3, vocab=1200)
+        made.append(weakref.ref(m))
+        return m
+
+    choice, timings = profile.choose_target_repr(load, "tiny-loader", torch.device("cpu"), int8_lean=True)
+    assert len(made) == len(profile.candidate_reprs(torch.device("cpu"))) == len(timings)
+    assert choice in timings
