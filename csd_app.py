@@ -30,11 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--db", metavar="URL", default=None,
                     help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
                          "dir); 'none' runs without recording")
-    ap.add_argument("--draft", default="embedded", help="draft model: 'embedded', a Hugging Face id or a local path")
-    ap.add_argument("--target", default="embedded", help="target model: 'embedded', a Hugging Face id or a local path")
-    from csd.quant import TARGET_REPRS
-    ap.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
-                    help="the target's representation (auto: the fastest measured on this machine, once)")
+    from cli.common import add_model_args
+    add_model_args(ap, store=False)     # the command line's model options, the same flags and defaults
     ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
     ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
@@ -87,14 +84,14 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.models import load_pair
+    from cli.common import load_from_args
     from csd.pair import ModelLoadError
     from db.store import Store
     from ui import Settings, build_demo, launch_kwargs, make_services
 
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
-        pair = load_pair(args.draft, args.target, dtype=args.dtype, progress=ConsoleProgress())
+        pair = load_from_args(args, progress=ConsoleProgress())
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,13 +7,11 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from csd.events import Progress  # noqa: F401 (the benchmark's modules take it from here)
 from csd.fileio import atomic_write
-
-Progress = Callable[[str, float], None]   # (message, fraction done in [0, 1])
 
 DASH = "–"                                # a figure that was not measured
 

@@ -28,7 +28,9 @@ def tqdm_progress():
     return cb
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
+    """The options that choose and load the pair (the command line's and the app's), and, with
+    ``store``, the command line's store options (the app has its own ``--db``)."""
     p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
@@ -51,15 +53,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
+    if not store:
+        return
     p.add_argument("--db", default=None, help="store URL (default: SQLite file in the user data dir, or $CSD_DB_URL)")
     p.add_argument("--no-db", action="store_true", help="do not record to the store")
 
 
-def load_from_args(args, need_draft: bool = True, check=None):
-    """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load."""
+def load_from_args(args, need_draft: bool = True, check=None, progress=None):
+    """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load;
+    ``progress``: a (message, fraction) callback (default: tqdm bars on stderr)."""
     from csd.models import load_pair
     return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
-                     device_map=args.device_map, trust_remote_code=args.trust_remote_code, progress=tqdm_progress(),
+                     device_map=args.device_map, trust_remote_code=args.trust_remote_code,
+                     progress=progress or tqdm_progress(),
                      draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
                      target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on", check=check)
 

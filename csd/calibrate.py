@@ -22,16 +22,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from .events import Progress
 from .memory import CorrectionMemory
 from .pair import ModelPair
 from .rule import top_share
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, float], None]
 CALIBRATION_INSTRUCTION = "Write the following text."
 
 

@@ -13,15 +13,13 @@ import importlib.metadata as md
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from .events import Progress
 from .fileio import cache_dir
 from .pair import EMBEDDED, EmbeddedModel, ModelLoadError
-
-Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
 
 def _part_files(model: EmbeddedModel) -> list[Path]:

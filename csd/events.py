@@ -7,7 +7,12 @@ store writes it in the background, the UI may still be drawing it).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+
+# A progress callback, for the engine's long steps (loading, converting, calibrating, profiling):
+# (message, fraction done in [0, 1]). Written once here; the command line and the app pass their own.
+Progress = Callable[[str, float], None]
 
 # Status of a token decision.
 ACCEPTED = "accepted"    # draft token equal to the target's choice (kept)

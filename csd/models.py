@@ -8,13 +8,13 @@ It imports them; none of them imports it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from . import smoothing
 from .embedded import prepare_embedded
+from .events import Progress
 from .fileio import read_json
 from .lm import HFLM, LeanLM, lean_unsupported
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
@@ -22,7 +22,6 @@ from .profile import choose_target_repr
 from .quant import DTYPES, TARGET_REPRS, quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, float], None]  # (message, fraction done in [0, 1])
 
 DEFAULT_PAIR = "embedded"
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",

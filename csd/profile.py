@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 
 from .costs import CostModel
+from .events import Progress
 from .fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM, lean_unsupported
 from .quant import quantize_int8, release_memory, to_repr
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str, float], None]
 
 PASS_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)   # tokens in a target pass (a block of k - 1 + 1)
 CONTEXT = 150                                                 # cached tokens before the timed pass
