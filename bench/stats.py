@@ -1,5 +1,5 @@
-"""Small statistics for the benchmark: binomial intervals, the paired test, a bootstrap interval of a
-speed-up, the Pareto curve."""
+"""Small statistics for the benchmark: binomial intervals, the paired test, the speed-up (a ratio of
+tokens per second) with its bootstrap interval, the Pareto curve."""
 from __future__ import annotations
 
 import math
@@ -40,24 +40,33 @@ def paired_accuracy(pairs) -> dict:
             "diff": (gained - lost) / len(both) if both else None}
 
 
-def ratio_ci(pairs, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float] | None:
-    """A percentile bootstrap interval, over items, of sum(num) / sum(den) for paired (num, den) per
-    item: how far a speed-up measured on these items could move on another draw of items like them
-    (the answers, and with them the lengths and what can be copied, differ per item and method).
-    Seeded, so a report renders the same twice; None with fewer than 2 items."""
+def speedup(rows, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float | None, list | None]:
+    """The one definition of a speed-up in this project: a method's tokens per second over a
+    reference's, each summed over the same items (sum of tokens / sum of wall time), with a
+    percentile bootstrap interval over the items, i.e. how far the ratio could move on another draw
+    of items like them (answers, their lengths and what can be copied differ per item and method).
+
+    ``rows``: (tokens, wall_s, ref_tokens, ref_wall_s) per item. Returns (ratio, [lo, hi]); the
+    ratio is None where either side has no time or no tokens, the interval None with fewer than 2
+    items. Seeded, so a report renders the same twice."""
     import numpy as np
 
-    rows = np.array([(float(a), float(b)) for a, b in pairs]).reshape(-1, 2)
-    if len(rows) < 2:
-        return None
-    pick = np.random.default_rng(seed).integers(0, len(rows), size=(reps, len(rows)))
-    num, den = rows[pick, 0].sum(1), rows[pick, 1].sum(1)
-    ratios = num[den > 0] / den[den > 0]
-    if not len(ratios):
-        return None
+    a = np.array([[float(x) for x in r] for r in rows]).reshape(-1, 4)
+    tok, wall, rtok, rwall = a.sum(0) if len(a) else (0.0, 0.0, 0.0, 0.0)
+    if wall <= 0 or rwall <= 0 or rtok <= 0:
+        return None, None
+    ratio = float((tok / wall) / (rtok / rwall))
+    if len(a) < 2:
+        return ratio, None
+    pick = np.random.default_rng(seed).integers(0, len(a), size=(reps, len(a)))
+    s = a[pick].sum(1)                                  # (reps, 4): each draw's sums
+    ok = (s[:, 1] > 0) & (s[:, 3] > 0) & (s[:, 2] > 0)
+    draws = (s[ok, 0] / s[ok, 1]) / (s[ok, 2] / s[ok, 3])
+    if not len(draws):
+        return ratio, None
     tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(ratios, [tail, 100 - tail])
-    return float(lo), float(hi)
+    lo, hi = np.percentile(draws, [tail, 100 - tail])
+    return ratio, [float(lo), float(hi)]
 
 
 def pareto(counts: Counter) -> dict:

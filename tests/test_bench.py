@@ -92,9 +92,9 @@ def test_summary_speedups_and_pairing():
     ]
     s = summarize(recs, ["ar", "sd"])["a"]
     assert s["ar"]["n"] == s["sd"]["n"] == 2
-    assert s["sd"]["speedup_wall"] == pytest.approx(20.0 / 9.0)
-    # per-item tok/s ratios: (10/5)/(10/10) = 2 and (10/4)/(20/10) = 1.25
-    assert s["sd"]["speedup_tps_mean"] == pytest.approx((2 + 1.25) / 2)
+    # a speed-up is a ratio of tok/s (20 tokens in 9 s over AR's 30 in 20 s), not of summed walls (20/9)
+    assert s["sd"]["speedup_over_ar"] == pytest.approx((20 / 9) / (30 / 20))
+    assert s["ar"]["speedup_over_ar"] == pytest.approx(1.0) and "speedup_over_ar_ci95" not in s["ar"]
     assert s["sd"]["target_passes"] == 7 and s["sd"]["mean_accepted_length"] == pytest.approx(20 / 7)
     assert s["sd"]["acceptance_rate"] == pytest.approx(17 / 24)
     assert s["sd"]["accuracy"] == 1.0 and s["ar"]["accuracy"] == 0.5
@@ -108,7 +108,7 @@ def test_summary_speedups_and_pairing():
 
 def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
     from bench.results import check_targets
-    stats = {"csd": {"speedup_wall": 1.36}}
+    stats = {"csd": {"speedup_over_ar": 1.36}}
     low = check_targets(stats, bound=1.66)["csd_share_of_bound"]
     assert low["value"] == pytest.approx(1.36 / 1.66) and low["met"] is True
     assert check_targets(stats, bound=1.75)["csd_share_of_bound"]["met"] is False        # 78% of 1.75x
@@ -134,23 +134,28 @@ def test_pareto_wilson_mcnemar():
 
 def test_speedup_interval_over_items():
     from bench.results import check_targets, summarize
-    from bench.stats import ratio_ci
+    from bench.stats import speedup
 
-    steady = [(2.0 + 0.01 * (i % 3), 1.0) for i in range(20)]          # every item about 2x
-    lo, hi = ratio_ci(steady)
-    assert 1.99 < lo <= sum(a for a, _ in steady) / 20 <= hi < 2.03
-    mixed = [(3.0, 1.0), (0.5, 1.0)] * 5                               # items disagree: the interval is wide
-    lo_m, hi_m = ratio_ci(mixed)
-    assert lo_m < 1.75 < hi_m and hi_m - lo_m > 0.5
-    assert ratio_ci(mixed) == (lo_m, hi_m)                               # seeded: a report renders the same
-    assert ratio_ci([(2.0, 1.0)]) is None and ratio_ci([]) is None
-    # the summary and the goals carry it for each speed-up, from the items' wall times
+    # (tokens, wall, ref tokens, ref wall) per item: every item about 2x the reference's tok/s
+    steady = [(10, 1.0, 10 - (i % 3), 2.0 - 0.2 * (i % 3)) for i in range(20)]
+    value, (lo, hi) = speedup(steady)
+    assert value == pytest.approx((200 / 20) / (sum(r[2] for r in steady) / sum(r[3] for r in steady)))
+    assert 1.9 < lo <= value <= hi < 2.1
+    mixed = [(30, 1.0, 10, 1.0), (5, 1.0, 10, 1.0)] * 5                # items disagree: the interval is wide
+    v_m, (lo_m, hi_m) = speedup(mixed)
+    assert v_m == pytest.approx(1.75) and lo_m < 1.75 < hi_m and hi_m - lo_m > 0.5
+    assert speedup(mixed) == (v_m, [lo_m, hi_m])                        # seeded: a report renders the same
+    # tokens count, not only time: the same wall with half the tokens is half the speed
+    assert speedup([(5, 1.0, 10, 1.0), (5, 1.0, 10, 1.0)])[0] == pytest.approx(0.5)
+    assert speedup([(20, 1.0, 10, 1.0)]) == (pytest.approx(2.0), None)  # one item: no interval
+    assert speedup([]) == (None, None) and speedup([(1, 0.0, 1, 1.0)]) == (None, None)
+    # the summary and the goals carry it for each speed-up, from the items' tokens and wall times
     recs = [_rec("a", str(i), "ar", 10.0, 10, 10) for i in range(6)] + \
         [_rec("a", str(i), "csd", 5.0 + i, 10, 4, drafted=12, accepted=8, rescued=1) for i in range(6)]
     s = summarize(recs, ["ar", "csd"])["a"]
-    lo_s, hi_s = s["csd"]["speedup_wall_ci95"]
-    assert s["csd"]["speedup_wall"] == pytest.approx(60 / 45) and lo_s < 60 / 45 < hi_s
-    assert "speedup_wall_ci95" not in s["ar"]
+    lo_s, hi_s = s["csd"]["speedup_over_ar_ci95"]
+    assert s["csd"]["speedup_over_ar"] == pytest.approx(60 / 45) and lo_s < 60 / 45 < hi_s
+    assert "speedup_over_ar_ci95" not in s["ar"]
     assert check_targets(s)["csd_over_ar"]["ci95"] == [lo_s, hi_s]
 
 
@@ -249,7 +254,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     assert set(s) == {"ar", "sd", "csd", "csd[lam=0,tau=1]"}
     assert all(s[m]["n"] == 3 for m in s) and s["sd"]["identical_to_ar"] == 3     # greedy SD is lossless in fp32
     for m in ("sd", "csd", "csd[lam=0,tau=1]"):
-        assert s[m]["speedup_over_sd"] == pytest.approx(s["sd"]["wall_s"] / s[m]["wall_s"])
+        assert s[m]["speedup_over_sd"] == pytest.approx(s[m]["tokens_per_s"] / s["sd"]["tokens_per_s"])
         assert 0 <= s[m]["eos_share"] <= 1 and s[m]["accuracy_ci95"] is not None
     assert {p["method"] for p in res["frontier"]} == set(s)
     assert res["summary"]["p"]["sd"]["tokens_per_s"] > 0          # the contract scripts read
@@ -280,8 +285,9 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     pooled = json.loads((tmp_path / "pooled" / "results.json").read_text())
     ps, items = pooled["summary"]["p"], pooled["items"]
     assert pooled["status"] == "pooled" and ps["csd"]["n"] == 6 and len(pooled["meta"]["pooled_from"]) == 2
-    wall = {m: sum(it["wall_s"] for it in items if it["method"] == m) for m in ("sd", "csd")}
-    assert ps["csd"]["speedup_over_sd"] == pytest.approx(wall["sd"] / wall["csd"])
+    tps = {m: sum(it["new_tokens"] for it in items if it["method"] == m)
+           / sum(it["wall_s"] for it in items if it["method"] == m) for m in ("sd", "csd")}
+    assert ps["csd"]["speedup_over_sd"] == pytest.approx(tps["csd"] / tps["sd"])
     lo, hi = ps["csd"]["speedup_over_sd_ci95"]
     assert lo <= ps["csd"]["speedup_over_sd"] <= hi
     assert "Pooled, run 2 of 2" in (tmp_path / "pooled" / "results.md").read_text()
@@ -322,7 +328,7 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
     found = [given.best_bound()[1]] + [c["best_bound"]["speedup"] for c in checks]
     share = res["targets"]["csd_share_of_bound"]
     assert share["bound"] == pytest.approx(statistics.median(found)) and share["bound"] < found[0]
-    assert share["value"] == pytest.approx(res["summary"]["p"]["csd"]["speedup_wall"] / share["bound"])
+    assert share["value"] == pytest.approx(res["summary"]["p"]["csd"]["speedup_over_ar"] / share["bound"])
     md = (tmp_path / "a" / "results.md").read_text()
     assert md.count("re-measured beside the run") == 2 and "the median of 3 profiles" in md
 
@@ -411,13 +417,13 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
     summary = on_disk["summary"]
     assert set(summary) == {"gsm8k", "humaneval", "all"}
     allm = summary["all"]
-    assert allm["ar"]["speedup_wall"] == pytest.approx(1.0)
+    assert allm["ar"]["speedup_over_ar"] == pytest.approx(1.0)
     assert allm["ar"]["target_passes"] == allm["ar"]["new_tokens"] == sum(
         it["new_tokens"] for it in items if it["method"] == "ar")
     for m in ("sd", "csd"):   # whether speculation saves passes is measured, not asserted (it depends on the CPU)
         assert allm[m]["target_passes"] <= allm[m]["new_tokens"]
         assert allm[m]["mean_accepted_length"] == pytest.approx(allm[m]["new_tokens"] / allm[m]["target_passes"])
-        assert allm[m]["speedup_wall"] == pytest.approx(allm["ar"]["wall_s"] / allm[m]["wall_s"])
+        assert allm[m]["speedup_over_ar"] == pytest.approx(allm[m]["tokens_per_s"] / allm["ar"]["tokens_per_s"])
     md = (tmp_path / "results.md").read_text()
     for m in methods:
         assert f"| all | {m} | 4 |" in md

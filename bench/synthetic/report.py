@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..io import fmt
+from ..io import fmt, ratio
+from ..stats import speedup
 
 
 # -- one method on one prompt ---------------------------------------------------------------------------
@@ -43,11 +44,13 @@ def summarize(rs: list[Measured], ar: list[Measured]) -> dict:
     wall, tokens = sum(r.wall_s for r in rs), sum(r.new_tokens for r in rs)
     passes, drafted, decided = sum(r.target_passes for r in rs), sum(r.drafted for r in rs), sum(r.decided for r in rs)
     kept = sum(r.accepted + r.rescued for r in rs)
-    ar_wall = sum(r.wall_s for r in ar)
+    by_prompt = sorted(ar, key=lambda r: r.prompt)        # paired with AR's record of the same prompt
+    value, ci = (speedup([(r.new_tokens, r.wall_s, a.new_tokens, a.wall_s)
+                          for r, a in zip(sorted(rs, key=lambda r: r.prompt), by_prompt)]) if ar else (None, None))
     peaks = [r.peak_bytes for r in rs if r.peak_bytes is not None]
     return {
         "n": len(rs), "new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
-        "speedup_wall": ar_wall / wall if wall > 0 and ar else None,
+        "speedup_over_ar": value, "speedup_over_ar_ci95": None if rs and rs[0].method == "ar" else ci,
         "target_passes": passes, "mean_accepted_length": tokens / passes if passes else None,
         "draft_passes": sum(r.draft_passes for r in rs), "drafted": drafted, "decided": decided,
         "accepted": sum(r.accepted for r in rs), "rescued": sum(r.rescued for r in rs),
@@ -85,12 +88,12 @@ def render_markdown(res: dict) -> str:
              f"({models['target_repr']}); torch {meta['machine']['torch']}, {meta['machine']['torch_threads']} threads; "
              f"{cfg['prompts']} prompts of {cfg['prompt_tokens']} tokens x {cfg['max_new_tokens']} new tokens; "
              f"gamma {cfg['gamma']}; requested acceptance {cfg['acceptance']:.2f}", "",
-             "| method | tokens/s | vs AR | target passes | tokens/pass | acceptance | kept/drafted | rescued "
+             "| method | tokens/s | x AR (tok/s, 95% interval over prompts) | target passes | tokens/pass | acceptance | kept/drafted | rescued "
              "| syncs/block | fixed point | peak memory (MiB) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, s in stats.items():
         peak = s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] else res["peak_memory"]["mib"]
-        lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f', none='-')} | {fmt(s['speedup_wall'], none='-')}x "
+        lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f', none='-')} | {ratio(s, 'speedup_over_ar', none='-')} "
                      f"| {s['target_passes']} | {fmt(s['mean_accepted_length'], none='-')} "
                      f"| {fmt(s['acceptance'], none='-')} | {fmt(s['acceptance_rate'], none='-')} "
                      f"| {s['rescued'] if m != 'ar' else '-'} | {fmt(s['syncs_per_block'], none='-')} "

@@ -1,0 +1,135 @@
+"""The speed tables of the README (and of any page that marks them), re-derived from the committed
+``results.json`` files by the current code, so that a table cannot drift from its measurement.
+
+A table is marked in Markdown as::
+
+    <!-- figures: docs/bench/epyc-defaults24-smoothed -->
+    | method | tok/s | x AR | ...
+    <!-- /figures -->
+
+(a path relative to the repository root; an optional ``methods=ar,sd,csd`` picks and orders the rows,
+``dataset=gsm8k`` another dataset than all items). Between the markers stands exactly what ``table``
+renders: the benchmark's own summary (``bench.results.resummarize``) or the synthetic benchmark's
+(``bench.synthetic.report.summarize``), every speed-up a ratio of tok/s with its 95% bootstrap interval
+over the items (``bench.stats.speedup``), the one definition the reports use too.
+
+``python -m bench.figures check README.md docs/*.md``: exit 1 and the differing tables when a figure
+differs (``tests/test_figures.py`` runs it for CI); ``python -m bench.figures write FILE...`` rewrites
+the marked tables in place.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from .io import fmt, pct, ratio
+from .methods import HF_ASSISTED
+from .results import ResultsError, load_results, overall, resummarize
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = re.compile(r"<!-- figures: (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+
+
+def _synthetic_stats(results: dict) -> dict:
+    """A synthetic run's per-method figures again, from its stored records."""
+    from .synthetic.report import Measured, summarize
+
+    names = Measured.__dataclass_fields__
+    records = [Measured(**{k: v for k, v in it.items() if k in names}) for it in results.get("items") or []]
+    if not records:
+        raise ResultsError("a synthetic run without stored items cannot be re-derived")
+    ar = [r for r in records if r.method == "ar"]
+    return {m: summarize([r for r in records if r.method == m], ar) for m in dict.fromkeys(r.method for r in records)}
+
+
+def table(run: Path, methods: list[str] | None = None, dataset: str | None = None) -> str:
+    """The Markdown table of one committed run: a row per method, tok/s and every speed-up with its
+    interval, then passes per token and acceptance (a benchmark run), or tokens per target pass and
+    host syncs per block (a synthetic one)."""
+    f = run / "results.json" if run.is_dir() else run
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ResultsError(f"{f}: cannot be read ({e})") from None
+    if isinstance(raw, dict) and raw.get("kind") == "synthetic":
+        stats = _synthetic_stats(raw)
+        rows = methods or list(stats)
+        syncs = raw.get("syncs") or {}          # counted by CUDA's sync debug mode on one prompt, where it ran
+        lines = ["| method | tok/s | x AR | tokens / target pass | syncs / block |", "|---|---:|---:|---:|---:|"]
+        for m in rows:
+            s = stats[m]
+            per_block = (syncs.get(m) or {}).get("cuda_syncs_per_block", s["syncs_per_block"])
+            lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f')} | {ratio(s, 'speedup_over_ar')} "
+                         f"| {fmt(s['mean_accepted_length'])} | {fmt(per_block)} |")
+        return "\n".join(lines) + "\n"
+    summary = resummarize(load_results(run))["summary"]
+    stats = summary[dataset] if dataset else overall(summary)
+    rows = methods or list(stats)
+    missing = [m for m in rows if m not in stats]
+    if missing:
+        raise ResultsError(f"{run}: no method {', '.join(missing)} in this run (it has {', '.join(stats)})")
+    refs = [(key, label) for key, ref, label in (("speedup_over_ar", "ar", "x AR"), ("speedup_over_sd", "sd", "x SD"),
+                                                 ("speedup_over_hf", HF_ASSISTED, "x hf-assisted")) if ref in stats]
+    n = stats[rows[0]]["n"]
+    head = [f"method ({n} items)", "tok/s"] + [label for _, label in refs] + ["passes / token", "acceptance"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for m in rows:
+        s = stats[m]
+        cells = [m, fmt(s["tokens_per_s"])] + [ratio(s, key) for key, _ in refs] + [
+            fmt(s.get("target_passes_per_token"), ".3f"), pct(s.get("acceptance_rate"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _parse(args: str) -> tuple[Path, list[str] | None, str | None]:
+    run, *opts = args.split()
+    kw = dict(o.split("=", 1) for o in opts)
+    unknown = set(kw) - {"methods", "dataset"}
+    if unknown:
+        raise ResultsError(f"figures marker {args!r}: unknown option {', '.join(sorted(unknown))} "
+                           "(methods=a,b or dataset=name)")
+    methods = kw["methods"].split(",") if "methods" in kw else None
+    return ROOT / run, methods, kw.get("dataset")
+
+
+def derive(text: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """``text`` with every marked table rendered again, and the (run, stored, derived) of each that differs."""
+    differing = []
+
+    def one(m: re.Match) -> str:
+        body = table(*_parse(m["args"]))
+        if body != m["body"]:
+            differing.append((m["args"], m["body"], body))
+        return f"<!-- figures: {m['args']} -->\n{body}<!-- /figures -->"
+
+    return MARK.sub(one, text), differing
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.figures", description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["check", "write"], help="check: fail on a differing table; write: rewrite them")
+    ap.add_argument("files", nargs="+", type=Path, help="Markdown files with marked tables")
+    a = ap.parse_args(argv)
+    bad = 0
+    for f in a.files:
+        try:
+            new, differing = derive(f.read_text(encoding="utf-8"))
+        except (ResultsError, OSError, KeyError) as e:
+            print(f"{f}: {e}", file=sys.stderr)
+            return 2
+        if a.mode == "write" and differing:
+            f.write_text(new, encoding="utf-8")
+            print(f"{f}: rewrote {len(differing)} table(s)")
+        elif differing:
+            bad += len(differing)
+            for run, stored, derived in differing:
+                print(f"{f}: the table of {run} differs from its results.json\n--- stored\n{stored}+++ derived\n{derived}",
+                      file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
