@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from csd.config import METHODS, PARAM_METHOD, RIVAL_PARAMS, ConfigError, CSDConfig, parse_gamma
+from csd.config import METHODS, PARAM_METHOD, PRESETS, RIVAL_PARAMS, ConfigError, CSDConfig, parse_gamma
 
 HF_ASSISTED = "hf-assisted"
 HF_FIXED = "hf-assisted-fixed"
 HF_METHODS = (HF_ASSISTED, HF_FIXED)
-BENCH_METHODS = METHODS + HF_METHODS
+CSD_PAPER = "csd-paper"         # the paper's CSD (csd.config.PRESETS["paper"]): gamma 6, no copies
+BENCH_METHODS = METHODS + (CSD_PAPER,) + HF_METHODS
 DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED, HF_FIXED)
 
 
@@ -98,6 +99,8 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
             out.append(Method(m, replace(plain, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
         elif m == "ar":
             out.append(Method(m, replace(plain, method="ar")))
+        elif m == CSD_PAPER:
+            out.append(Method(m, replace(base, **PRESETS["paper"])))
         else:
             out.append(Method(m, replace(base, method=m)))
     for setting in parse_sweep(sweep):

@@ -38,6 +38,7 @@ log = logging.getLogger("cli")
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # what was typed (a preset refuses its flags)
     logging.basicConfig(level=os.environ.get("CSD_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     from csd.pair import ModelLoadError

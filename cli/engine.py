@@ -6,9 +6,20 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHOD_HELP, METHODS, CSDConfig, default_lookup, parse_gamma
+from csd.config import (
+    DEFAULT_LOOKUP,
+    GAMMA_AUTO,
+    METHOD_HELP,
+    METHODS,
+    PRESETS,
+    ConfigError,
+    CSDConfig,
+    default_lookup,
+    parse_gamma,
+)
 
 from .common import (
     add_model_args,
@@ -104,6 +115,23 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
                    help=f"the shortest run of recent tokens that must have occurred before for --lookup to copy what "
                         f"followed it (1..4, default {d.lookup_ngram})")
+    paper = PRESETS["paper"]
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                   help=f"paper: the paper's CSD (gamma {paper['gamma']}, lambda {paper['lam']:g}, tau {paper['tau']:g}, "
+                        "no copies, no adaptive block); it sets those four and refuses them as flags beside it")
+
+
+def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
+    """``cfg`` with a preset's settings; a flag that the preset sets, typed beside it, is refused (which
+    of the two was meant cannot be known)."""
+    preset = PRESETS[name]
+    flags = {"--" + k.replace("_", "-") for k in preset if k not in ("method", "gamma_min")}
+    clash = sorted({t.split("=", 1)[0] for t in typed} & flags)
+    if clash:
+        raise ConfigError(f"--preset {name} sets {', '.join(sorted(flags))}; drop {', '.join(clash)} or the preset")
+    if cfg.method != preset["method"]:
+        raise ConfigError(f"--preset {name} is {preset['method']}'s; it cannot run with --method {cfg.method}")
+    return replace(cfg, **preset).validated()
 
 
 def cmd_generate(args) -> int:
@@ -115,6 +143,8 @@ def cmd_generate(args) -> int:
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
                     lookup=default_lookup(args.method) if args.lookup is None else args.lookup,
                     lookup_ngram=args.lookup_ngram, **rival_values(args)).validated()
+    if getattr(args, "preset", None):
+        cfg = apply_preset(cfg, args.preset, getattr(args, "argv", []))
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     store = open_store(args)

@@ -43,6 +43,12 @@ GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamm
 DEFAULT_LOOKUP = 16
 
 
+# The paper's CSD as it reports it: the fixed block of 6, lambda 6, tau 0.01, no copies from the context,
+# no adaptive draft length. ``--preset paper`` on the command line, the column ``csd-paper`` in the
+# benchmark: the paper's method beside this project's defaults (gamma auto, copies on).
+PRESETS = {"paper": {"method": "csd", "gamma": 6, "gamma_min": 0, "lam": 6.0, "tau": 0.01, "lookup": 0}}
+
+
 def default_lookup(method: str) -> int:
     """The product's copy length for ``method``: copies are verified like draft tokens, so ar has none."""
     return 0 if method == "ar" else DEFAULT_LOOKUP

@@ -95,3 +95,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "real_pair" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Loading a model or opening the store fails the test: bad input must be refused before either."""
+    import cli.bench
+    import cli.engine
+
+    def refuse(*a, **k):
+        raise AssertionError("a model or the store was reached")
+    for module in (cli.engine, cli.bench):
+        monkeypatch.setattr(module, "load_from_args", refuse)
+        monkeypatch.setattr(module, "open_store", refuse)

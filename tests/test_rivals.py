@@ -353,19 +353,6 @@ def test_score_all_logs_every_rules_inputs_on_a_csd_run(loose_pair):
 
 
 # -- the command line and the benchmark (parsing only: no model is loaded) ----------------------------
-@pytest.fixture
-def no_models(monkeypatch):
-    """Loading a model or opening the store fails the test: bad input must be refused before either."""
-    import cli.bench
-    import cli.engine
-
-    def refuse(*a, **k):
-        raise AssertionError("a model or the store was reached")
-    for module in (cli.engine, cli.bench):
-        monkeypatch.setattr(module, "load_from_args", refuse)
-        monkeypatch.setattr(module, "open_store", refuse)
-
-
 def test_generate_help_lists_the_rivals_and_their_options(capsys):
     import cli
     with pytest.raises(SystemExit):
