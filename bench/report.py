@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .alarms import alarm_lines
 from .io import fmt, pct, ratio, write_json
 from .results import ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
 
@@ -172,6 +173,7 @@ def render_markdown(results: dict) -> str:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
                           f"({pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
                           f"copied tokens and kept {st['lookup_kept']} ({pct(st.get('lookup_acceptance'), 0)})."]
+    lines += alarm_lines(results, overall(summary))
     lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):

@@ -172,6 +172,7 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
         "rescued": rescued, "divergences": div,
         "rescues_per_divergence": rescued / div if div else None,
         "eos_share": sum(r.stopped_by == "eos" for r in rs) / n if n else None,
+        "cap_share": sum(r.stopped_by == "max_new_tokens" for r in rs) / n if n else None,
         "n_graded": len(graded), "n_correct": n_correct,
         "accuracy": n_correct / len(graded) if graded else None,
         "accuracy_ci95": list(ci) if ci else None,
@@ -198,6 +199,8 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
                 s[key + "_ci95"] = ci
     if rows and "ar" in rows[0]:
         s["accuracy_vs_ar"] = _paired(rows, m, "ar")
+        ar_tokens = sum(row["ar"].new_tokens for row in rows)      # longer or shorter answers than AR's
+        s["length_vs_ar"] = tokens / ar_tokens if ar_tokens else None
     s["accuracy_vs_sd"] = _paired(rows, m, "sd")
     if rows and "sd" in rows[0] and tp is not None:
         sd_tp = sum(row["sd"].target_passes for row in rows)
