@@ -12,7 +12,6 @@ import os
 import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing can be fetched here; fail fast and clearly
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from csd.config import ConfigError  # noqa: E402

@@ -56,7 +56,36 @@ def _resolve_source(name: str, role: str, progress: Progress | None) -> tuple[st
     p = Path(name).expanduser()
     if p.exists():
         return str(p), p.name
-    return name, name
+    return str(hub_snapshot(name, role, progress)), name
+
+
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]   # weights, config, tokenizer
+
+
+def hub_snapshot(repo_id: str, role: str, progress: Progress | None = None) -> Path:
+    """A Hugging Face hub model as a local directory: from the hub's cache, else downloaded when the
+    machine is online (``HF_HUB_OFFLINE`` unset). ModelLoadError says which of the two failed."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True))
+    except HFValidationError as e:
+        raise ModelLoadError(f"cannot load {role} model {repo_id!r}: not a local directory nor a hub id "
+                             f"({str(e).splitlines()[0]})") from None
+    except Exception:      # not in the cache (the hub's own error types vary by version)
+        pass
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+    if HF_HUB_OFFLINE:
+        raise ModelLoadError(f"cannot load {role} model {repo_id!r}: not a local directory and not in the hub "
+                             "cache, and HF_HUB_OFFLINE is set (unset it on a machine with a network to download)")
+    if progress:
+        progress(f"downloading {role} {repo_id} from the Hugging Face hub", 0.0)
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as e:      # no network, no such repository, a gated one: the hub's message says which
+        raise ModelLoadError(f"cannot load {role} model {repo_id!r}: not a local directory, not in the hub cache, "
+                             f"and the download failed ({type(e).__name__}: {str(e).splitlines()[0]})") from None
 
 
 def context_limit(config) -> int:
