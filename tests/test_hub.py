@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tiny_model
 
+from conftest import tiny_model
 from csd.models import load_pair
 from csd.pair import ModelLoadError
 
