@@ -59,7 +59,8 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     cfg = method.cfg
     if method.hf is not None:
         fixed = cfg.gamma if method.hf == "fixed" and cfg.gamma != "auto" else (6 if method.hf == "fixed" else None)
-        ids, wall, tp, dp = generate_hf(pair, prompt_ids, cfg.max_new_tokens, fixed_gamma=fixed)
+        ids, wall, tp, dp = generate_hf(pair, prompt_ids, cfg.max_new_tokens, fixed_gamma=fixed,
+                                        assisted=method.hf != "generate")
         text = pair.tokenizer.decode(ids, skip_special_tokens=True)
         stopped = "eos" if ids and ids[-1] in pair.eos_ids else "max_new_tokens"
         return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, text=text,
@@ -80,10 +81,11 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
                           "lookup_kept": mt.lookup_kept} if cfg.lookup else {})), run
 
 
-def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None
-                ) -> tuple[list[int], float, int, int]:
+def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,
+                assisted: bool = True) -> tuple[list[int], float, int, int]:
     """transformers' assisted generation (greedy) on the same loaded models: at its own defaults,
-    or with ``fixed_gamma`` draft tokens per round (constant schedule, confidence threshold off).
+    or with ``fixed_gamma`` draft tokens per round (constant schedule, confidence threshold off);
+    ``assisted=False``: its plain greedy generate on the target alone (our AR's like-for-like rival).
     Target and draft forward passes are counted by hooks."""
     import torch
 
@@ -97,25 +99,27 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     x = torch.tensor([prompt_ids], dtype=torch.long, device=pair.target.device)
     pad = pair.tokenizer.pad_token_id
     pad = pad if pad is not None else pair.eos_ids[0]
-    gc = pair.draft.generation_config
+    gc = pair.draft.generation_config if assisted else pair.target.generation_config
     saved = {k: getattr(gc, k, None) for k in ("num_assistant_tokens", "num_assistant_tokens_schedule",
                                                 "assistant_confidence_threshold")}
-    if fixed_gamma is not None:
+    if fixed_gamma is not None and assisted:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
         gc.assistant_confidence_threshold = 0.0
-    hooks = [pair.target.register_forward_hook(counter("target")),
-             pair.draft.register_forward_hook(counter("draft"))]
+    hooks = [pair.target.register_forward_hook(counter("target"))]
+    if assisted:
+        hooks.append(pair.draft.register_forward_hook(counter("draft")))
     try:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = pair.target.generate(input_ids=x, attention_mask=torch.ones_like(x), assistant_model=pair.draft,
+            out = pair.target.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                       **({"assistant_model": pair.draft} if assisted else {}),
                                        do_sample=False, max_new_tokens=max_new_tokens,
                                        eos_token_id=list(pair.eos_ids), pad_token_id=pad)
         wall = time.perf_counter() - t0
     finally:
         for h in hooks:
             h.remove()
-        if fixed_gamma is not None:        # the defaults' own state (its heuristic schedule) is left as it was
+        if fixed_gamma is not None and assisted:   # the defaults' own state (its heuristic schedule) is left as it was
             for k, v in saved.items():
                 setattr(gc, k, v)
     new = out[0, len(prompt_ids):].tolist()
@@ -192,7 +196,7 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
 
     datasets = config.datasets()
     cols = config.columns()
-    if pair.draft is None and any(m.cfg.uses_draft or m.hf for m in cols):
+    if pair.draft is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
     items = interleaved_items(datasets, config.limit, config.seed)
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}

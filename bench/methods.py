@@ -11,7 +11,9 @@ from csd.config import METHODS, PARAM_METHOD, PRESETS, RIVAL_PARAMS, ConfigError
 
 HF_ASSISTED = "hf-assisted"
 HF_FIXED = "hf-assisted-fixed"
-HF_METHODS = (HF_ASSISTED, HF_FIXED)
+HF_AR = "hf-ar"                 # transformers' own generate on the target alone: AR on transformers' engine
+HF_METHODS = (HF_ASSISTED, HF_FIXED, HF_AR)
+HF_KIND = {HF_ASSISTED: "defaults", HF_FIXED: "fixed", HF_AR: "generate"}
 CSD_PAPER = "csd-paper"         # the paper's CSD (csd.config.PRESETS["paper"]): gamma 6, no copies
 BENCH_METHODS = METHODS + (CSD_PAPER,) + HF_METHODS
 DEFAULT_METHODS = ("ar", "sd", "csd", HF_ASSISTED, HF_FIXED)
@@ -22,7 +24,7 @@ class Method:
     """One column of the benchmark: an engine configuration, or transformers' assisted generation."""
     name: str
     cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
-    hf: str | None = None           # None, "defaults" or "fixed"
+    hf: str | None = None           # None (this project's engine), "defaults", "fixed" or "generate" (HF_KIND)
 
     @property
     def reads_memory(self) -> bool:
@@ -96,7 +98,7 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
         if m not in BENCH_METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
         if m in HF_METHODS:
-            out.append(Method(m, replace(plain, method="ar"), "defaults" if m == HF_ASSISTED else "fixed"))
+            out.append(Method(m, replace(plain, method="ar"), HF_KIND[m]))
         elif m == "ar":
             out.append(Method(m, replace(plain, method="ar")))
         elif m == CSD_PAPER:

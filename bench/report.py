@@ -16,6 +16,7 @@ from pathlib import Path
 from .alarms import alarm_lines
 from .io import fmt, pct, ratio, write_json
 from .results import ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
+from .waterfall import waterfall_lines
 
 
 def _copies(lookup) -> str:
@@ -28,6 +29,13 @@ def _impl(models: dict) -> str:
     they were recorded had none)."""
     path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
     return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
+
+
+def _engines(cfg: dict) -> str:
+    """Which rows run on transformers' own generate (the rest run on this project's engine)."""
+    hf = [m for m, st in (cfg.get("settings") or {}).items() if st.get("hf")]
+    return (f"Rows on transformers' generate, on the same pair, representation and prompts: {', '.join(hf)}; "
+            "every other row runs on this project's engine." if hf else "Every row runs on this project's engine.")
 
 
 def _acc(s: dict) -> str:
@@ -113,7 +121,8 @@ def render_markdown(results: dict) -> str:
             lines.append(f"  - re-measured beside the run ({c.get('measured_at', '')}): {_profile_figures(c, 'bound')}")
     lines += [
         "- Speed-up (× AR, × SD, × hf): the ratio of tokens per second (summed tokens / summed wall time on "
-        "the same items), with its 95% bootstrap interval over the items in brackets. Passes/token: target passes per generated "
+        "the same items), with its 95% bootstrap interval over the items in brackets. "
+        f"{_engines(cfg)} Passes/token: target passes per generated "
         "token. Acc. vs SD: items gained / lost against SD on the same items, exact McNemar p. Accuracy: "
         "graded items with a 95% Wilson interval.", "",
         "| Dataset | Method | N | tok/s | × AR | × SD | × hf | Passes/token | Mean acc. len | Acceptance "
@@ -173,6 +182,7 @@ def render_markdown(results: dict) -> str:
             lines += ["", f"Copies from the context in `{m}`: {st['lookup_blocks']} target passes "
                           f"({pct(st.get('lookup_pass_share'), 0)} of its passes) verified {st['lookup_drafted']} "
                           f"copied tokens and kept {st['lookup_kept']} ({pct(st.get('lookup_acceptance'), 0)})."]
+    lines += waterfall_lines(results)
     lines += alarm_lines(results, overall(summary))
     lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():

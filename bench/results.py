@@ -18,7 +18,7 @@ from pathlib import Path
 
 from csd.events import common_prefix
 
-from .methods import HF_ASSISTED, HF_FIXED
+from .methods import HF_AR, HF_ASSISTED, HF_FIXED
 from .stats import paired_accuracy, pareto, speedup, wilson
 
 # The figures the issues ask for, checked over the mix of all datasets.
@@ -190,7 +190,7 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
                  lookup_pass_share=blocks / tp if tp else None,
                  lookup_acceptance=copies_kept / proposed if proposed else None)
     for ref, key in (("ar", "speedup_over_ar"), ("sd", "speedup_over_sd"), (HF_ASSISTED, "speedup_over_hf"),
-                     (HF_FIXED, "speedup_over_hf_fixed")):
+                     (HF_FIXED, "speedup_over_hf_fixed"), (HF_AR, "speedup_over_hf_ar")):
         if rows and ref in rows[0]:     # a ratio of tok/s on the same items, with its interval over them
             value, ci = speedup((row[m].new_tokens, row[m].wall_s, row[ref].new_tokens, row[ref].wall_s)
                                 for row in rows)

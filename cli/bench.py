@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.datasets import BUILTIN, validate_datasets
 from bench.harness import MEMORY_MODES, BenchConfig, run_bench
 from bench.io import command_line
-from bench.methods import BENCH_METHODS, DEFAULT_METHODS, parse_sweep, validate_methods
+from bench.methods import BENCH_METHODS, DEFAULT_METHODS, HF_AR, parse_sweep, validate_methods
 from bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, PARAM_METHOD, CSDConfig, parse_gamma
 
@@ -91,7 +91,7 @@ def cmd_bench(args) -> int:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
     config = bench_config(args, methods)
     config.columns()              # every column's parameters checked before any model loads
-    pair = load_from_args(args, need_draft=any(m != "ar" for m in methods) or bool(args.sweep))
+    pair = load_from_args(args, need_draft=any(m not in ("ar", HF_AR) for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
     try:
         store = open_store(args)

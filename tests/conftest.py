@@ -108,3 +108,16 @@ def no_models(monkeypatch):
     for module in (cli.engine, cli.bench):
         monkeypatch.setattr(module, "load_from_args", refuse)
         monkeypatch.setattr(module, "open_store", refuse)
+
+
+def tiny_bench_pair(tokenizer):
+    """The benchmark's tiny pair: a tiny float32 target, its perturbed copy as the draft, prompts encoded
+    into the 32 token ids the tiny models know, EOS 7."""
+    from csd.pair import ModelPair
+
+    class TinyPair(ModelPair):
+        def encode_prompt(self, prompt, chat=True):
+            return [ord(c) % 32 for c in prompt] or [1]
+
+    target = tiny_model(2)
+    return TinyPair(**vars(make_pair(tokenizer, target, perturbed(target, 0.05), eos=(7,))))

@@ -230,16 +230,9 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     """The whole harness, fast: a tiny target, its perturbed copy as the draft, a prompt file, a
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
     from bench.harness import BenchConfig, run_bench
-    from conftest import tiny_model
-    from csd.pair import ModelPair
-    from test_engine_tiny import make_pair, perturbed
+    from conftest import tiny_bench_pair
 
-    class TinyPair(ModelPair):
-        def encode_prompt(self, prompt, chat=True):     # the tiny models know 32 token ids
-            return [ord(c) % 32 for c in prompt] or [1]
-
-    target = tiny_model(2)
-    pair = TinyPair(**vars(make_pair(qwen_tokenizer, target, perturbed(target, 0.05), eos=(7,))))
+    pair = tiny_bench_pair(qwen_tokenizer)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(3)))
     res = run_bench(pair, BenchConfig(str(prompts), None, "ar,sd,csd", 16, tmp_path / "out",

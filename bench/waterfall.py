@@ -1,0 +1,78 @@
+"""A run's speed waterfall: what each layer of the stack buys, in tok/s, step by step.
+
+transformers' generate -> our AR (the engine) -> SD without copies (speculation) -> SD with copies
+from the context (the copier) -> CSD with copies (the rule). Each step's factor is the ratio of its
+tok/s over the step before it on the same items (``bench.stats.speedup``, with its interval), so the
+rule's own share is not mixed with the engine's or the copier's. A step whose column the run lacks is
+left out, and the next step is measured against the last one present.
+
+The columns: ``hf-ar``, ``ar``, then sd/csd with and without copies, whichever way the run named them
+(``--lookup 0`` with ``--sweep "method=sd,lookup=16;lookup=16"``, or ``--lookup 16`` with
+``--sweep "method=sd,lookup=0"``), read from the run's recorded settings."""
+from __future__ import annotations
+
+from .io import ratio
+from .stats import speedup
+
+STEPS = (("transformers' generate (AR)", "hf-ar", None), ("our engine (AR)", "ar", None),
+         ("speculation (SD, no copies)", "sd", False), ("copies from the context (SD + copies)", "sd", True),
+         ("the rule (CSD + copies)", "csd", True))
+
+
+def columns(results: dict) -> list[tuple[str, str]]:
+    """(step, column) for each step the run has, in the waterfall's order."""
+    settings = (results.get("meta") or {}).get("config", {}).get("settings") or {}
+    out = []
+    for step, method, copies in STEPS:
+        for name, s in settings.items():
+            plain = s.get("method") == method and not s.get("hf") and _plain(name)
+            if method == "hf-ar" and s.get("hf") == "generate" or method == "ar" and plain or (
+                    plain and copies is not None and bool(s.get("lookup")) == copies):
+                out.append((step, name))
+                break
+    return out
+
+
+def _plain(name: str) -> bool:
+    """A column that differs from its method at most in its copies (not csd[lam=3] or sd[gamma=2])."""
+    if "[" not in name:
+        return True
+    inside = name[name.index("[") + 1:].rstrip("]").split(",")
+    return all(p.split("=")[0] in ("lookup", "lookup_ngram") for p in inside)
+
+
+def waterfall(results: dict) -> list[dict]:
+    """Each step present: its column, tok/s, and its factor over the step before (with the interval)."""
+    by_item: dict[tuple, dict] = {}
+    for it in results.get("items") or []:
+        by_item.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
+    steps = columns(results)
+    names = [c for _, c in steps]
+    rows = [v for v in by_item.values() if all(c in v for c in names)]
+    out, prev = [], None
+    for step, col in steps:
+        tok = sum(r[col]["new_tokens"] for r in rows)
+        wall = sum(r[col]["wall_s"] for r in rows)
+        f, ci = (speedup((r[col]["new_tokens"], r[col]["wall_s"], r[prev]["new_tokens"], r[prev]["wall_s"])
+                         for r in rows) if prev else (None, None))
+        out.append({"step": step, "column": col, "n": len(rows), "tokens_per_s": tok / wall if wall else None,
+                    "factor": f, "factor_ci95": ci, "over": prev})
+        prev = col
+    return out
+
+
+def waterfall_lines(results: dict) -> list[str]:
+    """The report's waterfall section (empty where the run has fewer than two of its steps)."""
+    steps = waterfall(results)
+    if len(steps) < 2:
+        return []
+    lines = ["", f"## Speed waterfall ({steps[0]['n']} items every step finished)", "",
+             "Each step's factor is its tok/s over the step above it, on the same items (95% interval over the "
+             "items). Rows on transformers' engine: `hf-ar`; every other row runs on this project's engine.", "",
+             "| Step | Column | tok/s | Factor over the step above |", "|---|---|---:|---:|"]
+    for s in steps:
+        factor = "–" if s["over"] is None else f"{ratio({'f': s['factor'], 'f_ci95': s['factor_ci95']}, 'f')} " \
+                                               f"over `{s['over']}`"
+        tps = "–" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.2f}"
+        lines.append(f"| {s['step']} | `{s['column']}` | {tps} | {factor} |")
+    return lines
