@@ -8,7 +8,10 @@ A table is marked in Markdown as::
     <!-- /figures -->
 
 (a path relative to the repository root; an optional ``methods=ar,sd,csd`` picks and orders the rows,
-``dataset=gsm8k`` another dataset than all items). Between the markers stands exactly what ``table``
+``dataset=gsm8k`` another dataset than all items, ``columns=rescued,humaneval:sd`` more columns for
+a benchmark run: a name of ``EXTRA`` (rescued, accuracy, vs_sd, eos, copies, same_ar, same_sd) or
+``DATASET:METHOD``, the speed-up over any method of the run on that dataset's items, ``all:METHOD`` on
+all of them). Between the markers stands exactly what ``table``
 renders: the benchmark's own summary (``bench.results.resummarize``) or the synthetic benchmark's
 (``bench.synthetic.report.summarize``), every speed-up a ratio of tok/s with its 95% bootstrap interval
 over the items (``bench.stats.speedup``), the one definition the reports use too.
@@ -25,12 +28,55 @@ import re
 import sys
 from pathlib import Path
 
-from .io import fmt, pct, ratio
+from .io import DASH, fmt, pct, ratio
 from .methods import HF_ASSISTED
-from .results import ResultsError, load_results, overall, resummarize
+from .report import _acc, _vs
+from .results import ResultsError, overall, resummarize
+from .stats import speedup
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = re.compile(r"<!-- figures: (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+LIST = re.compile(r",(?![^\[]*\])")                  # a comma outside brackets: csd[lookup=16,lookup_ngram=2] is one name
+
+
+def _rescued(m: str, s: dict) -> str:
+    if not m.startswith("csd") or s.get("rescued") is None:
+        return DASH
+    return f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else f"{s['rescued']}"
+
+
+def _same(ref: str):
+    return lambda m, s: DASH if m == ref or s.get(f"identical_to_{ref}") is None else f"{s[f'identical_to_{ref}']} of {s['n']}"
+
+
+EXTRA = {   # columns=NAME: (header, cell from the method and its figures)
+    "rescued": ("rescued (per divergence)", _rescued),
+    "accuracy": ("accuracy (graded) [95% CI]", lambda m, s: _acc(s)),
+    "vs_sd": ("vs SD: gained / lost (exact McNemar p)", lambda m, s: _vs(s.get("accuracy_vs_sd"))),
+    "eos": ("ended by EOS", lambda m, s: pct(s.get("eos_share"), 0)),
+    "copies": ("copy passes, copies per copy pass, kept", lambda m, s: DASH if not s.get("lookup_blocks") else
+               f"{pct(s['lookup_pass_share'], 0)}, {s['lookup_drafted'] / s['lookup_blocks']:.1f}, {pct(s['lookup_acceptance'], 0)}"),
+    "same_ar": ("same answer as AR", _same("ar")),
+    "same_sd": ("same answer as SD", _same("sd")),
+}
+
+
+def _over(results: dict, names: list[str], dataset: str, ref: str) -> tuple[str, dict]:
+    """The column DATASET:REF: each method's speed-up over REF on the items of DATASET ("all": every item)
+    that every method finished, as ``bench.results.summarize`` computes it (``bench.stats.speedup``)."""
+    if ref not in names:
+        raise ResultsError(f"columns: no method {ref} in this run (it has {', '.join(names)})")
+    by: dict[tuple, dict] = {}
+    for it in results["items"]:
+        by.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
+    rows = [v for k, v in by.items() if all(n in v for n in names) and dataset in ("all", k[0])]
+    if not rows:
+        raise ResultsError(f"columns: no item of dataset {dataset} that every method finished")
+    cells = {m: speedup([(r[m]["new_tokens"], r[m]["wall_s"], r[ref]["new_tokens"], r[ref]["wall_s"]) for r in rows])
+             for m in names}
+    cells = {m: ratio({"x": v, "x_ci95": None if m == ref else ci}, "x") for m, (v, ci) in cells.items()}
+    label = "x " + {"ar": "AR", "sd": "SD"}.get(ref, ref)
+    return (label if dataset == "all" else f"{dataset} ({len(rows)}): {label}"), cells
 
 
 def _synthetic_stats(results: dict) -> dict:
@@ -45,16 +91,19 @@ def _synthetic_stats(results: dict) -> dict:
     return {m: summarize([r for r in records if r.method == m], ar) for m in dict.fromkeys(r.method for r in records)}
 
 
-def table(run: Path, methods: list[str] | None = None, dataset: str | None = None) -> str:
+def table(run: Path, methods: list[str] | None = None, dataset: str | None = None,
+          columns: list[str] | None = None) -> str:
     """The Markdown table of one committed run: a row per method, tok/s and every speed-up with its
-    interval, then passes per token and acceptance (a benchmark run), or tokens per target pass and
-    host syncs per block (a synthetic one)."""
+    interval, then passes per token and acceptance and any ``columns`` (a benchmark run), or tokens per
+    target pass and host syncs per block (a synthetic one)."""
     f = run / "results.json" if run.is_dir() else run
     try:
         raw = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ResultsError(f"{f}: cannot be read ({e})") from None
     if isinstance(raw, dict) and raw.get("kind") == "synthetic":
+        if columns:
+            raise ResultsError(f"{f}: columns= applies to a benchmark run, not a synthetic one")
         stats = _synthetic_stats(raw)
         rows = methods or list(stats)
         syncs = raw.get("syncs") or {}          # counted by CUDA's sync debug mode on one prompt, where it ran
@@ -65,7 +114,10 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
             lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f')} | {ratio(s, 'speedup_over_ar')} "
                          f"| {fmt(s['mean_accepted_length'])} | {fmt(per_block)} |")
         return "\n".join(lines) + "\n"
-    summary = resummarize(load_results(run))["summary"]
+    if not isinstance(raw, dict) or "items" not in raw:     # (a run of the earlier engine has no frontier: fine here)
+        raise ResultsError(f"{f}: not a benchmark results.json (no items)")
+    results = resummarize(raw)
+    summary = results["summary"]
     stats = summary[dataset] if dataset else overall(summary)
     rows = methods or list(stats)
     missing = [m for m in rows if m not in stats]
@@ -74,25 +126,34 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
     refs = [(key, label) for key, ref, label in (("speedup_over_ar", "ar", "x AR"), ("speedup_over_sd", "sd", "x SD"),
                                                  ("speedup_over_hf", HF_ASSISTED, "x hf-assisted")) if ref in stats]
     n = stats[rows[0]]["n"]
-    head = [f"method ({n} items)", "tok/s"] + [label for _, label in refs] + ["passes / token", "acceptance"]
+    extra = []                                  # (header, {method: cell}) per asked column
+    for c in columns or []:
+        if ":" in c:
+            extra.append(_over(results, list(stats), *c.split(":", 1)))
+        elif c in EXTRA:
+            extra.append((EXTRA[c][0], {m: EXTRA[c][1](m, stats[m]) for m in rows}))
+        else:
+            raise ResultsError(f"columns: unknown column {c} ({', '.join(EXTRA)} or DATASET:METHOD)")
+    head = [f"method ({n} items)", "tok/s"] + [label for _, label in refs] + ["passes / token", "acceptance"] + [
+        h for h, _ in extra]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for m in rows:
         s = stats[m]
         cells = [m, fmt(s["tokens_per_s"])] + [ratio(s, key) for key, _ in refs] + [
-            fmt(s.get("target_passes_per_token"), ".3f"), pct(s.get("acceptance_rate"))]
+            fmt(s.get("target_passes_per_token"), ".3f"), pct(s.get("acceptance_rate"))] + [c[m] for _, c in extra]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _parse(args: str) -> tuple[Path, list[str] | None, str | None]:
+def _parse(args: str) -> tuple[Path, list[str] | None, str | None, list[str] | None]:
     run, *opts = args.split()
     kw = dict(o.split("=", 1) for o in opts)
-    unknown = set(kw) - {"methods", "dataset"}
+    unknown = set(kw) - {"methods", "dataset", "columns"}
     if unknown:
         raise ResultsError(f"figures marker {args!r}: unknown option {', '.join(sorted(unknown))} "
-                           "(methods=a,b or dataset=name)")
-    methods = kw["methods"].split(",") if "methods" in kw else None
-    return ROOT / run, methods, kw.get("dataset")
+                           "(methods=a,b, dataset=name or columns=a,b)")
+    methods, columns = (LIST.split(kw[k]) if k in kw else None for k in ("methods", "columns"))
+    return ROOT / run, methods, kw.get("dataset"), columns
 
 
 def derive(text: str) -> tuple[str, list[tuple[str, str, str]]]:

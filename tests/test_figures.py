@@ -52,3 +52,43 @@ def test_a_bad_marker_says_what_is_wrong():
         derive("<!-- figures: docs/bench/epyc-defaults24-smoothed colour=red -->\n<!-- /figures -->")
     with pytest.raises(ResultsError, match="cannot be read"):
         derive("<!-- figures: docs/bench/nowhere -->\n<!-- /figures -->")
+
+
+def _cells(body: str, method: str) -> list[str]:
+    row = next(r for r in body.splitlines() if r.startswith(f"| {method} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_columns_add_named_figures_and_speed_ups_over_any_method_on_one_dataset():
+    from bench.io import ratio
+    from bench.results import load_results, resummarize
+
+    run = ROOT / "docs/bench/epyc-defaults24-smoothed"
+    plain, body = table(run), table(run, columns=["rescued", "accuracy", "humaneval:sd", "all:csd"])
+    head = body.splitlines()[0]
+    assert head.startswith(plain.splitlines()[0][:-1])        # the generic columns first, as they were
+    assert head.endswith("| rescued (per divergence) | accuracy (graded) [95% CI] | humaneval (10): x SD | x csd |")
+    summary = resummarize(load_results(run))["summary"]
+    cells = _cells(body, "csd")
+    assert cells[-4].startswith(f"{summary['all']['csd']['rescued']} (")
+    assert cells[-3].startswith(f"{summary['all']['csd']['n_correct']}/{summary['all']['csd']['n_graded']} (")
+    assert cells[-2] == ratio(summary["humaneval"]["csd"], "speedup_over_sd")    # the summary's own per-dataset figure
+    assert cells[-1] == "1.00x" and _cells(body, "ar")[-4] == "–"
+    items = json.loads((run / "results.json").read_text())["items"]
+    tps = {m: sum(i["new_tokens"] for i in items if i["method"] == m) / sum(i["wall_s"] for i in items if i["method"] == m)
+           for m in ("sd", "csd")}
+    assert _cells(body, "sd")[-1].startswith(f"{tps['sd'] / tps['csd']:.2f}x (")   # over a method that is no reference
+
+
+def test_columns_in_a_marker_and_method_names_with_commas():
+    name = "csd[lookup=16,lookup_ngram=2]"
+    text, differing = derive(f"<!-- figures: docs/bench/lookup-ar methods=ar,{name} columns=copies,prose:ar -->\n"
+                             "<!-- /figures -->")
+    assert len(differing) == 1 and f"| {name} |" in text and "| prose (2): x AR |" in text
+    assert _cells(text.split("-->\n", 1)[1], name)[-2].count(",") == 2          # copy passes, per pass, kept
+    with pytest.raises(ResultsError, match="unknown column"):
+        derive("<!-- figures: docs/bench/lookup-ar columns=colour -->\n<!-- /figures -->")
+    with pytest.raises(ResultsError, match="no method nope"):
+        derive("<!-- figures: docs/bench/lookup-ar columns=all:nope -->\n<!-- /figures -->")
+    with pytest.raises(ResultsError, match="synthetic"):
+        derive("<!-- figures: docs/bench/gpu-h200/run5/s15auto columns=rescued -->\n<!-- /figures -->")
