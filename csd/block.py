@@ -35,6 +35,9 @@ class Block:
     probs: torch.Tensor | None = None            # the target's probabilities (sampling, explain)
     decision: Decision | None = None
     start: int = 0                               # sequence length before the block
+    draft_s: float | None = None                 # seconds the draft took for this block (None: not timed)
+    verify_s: float | None = None                # seconds of the verify pass (None: not timed, e.g. on a GPU)
+    pass_tokens: int = 0                         # tokens in the verify pass (the block, its bonus row, catch-up)
 
     @property
     def size(self) -> int:

@@ -71,9 +71,10 @@ class Decoder:
     """Runs generations on one loaded pair. ``costs``: the machine's cost model for ``gamma="auto"``
     (``csd.profile.cached_costs(pair)`` is measured and cached on first need)."""
 
-    def __init__(self, pair: ModelPair, costs=None):
+    def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
         self.pair = pair
         self._costs = costs
+        self.online_costs = online_costs          # gamma auto plans with the run's measured costs (CPU)
         self._default_memory: CorrectionMemory | None = None
 
     @property
@@ -105,7 +106,8 @@ class Decoder:
             raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to this pair {self.pair.pair_id!r}")
         policy = None
         if cfg.uses_draft:
-            policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min) if cfg.gamma == GAMMA_AUTO \
+            policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs) \
+                if cfg.gamma == GAMMA_AUTO \
                 else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
@@ -238,10 +240,13 @@ class Run:
         self.policy.start()
         go = room > 0 and self.policy.more(0, 1.0)
         m.policy_s += time.perf_counter() - tp
+        block.draft_s = 0.0
         while go:
             t0 = time.perf_counter()
             logits = lm.forward(self.dcache, feed, 1)[-1]                  # (V,) or (|vocab subset|,)
-            m.draft_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            m.draft_s += dt
+            block.draft_s += dt
             m.draft_forwards += 1
             x, conf, q = self._draft_logits_to_token(logits)
             block.proposed.append(x)
@@ -275,18 +280,25 @@ class Run:
         dev = lm.device if xs else self.pair.target_lm.device
         return torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)
 
-    def _verify(self, drafts: list[int] | torch.Tensor) -> torch.Tensor:
-        """Step 2: one target pass over what its cache lacks plus the block: (len(drafts) + 1, V)."""
+    def _verify(self, block: Block) -> torch.Tensor:
+        """Step 2: one target pass over what its cache lacks plus the block: (block.size + 1, V). On the
+        CPU the block records the pass's time (on a GPU the call returns before the pass ends)."""
         t0 = time.perf_counter()
-        lm = self.pair.target_lm
+        lm, drafts = self.pair.target_lm, block.proposed
         pending = self._seq[lm.length(self.tcache):]
         if torch.is_tensor(drafts):
             ids = torch.cat([ids_tensor(pending, drafts.device), drafts])
         else:
             ids = pending + drafts
         logits = lm.forward(self.tcache, ids, len(drafts) + 1)
-        self.metrics.verify_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.metrics.verify_s += dt
         self.metrics.target_forwards += 1
+        block.pass_tokens = len(ids)
+        if lm.device.type != "cpu":
+            block.draft_s = None                   # asynchronous: launch times, not costs
+        else:
+            block.verify_s = dt
         return logits
 
     def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:
@@ -419,7 +431,7 @@ class Run:
         copied = self._lookup_proposals() if self.lookup is not None else []
         block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
         self._check_stop()
-        block.logits = self._verify(block.proposed)
+        block.logits = self._verify(block)
         if copied:       # the exact rule, no memory update: the output stays distributed as the target's
             if self.cfg.temperature > 0:
                 block.q_rows = list(point_mass(block.proposed, block.logits))
@@ -445,7 +457,7 @@ class Run:
 
     def _autoregress(self) -> Iterator[TokenEvent]:
         """AR: one target pass, one token."""
-        logits = self._verify([])[-1]
+        logits = self._verify(Block(self._block, DRAFT, start=len(self._seq)))[-1]
         self.metrics.host_syncs += 1
         top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
         t_top = int(top)

@@ -27,6 +27,15 @@ blocks; a draft that keeps failing is retried more and more rarely (about every 
 30 failures), one token at a time; where the cost model says drafting cannot pay even at the
 prior's rate, it is never tried. ``floor`` sets the
 fewest tokens a block drafts (the app's "show speculation" mode: a demo that never collapses to AR).
+
+It plans with the run's own costs. The cost model is the machine's profile, measured once and
+cached; a machine that is busier than when it was profiled (another process, a second user) makes
+the draft and the longer verify passes dearer than the profile says, and a policy that believed it
+drafted blocks too long (measured on a shared 2-core EPYC: 69 ms a token where the profile predicted
+32). With ``online`` (the decode loop's default on the CPU, where a block's times are its costs),
+every verified block moves the draft's cost per token and the ratio of measured to profiled verify
+time towards what it measured (an exponential average, ``COST_WEIGHT`` per block), and the plan
+uses those: the profile's shape (how a pass's time grows with its tokens), the run's level.
 """
 from __future__ import annotations
 
@@ -42,6 +51,7 @@ BINS = 10            # confidence bins of the online calibration
 PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior
 POSITION_PRIOR = (0.8, 4.0)   # keep rate of a draft position before the run has seen it: (rate, weight)
 FADE = 0.9           # per block in which a position is not decided, its evidence weighs this share less
+COST_WEIGHT = 0.2    # weight of the newest block in the run's own cost estimates (online)
 
 
 class Policy(Protocol):
@@ -82,8 +92,11 @@ class FixedGamma:
 
 
 class AutoGamma:
-    def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE):
+    def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE,
+                 online: bool = False):
         self.costs = costs
+        self.online = online
+        self.verify_scale = 1.0       # measured verify time over the profile's (online)
         self.max_len = max_len
         self.floor = min(floor, max_len)
         self.fade = fade
@@ -102,7 +115,7 @@ class AutoGamma:
     def start(self) -> None:
         self._prod = 1.0              # chance that every token so far is kept
         self._e = 1.0                 # expected tokens if verified now (the target's own token)
-        self._c = self.costs.verify(1)
+        self._c = self.verify_scale * self.costs.verify(1)
 
     def chance(self, confidence: float) -> float:
         b = min(BINS - 1, max(0, int(confidence * BINS)))
@@ -135,14 +148,14 @@ class AutoGamma:
         if j > 0:
             self._prod *= self.chance(confidence)
             self._e += self._prod
-            self._c += self._d + self._marginal[j - 1]
+            self._c += self._d + self.verify_scale * self._marginal[j - 1]
         if j < self.floor:
             return True
         e, c, prod = self._e, self._c, self._prod
         for m in range(j, self.max_len):
             prod *= self.position_rate(m + 1)
             e += prod
-            c += self._d + self._marginal[m]
+            c += self._d + self.verify_scale * self._marginal[m]
             if e * self._c > self._e * c:
                 return True
         return False
@@ -159,7 +172,7 @@ class AutoGamma:
         for m in range(room):
             prod *= self.position_rate(m + 1)
             e += prod
-            c += self._d + self._marginal[m]
+            c += self._d + self.verify_scale * self._marginal[m]
             if e / c > best_rate:
                 best, best_rate = m + 1, e / c
         return min(max(best, self.floor), room)
@@ -170,6 +183,21 @@ class AutoGamma:
         if block.source == DRAFT:
             kept = block.kept
             self.learn(block.confidences[:len(kept)], kept)
+        if self.online:
+            self.measured(block)
+
+    @property
+    def draft_ms(self) -> float:
+        """The draft's cost per token the policy plans with (the profile's, moved by the run's if online)."""
+        return self._d
+
+    def measured(self, block: Block) -> None:
+        """Move the planning costs towards a block's measured times (where they were measured)."""
+        if block.verify_s is not None and block.pass_tokens:
+            ratio = 1000 * block.verify_s / self.costs.verify(block.pass_tokens)
+            self.verify_scale += COST_WEIGHT * (ratio - self.verify_scale)
+        if block.source == DRAFT and block.draft_s is not None and block.size:
+            self._d += COST_WEIGHT * (1000 * block.draft_s / block.size - self._d)
 
     def learn(self, confidences: list[float], kept: list[bool]) -> None:
         """The decided positions of a block: whether each was kept, and the draft's confidence in

@@ -39,7 +39,10 @@ def close_pair(qwen_tokenizer, target):
 
 
 def run_all(pair, cfg, memory=None, **kw):
-    run = Decoder(pair, costs=kw.pop("costs", None)).run(PROMPT, cfg, memory or CorrectionMemory(pair.pair_id), **kw)
+    """A whole run; where the test states the costs, the policy plans with them alone (not the run's)."""
+    costs = kw.pop("costs", None)
+    run = Decoder(pair, costs=costs, online_costs=kw.pop("online_costs", costs is None)).run(PROMPT, cfg, memory or CorrectionMemory(pair.pair_id),
+                                                                     **kw)
     list(run)
     return run
 
@@ -327,3 +330,16 @@ def test_expected_speedup_spans_one_token_per_block_to_the_bound():
     assert sum(blocks) / len(blocks) / c.block_ms(g) * c.verify(1) == pytest.approx(c.expected(g, a), rel=0.02)
     g_best, x_best = c.best_expected(0.8)
     assert x_best <= c.best_bound()[1] and x_best == max(c.expected(g, 0.8) for g in range(1, 33))
+
+
+def test_the_loop_times_each_block_and_gamma_auto_plans_with_those_costs(close_pair):
+    """On the CPU each verified block carries its draft and verify times, and gamma auto (online, the
+    decoder's default) moves its costs towards them: the tiny models take about a millisecond a pass,
+    not the 100 ms the stated profile says. The output is AR's either way."""
+    stated = costs(lambda k: 100.0 + k, 5.0)
+    run = run_all(close_pair, CSDConfig(method="sd", gamma="auto", gamma_max=8, max_new_tokens=40), costs=stated,
+                  online_costs=True)
+    assert run.token_ids == ar_ids(close_pair, 40)
+    assert run.policy.verify_scale < 0.5 and run.policy.draft_ms < 5.0
+    fixed = run_all(close_pair, CSDConfig(method="sd", gamma="auto", gamma_max=8, max_new_tokens=40), costs=stated)
+    assert fixed.policy.verify_scale == 1.0 and fixed.policy.draft_ms == 5.0      # stated costs alone

@@ -32,7 +32,7 @@ def costs(verify, draft_ms):
 
 def run_all(pair, cfg, memory=None, costs=None):
     memory = CorrectionMemory(pair.pair_id) if memory is None else memory   # an empty memory is falsy
-    run = Decoder(pair, costs=costs).run(PROMPT, cfg, memory)
+    run = Decoder(pair, costs=costs, online_costs=costs is None).run(PROMPT, cfg, memory)   # the stated costs alone
     list(run)
     return run
 

@@ -3,6 +3,8 @@ learned again), replayed on hand-made answers with ``bench.policy_sim`` (no mode
 the draft agrees with the target, a cost model says what each pass costs)."""
 import random
 
+import pytest
+
 from bench.policy_sim import Trace, replay
 from csd.costs import CostModel
 from csd.policy import AutoGamma, FixedGamma
@@ -99,3 +101,44 @@ def test_the_floor_drafts_at_least_that_many_tokens_a_block():
     assert p.plan(room=100) == 3 and p.plan(room=2) == 2
     r = replay(trace(lambda i: False, 100), AutoGamma(DEAR, 16, floor=3), DEAR)
     assert r["passes"] == 100 and r["drafted"] == sum(min(3, 100 - i - 1) for i in range(100))
+
+
+def _block(size: int, draft_ms: float, verify_ms: float, kept: int):
+    """A verified draft block with measured times (the decode loop's record, as csd.block holds it)."""
+    from csd.block import Block
+    from csd.events import ACCEPTED, REJECTED
+    from csd.rule import Decision, Verdict
+    verdicts = tuple(Verdict(ACCEPTED if i < kept else REJECTED, "match" if i < kept else "mismatch", 5,
+                             5 if i < kept else 6, 1.0, 1.0 if i < kept else 2.0, 0)
+                     for i in range(min(size, kept + 1)))
+    b = Block(0, proposed=list(range(size)), confidences=[0.9] * size, draft_s=size * draft_ms / 1000,
+              verify_s=verify_ms / 1000, pass_tokens=size + 1)
+    b.decision = Decision(verdicts=verdicts, n_kept=kept, next_token=6, bonus=kept == size, observed=())
+    return b
+
+
+def test_online_costs_follow_what_the_run_measures():
+    """A machine busier than its profile: blocks whose draft costs 4x and whose verify pass costs 1.5x
+    what the profile says move the policy's costs there, and with them its plan: at 3 of 4 tokens kept
+    drafting 3 pays at the profile's costs (4 tokens in 113 ms against 1 in 50), at the run's at most 1."""
+    quiet = AutoGamma(CPU, 16, online=True)
+    busy = AutoGamma(CPU, 16, online=True)
+    for _ in range(30):                                   # the same acceptance for both: 3 of 4 kept
+        quiet.observe(_block(4, CPU.draft_ms, CPU.verify(5), 3))
+        busy.observe(_block(4, 4 * CPU.draft_ms, 1.5 * CPU.verify(5), 3))
+    assert quiet.draft_ms == pytest.approx(CPU.draft_ms) and quiet.verify_scale == pytest.approx(1.0)
+    assert busy.draft_ms == pytest.approx(4 * CPU.draft_ms, rel=0.01)
+    assert busy.verify_scale == pytest.approx(1.5, rel=0.01)
+    assert quiet.plan(16) == 3 and busy.plan(16) <= 1
+    offline = AutoGamma(CPU, 16)                            # the default: the profile alone
+    offline.observe(_block(4, 4 * CPU.draft_ms, 1.5 * CPU.verify(5), 3))
+    assert offline.draft_ms == CPU.draft_ms and offline.verify_scale == 1.0
+
+
+def test_an_untimed_block_leaves_the_costs_alone():
+    """On a GPU the loop does not time blocks (the calls return before the work ends): nothing moves."""
+    p = AutoGamma(CPU, 16, online=True)
+    b = _block(4, 3 * CPU.draft_ms, 2 * CPU.verify(5), 3)
+    b.draft_s = b.verify_s = None
+    p.observe(b)
+    assert p.draft_ms == CPU.draft_ms and p.verify_scale == 1.0
