@@ -32,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "dir); 'none' runs without recording")
     from cli.common import add_model_args
     add_model_args(ap, store=False)     # the command line's model options, the same flags and defaults
+    # except one: the app teaches what SD keeps of the target's answer, so its int8 target is the exact one
+    # (activations per token: SD writes AR's tokens), at 7-17% more time a pass (docs/exactness.md)
+    ap.set_defaults(int8_activations="row")
     ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
     ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",

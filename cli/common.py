@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
-from csd.quant import TARGET_REPRS
+from csd.quant import INT8_ACTIVATIONS, INT8_ACTIVATIONS_DEFAULT, TARGET_REPRS
 
 
 def tqdm_progress():
@@ -48,6 +48,11 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--int8-smoothing", default="on", choices=("on", "off"),
                    help="for an int8 target: move activation outliers into the weights before quantising "
                         "(SmoothQuant; the float function is unchanged, int8 rounds closer to it) (default on)")
+    p.add_argument("--int8-activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
+                   help="for an int8 target: scale the activations per row (each token on its own: greedy SD "
+                        "writes AR's answer token for token, as in float32) or per pass (one scale for all the "
+                        "tokens of a verify pass, 7-17%% faster a pass on the CPU) (default %(default)s; "
+                        "docs/exactness.md)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -67,7 +72,8 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code,
                      progress=progress or tqdm_progress(),
                      draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
-                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on", check=check)
+                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on",
+                     int8_activations=args.int8_activations, check=check)
 
 
 def warn_memory_mismatch(memory, pair) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .quant import in_threads, quantize_int8
+from .quant import RowInt8Linear, in_threads, quantize_int8
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,9 @@ class LeanCache:
     n: int = 0             # tokens held
 
 
+PER_QUERY_MAX = 40      # passes of up to this many tokens run their attention per query when per_row (verify passes)
+
+
 def _is_int8(mod: torch.nn.Module) -> bool:
     from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
     return isinstance(mod, DynamicInt8Linear)
@@ -267,11 +270,31 @@ class LeanLM(LM):
         self.n_layers = len(self.layers)
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.inter = cfg.intermediate_size
+        self.per_row = False     # int8_per_row(): a verify pass computes what 1-token steps compute
         self._hidden_shape = (cfg.hidden_size,)
 
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def int8_per_row(self) -> int:
+        """Make a pass of a few tokens compute, bit for bit, what 1-token steps compute for them, so that
+        greedy SD writes AR's tokens: every int8 layer's activations are scaled per token instead of per
+        pass (``csd.quant.RowInt8Linear``, the same int8 weights), and the attention of a pass of up to
+        ``PER_QUERY_MAX`` tokens (a verify pass; not a long prompt) runs one query at a time, as a 1-token
+        step runs it (SDPA over several queries with a mask rounds differently from SDPA over one:
+        measured on the embedded pair, logits 1.6 apart at the same argmax). Returns how many layers
+        changed (0 for a float model)."""
+        self.per_row = True
+        def row(m):
+            return RowInt8Linear.from_dynamic(m) if isinstance(m, PackedInt8Linear) or _is_int8(m) else m
+        def count() -> int:
+            return sum(isinstance(m, RowInt8Linear) for layer in self.layers for m in layer) + \
+                isinstance(self.head, RowInt8Linear)
+        before = count()
+        self.layers = in_threads(lambda layer: tuple(row(m) for m in layer), self.layers)
+        self.head = row(self.head)
+        return count() - before
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
         shape = (self.n_layers, self.n_kv, capacity, self.head_dim)
@@ -329,9 +352,14 @@ class LeanLM(LM):
             qk = self._rotate(h[:, :h_qk], cos, sin)              # queries and keys rotated in one go
             cache.k[li, :, start:end] = qk[:, h_q:].transpose(0, 1)
             cache.v[li, :, start:end] = h[:, h_qk:].transpose(0, 1)
-            a = F.scaled_dot_product_attention(qk[:, :h_q].transpose(0, 1)[None], cache.k[li:li + 1, :, :end],
-                                               cache.v[li:li + 1, :, :end], attn_mask=mask, scale=self.scaling,
-                                               enable_gqa=True)                             # (1, H, T, D)
+            q = qk[:, :h_q].transpose(0, 1)[None]                                       # (1, H, T, D)
+            if self.per_row and 1 < t <= PER_QUERY_MAX:     # each query as a 1-token step computes it
+                a = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], cache.k[li:li + 1, :, :start + i + 1],
+                                                              cache.v[li:li + 1, :, :start + i + 1], scale=self.scaling,
+                                                              enable_gqa=True) for i in range(t)], 2)
+            else:
+                a = F.scaled_dot_product_attention(q, cache.k[li:li + 1, :, :end], cache.v[li:li + 1, :, :end],
+                                                   attn_mask=mask, scale=self.scaling, enable_gqa=True)
             x = x + o(a.transpose(1, 2).reshape(1, t, self.q_size))
             gu = gate_up(self._rms(x, ln2))
             x = x + down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])

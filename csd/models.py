@@ -19,7 +19,15 @@ from .fileio import read_json
 from .lm import HFLM, LeanLM, lean_unsupported
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .profile import choose_target_repr
-from .quant import DTYPES, TARGET_REPRS, quantize_int8, release_memory, to_repr
+from .quant import (
+    DTYPES,
+    INT8_ACTIVATIONS,
+    INT8_ACTIVATIONS_DEFAULT,
+    TARGET_REPRS,
+    quantize_int8,
+    release_memory,
+    to_repr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +142,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
               device: str | None = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
               progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
               draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto",
-              int8_smoothing: bool = True, check=None) -> ModelPair:
+              int8_smoothing: bool = True, int8_activations: str = INT8_ACTIVATIONS_DEFAULT,
+              check=None) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
     ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
@@ -236,6 +245,15 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         if progress:
             progress("building the lean target path", 0.9)
         target_lm = LeanLM(target_model)
+    acts = ""
+    if target_repr == "int8":
+        if int8_activations not in INT8_ACTIVATIONS:
+            raise ModelLoadError(f"int8 activations {int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
+        if int8_activations == "row":
+            if target_lm is None:
+                raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
+            target_lm.int8_per_row()
+        acts = int8_activations
     act_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
 
     gen_cfg = getattr(target_model, "generation_config", None)
@@ -281,4 +299,5 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
                      torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
                      draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
-                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothed)
+                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothed,
+                     int8_activations=acts)

@@ -70,6 +70,7 @@ class ModelPair:
     draft_lm: LM | None = None
     draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
     target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
+    int8_activations: str = ""          # an int8 target's activation scales: "row" (per token) or "pass"
 
     def __post_init__(self):
         if not self.target_repr:
@@ -96,6 +97,7 @@ class ModelPair:
         return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
                 "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
                 "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
+                "int8_activations": self.int8_activations,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
                 "threads": torch.get_num_threads()}

@@ -96,7 +96,8 @@ def profile_key(pair) -> dict:
             "pair": pair.pair_id, "target_repr": pair.target_repr, "target_impl": pair.target_lm.impl,
             "draft_repr": pair.draft_dtype,
             "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
-            "draft_vocab": pair.draft_vocab_size}
+            "draft_vocab": pair.draft_vocab_size,
+            **({"int8_activations": pair.int8_activations} if pair.int8_activations else {})}
 
 
 def _cache_file(kind: str, key: dict) -> Path:

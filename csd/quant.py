@@ -17,6 +17,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
+# How an int8 target scales its activations: "row" (per token: RowInt8Linear; a verify pass computes
+# for each token what a 1-token step does, so greedy SD == AR) or "pass" (torch's dynamic op: one scale
+# for all the tokens of a pass).
+INT8_ACTIVATIONS = ("row", "pass")
+INT8_ACTIVATIONS_DEFAULT = "pass"
 
 
 def in_threads(fn, items: list) -> list:
@@ -53,6 +58,51 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     if blocks is not None:
         in_threads(quantize, list(blocks))
     return quantize(model)
+
+
+class RowInt8Linear(torch.nn.Module):
+    """A dynamic int8 linear layer whose activations are quantised per row (per token), not per pass.
+
+    torch's dynamic int8 op (``quantized::linear_dynamic``) takes one scale and zero point from the
+    minimum and maximum of the whole input, so a token rounds differently next to other tokens: a
+    7-token verify pass does not compute for a token what a 1-token step computes, and greedy SD can
+    leave AR. Here each row is first divided by its own largest magnitude, and two input columns that
+    hold +1 and -1 (with zero weights) are appended, so that every pass's minimum and maximum are
+    exactly -1 and +1: the op's scale and zero point are the same for any pass, each row is rounded on
+    its own, the int8 product is exact (int32), and the row's output is scaled back by its magnitude.
+    A row's result is then the same bit for bit whatever else is in the pass. The weights are the
+    dynamic layer's int8 values and scales, with zero columns appended (padded to a multiple of 8)."""
+
+    def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        pad = -(self.in_features + 2) % 8 + 2
+        zeros = torch.zeros(self.out_features, pad, dtype=torch.int8)
+        w = torch._make_per_channel_quantized_tensor(torch.cat([qweight.int_repr(), zeros], 1),
+                                                     qweight.q_per_channel_scales(),
+                                                     qweight.q_per_channel_zero_points(), 0)
+        self.packed = torch.ops.quantized.linear_prepack(w, None)
+        self.sentinel = torch.zeros(1, pad)
+        self.sentinel[0, :2] = torch.tensor([1.0, -1.0])
+        self.bias = None if bias is None else bias.detach().to(torch.float32)
+
+    @classmethod
+    def from_dynamic(cls, mod: torch.nn.Module) -> RowInt8Linear:
+        """From torch's dynamic int8 Linear, or a module holding its packed weights as ``packed``."""
+        packed = mod.packed if hasattr(mod, "packed") else mod._packed_params._packed_params
+        w, b = torch.ops.quantized.linear_unpack(packed)
+        if w.qscheme() not in (torch.per_channel_affine, torch.per_channel_symmetric):
+            raise ValueError("only per-channel int8 weights can be quantised per row")
+        return cls(w, b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        s = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
+        xs = torch.cat([rows / s, self.sentinel.expand(rows.shape[0], -1)], 1)
+        y = torch.ops.quantized.linear_dynamic(xs, self.packed, True).mul_(s)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def release_memory() -> None:

@@ -239,6 +239,9 @@ def test_real_pair_end_to_end(browser, real_url, shots):
                            timeout=3 * RUN_TIMEOUT_MS)
     for m in ("ar", "sd", "csd"):
         assert page.locator(f"#pane-{m} .tok").count() > 0
+    # the app's int8 target scales activations per token (docs/exactness.md): SD writes AR's answer
+    assert "same tokens as AR" in page.locator("#cap-sd").inner_text()
+    assert "token for token" in page.locator("#compare-exactness").inner_text()
     page.locator("#pane-csd .tok").first.click()
     assert page.locator("#compare-detail .csd-detail-body .first").inner_text()
     note = page.locator("#compare-note").inner_text()

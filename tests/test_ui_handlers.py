@@ -821,6 +821,9 @@ def test_what_the_app_says_of_exactness_follows_the_representation():
     for note in (i8, bf16):
         assert "can pick differently from the target alone (AR)" in note and "float32" in note
     assert "one scale" in i8 and "bfloat16" in bf16
+    assert common.exactness_note("int8", "pass") == i8                  # the default int8 says the same
+    rows = common.exactness_note("int8", "row")                         # per-token scales: exact, as float32
+    assert "token for token" in rows and "differently" not in rows and "scaled on their own" in rows
     assert "{exactness}" in teach.TEACH_EXPLANATION
     for text in (teach.TEACH_EXPLANATION, generate.__doc__ or ""):
         assert "equals the target's alone" not in text and "lossless" not in text

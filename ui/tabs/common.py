@@ -30,13 +30,19 @@ NO_STORE = "No store: start the app with --db to record runs."
 SHOW_SPECULATION = 3
 
 
-def exactness_note(target_repr: str) -> str:
+def exactness_note(target_repr: str, int8_activations: str = "") -> str:
     """Whether greedy SD reproduces the target's own answer (AR) in the representation the target runs
-    in here, in plain words: token for token in float32 (tests check it); not in int8 or half
-    precision, where a verify pass rounds its tokens together, not one by one as AR does."""
+    in here, in plain words: token for token in float32 and in int8 with per-token activation scales
+    (tests check both); not in int8 with one scale per pass, nor in half precision, where a verify pass
+    rounds its tokens together, not one by one as AR does (docs/exactness.md)."""
     if target_repr == "float32":
         return ("**Exactness here:** the target runs in float32, where greedy SD writes the target's own answer "
                 "(AR's) token for token; CSD may leave it where it rescues a draft token.")
+    if target_repr == "int8" and int8_activations == "row":
+        return ("**Exactness here:** the target runs in int8 with each token's activations scaled on their own, "
+                "so a verify pass computes for every token what the target alone computes for it: greedy SD "
+                "writes the target's own answer (AR's) token for token; CSD may leave it where it rescues a draft "
+                "token.")
     how = ("quantises the activations of all the tokens in a verify pass with one scale"
            if target_repr == "int8" else f"rounds a verify pass of several tokens in {target_repr} differently "
            "from a pass of one")

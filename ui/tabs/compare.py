@@ -222,7 +222,7 @@ def build(page: Page):
                     "Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
-        gr.Markdown(exactness_note(services.pair.target_repr), elem_id="compare-exactness")
+        gr.Markdown(exactness_note(services.pair.target_repr, services.pair.int8_activations), elem_id="compare-exactness")
         with gr.Row():
             with gr.Column(scale=3):
                 c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,

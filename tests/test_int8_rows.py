@@ -1,0 +1,106 @@
+"""int8 with activations scaled per row (per token): what a verify pass computes for a token does not
+depend on the other tokens in the pass, so greedy SD equals AR in int8 too. Tiny in-process models."""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import make_pair, perturbed, tiny_model
+from csd.config import CSDConfig
+from csd.decode import Decoder
+from csd.lm import LeanLM
+from csd.memory import CorrectionMemory
+from csd.quant import RowInt8Linear, quantize_int8
+
+
+def _int8_linear(k: int = 64, n: int = 48, bias: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    ref = copy.deepcopy(lin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ref, quantize_int8(torch.nn.Sequential(lin))[0]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_row_is_computed_the_same_alone_or_in_a_pass(bias):
+    ref, q = _int8_linear(bias=bias)
+    row = RowInt8Linear.from_dynamic(q)
+    x = torch.randn(7, 64) * torch.logspace(-1, 1, 7)[:, None]    # rows of very different sizes
+    full = row(x)
+    for i in range(7):                                           # bit for bit, not within a tolerance
+        assert torch.equal(full[i:i + 1], row(x[i:i + 1]))
+    # the per-pass op does not have that property: one large row changes the others' rounding
+    assert not all(torch.equal(q(x)[i:i + 1], q(x[i:i + 1])) for i in range(7))
+    # and it is the same function, to int8's precision: close to the float layer
+    err = (full - ref(x)).abs().max() / ref(x).abs().max()
+    assert err < 0.02
+    assert row(x[None]).shape == (1, 7, 48)
+
+
+def test_only_per_channel_weights_are_taken():
+    _, q = _int8_linear()
+    w, b = torch.ops.quantized.linear_unpack(q._packed_params._packed_params)
+    per_tensor = torch.quantize_per_tensor(w.dequantize(), 0.01, 0, torch.qint8)
+    q._packed_params._packed_params = torch.ops.quantized.linear_prepack(per_tensor, b)
+    with pytest.raises(ValueError, match="per-channel"):
+        RowInt8Linear.from_dynamic(q)
+
+
+def _tokens(pair, method: str, n: int = 40) -> list[int]:
+    run = Decoder(pair).run([3, 7, 1, 4], CSDConfig(method=method, gamma=5, max_new_tokens=n, lookup=0),
+                            CorrectionMemory(pair.pair_id))
+    list(run)
+    return run.token_ids
+
+
+def test_sd_equals_ar_on_an_int8_target_scaled_per_row(qwen_tokenizer, one_thread):
+    target = tiny_model(2, hidden=64)
+    int8 = quantize_int8(copy.deepcopy(target)).eval()
+    lean = LeanLM(int8)
+    assert lean.int8_per_row() == 4 * len(lean.layers) + 1 and lean.int8_per_row() == 0   # every layer, the head
+    assert all(isinstance(m, RowInt8Linear) for m in lean.layers[0][1:3] + lean.layers[0][4:])
+    pair = replace(make_pair(qwen_tokenizer, int8, perturbed(target, 0.3)), target_lm=lean)
+    ar = _tokens(pair, "ar")
+    sd = Decoder(pair).run([3, 7, 1, 4], CSDConfig(method="sd", gamma=5, max_new_tokens=40, lookup=0),
+                           CorrectionMemory(pair.pair_id))
+    list(sd)
+    assert sd.token_ids == ar
+    assert sd.metrics.accepted > 0 and sd.metrics.target_forwards < 40     # it did speculate, and reject
+    assert any(e.status == "rejected" for e in sd.events)
+    # a verify pass gives each position the logits a 1-token step gives it, bit for bit
+    with torch.inference_mode():
+        c1, c2 = lean.new_cache(), lean.new_cache()
+        lean.forward(c1, [3, 7, 1, 4], 1)
+        lean.forward(c2, [3, 7, 1, 4], 1)
+        block = lean.forward(c1, [9, 2, 11], 3)
+        steps = torch.cat([lean.forward(c2, [t], 1) for t in (9, 2, 11)])
+    assert torch.equal(block, steps)
+
+
+def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_tokenizer, one_thread):
+    from csd.models import load_pair
+    from csd.pair import ModelLoadError
+    d = tmp_path / "tiny"
+    tiny_model(2).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    row = load_pair(str(d), str(d), dtype="int8", int8_activations="row")
+    assert row.int8_activations == "row" and row.describe()["int8_activations"] == "row" and row.target_lm.per_row
+    per_pass = load_pair(str(d), str(d), dtype="int8")                    # the command line's default
+    assert per_pass.int8_activations == "pass" and not per_pass.target_lm.per_row
+    assert load_pair(str(d), str(d), dtype="float32").int8_activations == ""      # not an int8 target
+    with pytest.raises(ModelLoadError, match="choose row or pass"):
+        load_pair(str(d), str(d), dtype="int8", int8_activations="token")
+    with pytest.raises(ModelLoadError, match="need the lean target path"):
+        load_pair(str(d), str(d), dtype="int8", target_impl="hf", int8_activations="row")
+
+
+def test_the_app_runs_the_exact_int8_and_the_command_line_the_faster_one():
+    import cli
+    import csd_app
+    assert csd_app.parse_args([]).int8_activations == "row"
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).int8_activations == "pass"
