@@ -44,20 +44,17 @@ from .verify import point_mass, sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
-# devices where gamma auto drafts without reading the draft's confidence after each token: there each
-# read waits for the device (4.85 host syncs per block on an H200 against 1.0 with a fixed gamma); on
-# the CPU a read costs nothing, so the policy keeps stopping a block early when the draft turns unsure
+# devices where gamma auto drafts without reading the draft's confidence after each token (each read waits
+# for the device: 4.85 host syncs a block on an H200, 1.0 at a fixed gamma); on the CPU a read is free
 SYNC_FREE_AUTO_DEVICES = ("cuda",)
 
 
 def prefill_spans(n: int) -> list[tuple[int, int]]:
     """Where a prefill of ``n`` tokens is cut into passes: the first token alone, then chunks of
-    ``PREFILL_CHUNK``. A sequence's first token is an attention sink whose activations are tens to
-    hundreds of times larger than any other token's (entering layer 1's down projection of the
-    embedded target: 297 against a median of 5.7). Dynamic int8 quantises a pass's activations with
-    one scale, so in a pass with that token every other prompt token is rounded coarsely, and their
-    keys and values stay in the cache for the whole answer. Alone, it costs one 1-token pass per
-    model; in float the values are the same up to rounding."""
+    ``PREFILL_CHUNK``. The first token is an attention sink with activations 10-100x any other's
+    (297 against a median of 5.7 entering the embedded target's layer 1 down projection): in one
+    int8 pass with it (one scale per pass) every other prompt token, and its cached keys and values,
+    would be rounded coarsely. Alone it costs one 1-token pass; in float nothing changes."""
     if n <= 0:
         return []
     return [(0, 1)] + [(s, min(s + PREFILL_CHUNK, n)) for s in range(1, n, PREFILL_CHUNK)]
@@ -294,11 +291,8 @@ class Run:
         dt = time.perf_counter() - t0
         self.metrics.verify_s += dt
         self.metrics.target_forwards += 1
-        block.pass_tokens = len(ids)
-        if lm.device.type != "cpu":
-            block.draft_s = None                   # asynchronous: launch times, not costs
-        else:
-            block.verify_s = dt
+        block.pass_tokens, timed = len(ids), lm.device.type == "cpu"    # elsewhere: launch times, not costs
+        block.verify_s, block.draft_s = (dt, block.draft_s) if timed else (None, None)
         return logits
 
     def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:

@@ -66,3 +66,12 @@ def test_no_source_file_imports_against_the_layers(package, never):
 def test_the_probe_can_fail():
     """The fresh-interpreter probe sees what a package pulls in (here: the UI loads gradio)."""
     assert "gradio" in loaded("ui", ("gradio",))
+
+
+def test_no_source_file_over_500_lines_and_a_short_readme():
+    """CONTRIBUTING.md's limits: a source file holds one idea (500 lines at most), the README is read
+    in five minutes (250 lines at most)."""
+    long = {str(p.relative_to(ROOT)): n for d in ("csd", "ui", "bench", "db", "cli") for p in (ROOT / d).rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}, f"split these: {long}"
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
