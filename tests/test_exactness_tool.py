@@ -1,0 +1,39 @@
+"""bench.exactness, the tool behind docs/exactness.md, on a tiny int8 model with the tokenizer's whole
+vocabulary: per token, SD writes AR's tokens; the pass timings come back for both modes."""
+from __future__ import annotations
+
+import pytest
+
+from bench.exactness import agree, main, passes
+from conftest import tiny_model
+from csd.models import load_pair
+
+
+@pytest.fixture(scope="module")
+def wide_pair(tmp_path_factory, qwen_tokenizer):
+    d = tmp_path_factory.mktemp("wide")
+    tiny_model(4, vocab=len(qwen_tokenizer)).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    return lambda: load_pair(str(d), str(d), dtype="int8", target_impl="lean", int8_smoothing=False,
+                             int8_activations="pass")
+
+
+def test_agree_counts_items_where_sd_writes_ar_per_mode(wide_pair, one_thread):
+    out = agree(wide_pair(), per_dataset=1, max_new_tokens=6)
+    assert set(out) == {"pass", "row"} and all(out[m]["items"] == 3 for m in out)
+    assert out["row"]["same"] == 3                     # per token: exact, whatever the draft proposed
+    assert all(r["first_difference"] is None for r in out["row"]["per_item"])
+
+
+def test_passes_times_both_modes_interleaved(wide_pair, one_thread):
+    out = passes(wide_pair(), rounds=1)
+    assert {k for k in out if not k.startswith("row_over")} == {"pass_1", "pass_7", "row_1", "row_7"}
+    assert all(v["n"] == 3 and 0 < v["min_ms"] <= v["median_ms"] <= v["max_ms"] for k, v in out.items()
+               if isinstance(v, dict))
+    assert out["row_over_pass_7"] > 0
+
+
+def test_bad_input_is_refused_before_any_model(capsys):
+    with pytest.raises(SystemExit):
+        main(["agree", "--per-dataset", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
