@@ -58,7 +58,7 @@ def passes(pair, rounds: int) -> dict:
     import torch
 
     lm = pair.target_lm
-    kept = {"pass": (lm.layers, lm.head, False)}
+    kept = {"pass": (list(lm.layers), lm.head, False)}     # a copy: int8_per_row replaces layers in place
     lm.int8_per_row()
     kept["row"] = (lm.layers, lm.head, True)
     prompt = pair.encode_prompt("Write a Python function that returns the n-th Fibonacci number, and explain it.")

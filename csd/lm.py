@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .quant import RowInt8Linear, in_threads, quantize_int8
+from .quant import RowInt8Linear, in_threads, quantize_int8, release_memory
 
 log = logging.getLogger(__name__)
 
@@ -292,8 +292,10 @@ class LeanLM(LM):
             return sum(isinstance(m, RowInt8Linear) for layer in self.layers for m in layer) + \
                 isinstance(self.head, RowInt8Linear)
         before = count()
-        self.layers = in_threads(lambda layer: tuple(row(m) for m in layer), self.layers)
+        for i, layer in enumerate(self.layers):      # one layer at a time: its old packed weights go first
+            self.layers[i] = tuple(row(m) for m in layer)
         self.head = row(self.head)
+        release_memory()      # the app's first start peaked at 15.1 GB converting all layers at once
         return count() - before
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
