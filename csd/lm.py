@@ -286,17 +286,20 @@ class LeanLM(LM):
         measured on the embedded pair, logits 1.6 apart at the same argmax). Returns how many layers
         changed (0 for a float model)."""
         self.per_row = True
+        changed = 0
+
         def row(m):
-            return RowInt8Linear.from_dynamic(m) if isinstance(m, PackedInt8Linear) or _is_int8(m) else m
-        def count() -> int:
-            return sum(isinstance(m, RowInt8Linear) for layer in self.layers for m in layer) + \
-                isinstance(self.head, RowInt8Linear)
-        before = count()
+            nonlocal changed
+            if not (isinstance(m, PackedInt8Linear) or _is_int8(m)):
+                return m                     # a norm weight, a float layer, or one converted before
+            changed += 1
+            return RowInt8Linear.from_dynamic(m)
+
         for i, layer in enumerate(self.layers):      # one layer at a time: its old packed weights go first
             self.layers[i] = tuple(row(m) for m in layer)
         self.head = row(self.head)
         release_memory()      # the app's first start peaked at 15.1 GB converting all layers at once
-        return count() - before
+        return changed
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
         shape = (self.n_layers, self.n_kv, capacity, self.head_dim)

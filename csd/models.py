@@ -185,6 +185,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         raise ModelLoadError(f"unknown target implementation {target_impl!r}; choose {', '.join(TARGET_IMPLS)}")
     if not (draft_vocab in ("auto", "full") or (str(draft_vocab).isdigit() and int(draft_vocab) > 0)):
         raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {draft_vocab!r}")
+    if int8_activations not in INT8_ACTIVATIONS:       # refused before any load, as the options above
+        raise ModelLoadError(f"int8 activations {int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
     if draft_dtype == "auto":
         draft_dtype = "int8" if dev.type == "cpu" else "same"
     if draft_dtype == "int8" and dev.type != "cpu":
@@ -247,8 +249,6 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         target_lm = LeanLM(target_model)
     acts = ""
     if target_repr == "int8":
-        if int8_activations not in INT8_ACTIVATIONS:
-            raise ModelLoadError(f"int8 activations {int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
         if int8_activations == "row":
             if target_lm is None:
                 raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
