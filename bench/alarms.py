@@ -8,6 +8,7 @@ texts, so a reader judges the change and not only its count."""
 from __future__ import annotations
 
 from .io import fmt, pct
+from .results import by_item
 
 LENGTH_BAND = (0.8, 1.25)       # a method's tokens over AR's on the same items, outside: an alarm
 EOS_DROP = 0.10                 # a fall in the share of answers that ended by themselves, beyond: an alarm
@@ -16,11 +17,8 @@ TEXT_CHARS = 600                # of each text in the report (results.json keeps
 
 def flips(results: dict, method: str) -> list[dict]:
     """The items that ``method`` and AR both graded and graded differently, in the run's order."""
-    by_item: dict[tuple, dict] = {}
-    for it in results.get("items") or []:
-        by_item.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
     out = []
-    for (ds, item), per in by_item.items():
+    for (ds, item), per in by_item(results.get("items") or []).items():
         a, m = per.get("ar"), per.get(method)
         if a and m and a.get("correct") is not None and m.get("correct") is not None and a["correct"] != m["correct"]:
             out.append({"dataset": ds, "item_id": item, "correct": m["correct"], "ar_correct": a["correct"],

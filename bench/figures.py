@@ -28,10 +28,10 @@ import re
 import sys
 from pathlib import Path
 
-from .io import DASH, fmt, pct, ratio
+from .io import DASH, fmt, pct, ratio, ratio_text
 from .methods import HF_ASSISTED
 from .report import _acc, _vs
-from .results import ResultsError, overall, resummarize
+from .results import ResultsError, by_item, overall, resummarize
 from .stats import speedup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,15 +66,12 @@ def _over(results: dict, names: list[str], dataset: str, ref: str) -> tuple[str,
     that every method finished, as ``bench.results.summarize`` computes it (``bench.stats.speedup``)."""
     if ref not in names:
         raise ResultsError(f"columns: no method {ref} in this run (it has {', '.join(names)})")
-    by: dict[tuple, dict] = {}
-    for it in results["items"]:
-        by.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
-    rows = [v for k, v in by.items() if all(n in v for n in names) and dataset in ("all", k[0])]
+    rows = [v for k, v in by_item(results["items"]).items() if all(n in v for n in names) and dataset in ("all", k[0])]
     if not rows:
         raise ResultsError(f"columns: no item of dataset {dataset} that every method finished")
     cells = {m: speedup([(r[m]["new_tokens"], r[m]["wall_s"], r[ref]["new_tokens"], r[ref]["wall_s"]) for r in rows])
              for m in names}
-    cells = {m: ratio({"x": v, "x_ci95": None if m == ref else ci}, "x") for m, (v, ci) in cells.items()}
+    cells = {m: ratio_text(v, None if m == ref else ci) for m, (v, ci) in cells.items()}
     label = "x " + {"ar": "AR", "sd": "SD"}.get(ref, ref)
     return (label if dataset == "all" else f"{dataset} ({len(rows)}): {label}"), cells
 

@@ -32,13 +32,17 @@ def pct(x, nd: int = 1, none: str = DASH) -> str:
     return none if x is None else f"{100 * x:.{nd}f}%"
 
 
-def ratio(stats: dict, key: str, none: str = DASH) -> str:
+def ratio_text(value: float | None, ci=None, none: str = DASH) -> str:
     """A speed-up as every table writes it: ``1.64x (1.49-1.94)``, the ratio of tok/s with its interval
-    (``key + "_ci95"``, left out where there is none), ``none`` where it was not measured."""
-    value, ci = stats.get(key), stats.get(key + "_ci95")
+    (left out where there is none), ``none`` where it was not measured."""
     if value is None:
         return none
     return f"{value:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
+def ratio(stats: dict, key: str, none: str = DASH) -> str:
+    """``ratio_text`` of a summary's speed-up ``key`` and its ``key + "_ci95"``."""
+    return ratio_text(stats.get(key), stats.get(key + "_ci95"), none)
 
 
 def now() -> str:

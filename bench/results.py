@@ -85,6 +85,14 @@ class ItemResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def by_item(items: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """A run's stored items grouped as {(dataset, item_id): {method: item}}, in the run's order."""
+    out: dict[tuple, dict[str, dict]] = {}
+    for it in items:
+        out.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
+    return out
+
+
 # -- where answers leave SD's -----------------------------------------------------------------------
 def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
     """Where an answer first differs from the reference answer: [position, the reference's token, this

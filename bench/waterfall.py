@@ -11,7 +11,8 @@ The columns: ``hf-ar``, ``ar``, then sd/csd with and without copies, whichever w
 ``--sweep "method=sd,lookup=0"``), read from the run's recorded settings."""
 from __future__ import annotations
 
-from .io import ratio
+from .io import ratio_text
+from .results import by_item
 from .stats import speedup
 
 STEPS = (("transformers' generate (AR)", "hf-ar", None), ("our engine (AR)", "ar", None),
@@ -43,12 +44,9 @@ def _plain(name: str) -> bool:
 
 def waterfall(results: dict) -> list[dict]:
     """Each step present: its column, tok/s, and its factor over the step before (with the interval)."""
-    by_item: dict[tuple, dict] = {}
-    for it in results.get("items") or []:
-        by_item.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
     steps = columns(results)
     names = [c for _, c in steps]
-    rows = [v for v in by_item.values() if all(c in v for c in names)]
+    rows = [v for v in by_item(results.get("items") or []).values() if all(c in v for c in names)]
     out, prev = [], None
     for step, col in steps:
         tok = sum(r[col]["new_tokens"] for r in rows)
@@ -71,7 +69,7 @@ def waterfall_lines(results: dict) -> list[str]:
              "items). Rows on transformers' engine: `hf-ar`; every other row runs on this project's engine.", "",
              "| Step | Column | tok/s | Factor over the step above |", "|---|---|---:|---:|"]
     for s in steps:
-        factor = "–" if s["over"] is None else f"{ratio({'f': s['factor'], 'f_ci95': s['factor_ci95']}, 'f')} " \
+        factor = "–" if s["over"] is None else f"{ratio_text(s['factor'], s['factor_ci95'])} " \
                                                f"over `{s['over']}`"
         tps = "–" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.2f}"
         lines.append(f"| {s['step']} | `{s['column']}` | {tps} | {factor} |")
