@@ -98,6 +98,11 @@ def main(argv=None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if pair.describe()["engine"] == "static" and args.concurrency > 1:
+        print("error: the static engine (the default on a GPU) holds one KV cache per model and serves one "
+              "generation at a time (the others wait in the queue): use --concurrency 1, or --engine eager",
+              file=sys.stderr)
+        return 2
     if pair.draft_lm is not None:   # gamma "auto" needs this machine's costs: measure them now, not in a request
         from csd.profile import cached_costs, costs_cached
         if not costs_cached(pair):

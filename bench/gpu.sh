@@ -2,9 +2,11 @@
 # The GPU check of the synthetic benchmark (random weights, real architectures), as run on a
 # lent GPU machine that has torch and transformers but no model files and no network:
 #   bash bench/gpu.sh OUT_DIR [DEVICE]
-# 1. a tiny pair (seconds: does the engine run there at all), 2. the embedded pair's 0.5B/1.5B
-# architectures at the paper's gamma 6 and 3. with gamma auto, 4. a 7B-class target (STEPS picks). Each step has
-# its own time limit and the next runs even if one fails; results land in OUT_DIR/<step>/.
+# Steps (STEPS picks a subset): tiny (seconds: does the static path run there at all), s15 and s7 (the
+# static path, csd.static: 0.5B -> 1.5B and 0.5B -> 7B at gamma 6, acceptance 0.8), s15eager (the eager
+# path on s15's settings, for the before/after), graphs (tests/test_static.py on the device: captured
+# graphs write the eager path's tokens). Each step has its own time limit, all together under ten
+# minutes, and the next runs even if one fails; results land in OUT_DIR/<step>/.
 set -u
 out=${1:?usage: bash bench/gpu.sh OUT_DIR [DEVICE]}
 dev=${2:-cuda}
@@ -23,17 +25,23 @@ step() {   # name, time limit in s, then the synthetic benchmark's options
   timeout "$limit" $py -m bench.synthetic --device "$dev" --out "$out/$name" "$@" 2>&1 | tee -a "$log" | tail -n 25
   echo "== $name: exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
-steps=${STEPS:-tiny s15 s15auto s7}     # a subset where device time is short, e.g. STEPS="s15 s7"
+steps=${STEPS:-tiny s15 s7 s15eager graphs}   # a subset where device time is short, e.g. STEPS="s15 s7"
 rep=${REPEATS:-3}                       # timed runs per counted run; the fastest counts (clocks follow the load)
 for s in $steps; do
   case $s in
-    tiny) step tiny "${TINY_S:-60}" --synthetic-config tiny --limit 2 --max-new-tokens 32
+    tiny) step tiny "${TINY_S:-60}" --synthetic-config tiny --limit 2 --max-new-tokens 32 --engine static
           rm -rf "$out/tiny" ;;        # a smoke test: its figures mean nothing
-    s15) step s15 "${S15_S:-200}" --synthetic-config 1.5b --limit 3 --max-new-tokens 128 --rehearsals 4 --repeats "$rep" ;;
+    s15) step s15 "${S15_S:-150}" --synthetic-config 1.5b --limit 3 --max-new-tokens 128 --rehearsals 4 \
+              --repeats "$rep" --engine static ;;
+    s7) step s7 "${S7_S:-200}" --synthetic-config 7b --limit "${S7_LIMIT:-3}" --max-new-tokens 128 --rehearsals 4 \
+             --repeats "$rep" --engine static ;;
+    s15eager) step s15eager "${S15EAGER_S:-110}" --synthetic-config 1.5b --limit 2 --max-new-tokens 128 \
+                   --rehearsals 4 --repeats 1 --engine eager ;;
     s15auto) step s15auto "${S15AUTO_S:-110}" --synthetic-config 1.5b --limit 3 --max-new-tokens 128 --gamma auto \
-                  --rehearsals 4 --repeats "$rep" ;;
-    s7) step s7 "${S7_S:-180}" --synthetic-config 7b --limit "${S7_LIMIT:-3}" --max-new-tokens 128 --rehearsals 4 \
-             --repeats "$rep" ;;
+                  --rehearsals 4 --repeats "$rep" --engine static ;;
+    graphs) echo "== graphs: tests/test_static.py" | tee -a "$log"
+            timeout "${GRAPHS_S:-60}" $py -m pytest -q -p no:cacheprovider tests/test_static.py 2>&1 | tee -a "$log" | tail -n 5
+            echo "== graphs: exit ${PIPESTATUS[0]}" | tee -a "$log" ;;
     *) echo "unknown step $s" >&2; exit 2 ;;
   esac
 done

@@ -6,6 +6,7 @@ import sys
 
 from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
 from csd.quant import INT8_ACTIVATIONS, INT8_ACTIVATIONS_DEFAULT, TARGET_REPRS
+from csd.static import DEFAULT_CAPACITY, ENGINES
 
 
 def tqdm_progress():
@@ -56,6 +57,11 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
+    p.add_argument("--engine", default="auto", choices=ENGINES,
+                   help="static: fixed-shape passes on a preallocated KV cache, replayed as CUDA graphs captured at "
+                        "load (GPU); eager: launched op by op; auto: static on CUDA, eager on the CPU (docs/gpu.md)")
+    p.add_argument("--static-capacity", type=int, default=DEFAULT_CAPACITY,
+                   help="static engine: tokens each KV cache holds (prompt + answer + one block; default %(default)s)")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
     if not store:
@@ -68,12 +74,19 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
     """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load;
     ``progress``: a (message, fraction) callback (default: tqdm bars on stderr)."""
     from csd.models import load_pair
-    return load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
+    pair = load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
                      device_map=args.device_map, trust_remote_code=args.trust_remote_code,
                      progress=progress or tqdm_progress(),
                      draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
                      target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on",
-                     int8_activations=args.int8_activations, check=check)
+                     int8_activations=args.int8_activations, check=check,
+                     engine=getattr(args, "engine", "auto"), static_capacity=getattr(args, "static_capacity", DEFAULT_CAPACITY))
+    d = pair.describe()
+    where = "on the GPU" if pair.device.type == "cuda" else "resident"
+    graphs = sum(s["graphs"] for s in d["static"].values())
+    print(f"loaded {pair.pair_id} ({pair.target_repr} target): {d['engine']} engine"
+          f"{f', {graphs} CUDA graphs' if graphs else ''}, {pair.memory_gib} GiB {where}", file=sys.stderr, flush=True)
+    return pair
 
 
 def warn_memory_mismatch(memory, pair) -> None:

@@ -39,6 +39,7 @@ from .memory import CorrectionMemory, default_memory
 from .pair import ModelPair
 from .policy import AutoGamma, FixedGamma
 from .rule import Rescue, decide
+from .static import check_room
 from .text import Detokenizer
 from .verify import point_mass, sample, score_block, verify_sampling
 
@@ -69,8 +70,7 @@ class Decoder:
     (``csd.profile.cached_costs(pair)`` is measured and cached on first need)."""
 
     def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
-        self.pair = pair
-        self._costs = costs
+        self.pair, self._costs = pair, costs
         self.online_costs = online_costs          # gamma auto plans with the run's measured costs (CPU)
         self._default_memory: CorrectionMemory | None = None
 
@@ -93,6 +93,7 @@ class Decoder:
         of the pair's calibrated memory, as on the command line and in the app). ``should_stop``:
         polled between prefill chunks, before each block and between drafting and verifying."""
         cfg.validated(self.pair.context_limit, len(prompt_ids))
+        check_room(self.pair, len(prompt_ids), cfg)     # a static KV cache refuses what it cannot hold
         if cfg.uses_draft and self.pair.draft_lm is None:
             raise ValueError(f"method {cfg.method!r} needs a draft model, and none is loaded")
         if not prompt_ids:
@@ -104,8 +105,7 @@ class Decoder:
         policy = None
         if cfg.uses_draft:
             policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs) \
-                if cfg.gamma == GAMMA_AUTO \
-                else FixedGamma(cfg.gamma)
+                if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
     def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> Run:
@@ -131,8 +131,8 @@ class Run:
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
         self.rescue = cfg.rule(pair.special_ids)     # CSD's modules, or a rival's relaxed rule (csd.rule)
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
-        self.lookup = Lookup(cfg.lookup, policy.costs if isinstance(policy, AutoGamma) else None, cfg.lookup_ngram) \
-            if cfg.lookup and cfg.uses_draft else None
+        costs = policy.costs if isinstance(policy, AutoGamma) else None
+        self.lookup = Lookup(cfg.lookup, costs, cfg.lookup_ngram) if cfg.lookup and cfg.uses_draft else None
         self._observers = [p for p in (policy, self.lookup) if p is not None]   # they learn from every block
         self.eos = frozenset(pair.eos_ids)
         self.gen = None

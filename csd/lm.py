@@ -319,10 +319,10 @@ class LeanLM(LM):
         # five elementwise ops of transformers' Qwen2RMSNorm on the AMD EPYC, and the same values
         return F.rms_norm(x, self._hidden_shape, w, self.eps)
 
-    def _rope(self, start: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(start, start + t, dtype=torch.float32, device=self._device)
-        freqs = torch.outer(pos, self.inv_freq)                                  # (T, D/2)
-        emb = torch.cat((freqs, freqs), -1)                                     # (T, D)
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the positions ``pos`` (T,), shaped (T, 1, D) to apply over all heads."""
+        freqs = torch.outer(pos.to(torch.float32), self.inv_freq)               # (T, D/2)
+        emb = torch.cat((freqs, freqs), -1)[:, None]                            # (T, 1, D)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     @staticmethod
@@ -339,34 +339,51 @@ class LeanLM(LM):
         cache.k = F.pad(cache.k, pad)
         cache.v = F.pad(cache.v, pad)
 
-    @torch.inference_mode()
-    def forward(self, cache: LeanCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
-        ids = ids_tensor(ids, self._device)
-        t, start = ids.numel(), cache.n
-        self._grow(cache, start + t)
-        x = self.embed[ids.view(-1)][None]                                             # (1, T, hidden)
-        cos, sin = self._rope(start, t)
-        cos, sin = cos[:, None], sin[:, None]                                  # (T, 1, D): over all heads
-        mask = None
-        if t > 1:   # causal within the new tokens, everything cached is visible
-            mask = torch.ones(t, start + t, dtype=torch.bool, device=self._device).tril(start)
-        end = start + t
+    def layers_over(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, write, attend) -> torch.Tensor:
+        """The decoder blocks over ``x`` (1, T, hidden); ``write(layer, k, v)`` stores the pass's keys and
+        values (KV, T, D) and ``attend(layer, q)`` returns the attention of the queries (1, H, T, D):
+        the eager path and the static one (``csd.static``) differ only there."""
+        t = x.shape[1]
         h_q, h_qk = self.n_heads, self.n_heads + self.n_kv
         for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(self.layers):
             h = qkv(self._rms(x, ln1)).view(t, h_qk + self.n_kv, self.head_dim)    # (T, H + 2 KV, D)
             qk = self._rotate(h[:, :h_qk], cos, sin)              # queries and keys rotated in one go
-            cache.k[li, :, start:end] = qk[:, h_q:].transpose(0, 1)
-            cache.v[li, :, start:end] = h[:, h_qk:].transpose(0, 1)
-            q = qk[:, :h_q].transpose(0, 1)[None]                                       # (1, H, T, D)
-            if self.per_row and 1 < t <= PER_QUERY_MAX:     # each query as a 1-token step computes it
-                a = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], cache.k[li:li + 1, :, :start + i + 1],
-                                                              cache.v[li:li + 1, :, :start + i + 1], scale=self.scaling,
-                                                              enable_gqa=True) for i in range(t)], 2)
-            else:
-                a = F.scaled_dot_product_attention(q, cache.k[li:li + 1, :, :end], cache.v[li:li + 1, :, :end],
-                                                   attn_mask=mask, scale=self.scaling, enable_gqa=True)
+            write(li, qk[:, h_q:].transpose(0, 1), h[:, h_qk:].transpose(0, 1))
+            a = attend(li, qk[:, :h_q].transpose(0, 1)[None])                          # (1, H, T, D)
             x = x + o(a.transpose(1, 2).reshape(1, t, self.q_size))
             gu = gate_up(self._rms(x, ln2))
             x = x + down(F.silu(gu[..., :self.inter]) * gu[..., self.inter:])
+        return x
+
+    def logits(self, x: torch.Tensor, keep: int) -> torch.Tensor:
+        """float32 logits of the last ``keep`` positions of the blocks' output (1, T, hidden)."""
+        return self.head(self._rms(x[0, -keep:], self.norm)).float()               # (keep, V or len(vocab_ids))
+
+    @torch.inference_mode()
+    def forward(self, cache: LeanCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        ids = ids_tensor(ids, self._device)
+        t, start = ids.numel(), cache.n
+        end = start + t
+        self._grow(cache, end)
+        x = self.embed[ids.view(-1)][None]                                             # (1, T, hidden)
+        cos, sin = self._rope(torch.arange(start, end, device=self._device))
+        mask = None
+        if t > 1:   # causal within the new tokens, everything cached is visible
+            mask = torch.ones(t, end, dtype=torch.bool, device=self._device).tril(start)
+
+        def write(li, k, v):
+            cache.k[li, :, start:end] = k
+            cache.v[li, :, start:end] = v
+
+        def attend(li, q):
+            k, v = cache.k[li:li + 1], cache.v[li:li + 1]
+            if self.per_row and 1 < t <= PER_QUERY_MAX:     # each query as a 1-token step computes it
+                return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :start + i + 1],
+                                                                 v[:, :, :start + i + 1], scale=self.scaling,
+                                                                 enable_gqa=True) for i in range(t)], 2)
+            return F.scaled_dot_product_attention(q, k[:, :, :end], v[:, :, :end], attn_mask=mask,
+                                                  scale=self.scaling, enable_gqa=True)
+
+        x = self.layers_over(x, cos, sin, write, attend)
         cache.n = end
-        return self.head(self._rms(x[0, -keep:], self.norm)).float()                # (keep, V or len(vocab_ids))
+        return self.logits(x, keep)

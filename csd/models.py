@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from . import smoothing
+from .config import GAMMA_RANGE, CSDConfig
 from .embedded import prepare_embedded
 from .events import Progress
 from .fileio import read_json
@@ -24,10 +25,12 @@ from .quant import (
     INT8_ACTIVATIONS,
     INT8_ACTIVATIONS_DEFAULT,
     TARGET_REPRS,
+    memory_gib,
     quantize_int8,
     release_memory,
     to_repr,
 )
+from .static import DEFAULT_CAPACITY, ENGINES, draft_shapes, make_static, target_shapes
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,18 @@ def compare_tokenizers(a, b) -> str | None:
     return None
 
 
+def shared_rows(draft_rows: int, target_rows: int, tokens: int) -> int | None:
+    """None when the two output layers have the same rows; else the rows they share, where they differ
+    only by padding past the tokenizer's tokens (Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for
+    151665 tokens). Refused when a real token lacks a row in one of them."""
+    if draft_rows == target_rows:
+        return None
+    if min(draft_rows, target_rows) < tokens:
+        raise ModelLoadError(f"draft and target output layers differ in size ({draft_rows} vs {target_rows} rows) "
+                             f"and one lacks rows for the tokenizer's {tokens} tokens")
+    return min(draft_rows, target_rows)
+
+
 def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choice: str | int) -> torch.Tensor | None:
     """The token ids the draft may propose: None (all of them) or a reduced vocabulary. ``auto``:
     the shipped list for the embedded pair (the most frequent tokens of the target's own answers
@@ -143,7 +158,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
               progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
               draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto",
               int8_smoothing: bool = True, int8_activations: str = INT8_ACTIVATIONS_DEFAULT,
-              check=None) -> ModelPair:
+              check=None, engine: str = "auto", static_capacity: int = DEFAULT_CAPACITY) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
     ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
@@ -169,11 +184,26 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     ``check(tokenizer, context_limit)``: called once the tokenizers are loaded and before any model
     is, so that a request the pair cannot serve (a prompt over the context) is refused in seconds,
-    not after the load; it raises to refuse."""
+    not after the load; it raises to refuse.
+
+    ``engine``: "static" runs both lean models at fixed shapes on KV caches of ``static_capacity``
+    tokens, with one CUDA graph per pass shape captured here at load on CUDA (``csd.static``);
+    "eager" the paths above; "auto": static on CUDA, eager on the CPU (where the static function
+    runs without graphs and attends over the whole capacity: slower). On CUDA, ``dtype`` auto is
+    bfloat16."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
-    if dtype in (None, "auto"):
+    if engine not in ENGINES:
+        raise ModelLoadError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
+    if engine == "auto":
+        engine = "static" if dev.type == "cuda" and device_map is None else "eager"
+    if engine == "static" and (device_map is not None or int(static_capacity) < 64):
+        raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
+                             if device_map is None else "the static engine runs on one device (no --device-map)")
+    if dtype in (None, "auto") and dev.type == "cuda":
+        target_repr = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    elif dtype in (None, "auto"):
         target_repr = "auto"
     else:
         target_repr = check_repr(dtype, dev)
@@ -234,8 +264,12 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
     if target_impl == "lean" and why_t:
         raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-    if target_impl == "auto":   # lean for an int8 target (where it is faster), transformers otherwise
-        target_impl = "lean" if target_repr == "int8" and not why_t else "hf"
+    if engine == "static" and why_t:
+        raise ModelLoadError(f"the static engine cannot run {t_disp!r}: {why_t} (use --engine eager)")
+    if target_impl == "auto":   # lean for an int8 target (where it is faster) or the static engine, else transformers
+        target_impl = "lean" if (target_repr == "int8" or engine == "static") and not why_t else "hf"
+    if engine == "static" and target_impl != "lean":
+        raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
     maxima, smoothed = None, ""
     if target_repr == "int8" and int8_smoothing:
         maxima = smoothing.maxima_for(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
@@ -270,14 +304,18 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         d_dt = act_dtype if draft_dtype == "same" else (torch.float32 if draft_dtype == "int8" else DTYPES[draft_dtype])
         draft_model = _load(d_src, d_disp, "draft", d_dt)
         vd, vt = draft_model.get_output_embeddings().out_features, target_model.get_output_embeddings().out_features
-        if vd != vt:
-            raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows)")
+        rows = shared_rows(vd, vt, len(tok_t))
         int8 = draft_dtype == "int8"
         draft_repr = "int8" if int8 else str(d_dt).removeprefix("torch.")
         why = lean_unsupported(draft_model)
         if draft_impl == "lean" and why:
             raise ModelLoadError(f"--draft-impl lean cannot run {d_disp!r}: {why}")
         vocab_ids = draft_vocab_ids(pair_id, tok_t, special, vd, draft_vocab)
+        if rows is not None:        # the draft proposes among the rows both have (its logits map back to ids)
+            vocab_ids = torch.arange(rows) if vocab_ids is None else vocab_ids[vocab_ids < rows]
+            if why or draft_impl == "hf":
+                raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows): only the "
+                                     "lean draft path can propose among the rows they share")
         if draft_impl in ("auto", "lean") and not why:
             if progress:
                 progress("building the lean draft path", 0.5)
@@ -294,10 +332,19 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     ctx = context_limit(target_model.config)
     release_memory()            # the float weights that quantising replaced
+    if engine == "static":
+        if draft_lm is not None and not isinstance(draft_lm, LeanLM):
+            raise ModelLoadError(f"the static engine cannot run the draft {d_disp!r} (not the lean path; "
+                                 "use --engine eager)")
+        longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
+        target_lm = make_static(target_lm, static_capacity, target_shapes(longest), progress, "target")
+        if draft_lm is not None:
+            draft_lm = make_static(draft_lm, static_capacity, draft_shapes(), progress, "draft")
+    mem = memory_gib(torch.device(target_model.device) if device_map is None else dev)
     if progress:
-        progress("models ready", 1.0)
+        progress(f"models ready: {mem} GiB {'on the GPU' if dev.type == 'cuda' else 'resident'}", 1.0)
     return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
                      torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
                      draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
                      target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothed,
-                     int8_activations=acts)
+                     int8_activations=acts, memory_gib=mem)

@@ -71,6 +71,7 @@ class ModelPair:
     draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
     target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
     int8_activations: str = ""          # an int8 target's activation scales: "row" (per token) or "pass"
+    memory_gib: float | None = None     # memory held once loaded: the GPU's allocated memory, or the process's RSS
 
     def __post_init__(self):
         if not self.target_repr:
@@ -100,7 +101,10 @@ class ModelPair:
                 "int8_activations": self.int8_activations,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "engine": "static" if self.target_lm.impl == "static" else "eager",
+                "memory_gib": self.memory_gib, "static": {role: lm.describe() for role, lm in (
+                    ("target", self.target_lm), ("draft", getattr(self.draft_lm, "inner", self.draft_lm)))
+                    if hasattr(lm, "describe")}}
 
     @property
     def is_embedded(self) -> bool:

@@ -131,3 +131,15 @@ def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
             smooth(m, maxima)
         return quantize_int8(m).eval()
     return m.to(DTYPES[name]).eval()
+
+
+def memory_gib(device: torch.device) -> float | None:
+    """Memory held now: allocated on a CUDA device, else this process's resident set (None where unknown)."""
+    if device.type == "cuda":
+        return round(torch.cuda.memory_allocated(device) / 2**30, 2)
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        return round(kb / 2**20, 2)
+    except (OSError, StopIteration, ValueError):
+        return None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from csd.config import parse_gamma
 from csd.profile import PASS_LENGTHS
+from csd.static import ENGINES
 
 from ..io import command_line
 from .models import PAIR_CHOICES
@@ -45,7 +46,7 @@ def config_from_args(args) -> SyntheticConfig:
         pair=args.synthetic_config, acceptance=args.acceptance, prompts=args.limit, prompt_tokens=args.prompt_tokens,
         max_new_tokens=args.max_new_tokens, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
         memory_mode=getattr(args, "memory_mode", "online"), seed=args.seed, device=args.device, dtype=args.dtype,
-        draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, pass_lengths=lengths,
+        draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, pass_lengths=lengths, engine=getattr(args, "engine", "auto"),
         warmup=not args.no_warmup, rehearsals=args.rehearsals, repeats=args.repeats).validated()
 
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", default=d.draft_dtype,
                    choices=("auto", "same", "float32", "bfloat16", "float16", "int8"))
     p.add_argument("--draft-impl", default=d.draft_impl, choices=("auto", "hf", "lean"))
+    p.add_argument("--engine", default=d.engine, choices=ENGINES,
+                   help="static: fixed shapes, CUDA graphs captured at load; eager; auto: static on CUDA (default)")
     add_synthetic_args(p)
     return p
 

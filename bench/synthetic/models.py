@@ -193,12 +193,16 @@ class ScriptedDraft(LM):
 
 
 def make_pair(name: str, draft_model, target_model, device: torch.device, target_repr: str, draft_repr: str,
-              draft_impl: str):
+              draft_impl: str, engine: str = "eager", capacity: int = 0):
     """A ``ModelPair`` of the two models in their representations (converted in place, as
-    ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path."""
+    ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path.
+    ``engine`` "static": both lean, at fixed shapes on caches of ``capacity`` tokens, with their CUDA
+    graphs captured here (``csd.static``), as ``load_pair`` builds them."""
+    from csd.config import GAMMA_RANGE
     from csd.lm import HFLM, LeanLM
     from csd.pair import ModelPair
     from csd.quant import DTYPES, quantize_int8, to_repr
+    from csd.static import draft_shapes, make_static, target_shapes
 
     d_arch, t_arch = PAIRS[name]
     if target_repr != "float32" or target_model.dtype != torch.float32:
@@ -212,9 +216,15 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, target
         draft_model = quantize_int8(draft_model).eval()
     if not lean:
         inner = HFLM(draft_model)
+    target_lm = HFLM(target_model)
+    if engine == "static":
+        if not lean:
+            raise ValueError("the static engine runs the lean draft path (not --draft-impl hf)")
+        target_lm = make_static(LeanLM(target_model), capacity, target_shapes(GAMMA_RANGE[1] + 1), name="target")
+        inner = make_static(inner, capacity, draft_shapes(), name="draft")
     act = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
     ctx = int(target_model.config.max_position_embeddings)
     return ModelPair(draft_model, target_model, IdTokenizer(), f"synthetic-{name}", d_arch, t_arch, device, act, (),
                      ctx, draft_dtype=draft_repr, target_repr=target_repr, special_ids=frozenset(),
-                     target_lm=HFLM(target_model), draft_lm=ScriptedDraft(inner),
+                     target_lm=target_lm, draft_lm=ScriptedDraft(inner),
                      draft_vocab_size=draft_model.get_output_embeddings().out_features)

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-from csd.config import CSDConfig
-from csd.profile import PASS_LENGTHS
+from csd.config import GAMMA_RANGE, CSDConfig
+from csd.profile import CONTEXT, PASS_LENGTHS
+from csd.static import ENGINES
 
 from ..io import now, write_json
 from .models import ARCHS, ATTN_LOGIT_STD, LOGIT_STD, PAIR_CHOICES, PAIRS, build_model, make_pair
@@ -59,6 +60,7 @@ class SyntheticConfig:
     dtype: str = "auto"              # the target's representation; auto: bfloat16 on CUDA, float32 on the CPU
     draft_dtype: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
     draft_impl: str = "auto"         # lean (auto) or hf
+    engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA (csd.static)
     pass_lengths: tuple[int, ...] = PASS_LENGTHS   # tokens per target pass in the verify-time table
     reps: int = 3                    # timed repetitions per pass length (median)
     warmup: bool = True              # one short untimed generation per method first
@@ -81,6 +83,8 @@ class SyntheticConfig:
             raise ValueError("--pass-lengths must be positive whole numbers")
         if self.gamma == "auto" and len(set(self.pass_lengths)) < 2:
             raise ValueError("gamma auto needs at least two --pass-lengths to interpolate the target's cost")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
         if self.memory_mode not in ("online", "fresh"):
             raise ValueError(f"memory mode must be online or fresh, got {self.memory_mode!r}")
         if self.rehearsals < 0 or self.check_tokens < 1 or self.check_prompts < 0:
@@ -244,6 +248,9 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
         raise ValueError("the draft and target architectures must share a vocabulary")
     if cfg.prompt_tokens + cfg.max_new_tokens > t_arch["max_position_embeddings"]:
         raise ValueError("--prompt-tokens + --max-new-tokens exceed the architecture's context")
+    engine = cfg.engine if cfg.engine != "auto" else ("static" if device.type == "cuda" else "eager")
+    room = max(cfg.prompt_tokens + cfg.max_new_tokens + 2 * (GAMMA_RANGE[1] + 2), CONTEXT + max(cfg.pass_lengths) + 1)
+    static = (engine, room)      # a static cache: the run with a block to spare, or the timed passes
     started, t_start = now(), time.perf_counter()
     prompts = _random_prompts(cfg.prompts, cfg.prompt_tokens, t_arch["vocab_size"], cfg.seed)
 
@@ -253,14 +260,14 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     check = None
     if target_repr != "float32" and cfg.check_prompts > 0:                                       # 2.
         say("checking greedy SD == AR in float32")
-        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl)
+        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl, *static)
         check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
                                    _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
         del ref
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    pair = make_pair(cfg.pair, draft_model, target_model, device, target_repr, draft_repr, cfg.draft_impl)
+    pair = make_pair(cfg.pair, draft_model, target_model, device, target_repr, draft_repr, cfg.draft_impl, *static)
     del draft_model, target_model
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

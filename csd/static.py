@@ -1,0 +1,206 @@
+"""The static decode path: ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so that on a GPU
+each pass can be replayed as a captured CUDA graph instead of being launched kernel by kernel from
+Python (on the H200 the eager path spent 17 ms launching a 1.5B pass whose weights take about 1 ms
+to read: docs/gpu.md).
+
+What is static (as in gpt-fast and transformers' static cache):
+- one KV cache per model of a fixed ``capacity``, allocated once; a rollback moves a length, nothing
+  is copied or re-allocated, and a request that could outgrow it is refused before any pass runs
+  (``check_room``);
+- the pass's first position lives in a device tensor; keys and values are written with
+  ``index_copy_`` at ``position + arange(T)``, and attention runs over the whole capacity with the
+  mask ``key position <= query position``, so no shape depends on how much the cache holds;
+- on CUDA, ``capture`` records one graph per (pass length, rows of logits kept) at load time, the
+  longest first, all sharing one memory pool; a pass of a captured shape is one ``replay()``, any
+  other (a prompt chunk, a long copy from the context) runs the same function eagerly.
+
+The decode loop (``csd.decode``) is unchanged: it calls ``forward``/``crop`` as on any ``LM``, and the
+rule still runs on the host on the one transfer per block that ``csd.verify.score_block`` makes.
+Greedy output equals the eager path's up to float rounding (attention over the masked capacity
+sums in another order): ``tests/test_static.py`` checks AR and SD token for token in float32.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from .lm import LM, LeanLM, ids_tensor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY = 4096     # tokens of prompt + answer + one block (7B in bf16: 57 KB a token, 0.23 GB)
+ENGINES = ("auto", "eager", "static")
+
+
+class CapacityError(ValueError):
+    """A request the static KV cache cannot hold."""
+
+
+class StaticCache:
+    """A run's handle on its model's one KV cache: the tokens it holds (``n``), and which run owns it."""
+
+    def __init__(self, owner: int):
+        self.owner, self.n = owner, 0
+
+
+def draft_shapes() -> list[tuple[int, int]]:
+    """The draft's passes in the decode loop: one token, or two after a block whose every proposal
+    was kept (the last proposal and the target's bonus token), one row of logits kept."""
+    return [(1, 1), (2, 1)]
+
+
+def target_shapes(longest: int) -> list[tuple[int, int]]:
+    """The verify passes: the token the target has not seen plus a block of up to ``longest - 1``
+    proposals, every row kept (AR: one token, one row)."""
+    return [(t, t) for t in range(1, longest + 1)]
+
+
+class StaticLM(LM):
+    """``lean``'s function at fixed shapes, one run at a time (``new_cache`` hands the one cache to a
+    new run; a stale handle is refused). ``capacity``: tokens the cache holds."""
+
+    impl = "static"
+
+    def __init__(self, lean: LeanLM, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 2:
+            raise ValueError(f"a static KV cache needs room for at least 2 tokens, got {capacity}")
+        self.lean, self.capacity = lean, int(capacity)
+        self.vocab_ids = lean.vocab_ids
+        dev = lean.device
+        self._kv = lean.new_cache(self.capacity)
+        self._pos = torch.zeros(1, dtype=torch.long, device=dev)       # the pass's first position
+        self._keys = torch.arange(self.capacity, device=dev)            # key positions; query offsets
+        self._owner = 0
+        self.graphs: dict[tuple[int, int], tuple] = {}
+        self.replays = self.eager_passes = 0
+        self.capture_s = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.lean.device
+
+    def new_cache(self) -> StaticCache:
+        self._owner += 1
+        return StaticCache(self._owner)
+
+    def length(self, cache: StaticCache) -> int:
+        return cache.n
+
+    def crop(self, cache: StaticCache, length: int) -> None:
+        if not 0 <= length <= cache.n:
+            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
+        cache.n = length          # what lies beyond is overwritten before any query can see it
+
+    def check_room(self, tokens: int, what: str = "this request") -> None:
+        """Refuse, before any pass, a run that would hold more than the cache's capacity."""
+        if tokens > self.capacity:
+            raise CapacityError(f"{what} needs {tokens} positions of the static KV cache, which holds "
+                                f"{self.capacity}; shorten the prompt, lower max_new_tokens or gamma, or load the "
+                                f"pair with a larger --static-capacity")
+
+    @torch.inference_mode()
+    def _step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """The pass at the position in ``self._pos``: fixed shapes for a given (T, keep)."""
+        lean, t = self.lean, ids.numel()
+        pos = self._pos + self._keys[:t]                                                 # (T,) on the device
+        x = lean.embed[ids][None]                                                       # (1, T, hidden)
+        cos, sin = lean._rope(pos)
+        mask = self._keys[None, :] <= pos[:, None]                                      # (T, capacity)
+        k, v = self._kv.k, self._kv.v
+
+        def write(li, kk, vv):
+            k[li].index_copy_(1, pos, kk)
+            v[li].index_copy_(1, pos, vv)
+
+        def attend(li, q):
+            return F.scaled_dot_product_attention(q, k[li:li + 1], v[li:li + 1], attn_mask=mask,
+                                                  scale=lean.scaling, enable_gqa=True)
+
+        return lean.logits(lean.layers_over(x, cos, sin, write, attend), keep)
+
+    def forward(self, cache: StaticCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
+        if cache.owner != self._owner:
+            raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
+                               "one run at a time per model")
+        ids = ids_tensor(ids, self.device)
+        t, start = ids.numel(), cache.n
+        self.check_room(start + t, "this pass")
+        self._pos.fill_(start)                   # a scalar fill: queued, no host sync
+        graph = self.graphs.get((t, keep))
+        if graph is not None:
+            g, ids_in, out = graph
+            ids_in.copy_(ids)
+            g.replay()
+            logits = out.clone()                 # the graph's output buffer is rewritten by its next replay
+            self.replays += 1
+        else:
+            logits = self._step(ids, keep)
+            self.eager_passes += 1
+        cache.n = start + t
+        return logits
+
+    def capture(self, shapes: Iterable[tuple[int, int]], progress: Callable[[str, float], None] | None = None,
+                name: str = "model") -> None:
+        """Record one CUDA graph per (pass length, rows kept), the longest first, in one memory pool
+        (graphs of one model never run at once). Call before any run: the warm-up passes write into
+        the cache."""
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; elsewhere the static path runs eagerly")
+        shapes = sorted(set(shapes), reverse=True)
+        too_long = [t for t, _ in shapes if t > self.capacity]
+        if too_long:
+            self.check_room(max(too_long), "a captured pass")
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        for i, (t, keep) in enumerate(shapes):
+            if progress:
+                progress(f"capturing CUDA graphs: {name}, pass of {t}", i / len(shapes))
+            ids_in = torch.zeros(t, dtype=torch.long, device=self.device)
+            self._pos.zero_()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):           # warm-up off the capture (allocator, kernel choice)
+                for _ in range(2):
+                    self._step(ids_in, keep)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = self._step(ids_in, keep)
+            self.graphs[(t, keep)] = (g, ids_in, out)
+        torch.cuda.synchronize()
+        self.capture_s += time.perf_counter() - t0
+        log.info("%s: %d CUDA graphs captured in %.1f s", name, len(shapes), self.capture_s)
+
+    def describe(self) -> dict:
+        return {"capacity": self.capacity, "graphs": len(self.graphs), "capture_s": round(self.capture_s, 2),
+                "replays": self.replays, "eager_passes": self.eager_passes}
+
+
+def make_static(lean: LeanLM, capacity: int, shapes: Iterable[tuple[int, int]], progress=None,
+                name: str = "model") -> StaticLM:
+    """A ``StaticLM`` over ``lean``, its graphs captured where the device has them (CUDA)."""
+    lm = StaticLM(lean, capacity)
+    if lm.device.type == "cuda":
+        lm.capture(shapes, progress, name)
+    return lm
+
+
+def run_room(prompt_tokens: int, max_new_tokens: int, longest_block: int) -> int:
+    """Positions a run may fill: the prompt, the answer, and the proposals of its last block beyond it."""
+    return prompt_tokens + max_new_tokens + longest_block + 1
+
+
+def check_room(pair, prompt_tokens: int, cfg) -> None:
+    """Refuse a run that a static KV cache of the pair could not hold (nothing to check on the eager
+    path, whose cache grows): the prompt, ``max_new_tokens`` and the longest block the run may verify."""
+    longest = max(cfg.gamma_max if cfg.gamma == "auto" else cfg.gamma, cfg.lookup) if cfg.uses_draft else 0
+    need = run_room(prompt_tokens, cfg.max_new_tokens, longest)
+    for role, lm in (("target", pair.target_lm), ("draft", pair.draft_lm if cfg.uses_draft else None)):
+        room = getattr(getattr(lm, "inner", lm), "check_room", None)   # a wrapper (the benchmark's scripted draft)
+        if room is not None:
+            room(need, f"a run of a {prompt_tokens}-token prompt, max_new_tokens {cfg.max_new_tokens} and "
+                       f"blocks of up to {longest} tokens ({role})")

@@ -1,0 +1,154 @@
+"""The static decode path (``csd.static``): a fixed-capacity KV cache, positions on the device,
+attention over the masked capacity, and (on CUDA) one captured graph per pass shape. On the CPU it
+runs the same fixed-shape function eagerly, so the function, the rollbacks and the refusals are
+tested here; the graphs where a CUDA device is present."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bench.synthetic.models import IdTokenizer
+from conftest import make_pair, perturbed, tiny_model
+from csd.config import CSDConfig
+from csd.decode import Decoder
+from csd.lm import LeanLM
+from csd.memory import CorrectionMemory
+from csd.static import CapacityError, StaticLM, draft_shapes, make_static, target_shapes
+
+PROMPT = [3, 7, 1, 4, 9, 2]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(2)
+    return target, perturbed(target, 0.05)
+
+
+def pairs(models, capacity=128, device="cpu"):
+    """The same two models through the eager lean path and through the static one."""
+    target, draft = (copy.deepcopy(m).to(device) for m in models)
+    eager = make_pair(IdTokenizer(), target, draft, draft_lm=LeanLM(draft))     # no model files: runs on any device
+    eager.target_lm = LeanLM(target)
+    static = make_pair(IdTokenizer(), target, draft)
+    static.target_lm = make_static(LeanLM(target), capacity, target_shapes(8), name="target")
+    static.draft_lm = make_static(LeanLM(draft), capacity, draft_shapes(), name="draft")
+    eager.device = static.device = torch.device(device)
+    return eager, static
+
+
+def run(pair, cfg):
+    r = Decoder(pair, online_costs=False).run(PROMPT, cfg, CorrectionMemory(pair.pair_id))
+    list(r)
+    return r
+
+
+def assert_same_or_near_tie(pair, a: list[int], b: list[int]) -> None:
+    """Token-identical, except where the target's own top two were within float rounding at the first
+    difference (attention over the masked capacity sums in another order than over the held keys)."""
+    if a == b:
+        return
+    i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y) if any(x != y for x, y in zip(a, b)) else min(len(a), len(b))
+    with torch.no_grad():
+        logits = pair.target(torch.tensor([PROMPT + a[:i]], device=pair.target.device)).logits[0, -1].float()
+    top2 = logits.topk(2).values
+    assert float(top2[0] - top2[1]) < 1e-4, f"static and eager differ at token {i} with a clear top-1"
+
+
+def test_a_static_pass_computes_the_eager_pass(models):
+    target = models[0]
+    eager, static = LeanLM(target), StaticLM(LeanLM(target), capacity=64)
+    ce, cs = eager.new_cache(), static.new_cache()
+    g = torch.Generator().manual_seed(0)
+    for t, crop_to in ((5, None), (1, None), (4, 7), (3, 5), (1, None), (7, 9)):
+        ids = torch.randint(0, 32, (t,), generator=g)
+        le, ls = eager.forward(ce, ids, t), static.forward(cs, ids, t)
+        assert ls.shape == le.shape
+        torch.testing.assert_close(ls, le, rtol=1e-5, atol=1e-5)
+        assert static.length(cs) == eager.length(ce)
+        if crop_to is not None:               # a rollback moves a length on both
+            eager.crop(ce, crop_to)
+            static.crop(cs, crop_to)
+    assert static.eager_passes == 6 and static.replays == 0      # no graphs on the CPU
+
+
+@pytest.mark.parametrize("cfg", [CSDConfig(method="ar", max_new_tokens=40),
+                                 CSDConfig(method="sd", gamma=4, max_new_tokens=40, lookup=0),
+                                 CSDConfig(method="sd", gamma=6, max_new_tokens=40),
+                                 CSDConfig(method="csd", gamma=3, max_new_tokens=40, lookup=0)],
+                         ids=["ar", "sd-gamma4", "sd-gamma6-copies", "csd-gamma3"])
+def test_static_decoding_writes_the_eager_paths_tokens(models, cfg):
+    eager, static = pairs(models)
+    a, b = run(eager, cfg), run(static, cfg)
+    assert_same_or_near_tie(eager, a.token_ids, b.token_ids)
+    assert b.metrics.target_forwards == a.metrics.target_forwards or a.token_ids != b.token_ids
+
+
+def test_static_sd_equals_static_ar(models):
+    _, static = pairs(models)
+    ar = run(static, CSDConfig(method="ar", max_new_tokens=48)).token_ids
+    sd = run(static, CSDConfig(method="sd", gamma=5, max_new_tokens=48, lookup=0))
+    assert_same_or_near_tie(static, ar, sd.token_ids)
+    assert sd.metrics.target_forwards < 48           # the close draft's blocks were kept: fewer passes than tokens
+
+
+def test_a_run_the_cache_cannot_hold_is_refused_before_any_pass(models):
+    _, static = pairs(models, capacity=48)
+    with pytest.raises(CapacityError, match=r"holds 48.*--static-capacity"):
+        Decoder(static, online_costs=False).run(PROMPT, CSDConfig(method="sd", gamma=6, max_new_tokens=40))
+    with pytest.raises(CapacityError, match="holds 48"):   # AR: the prompt and the answer alone
+        Decoder(static, online_costs=False).run(PROMPT, CSDConfig(method="ar", max_new_tokens=43))
+    assert static.target_lm.eager_passes == static.target_lm.replays == 0
+    assert static.draft_lm.eager_passes == 0
+    run(static, CSDConfig(method="ar", max_new_tokens=41))       # 6 + 41 + 1 fits
+
+
+def test_one_run_at_a_time_and_rollbacks_stay_in_bounds(models):
+    lm = StaticLM(LeanLM(models[0]), capacity=16)
+    old = lm.new_cache()
+    lm.forward(old, [1, 2, 3], 1)
+    new = lm.new_cache()
+    with pytest.raises(RuntimeError, match="one run at a time"):
+        lm.forward(old, [4], 1)
+    lm.forward(new, [1, 2], 1)
+    with pytest.raises(ValueError, match="cannot crop"):
+        lm.crop(new, 3)
+    with pytest.raises(CapacityError, match="holds 16"):
+        lm.forward(new, list(range(15)), 1)
+    assert lm.length(new) == 2                      # the refused pass changed nothing
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        lm.capture([(1, 1)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the graphs); the CPU tests above "
+                                                          "cover the function they capture")
+def test_captured_graphs_replay_the_eager_tokens(models):
+    eager, static = pairs(models, device="cuda")
+    for cfg in (CSDConfig(method="ar", max_new_tokens=32), CSDConfig(method="sd", gamma=4, max_new_tokens=32, lookup=0)):
+        a, b = run(eager, cfg), run(static, cfg)
+        assert_same_or_near_tie(eager, a.token_ids, b.token_ids)
+    assert static.target_lm.replays > 0 and static.draft_lm.replays > 0
+
+
+def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):
+    """Qwen2.5-0.5B (151936 output rows) drafting for Qwen2.5-7B (152064) for 151665 tokens: the draft
+    proposes among the rows both have, and greedy SD still writes AR's tokens."""
+    from csd.models import shared_rows
+    from csd.pair import ModelLoadError
+    assert shared_rows(151936, 151936, 151665) is None
+    assert shared_rows(151936, 152064, 151665) == shared_rows(152064, 151936, 151665) == 151936
+    with pytest.raises(ModelLoadError, match="lacks rows"):
+        shared_rows(151000, 152064, 151665)
+    target, wide = models[0], tiny_model(1, vocab=40)          # rows 32..39: padding the target lacks
+    pair = make_pair(IdTokenizer(), target, wide, draft_lm=LeanLM(wide, vocab_ids=torch.arange(shared_rows(40, 32, 30))))
+    ar = run(pair, CSDConfig(method="ar", max_new_tokens=30)).token_ids
+    sd = run(pair, CSDConfig(method="sd", gamma=4, max_new_tokens=30, lookup=0))
+    assert sd.token_ids == ar
+    proposed = [e.draft_id for e in sd.events if e.draft_id is not None]
+    assert proposed and max(proposed) < 32
