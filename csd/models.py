@@ -119,6 +119,30 @@ def compare_tokenizers(a, b) -> str | None:
     return None
 
 
+def out_of_memory(role: str, disp: str, src: str, dtype: torch.dtype, dev: torch.device,
+                  trust_remote_code: bool = False) -> str:
+    """What a load that ran out of memory says: the model, its representation, what its weights need
+    (from its config: a Llama-family count), and what the device had free."""
+    need = ""
+    try:
+        from transformers import AutoConfig
+        c = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
+        h, n_layers, inter, vocab = c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size
+        hd = getattr(c, "head_dim", None) or h // c.num_attention_heads
+        q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+        params = vocab * h * (1 if getattr(c, "tie_word_embeddings", False) else 2) \
+            + n_layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+        need = f"; its weights need about {params * dtype.itemsize / 2**30:.1f} GiB"
+    except Exception:        # noqa: BLE001 - an estimate only: the message stands without it
+        pass
+    free = ""
+    if dev.type == "cuda":
+        got, total = torch.cuda.mem_get_info(dev)
+        free = f", {got / 2**30:.1f} of {total / 2**30:.1f} GiB free on {dev}"
+    return (f"out of memory loading the {role} model {disp!r} in {str(dtype).removeprefix('torch.')} on {dev}"
+            f"{need}{free}: try a smaller model, bfloat16/int8, or another device")
+
+
 def shared_rows(draft_rows: int, target_rows: int, tokens: int) -> int | None:
     """None when the two output layers have the same rows; else the rows they share, where they differ
     only by padding past the tokenizer's tokens (Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for
@@ -233,13 +257,15 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
             kwargs["device_map"] = dm
         try:
             m = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+            if dm is None:
+                m.to(dev)
+        except (torch.OutOfMemoryError, MemoryError):
+            raise ModelLoadError(out_of_memory(role, disp, src, dtype_, dev, trust_remote_code)) from None
         except OSError as e:
             raise ModelLoadError(f"cannot load {role} model {disp!r}: not a local directory and not "
                                  f"available offline from the hub cache ({str(e).splitlines()[0]})") from None
         except ValueError as e:
             raise ModelLoadError(f"cannot load {role} model {disp!r}: {e}") from None
-        if dm is None:
-            m.to(dev)
         return m.eval()
 
     try:

@@ -138,3 +138,26 @@ def test_cli_errors(args, needle):
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_an_out_of_memory_load_names_the_model_the_representation_and_the_need(monkeypatch):
+    """An out-of-memory while loading (injected: a real one would end this machine's process) becomes
+    a ModelLoadError naming the model, its representation and what its weights need, from its config."""
+    import torch
+    import transformers
+
+    from csd.embedded import prepare_embedded
+    from csd.models import load_pair, out_of_memory
+    from csd.pair import ModelLoadError
+
+    msg = out_of_memory("target", "embedded", prepare_embedded("target"), torch.bfloat16, torch.device("cpu"))
+    assert msg.startswith("out of memory loading the target model 'embedded' in bfloat16 on cpu")
+    need = float(msg.split("need about ")[1].split(" GiB")[0])
+    assert 3.1 < need < 3.5              # the embedded 1.5B target (its own output layer): 1.78e9 parameters, 2 bytes each
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", oom)
+    with pytest.raises(ModelLoadError, match=r"out of memory loading the target model .* in float32 .*need about"):
+        load_pair(None, dtype="float32", device="cpu")

@@ -464,6 +464,22 @@ def test_a_waiting_request_sees_what_is_ahead(services, gate):
     assert len(list(gen(services, second))) == 1                  # it never ran
 
 
+def test_the_live_status_shows_passes_and_the_rate(services, gate):
+    """While a run is in its third verify pass, its status names the pass and its tokens per second."""
+    import re
+    sess = common.ensure_session(services, None)
+    gate.arm(4)                                      # the prompt's pass, then two verify passes made tokens
+    t = threading.Thread(target=lambda: list(gen(services, sess, max_new=8)))
+    t.start()
+    try:
+        assert gate.reached.wait(60)
+        line = jobs.status_line(services, sess, "generate")
+        assert "verify pass 3 running" in line and re.search(r" · \d+\.\d tok/s · ", line), line
+    finally:
+        gate.open()
+        t.join(120)
+
+
 def test_prompt_cap_names_the_limit(store):
     small = tiny_services(store, max_prompt_tokens=20)
     with pytest.raises(gr.Error, match="at most 20 tokens .*--max-prompt-tokens"):
