@@ -41,7 +41,7 @@ def agree(pair, per_dataset: int, max_new_tokens: int) -> dict:
     out = {}
     for mode in MODES:
         if mode == "row":
-            pair.target_lm.int8_per_row()
+            pair.set_int8_activations("row")
         rows = []
         for it in items:
             ids = pair.encode_prompt(it.prompt, chat=True)

@@ -211,8 +211,7 @@ def cmd_prepare(args) -> int:
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
     if pair.target_repr == "int8":     # the app's exact int8 (per-token activations) has its own costs
-        pair.target_lm.int8_per_row()
-        pair.int8_activations = "row"
+        pair.set_int8_activations("row")
         cached_costs(pair, progress=tqdm_progress())
     print(f"embedded models ready in {cache_dir()}; target representation on this machine: {pair.target_repr}; "
           f"draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token pass", file=sys.stderr)

@@ -299,7 +299,17 @@ class LeanLM(LM):
             self.layers[i] = tuple(row(m) for m in layer)
         self.head = row(self.head)
         release_memory()      # the app's first start peaked at 15.1 GB converting all layers at once
+        self.int8_rows(True)
         return changed
+
+    def int8_rows(self, on: bool) -> None:
+        """Switch converted layers (``int8_per_row``) between per-token scales and per-attention-query
+        verify passes (exact) and one scale per pass (faster; what ``--int8-activations pass`` computes,
+        within 1e-6 where a layer has a bias), without touching the weights."""
+        self.per_row = on
+        for m in [*(m for layer in self.layers for m in layer), self.head]:
+            if isinstance(m, RowInt8Linear):
+                m.per_row = on
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
         shape = (self.n_layers, self.n_kv, capacity, self.head_dim)

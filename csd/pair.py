@@ -89,6 +89,21 @@ class ModelPair:
         if self.draft is not None and not self.draft_dtype:
             self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
 
+    def set_int8_activations(self, mode: str) -> None:
+        """An int8 target on the lean path scales its activations per token ("row": greedy SD writes AR's
+        answer) or per pass ("pass"). The first switch to rows converts its layers (csd.quant.RowInt8Linear);
+        after that both ways only flip a flag. Not during a run."""
+        if mode not in ("row", "pass"):
+            raise ValueError(f"int8 activations {mode!r}: choose row or pass")
+        lm = self.target_lm
+        if self.target_repr != "int8" or not hasattr(lm, "int8_per_row"):
+            raise ValueError("int8 activation scales need an int8 target on the lean path")
+        if mode == "row":
+            lm.int8_per_row()
+        elif lm.per_row:
+            lm.int8_rows(False)
+        self.int8_activations = mode
+
     def run_fields(self) -> dict:
         """The model identity a stored run records."""
         return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)

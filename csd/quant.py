@@ -71,7 +71,11 @@ class RowInt8Linear(torch.nn.Module):
     exactly -1 and +1: the op's scale and zero point are the same for any pass, each row is rounded on
     its own, the int8 product is exact (int32), and the row's output is scaled back by its magnitude.
     A row's result is then the same bit for bit whatever else is in the pass. The weights are the
-    dynamic layer's int8 values and scales, with zero columns appended (padded to a multiple of 8)."""
+    dynamic layer's int8 values and scales, with zero columns appended (padded to a multiple of 8).
+
+    ``per_row = False`` (the app's exact mode off) feeds the rows as they are, zero-padded: one scale
+    for the pass, as torch's dynamic layer takes it (the same bits without a bias; with one, added
+    after the product here and inside it there: within 1e-6)."""
 
     def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -85,6 +89,7 @@ class RowInt8Linear(torch.nn.Module):
         self.sentinel = torch.zeros(1, pad)
         self.sentinel[0, :2] = torch.tensor([1.0, -1.0])
         self.bias = None if bias is None else bias.detach().to(torch.float32)
+        self.per_row = True
 
     @classmethod
     def from_dynamic(cls, mod: torch.nn.Module) -> RowInt8Linear:
@@ -97,9 +102,13 @@ class RowInt8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        s = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
-        xs = torch.cat([rows / s, self.sentinel.expand(rows.shape[0], -1)], 1)
-        y = torch.ops.quantized.linear_dynamic(xs, self.packed, True).mul_(s)
+        if self.per_row:
+            s = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
+            xs = torch.cat([rows / s, self.sentinel.expand(rows.shape[0], -1)], 1)
+            y = torch.ops.quantized.linear_dynamic(xs, self.packed, True).mul_(s)
+        else:
+            xs = torch.cat([rows, rows.new_zeros(rows.shape[0], self.sentinel.shape[1])], 1)
+            y = torch.ops.quantized.linear_dynamic(xs, self.packed, True)
         if self.bias is not None:
             y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -231,8 +231,18 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     assert page.locator("#analyse-legend").is_visible()
     page.screenshot(path=str(shots / "analyse.png"), full_page=True)
 
-    # 6. Compare: the chart leads with target passes, the note explains the time
+    # 6. Compare: the exact-mode switch off and on again (the page's exactness texts follow the target),
+    #    then the chart leads with target passes and the note explains the time
     open_tab(page, "Compare")
+    assert page.locator("#exact-mode input").is_checked()
+    page.locator("#exact-mode input").uncheck()
+    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('one scale')",
+                           timeout=WAIT_MS)
+    assert "scaled per pass" in page.locator("#header").inner_text()
+    page.locator("#exact-mode input").check()
+    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('token for token')",
+                           timeout=WAIT_MS)
+    assert "scaled per token (exact)" in page.locator("#header").inner_text()
     set_number(page, "c-max-new", 8)
     page.click("#compare-btn")
     page.wait_for_function("() => document.querySelectorAll('#compare-plot .bars path').length >= 3",

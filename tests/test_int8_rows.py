@@ -104,3 +104,46 @@ def test_the_app_runs_the_exact_int8_and_the_command_line_the_faster_one():
     import csd_app
     assert csd_app.parse_args([]).int8_activations == "row"
     assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).int8_activations == "pass"
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_row_layer_switched_to_per_pass_computes_the_dynamic_layer(bias):
+    """Exact mode off: the same converted weights, one scale per pass, as torch's own dynamic layer."""
+    _, q = _int8_linear(bias=bias)
+    row = RowInt8Linear.from_dynamic(q)
+    x = torch.randn(7, 64) * torch.logspace(-1, 1, 7)[:, None]
+    row.per_row = False
+    if bias:                         # the bias is added after the product here, inside it there
+        torch.testing.assert_close(row(x), q(x), rtol=0, atol=1e-6)
+    else:
+        assert torch.equal(row(x), q(x))
+    assert not all(torch.equal(row(x)[i:i + 1], row(x[i:i + 1])) for i in range(7))   # a pass's rounding again
+    row.per_row = True
+    assert all(torch.equal(row(x)[i:i + 1], row(x[i:i + 1])) for i in range(7))
+
+
+def test_the_pair_switches_its_int8_activations_both_ways(qwen_tokenizer, one_thread):
+    target = tiny_model(2, hidden=64)
+    int8 = quantize_int8(copy.deepcopy(target)).eval()
+    pair = replace(make_pair(qwen_tokenizer, int8, perturbed(target, 0.3)), target_lm=LeanLM(int8),
+                   target_repr="int8", int8_activations="pass")
+    per_pass = LeanLM(int8)                       # the loader's per-pass path, for reference
+    with torch.inference_mode():
+        ref = per_pass.forward(per_pass.new_cache(), [3, 7, 1, 4, 9, 2], 6)
+    pair.set_int8_activations("row")
+    lean = pair.target_lm
+    assert pair.int8_activations == "row" and lean.per_row and isinstance(lean.head, RowInt8Linear)
+    ar = _tokens(pair, "ar")
+    assert _tokens(pair, "sd") == ar
+    pair.set_int8_activations("pass")
+    assert pair.int8_activations == "pass" and not lean.per_row
+    assert not any(m.per_row for layer in lean.layers for m in layer if isinstance(m, RowInt8Linear))
+    with torch.inference_mode():
+        out = lean.forward(lean.new_cache(), [3, 7, 1, 4, 9, 2], 6)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)      # the per-pass function, to the bias's rounding
+    pair.set_int8_activations("row")
+    assert lean.per_row and _tokens(pair, "sd") == ar           # back to exact: SD writes AR's tokens again
+    with pytest.raises(ValueError, match="row or pass"):
+        pair.set_int8_activations("token")
+    with pytest.raises(ValueError, match="int8 target on the lean path"):
+        make_pair(qwen_tokenizer, target, target).set_int8_activations("row")

@@ -843,3 +843,40 @@ def test_what_the_app_says_of_exactness_follows_the_representation():
     assert "{exactness}" in teach.TEACH_EXPLANATION
     for text in (teach.TEACH_EXPLANATION, generate.__doc__ or ""):
         assert "equals the target's alone" not in text and "lossless" not in text
+
+
+def test_the_exact_mode_switch_flips_the_int8_activations_between_runs(store):
+    """Compare's exact-mode switch: shown for an int8 target on the lean path (not for float32), and
+    flipping it changes how the target scales its activations and every text that states the exactness."""
+    import copy
+    from dataclasses import replace
+
+    from csd.lm import LeanLM
+    from csd.quant import quantize_int8
+    from ui import build_demo, make_services
+    from ui.tabs import common
+
+    def switch(demo):
+        return next(b for b in demo.config["components"] if b.get("props", {}).get("elem_id") == "exact-mode")["props"]
+
+    float_services = tiny_services(store)
+    assert switch(build_demo(float_services))["visible"] is False
+    with pytest.raises(gr.Error, match="applies to an int8 target"):
+        common.set_exact_mode(float_services, [], False)
+    int8 = quantize_int8(copy.deepcopy(float_services.pair.target)).eval()
+    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8), target_repr="int8", int8_activations="pass")
+    pair.set_int8_activations("row")
+    services = make_services(pair, store, costs=float_services.decoder.costs)
+    props = switch(build_demo(services))
+    assert props["visible"] is True and props["value"] is True and props["interactive"] is not False
+    def note() -> str:
+        return common.exactness_note(pair.target_repr, pair.int8_activations)
+
+    first = services.decoder
+    off = common.set_exact_mode(services, [note], False)
+    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is not first
+    assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
+    on = common.set_exact_mode(services, [note], True)
+    assert pair.int8_activations == "row" and pair.target_lm.per_row and "scaled on their own" in on[0]
+    busy = make_services(pair, store, replace(services.settings, concurrency=2), costs=first.costs)
+    assert switch(build_demo(busy))["interactive"] is False            # several runs at once: fixed

@@ -42,7 +42,8 @@ def header(services: Services) -> str:
     md = render.esc_md
     return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
             + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
-            + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "") + ", "
+            + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
+            + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
             f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
             + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
@@ -81,7 +82,7 @@ def build_demo(services: Services) -> gr.Blocks:
         with gr.Row(equal_height=True):
             with gr.Column(scale=4, min_width=300):
                 gr.Markdown("## CSD Explorer — Calibrated Speculative Decoding, token by token", elem_id="title")
-                gr.Markdown(header(services), elem_id="header", elem_classes=HIDE_PRESENT)
+                head = gr.Markdown(header(services), elem_id="header", elem_classes=HIDE_PRESENT)
             with gr.Column(scale=1, min_width=200):
                 present = gr.Checkbox(False, label="Presentation mode (large answer, settings hidden)",
                                       elem_id="present")
@@ -102,6 +103,7 @@ def build_demo(services: Services) -> gr.Blocks:
                 rivals = rival_controls()          # folded: it adds no height to the bar until opened
 
         page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau, rivals=rivals)
+        page.exactness.append((head, partial(header, services)))       # it names the int8 activations
         with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):    # a narrow screen wraps the tabs, in order
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 

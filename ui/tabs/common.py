@@ -52,6 +52,29 @@ def exactness_note(target_repr: str, int8_activations: str = "") -> str:
             "rescues a draft token.")
 
 
+EXACT_MODE_LABEL = ("Exact mode: the int8 target scales each token's activations on its own, so greedy SD writes "
+                    "AR's answer token for token (off: one scale per verify pass, 7-17% faster a pass)")
+
+
+def can_switch_exactness(pair) -> bool:
+    """Whether the exact-mode switch applies: an int8 target on the lean path (float32 is exact as it is)."""
+    return pair.target_repr == "int8" and hasattr(pair.target_lm, "int8_per_row")
+
+
+def set_exact_mode(services: Services, redraw: list, on: bool) -> list[str]:
+    """The exact-mode switch: the target's int8 activations per token (on) or per pass (off), for every
+    user (one model), between runs (it queues behind model work); a new decoder reads the measured costs of
+    the new mode. -> the redrawn texts that state the exactness (``Page.exactness``)."""
+    if not can_switch_exactness(services.pair):
+        raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.target_repr}.")
+    mode = "row" if on else "pass"
+    if services.pair.int8_activations != mode:
+        from csd.decode import Decoder
+        services.pair.set_int8_activations(mode)
+        services.decoder = Decoder(services.pair, online_costs=services.decoder.online_costs)
+    return [fn() for fn in redraw]
+
+
 def scopes(services: Services) -> list[str]:
     """The scopes of Analyse and Explore; the shared one only when the app offers it."""
     return [SCOPE_RUN, SCOPE_SESSION] + ([SCOPE_ALL] if services.settings.shared_scope else [])

@@ -18,7 +18,18 @@ from .. import figures, render
 from ..render import plural
 from ..state import RunView, Services, Session
 from . import analyse
-from .common import ensure_session, error, exactness_note, page_config, remember_ar, tau_from_log10, tokens_html
+from .common import (
+    EXACT_MODE_LABEL,
+    can_switch_exactness,
+    ensure_session,
+    error,
+    exactness_note,
+    page_config,
+    remember_ar,
+    set_exact_mode,
+    tau_from_log10,
+    tokens_html,
+)
 from .inputs import slider
 from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
 from .page import EXAMPLES, Page
@@ -222,7 +233,14 @@ def build(page: Page):
                     "Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
-        gr.Markdown(exactness_note(services.pair.target_repr, services.pair.int8_activations), elem_id="compare-exactness")
+        note = gr.Markdown(exactness_note(services.pair.target_repr, services.pair.int8_activations),
+                           elem_id="compare-exactness")
+        page.exactness.append((note, lambda: exactness_note(services.pair.target_repr, services.pair.int8_activations)))
+        one_at_a_time = s.concurrency == 1
+        exact = gr.Checkbox(services.pair.int8_activations == "row", label=EXACT_MODE_LABEL, elem_id="exact-mode",
+                            visible=can_switch_exactness(services.pair), interactive=one_at_a_time,
+                            info=None if one_at_a_time else "fixed while several generations may run at once "
+                                                            "(--concurrency > 1): it applies to every user's runs")
         with gr.Row():
             with gr.Column(scale=3):
                 c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
@@ -263,4 +281,6 @@ def build(page: Page):
                              check_in=(gamma, lam, log10_tau, c_max))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+        exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), exact,
+                     [c for c, _ in page.exactness], api_name="exact_mode", show_progress="minimal", **page.model)
     return wire

@@ -53,6 +53,7 @@ class Page:
     status: dict[str, gr.HTML] = field(default_factory=dict)   # job kind -> the status line beside its button
     hide_rejected: gr.Checkbox | None = None   # Generate's switch; Analyse's recoloured answer follows it too
     analyse_io: tuple[list, list] | None = None   # Analyse's inputs and outputs, refreshed after runs
+    exactness: list = field(default_factory=list)   # (component, fn() -> its text): redrawn by the exact-mode switch
 
     @property
     def settings(self) -> Settings:
