@@ -222,3 +222,20 @@ def frontier_table(data: dict | None) -> str:
         return ""
     from bench.report import frontier_markdown
     return frontier_markdown(data["points"], data.get("meta"), escape=html.escape)
+
+
+def make_rivals_figure(data: dict | None) -> go.Figure:
+    """Every acceptance rule's speed-up over AR against its graded accuracy, beside the paper's table."""
+    if not data or not data.get("points"):
+        return empty_figure("No rivals' frontier yet: python -m bench.rivals RUN_DIR ... --out docs/bench/rivals",
+                            "Acceptance rules: speed against quality")
+    from bench.rivals import figure
+    return figure(data)
+
+
+def rivals_table(data: dict | None) -> str:
+    """The rivals' frontier as Markdown (bench.rivals'), the data's text HTML-escaped."""
+    if not data or not data.get("points"):
+        return ""
+    from bench.rivals import markdown
+    return markdown(data, escape=html.escape)

@@ -37,6 +37,7 @@ class Settings:
     events_limit: int = 500           # rows shown in the events table
     status_interval_s: float = 1.0    # how often a waiting or running page refreshes its status line
     frontier_file: str = str(Path(__file__).resolve().parents[1] / "docs" / "bench" / "frontier" / "frontier.json")
+    rivals_file: str = str(Path(__file__).resolve().parents[1] / "docs" / "bench" / "rivals" / "rivals.json")
 
 
 @dataclass

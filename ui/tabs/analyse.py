@@ -125,6 +125,11 @@ def build(page: Page):
             frontier_data = figures.load_frontier(s.frontier_file)
             gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
             gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
+        with gr.Accordion("Acceptance rules side by side: speed against quality, beside the paper's table", open=False,
+                          elem_id="rivals-frontier-panel"):
+            rivals_data = figures.load_frontier(s.rivals_file)
+            gr.Plot(figures.make_rivals_figure(rivals_data), show_label=False, elem_id="rivals-frontier-plot")
+            gr.Markdown(figures.rivals_table(rivals_data), elem_id="rivals-frontier-table")
         a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
                              label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the folded "
                                    "panel's parameters)", elem_id="whatif-rule")
