@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from .lm import LM, LeanLM, ids_tensor
+from .lm import LM, PER_QUERY_MAX, LeanLM, ids_tensor
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,10 @@ class StaticLM(LM):
             v[li].index_copy_(1, pos, vv)
 
         def attend(li, q):
+            if lean.per_row and 1 < t <= PER_QUERY_MAX:     # exact int8: each query as a 1-token step
+                return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[li:li + 1], v[li:li + 1],
+                                                                 attn_mask=mask[i:i + 1], scale=lean.scaling,
+                                                                 enable_gqa=True) for i in range(t)], 2)
             return F.scaled_dot_product_attention(q, k[li:li + 1], v[li:li + 1], attn_mask=mask,
                                                   scale=lean.scaling, enable_gqa=True)
 

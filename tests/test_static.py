@@ -152,3 +152,28 @@ def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):
     assert sd.token_ids == ar
     proposed = [e.draft_id for e in sd.events if e.draft_id is not None]
     assert proposed and max(proposed) < 32
+
+
+def test_the_exact_int8_stays_exact_on_the_static_path(one_thread):
+    """An int8 target with per-token activation scales (csd.quant.RowInt8Linear): a static verify pass
+    gives each position the logits a 1-token static step gives it, bit for bit, so SD writes AR's tokens."""
+    from csd.quant import quantize_int8
+    target = tiny_model(2, hidden=64)
+    int8 = quantize_int8(copy.deepcopy(target)).eval()
+    lean = LeanLM(int8)
+    lean.int8_per_row()
+    lm = StaticLM(lean, capacity=1024)      # a long context over a large capacity: where a batched attention
+    prompt = [(7 * i) % 32 for i in range(150)]            # of the pass would round unlike single queries
+    with torch.inference_mode():
+        a = lm.new_cache()
+        lm.forward(a, prompt, 1)
+        block = lm.forward(a, [9, 2, 11, 5, 6, 7, 8], 7)
+        b = lm.new_cache()
+        lm.forward(b, prompt, 1)
+        steps = torch.cat([lm.forward(b, [x], 1) for x in (9, 2, 11, 5, 6, 7, 8)])
+    assert torch.equal(block, steps)
+    pair = make_pair(IdTokenizer(), int8, perturbed(target, 0.3))
+    pair.target_lm = lm
+    ar = run(pair, CSDConfig(method="ar", max_new_tokens=40)).token_ids
+    sd = run(pair, CSDConfig(method="sd", gamma=5, max_new_tokens=40, lookup=0))
+    assert sd.token_ids == ar and any(e.status == "rejected" for e in sd.events)
