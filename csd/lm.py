@@ -202,7 +202,30 @@ def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
             torch.cat([x.int_repr() for x in ws]), torch.cat([x.q_per_channel_scales() for x in ws]),
             torch.cat([x.q_per_channel_zero_points() for x in ws]), 0)
         return PackedInt8Linear(torch.ops.quantized.linear_prepack(w, _cat_bias([m.bias() for m in mods])))
+    if not int8 and all(type(m) is torch.nn.Linear for m in mods):
+        return _shared(mods)
     return _linear(torch.cat([m.weight for m in mods]), _cat_bias([m.bias for m in mods]), int8)
+
+
+@torch.no_grad()
+def _shared(mods: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One float Linear over the rows of ``mods``, whose own weights then become views of it: the model
+    they belong to computes as before, and the weights are held once (a 7B target in bfloat16 would
+    otherwise hold its fused q/k/v and gate/up rows twice, 8.5 GB)."""
+    w = torch.cat([m.weight for m in mods])
+    b = _cat_bias([m.bias for m in mods])
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+    lin.weight = torch.nn.Parameter(w, requires_grad=False)
+    if b is not None:
+        lin.bias = torch.nn.Parameter(b, requires_grad=False)
+    row = 0
+    for m in mods:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(w[row:row + n], requires_grad=False)
+        if b is not None:
+            m.bias = torch.nn.Parameter(b[row:row + n], requires_grad=False)
+        row += n
+    return lin.eval()
 
 
 def _cat_bias(biases: list[torch.Tensor | None]) -> torch.Tensor | None:

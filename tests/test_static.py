@@ -177,3 +177,22 @@ def test_the_exact_int8_stays_exact_on_the_static_path(one_thread):
     ar = run(pair, CSDConfig(method="ar", max_new_tokens=40)).token_ids
     sd = run(pair, CSDConfig(method="sd", gamma=5, max_new_tokens=40, lookup=0))
     assert sd.token_ids == ar and any(e.status == "rejected" for e in sd.events)
+
+
+def test_a_float_lean_model_holds_its_fused_weights_once():
+    """The fused q/k/v and gate/up rows are the transformers model's own storage (views), so building
+    the lean path over a float model does not double its memory, and the model still computes as before."""
+    model = tiny_model(3)
+    ids = torch.tensor([[3, 7, 1, 4, 9]])
+    with torch.no_grad():
+        before = model(ids).logits
+    lean = LeanLM(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv, gate_up = lean.layers[0][1], lean.layers[0][4]
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == qkv.weight.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == gate_up.weight.untyped_storage().data_ptr()
+    assert torch.equal(attn.k_proj.weight, qkv.weight[attn.q_proj.out_features:][:attn.k_proj.out_features])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    with torch.inference_mode():
+        torch.testing.assert_close(lean.forward(lean.new_cache(), ids[0], 5), before[0], rtol=1e-5, atol=1e-5)
