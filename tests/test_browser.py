@@ -240,7 +240,7 @@ def test_real_pair_end_to_end(browser, real_url, shots):
                            timeout=WAIT_MS)
     assert "scaled per pass" in page.locator("#header").inner_text()
     page.locator("#exact-mode input").check()
-    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('token for token')",
+    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('scaled on their own')",
                            timeout=WAIT_MS)
     assert "scaled per token (exact)" in page.locator("#header").inner_text()
     set_number(page, "c-max-new", 8)
