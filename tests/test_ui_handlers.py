@@ -474,7 +474,7 @@ def test_the_live_status_shows_passes_and_the_rate(services, gate):
     try:
         assert gate.reached.wait(60)
         line = jobs.status_line(services, sess, "generate")
-        assert "verify pass 3 running" in line and re.search(r" · \d+\.\d tok/s · ", line), line
+        assert "verify pass 3 running" in line and re.search(r" · \d+/8 tokens, \d+\.\d tok/s · ", line), line
     finally:
         gate.open()
         t.join(120)

@@ -82,9 +82,9 @@ def _run_progress(job: Job, now: float) -> str:
     if m.target_forwards == 0 and m.prefill_s == 0 and job.prompt_tokens > 1:
         return f"{label}reading the prompt ({job.prompt_tokens:,} tokens) · {_ago(job.elapsed(now))}"
     wall = run.metrics_snapshot().wall_s                 # since the run's first pass: the live rate
-    rate = f" · {m.new_tokens / wall:.1f} tok/s" if wall and m.new_tokens else ""
-    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens} of at most "
-            f"{plural(job.max_tokens, 'token')}{rate} · {_ago(job.elapsed(now))}")
+    rate = f", {m.new_tokens / wall:.1f} tok/s" if wall and m.new_tokens else ""     # as short as it was:
+    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens}/"       # a longer line wraps
+            f"{plural(job.max_tokens, 'token')}{rate} · {_ago(job.elapsed(now))}")       # beside the buttons
 
 
 def status_line(services: Services, sess: Session | None, kind: str) -> str:
