@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from csd.config import RIVAL_PARAMS
 from csd.events import common_prefix
 
 from .io import write_json
@@ -43,6 +44,24 @@ def _speed(run: dict, method: str, ref: str) -> tuple[float | None, list | None]
         if a and b:
             rows.append((a["new_tokens"], a["wall_s"], b["new_tokens"], b["wall_s"]))
     return speedup(rows)
+
+
+def setting(s: dict | None) -> str:
+    """A column's setting in a few words, from its results.json entry: the block length, the copies
+    and what the rule reads (λ and τ for the memory methods, a rival's own parameters), e.g.
+    "γ auto, copies 16, λ 6, τ 0.01". Empty when the run did not record it."""
+    if not s:
+        return ""
+    m = s.get("method")
+    if m == "ar":
+        return "no draft"
+    parts = [f"γ {s.get('gamma')}", f"copies {s.get('lookup') or 'off'}"]
+    if m in ("csd", "ocm-only"):
+        parts.append(f"λ {s.get('lam'):g}")
+    if m in ("csd", "scg-only"):
+        parts.append(f"τ {s.get('tau'):g}")
+    parts += [f"{k} {s[k]:g}" for k in RIVAL_PARAMS.get(m, ()) if isinstance(s.get(k), (int, float))]
+    return ", ".join(parts)
 
 
 def _quality(items: dict, method: str, ar_ids: dict) -> dict:
@@ -97,7 +116,8 @@ def frontier(runs: list[dict]) -> dict:
                 ci = [c * sd_over_ar for c in ci_sd] if ci_sd and sd_over_ar else None
                 how = f"x SD in run {n} ({vs_sd:.3f}) times SD's x AR in run {runs.index(base) + 1}" if vs_sd else "–"
             tps = [i for i in run["items"] if i["method"] == m]
-            points.append({"method": m, "run": n, "speedup_over_ar": x, "speedup_ci95": ci, "speed_from": how,
+            conf = ((run["meta"].get("config") or {}).get("settings") or {}).get(m)
+            points.append({"method": m, "run": n, "setting": setting(conf), "speedup_over_ar": x, "speedup_ci95": ci, "speed_from": how,
                            "tokens_per_s": sum(i["new_tokens"] for i in tps) / max(sum(i["wall_s"] for i in tps), 1e-9),
                            **_quality(items, m, ar_ids)})
     meta = {"machine": (base["meta"].get("machine") or {}).get("cpu"), "dtype": base["meta"].get("dtype"),
@@ -116,9 +136,9 @@ def markdown(data: dict, escape=str) -> str:
     """The frontier as a Markdown table, then the paper's table beside it (marked as the paper's).
     ``escape`` is applied to every text taken from the data (the app passes ``html.escape``)."""
     m = data["meta"]
-    rows = ["| method | x AR (95% CI) | accuracy, GSM8K + HumanEval [95% CI] | vs AR (gained / lost) | "
+    rows = ["| method | setting | x AR (95% CI) | accuracy, GSM8K + HumanEval [95% CI] | vs AR (gained / lost) | "
             "prose: identical to AR | prose: AR's tokens before the first difference | prose: length / AR's |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in data["points"]:
         ci = p.get("speedup_ci95")
         speed = _f(p["speedup_over_ar"], ".2f", "x") + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") \
@@ -127,7 +147,7 @@ def markdown(data: dict, escape=str) -> str:
         acc_s = "–" if acc is None else f"{100 * acc:.0f}% [{100 * aci[0]:.0f}, {100 * aci[1]:.0f}] of {p['n_graded']}"
         vs = p.get("vs_ar") or {}
         pr = p.get("prose") or {}
-        rows.append(f"| {escape(str(p['method']))} | {speed} | {acc_s} | +{vs.get('gained', 0)} / -{vs.get('lost', 0)} | "
+        rows.append(f"| {escape(str(p['method']))} | {escape(p.get('setting') or '–')} | {speed} | {acc_s} | +{vs.get('gained', 0)} / -{vs.get('lost', 0)} | "
                     f"{pr.get('identical', '–')} of {pr.get('n', '–')} | {_f(pr.get('prefix_share'), '.0%')} | "
                     f"{_f(pr.get('length_ratio'), '.2f')} |")
     runs = "; ".join(f"run {i}: `{escape(str(r['command']))}`" for i, r in enumerate(m["runs"], 1))

@@ -15,9 +15,10 @@ def item(ds, i, method, wall, correct=None, ids=None, tokens=10):
             "correct": correct, "token_ids": ids if ids is not None else list(range(tokens))}
 
 
-def run(items, path, methods):
+def run(items, path, methods, settings=None):
     return {"_path": path, "items": items, "status": "finished",
-            "meta": {"command": f"bench --methods {methods}", "machine": {"cpu": "test CPU"}, "dtype": "int8"}}
+            "meta": {"command": f"bench --methods {methods}", "machine": {"cpu": "test CPU"}, "dtype": "int8",
+                     "config": {"settings": settings or {}}}}
 
 
 def part1():
@@ -28,7 +29,9 @@ def part1():
         items += [item("prose", i, "ar", 2.0, ids=AR_PROSE[i], tokens=4), item("prose", i, "sd", 1.0, ids=AR_PROSE[i], tokens=4),
                   item("prose", i, "lossy", 0.5, ids=AR_PROSE[i][:2] + [9, 9, 9, 9], tokens=6) if i == 0 else
                   item("prose", i, "lossy", 0.5, ids=AR_PROSE[i], tokens=4)]
-    return run(items, "run1", "ar,sd,lossy")
+    return run(items, "run1", "ar,sd,lossy", {
+        "ar": {"method": "ar", "gamma": "auto", "lam": 6, "tau": 0.01, "lookup": 0},
+        "lossy": {"method": "lossy", "gamma": "auto", "lam": 6, "tau": 0.01, "lookup": 16, "tau_lossy": 0.6}})
 
 
 def part2(keys=2):
@@ -54,7 +57,9 @@ def test_speed_quality_and_prose_agreement_per_rule():
     assert p["lossy"]["prose"]["length_ratio"] == pytest.approx(10 / 8)
     assert p["topk"]["prose"]["identical"] == 0 and p["topk"]["prose"]["prefix_share"] == 0.0
     md = markdown(data)
-    assert "| topk | 2.50x" in md and "†" in md.split("| topk |")[1].split("\n")[0]
+    assert p["lossy"]["setting"] == "γ auto, copies 16, tau_lossy 0.6" and p["ar"]["setting"] == "no draft"
+    assert p["topk"]["setting"] == ""                                    # not recorded by its run
+    assert "| topk | – | 2.50x" in md and "†" in md.split("| topk |")[1].split("\n")[0]
     assert "The paper's figures, not ours" in md and all(f"| {x['method']} |" in md for x in PAPER)
     fig = figure(data)
     assert {t.name for t in fig.data} >= {"sd", "lossy", "topk", "paper: CSD"}
@@ -80,3 +85,14 @@ def test_the_app_shows_the_frontier_escaped_and_says_when_there_is_none(tmp_path
     table = figures.rivals_table(loaded)
     assert "&lt;img src=x onerror=alert(1)&gt;" in table and "<img" not in table
     assert len(figures.make_rivals_figure(loaded).data) >= 4
+
+
+def test_a_column_setting_names_what_its_rule_reads():
+    from bench.rivals import setting
+    base = {"gamma": "auto", "lam": 6, "tau": 0.01, "lookup": 16, "tau_lossy": 0.6, "topk": 15, "delta": 0.5,
+            "win_len": 6, "entropy_thre": 0.3}
+    assert setting({**base, "method": "csd"}) == "γ auto, copies 16, λ 6, τ 0.01"
+    assert setting({**base, "method": "csd", "gamma": 6, "lookup": 0}) == "γ 6, copies off, λ 6, τ 0.01"
+    assert setting({**base, "method": "topk"}) == "γ auto, copies 16, topk 15, delta 0.5"
+    assert setting({**base, "method": "fly", "gamma": 15}) == "γ 15, copies 16, win_len 6, entropy_thre 0.3"
+    assert setting({**base, "method": "sd"}) == "γ auto, copies 16" and setting(None) == ""
