@@ -123,17 +123,22 @@ class StaticLM(LM):
             k[li].index_copy_(1, pos, kk)
             v[li].index_copy_(1, pos, vv)
 
+        # exact int8: each query attends as a 1-token step would; the folded masks are made once a pass
+        per_query = lean.per_row and 1 < t <= PER_QUERY_MAX
+        folded_masks = ([mask[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
+                        else [mask.repeat(group, 1)])                                   # (G*n, capacity) each
+
         def folded(li, q, m):
-            """q (1, H, n, D) under the mask rows m (n, capacity) -> (1, H, n, D)."""
+            """q (1, H, n, D) under the folded mask rows m (G*n, capacity) -> (1, H, n, D)."""
             n, d = q.shape[2], q.shape[3]
             out = F.scaled_dot_product_attention(q.reshape(1, n_kv, group * n, d), k[li:li + 1], v[li:li + 1],
-                                                 attn_mask=m.repeat(group, 1), scale=lean.scaling)
+                                                 attn_mask=m, scale=lean.scaling)
             return out.reshape(1, n_kv * group, n, d)          # (a transposed layout on some kernels)
 
         def attend(li, q):
-            if lean.per_row and 1 < t <= PER_QUERY_MAX:     # exact int8: each query as a 1-token step
-                return torch.cat([folded(li, q[:, :, i:i + 1], mask[i:i + 1]) for i in range(t)], 2)
-            return folded(li, q, mask)
+            if per_query:
+                return torch.cat([folded(li, q[:, :, i:i + 1], m) for i, m in enumerate(folded_masks)], 2)
+            return folded(li, q, folded_masks[0])
 
         return lean.logits(lean.layers_over(x, cos, sin, write, attend), keep)
 
