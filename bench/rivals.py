@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from csd.config import RIVAL_PARAMS
+from csd.config import RIVAL_PARAMS, CSDConfig
 from csd.events import common_prefix
 
 from .io import write_json
@@ -53,12 +53,13 @@ def setting(s: dict | None) -> str:
     if not s:
         return ""
     m = s.get("method")
-    if m == "ar":
+    modules = CSDConfig(method=m)            # which parts of the rule the method reads (the engine's own test)
+    if not modules.uses_draft:
         return "no draft"
     parts = [f"γ {s.get('gamma')}", f"copies {s.get('lookup') or 'off'}"]
-    if m in ("csd", "ocm-only"):
+    if modules.use_ocm:
         parts.append(f"λ {s.get('lam'):g}")
-    if m in ("csd", "scg-only"):
+    if modules.use_scg:
         parts.append(f"τ {s.get('tau'):g}")
     parts += [f"{k} {s[k]:g}" for k in RIVAL_PARAMS.get(m, ()) if isinstance(s.get(k), (int, float))]
     return ", ".join(parts)
