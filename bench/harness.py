@@ -198,6 +198,8 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     cols = config.columns()
     if pair.draft is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
+    if any(m.acts for m in cols) and (pair.target_repr != "int8" or not pair.int8_activations):
+        raise ValueError("a column's int8_activations needs an int8 target on the lean path (--dtype int8)")
     items = interleaved_items(datasets, config.limit, config.seed)
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     base = config.engine()
@@ -239,6 +241,14 @@ class _Run:
         self.token_text: dict[int, str] = {}
         self.bar = None
         self.done = self.total = 0
+        self.acts = pair.int8_activations         # the run's representation; a column may name its own
+
+    def _represent(self, m: Method | None) -> None:
+        """The target in ``m``'s activation scales, or the run's (None): a flag once both exist
+        (csd.pair.set_int8_activations). The profile checks and the end of a run see the run's."""
+        want = (m.acts if m else "") or self.acts
+        if want and self.pair.int8_activations != want:
+            self.pair.set_int8_activations(want)
 
     def over(self, items: list[Item], prompts: dict[tuple, list[int]]) -> dict:
         """Warm up, check the profile, run every column on every item, write the outputs; the results."""
@@ -267,6 +277,7 @@ class _Run:
             raise
         finally:
             self.bar.close()
+            self._represent(None)
             self._finish(status, len(items))
         return self.results
 
@@ -288,6 +299,7 @@ class _Run:
             self._say(f"warm-up {m.name}", f"warm-up: {m.name}", 0.0)
             mem = self.memories[m.name].copy() if m.name in self.memories else None
             warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
+            self._represent(m)
             measure(self.pair, self.decoder, warm, warm_ids, mem)
 
     def _item(self, k: int, it: Item, prompt_ids: list[int]) -> None:
@@ -296,6 +308,7 @@ class _Run:
         for j, m in enumerate(rotated(self.cols, k)):
             self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
                       self.done / self.total)
+            self._represent(m)
             r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
             r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
             if run is not None and m.name in self.divergences:
@@ -327,6 +340,7 @@ class _Run:
         bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
         if self.decoder._costs is None:
             return
+        self._represent(None)
         from csd.profile import measure as measure_costs
         costs = measure_costs(self.pair, progress=self.progress)
         self.results["meta"].setdefault("profile_checks", []).append(_profile_record(costs))
@@ -426,6 +440,7 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
         "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf,
+                                         **({"int8_activations": m.acts} if m.acts else {}),
                                          **({} if m.hf else m.cfg.rule_params() or {})} for m in cols},
                    "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma, "lookup": base.lookup,
                    "lam": base.lam,

@@ -25,6 +25,7 @@ class Method:
     name: str
     cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
     hf: str | None = None           # None (this project's engine), "defaults", "fixed" or "generate" (HF_KIND)
+    acts: str = ""                  # an int8 target's activation scales for this column: "row", "pass" or "" (the run's)
 
     @property
     def reads_memory(self) -> bool:
@@ -32,6 +33,7 @@ class Method:
 
 
 SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram", *PARAM_METHOD)
+ACTS_KEY = "int8_activations"   # a column's representation, not a rule's setting: row or pass (int8 target)
 INT_KEYS = ("lookup", "lookup_ngram", "topk", "win_len")
 
 
@@ -41,6 +43,8 @@ def setting_name(setting: dict, base: CSDConfig) -> str:
     method = setting.get("method", "csd")
     diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
             for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
+    if setting.get(ACTS_KEY):
+        diff.append(f"{ACTS_KEY}={setting[ACTS_KEY]}")
     return f"{method}[{','.join(diff)}]" if diff else method
 
 
@@ -57,14 +61,14 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
         if not part.strip():
             continue
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
-        if not kv or set(kv) - {*SWEEP_KEYS, "method"}:
+        if not kv or set(kv) - {*SWEEP_KEYS, "method", ACTS_KEY}:
             raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
-                             "[,lookup_ngram=M]][,method=sd|csd|...], or a rival's parameters ("
-                             + ", ".join(f"{m}: {'/'.join(ps)}" for m, ps in RIVAL_PARAMS.items())
+                             "[,lookup_ngram=M]][,method=sd|csd|...][,int8_activations=row|pass], or a rival's "
+                             "parameters (" + ", ".join(f"{m}: {'/'.join(ps)}" for m, ps in RIVAL_PARAMS.items())
                              + ") (settings separated by ';')")
         try:
             setting = {k: int(v) if k in INT_KEYS else float(v) for k, v in kv.items()
-                       if k not in ("gamma", "method")}
+                       if k not in ("gamma", "method", ACTS_KEY)}
             if "gamma" in kv:
                 setting["gamma"] = parse_gamma(kv["gamma"])
             owners = {PARAM_METHOD[k] for k in setting if k in PARAM_METHOD}
@@ -77,9 +81,15 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
                 raise ValueError(f"{params} belong to {' and '.join(sorted(owners))}: one method per setting")
             if owners - {setting.get("method")}:
                 raise ValueError(f"{params}: a parameter of {min(owners)}, not of {setting['method']}")
-            if setting.get("method") in ("ar", *HF_METHODS):
-                raise ValueError("a sweep column is sd, csd or an ablation, or a rival (lossy, topk, typical, fly)")
-            CSDConfig(**setting).validated()
+            if ACTS_KEY in kv:
+                if kv[ACTS_KEY] not in ("row", "pass"):
+                    raise ValueError(f"{ACTS_KEY} {kv[ACTS_KEY]!r}: choose row or pass")
+                setting[ACTS_KEY] = kv[ACTS_KEY]
+            if setting.get("method") in HF_METHODS or (setting.get("method") == "ar" and set(setting) != {
+                    "method", ACTS_KEY}):
+                raise ValueError("a sweep column is sd, csd or an ablation, or a rival (lossy, topk, typical, fly); "
+                                 "ar only with int8_activations alone")
+            CSDConfig(**{k: v for k, v in setting.items() if k != ACTS_KEY}).validated()
         except (ValueError, ConfigError) as e:
             raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
         if setting not in out:
@@ -107,8 +117,10 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
             out.append(Method(m, replace(base, method=m)))
     for setting in parse_sweep(sweep):
         name = setting_name(setting, base)
+        fields = {k: v for k, v in setting.items() if k != ACTS_KEY}
         if not any(x.name == name for x in out):
-            out.append(Method(name, replace(base, **{"method": "csd", **setting})))
+            out.append(Method(name, replace(plain if fields.get("method") == "ar" else base,
+                                            **{"method": "csd", **fields}), acts=setting.get(ACTS_KEY, "")))
     if not out:
         raise ValueError("no method to benchmark")
     return out

@@ -47,8 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sweep", default=None,
                    help="more settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...' (CSD), a rival's "
                         "parameters ('tau_lossy=0.4;topk=5,delta=0.2;posterior_threshold=0.05;win_len=4,"
-                        "entropy_thre=0.1': the parameter names its method) or any method with gamma/lookup "
-                        "('method=fly,gamma=15')")
+                        "entropy_thre=0.1': the parameter names its method), any method with gamma/lookup "
+                        "('method=fly,gamma=15'), or a column's int8 scaling ('method=ar,int8_activations=pass')")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")

@@ -147,3 +147,43 @@ def test_the_pair_switches_its_int8_activations_both_ways(qwen_tokenizer, one_th
         pair.set_int8_activations("token")
     with pytest.raises(ValueError, match="int8 target on the lean path"):
         make_pair(qwen_tokenizer, target, target).set_int8_activations("row")
+
+
+def test_a_benchmark_column_names_its_int8_activations(qwen_tokenizer, one_thread, tmp_path, monkeypatch):
+    """``--sweep "method=sd,int8_activations=pass"``: one run, the same items, each column in its own
+    representation (the end-to-end cost of exactness); the run's own comes back at the end."""
+    import json
+
+    import bench.harness as harness
+    from conftest import tiny_bench_pair
+
+    base = tiny_bench_pair(qwen_tokenizer)
+    target = tiny_model(2, hidden=64)
+    int8 = quantize_int8(copy.deepcopy(target)).eval()
+    pair = type(base)(**{**vars(base), "target": int8, "target_lm": LeanLM(int8), "target_repr": "int8",
+                         "int8_activations": "pass", "draft": perturbed(target, 0.3)})
+    pair.draft_lm = LeanLM(pair.draft)
+    pair.set_int8_activations("row")
+    seen, real = [], harness.measure
+
+    def observed(p, decoder, m, ids, memory):          # the real measure; which scales each column ran in
+        seen.append((m.name, p.int8_activations, p.target_lm.per_row))
+        return real(p, decoder, m, ids, memory)
+
+    monkeypatch.setattr(harness, "measure", observed)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(2)))
+    cfg = harness.BenchConfig(str(prompts), None, "ar,sd", 16, tmp_path / "out", show_bar=False,
+                              sweep="method=ar,int8_activations=pass;method=sd,int8_activations=pass")
+    res = harness.run_bench(pair, cfg)
+    assert {(n, a, r) for n, a, r in seen} == {("ar", "row", True), ("sd", "row", True),
+                                               ("ar[int8_activations=pass]", "pass", False),
+                                               ("sd[int8_activations=pass]", "pass", False)}
+    assert pair.int8_activations == "row" and pair.target_lm.per_row         # the run's representation again
+    s = res["summary"]["p"]
+    assert s["sd"]["identical_to_ar"] == 2                                    # exact in rows
+    assert res["meta"]["config"]["settings"]["sd[int8_activations=pass]"]["int8_activations"] == "pass"
+    assert "int8_activations" not in res["meta"]["config"]["settings"]["sd"]
+    float_pair = tiny_bench_pair(qwen_tokenizer)                              # no int8 target: refused
+    with pytest.raises(ValueError, match="int8 target on the lean path"):
+        harness.run_bench(float_pair, cfg)
