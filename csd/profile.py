@@ -56,7 +56,11 @@ def _now() -> str:
 
 @torch.inference_mode()
 def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
-    """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens."""
+    """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens (fewer where a
+    static KV cache holds fewer: its attention reads the whole capacity whatever it holds)."""
+    capacity = getattr(lm, "capacity", None)
+    if capacity is not None:
+        context = max(1, min(context, capacity - k))
     cache = lm.new_cache()
     lm.forward(cache, [100 + (i % 1000) for i in range(context)], 1)
     lm.forward(cache, [7] * k, k)          # warm-up at this shape
@@ -76,13 +80,13 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "quant.py")   # the forward passes and how each representation is built
+ENGINE_FILES = ("lm.py", "static.py", "quant.py")   # the forward passes and how each representation is built
 
 
 @functools.cache
 def engine_revision() -> str:
-    """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py``, the
-    representations built in ``csd/quant.py``): a change there makes the cached profile a miss, so
+    """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py`` and
+    ``csd/static.py``, the representations built in ``csd/quant.py``): a change there makes the cached profile a miss, so
     a faster draft is re-timed instead of planned with its old cost."""
     h = hashlib.sha1()
     for name in ENGINE_FILES:
@@ -97,6 +101,7 @@ def profile_key(pair) -> dict:
             "draft_repr": pair.draft_dtype,
             "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
             "draft_vocab": pair.draft_vocab_size,
+            **({"static_capacity": pair.target_lm.capacity} if hasattr(pair.target_lm, "capacity") else {}),
             **({"int8_activations": pair.int8_activations} if pair.int8_activations else {})}
 
 
