@@ -15,6 +15,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from store_fixtures import db_url, pg_base_url, store  # noqa: E402,F401  (the store tests' databases)
+
 
 @pytest.fixture(scope="session")
 def real_pair():

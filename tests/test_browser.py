@@ -1,60 +1,37 @@
-"""The app in a real headless Chromium (Debian's /usr/bin/chromium driven by playwright).
-
-One end-to-end test runs ``python app.py`` with the real embedded pair: a CSD answer streams in
-coloured, a click pins a token's details, tau recolours it, the presentation mode puts the answer
-above the fold at 1280x720, the phone layout holds, the Pareto chart and the comparison render,
-and markup in a prompt stays text. The other tests serve the app in this process on tiny models
-(``ui_fixtures``) whose target passes go through a gate, so that the page can be checked while
-the engine is held at a known point: the first pass is on the page before the second ends; Stop
-during the prefill and Stop while queued; two users sharing the model; the phone layout; the
-legends; token details and navigation; Teach; memory upload errors; the CSV export.
-Screenshots go to $CSD_SCREENSHOT_DIR (default: <tmp>/csd-screenshots).
+"""The app in a real headless Chromium (Debian's /usr/bin/chromium driven by playwright), served in
+this process on tiny models (``ui_fixtures``) whose target passes go through a gate, so that the page
+can be checked while the engine is held at a known point: the first pass is on the page before the
+second ends; Stop during the prefill and Stop while queued; two users sharing the model; the phone
+layout; the legends; token details and navigation; Teach; memory upload errors; the CSV export.
+The real pair, end to end: test_browser_real.py. Screenshots go to $CSD_SCREENSHOT_DIR.
 """
 from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import tempfile
-import time
-from pathlib import Path
 
+import browser_kit
 import pytest
+from browser_kit import (
+    TINY_PROMPT,
+    WAIT_MS,
+    generate,
+    need_chromium,
+    new_page,
+    open_tab,
+    set_number,
+    start,
+    status,
+    wait_status,
+)
 
-from bench.snapshot import CHROMIUM_ARGS, find_chromium
-
-CHROMIUM = find_chromium()
-XSS = "<img src=x onerror=alert(1)>"
-RUN_TIMEOUT_MS = 300_000
-WAIT_MS = 60_000
-
-if CHROMIUM is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("Chromium is missing: .ci/run must install Debian's chromium")
-    pytest.skip("Chromium is not installed (Debian package chromium)", allow_module_level=True)
-from appserver import running_app  # noqa: E402
-from playwright import sync_api  # noqa: E402
+need_chromium()
 from ui_fixtures import Gate, served, tiny_services  # noqa: E402
 
 pytestmark = pytest.mark.slow
-PROSE = "Write a short paragraph about why people enjoy walking in the mountains."
-TINY_PROMPT = "Write about the cat on the mat and the dog in the park."
 
-
-@pytest.fixture(scope="module")
-def shots() -> Path:
-    d = Path(os.environ.get("CSD_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "csd-screenshots")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+shots_fixture, browser_fixture = browser_kit.shots_fixture, browser_kit.browser_fixture  # fixtures
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +57,6 @@ def open_gate(gate):
     gate.open()
 
 
-def new_page(browser, url: str, width: int = 1400, height: int = 1000):
-    """A fresh context (a fresh gradio session) whose page records dialogs and outside requests."""
-    ctx = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
-    pg = ctx.new_page()
-    pg.dialogs, pg.external = [], []
-    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-    pg.on("request", lambda r: pg.external.append(r.url)
-          if not r.url.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) else None)
-    pg.goto(url)
-    pg.wait_for_selector("#generate-btn", timeout=WAIT_MS)
-    return pg
-
-
 @pytest.fixture()
 def page(browser, tiny_url):
     pg = new_page(browser, tiny_url)
@@ -101,201 +65,6 @@ def page(browser, tiny_url):
     pg.context.close()
 
 
-# -- helpers ---------------------------------------------------------------------------------------
-def set_number(page, elem_id: str, value) -> None:
-    """Type a value into the number box of a slider or number component and commit it."""
-    box = page.locator(f"#{elem_id} input[type=number]").first
-    box.fill(str(value))
-    box.press("Enter")
-    box.blur()
-
-
-def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
-
-
-def status(page, elem_id: str = "gen-status") -> str:
-    return page.locator(f"#{elem_id}").inner_text()
-
-
-def wait_status(page, text: str, elem_id: str = "gen-status", timeout: int = WAIT_MS) -> None:
-    page.wait_for_function("([id, t]) => document.querySelector('#' + id)?.innerText.includes(t)",
-                           arg=[elem_id, text], timeout=timeout)
-
-
-def start(page, prompt: str, max_new: int, gamma: int | None = None) -> None:
-    page.locator("#prompt textarea").fill(prompt)
-    set_number(page, "max-new", max_new)
-    if gamma is not None:                     # a fixed block: gamma auto (the default) off
-        page.locator("#auto-gamma input[type=checkbox]").uncheck()
-        set_number(page, "gamma", gamma)
-    page.wait_for_timeout(300)
-    page.click("#generate-btn")
-
-
-def generate(page, prompt: str, max_new: int, gamma: int | None = None) -> float:
-    """Fill the prompt, click Generate, wait for the first coloured token and for the end.
-    Returns the seconds from the click to the first token of this run."""
-    t0 = time.perf_counter()
-    start(page, prompt, max_new, gamma)
-    page.wait_for_function(
-        """p => { const h = document.querySelector('#tokens .csd-prompt');
-                  return h && h.innerText.includes(p.slice(0, 60)) && document.querySelectorAll('#tokens .tok').length > 0; }""",
-        arg=prompt.strip(), timeout=RUN_TIMEOUT_MS, polling=50)
-    first = time.perf_counter() - t0
-    page.wait_for_selector('#metrics [data-state="done"]', timeout=RUN_TIMEOUT_MS)
-    return first
-
-
-def token_classes(page, where: str = "#tokens") -> list[str]:
-    return page.locator(f"{where} .tok").evaluate_all("els => els.map(e => e.className)")
-
-
-# -- the real pair, end to end ---------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def real_url(tmp_path_factory):
-    """``python app.py`` (the real embedded pair) on a free port with its own SQLite file.
-    CSD_TEST_APP_URL points the test at an app that is already running instead."""
-    if os.environ.get("CSD_TEST_APP_URL"):
-        yield os.environ["CSD_TEST_APP_URL"].rstrip("/")
-        return
-    with running_app(tmp_path_factory.mktemp("browser-app")) as url:
-        yield url
-
-
-def test_real_pair_end_to_end(browser, real_url, shots):
-    page = new_page(browser, real_url)
-    # 1. A CSD answer streams in coloured. lambda = 0 lets the memory pass every pattern, so the
-    #    gate (tau) decides and moving tau must change decisions.
-    set_number(page, "lam", 0)
-    first = generate(page, PROSE, 20)
-    server = re.search(r"([0-9.]+) s\s*first token after", page.locator("#metrics").inner_text())
-    note = (f"{first:.2f} s from clicking Generate to the first streamed token in the browser"
-            + (f" ({server.group(1)} s of it in the engine's prefill + first draft + verify pass)" if server else ""))
-    print("\n" + note)
-    (shots / "first-token.txt").write_text(note + "\n")
-    classes = token_classes(page)
-    assert classes and {c.split()[1] for c in classes} <= {"tok-accepted", "tok-rescued", "tok-rejected",
-                                                          "tok-corrected", "tok-bonus"}
-    # The status line ends on "Done:". Wait for it rather than read it once: a status-timer tick
-    # computed just before the run ended can land after the run's last update and show the
-    # running line for one more tick (the timer stays on and the next tick shows "Done:").
-    wait_status(page, "Done:")
-    metrics = page.locator("#metrics").inner_text()
-    assert "target passes" in metrics and "accepted: draft = target" in metrics and "rescued by CSD" in metrics
-    assert "target" in page.locator("#header").inner_text() and "arXiv 2604.13634" in page.inner_text("#header")
-    # a click pins the token's details, with a plain first line
-    page.locator("#tokens .tok").nth(1).click()
-    detail = page.locator("#tokens-detail .csd-detail-body .first")
-    # which kind token 1 is depends on the run's blocks (a bonus token when the first block was kept whole)
-    assert detail.inner_text().startswith(("The draft wrote", "The target", "A free token"))
-    page.screenshot(path=str(shots / "generate.png"), full_page=True)
-
-    # 2. tau = 1 (log tau = 0): no divergence passes the gate, every rescue is outlined "would be rejected"
-    n_rescued = sum("tok-rescued" in c for c in classes)
-    n_div = n_rescued + sum("tok-rejected" in c for c in classes)
-    assert n_div > 0, "a 20-token prose answer should diverge somewhere"
-    set_number(page, "log10-tau", 0)
-    page.wait_for_function("n => document.querySelectorAll('#tokens .tok.wi-reject').length === n", arg=n_rescued,
-                           timeout=WAIT_MS)
-    if n_rescued:
-        assert "outlined" in page.locator("#whatif-line").inner_text()
-    page.locator("#tokens").scroll_into_view_if_needed()
-    page.screenshot(path=str(shots / "generate-recoloured-tau1.png"))
-    set_number(page, "log10-tau", -2)
-    page.wait_for_function("() => document.querySelectorAll('#tokens .tok.wi-reject').length === 0", timeout=WAIT_MS)
-
-    # 3. Presentation mode at 1280x720: the answer is above the fold, in large type
-    page.set_viewport_size({"width": 1280, "height": 720})
-    page.locator("#present input").check()
-    page.evaluate("() => window.scrollTo(0, 0)")
-    page.wait_for_function("() => document.body.classList.contains('csd-present')")
-    box = page.locator("#tokens .csd-tokens").bounding_box()
-    assert box["y"] + 60 < 720, f"the answer starts at y = {box['y']:.0f}, below the fold"
-    assert page.locator("#tokens .csd-tokens").evaluate("e => parseFloat(getComputedStyle(e).fontSize)") >= 24
-    assert page.locator("#legend").is_visible()
-    page.screenshot(path=str(shots / "generate-1280x720-presentation.png"))
-    page.locator("#present input").uncheck()
-
-    # 4. The phone: nothing wider than the screen, every tab in reach
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.wait_for_timeout(500)
-    assert page.evaluate("() => document.documentElement.scrollWidth") <= 392
-    page.screenshot(path=str(shots / "generate-phone-390x844.png"))
-    page.set_viewport_size({"width": 1400, "height": 1000})
-
-    # 5. The Pareto chart and the other analyse charts, from the store
-    open_tab(page, "Analyse")
-    page.wait_for_function("() => document.querySelectorAll('#pareto-plot .bars path').length > 0", timeout=WAIT_MS)
-    assert "divergences logged" in page.locator("#analyse-summary").inner_text()
-    assert page.locator("#analyse-legend").is_visible()
-    page.screenshot(path=str(shots / "analyse.png"), full_page=True)
-
-    # 6. Compare: the exact-mode switch off and on again (the page's exactness texts follow the target),
-    #    then the chart leads with target passes and the note explains the time
-    open_tab(page, "Compare")
-    assert page.locator("#exact-mode input").is_checked()
-    page.locator("#exact-mode input").uncheck()
-    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('one scale')",
-                           timeout=WAIT_MS)
-    assert "scaled per pass" in page.locator("#header").inner_text()
-    page.locator("#exact-mode input").check()
-    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('scaled on their own')",
-                           timeout=WAIT_MS)
-    assert "scaled per token (exact)" in page.locator("#header").inner_text()
-    set_number(page, "c-max-new", 8)
-    page.click("#compare-btn")
-    page.wait_for_function("() => document.querySelectorAll('#compare-plot .bars path').length >= 3",
-                           timeout=3 * RUN_TIMEOUT_MS)
-    for m in ("ar", "sd", "csd"):
-        assert page.locator(f"#pane-{m} .tok").count() > 0
-    # the app's int8 target scales activations per token (docs/exactness.md): SD writes AR's answer
-    assert "same tokens as AR" in page.locator("#cap-sd").inner_text()
-    assert "token for token" in page.locator("#compare-exactness").inner_text()
-    page.locator("#pane-csd .tok").first.click()
-    assert page.locator("#compare-detail .csd-detail-body .first").inner_text()
-    note = page.locator("#compare-note").inner_text()
-    assert note.startswith("SD used") and "Why speculative decoding can be slower than AR" in note
-    cap = page.locator("#cap-csd").inner_text()                  # where CSD's answer leaves SD's, if it does
-    assert "same tokens as SD" in cap or ("leaves SD's answer at token" in cap and "<code>" not in cap)
-    page.screenshot(path=str(shots / "compare.png"), full_page=True)
-
-    # 7. Teach: one iteration at a time, the thrown-away part of a block greyed out
-    open_tab(page, "Teach")
-    set_number(page, "teach-max", 10)
-    page.click("#teach-run")
-    page.wait_for_selector("#teach-view table", timeout=RUN_TIMEOUT_MS)
-    assert "Iteration 1 of" in page.locator("#teach-view").inner_text()
-    page.screenshot(path=str(shots / "teach.png"), full_page=True)
-
-    # 8. Explore & memory: this session's events, the memory's top patterns and where they come from
-    open_tab(page, "Explore & memory")
-    page.wait_for_function("() => document.querySelector('#memory-summary')?.innerText.includes('your session only')",
-                           timeout=WAIT_MS)
-    page.wait_for_function("() => document.querySelector('#events-caption')?.innerText.includes('events match')",
-                           timeout=WAIT_MS)
-    page.screenshot(path=str(shots / "explore-memory.png"), full_page=True)
-
-    # 9. A prompt with markup is shown as text and runs nothing; bad input is a sentence
-    open_tab(page, "Generate")
-    generate(page, f"Repeat exactly this text and nothing else: {XSS}", 6)
-    assert XSS in page.locator("#tokens .csd-prompt").inner_text()
-    assert page.locator("img[src='x']").count() == 0
-    page.wait_for_timeout(500)
-    assert page.dialogs == [], page.dialogs
-    page.locator("#tokens").scroll_into_view_if_needed()
-    page.screenshot(path=str(shots / "generate-xss.png"))
-    page.locator("#prompt textarea").fill("   ")
-    page.click("#generate-btn")
-    page.locator(".toast-body", has_text="the prompt is empty").wait_for(state="visible", timeout=WAIT_MS)
-    page.wait_for_timeout(500)
-    assert "Starting" not in status(page)          # refused at the click: the request never joined the queue
-    page.screenshot(path=str(shots / "error.png"))
-    assert page.external == [], f"the page fetched from outside: {page.external[:5]}"
-    page.context.close()
-
-
-# -- streaming: one pass, one burst ----------------------------------------------------------------
 def test_each_verify_pass_is_on_the_page_before_the_next_one_ends(page, gate, shots):
     """The engine is held inside its second verify pass (target call 3: prefill, pass 1, pass 2).
     Everything pass 1 decided, up to its last event (the correction or bonus, marked pass_end),

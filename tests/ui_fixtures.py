@@ -10,10 +10,12 @@ byte tokens and two special tokens, so that the app's rendering meets each case.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 from dataclasses import replace
 
+import pytest
 import torch
 
 from conftest import perturbed, tiny_model
@@ -165,3 +167,39 @@ def served(services):
         yield f"http://127.0.0.1:{port}"
     finally:
         demo.close()
+
+
+# -- the handler tests' module fixtures (test_ui_handlers.py, test_ui_panels.py import them) -----------
+PROMPT = "Write about the cat on the mat and the dog in the park."
+
+
+@pytest.fixture(scope="module", name="store")
+def ui_store(tmp_path_factory):
+    """A real SQLite file for one test module."""
+    from db.store import Store
+    s = Store.open(f"sqlite:///{tmp_path_factory.mktemp('ui-handlers') / 'ui.sqlite3'}")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module", name="gate")
+def ui_gate():
+    return Gate()
+
+
+@pytest.fixture(scope="module", name="services")
+def ui_services(store, gate):
+    return tiny_services(store, gate=gate)
+
+
+def spans(html_text: str) -> list[str]:
+    """The classes of the token spans in rendered HTML."""
+    return re.findall(r'<span class="(tok [^"]*)"', html_text)
+
+
+def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
+        lookup=False, temperature=0, show_spec=False):
+    """The Generate handler's stream on the tiny pair (a fixed block of ``gamma`` unless ``auto``)."""
+    from ui.tabs import generate
+    return generate.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
+                             lookup, show_spec, sess)

@@ -1,0 +1,264 @@
+"""The app's other handlers on the tiny pair (``ui_fixtures``) and a real SQLite store: memory upload,
+download and calibration, Teach, the status poll, the command line, per-user sessions, the frontier
+panel and the exact-mode switch.
+"""
+from __future__ import annotations
+
+import html
+import json
+
+import gradio as gr
+import pytest
+import ui_fixtures
+from ui_fixtures import PROMPT, gen, tiny_services
+
+from csd.events import (
+    REJECTED,
+)
+from csd.memory import CorrectionMemory
+from ui import figures
+from ui.state import Session
+from ui.tabs import common, compare, explore, generate, jobs, teach
+
+ui_store, ui_gate, ui_services = ui_fixtures.ui_store, ui_fixtures.ui_gate, ui_fixtures.ui_services  # fixtures
+
+
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def _upload(services, path, sess=None):
+    return explore.memory_upload(services, str(path), 6, common.ensure_session(services, sess))
+
+
+def test_memory_upload_shows_the_engines_message(services, tmp_path):
+    pair_id = services.pair.pair_id
+    good = CorrectionMemory(pair_id, {(1, 2): 7, (3, 4): 2}).save(tmp_path / "mine.json.gz")
+    cases = {
+        "junk.json": ('{"hello": 1}', "not a CSD Explorer correction-memory file"),
+        "meta.json": (json.dumps({"format": "csd-explorer-memory", "version": 1, "pair": pair_id, "meta": [1],
+                                  "counts": []}), "'meta' must be an object"),
+        "negative.json": (json.dumps({"format": "csd-explorer-memory", "version": 1, "pair": pair_id, "meta": {},
+                                      "counts": [[1, 2, -5]]}), "negative"),
+        "other.json": (json.dumps({"format": "csd-explorer-memory", "version": 1, "pair": "a->b", "meta": {},
+                                   "counts": []}), "belongs to model pair 'a->b'"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.warns(UserWarning, match="Memory not loaded"):
+            md, rows, err, sess = _upload(services, tmp_path / name)
+        assert message in html.unescape(err) and 'class="csd-error"' in err, name
+        assert str(tmp_path) not in err                     # the server's path is not shown
+    truncated = tmp_path / "cut.json.gz"
+    truncated.write_bytes(good.read_bytes()[:40])
+    with pytest.warns(UserWarning, match="Memory not loaded"):
+        md, rows, err, sess = _upload(services, truncated)
+    assert "damaged or truncated gzip" in err and "Error" != err.strip()
+    md, rows, err, sess = _upload(services, good)
+    assert err == "" and sess.memory.count(1, 2) == 7 and "**2** patterns" in md
+
+
+def test_an_unexpected_upload_failure_is_logged_and_explained(services, tmp_path, monkeypatch, caplog):
+    def boom(*a, **k):
+        raise RuntimeError("something odd")
+    monkeypatch.setattr(CorrectionMemory, "load", boom)
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.warns(UserWarning, match="Memory not loaded"):
+        md, rows, err, sess = _upload(services, tmp_path / "x.json")
+    assert "x.json could not be read as a correction memory (RuntimeError: something odd)" in err
+    assert any(r.exc_info and "something odd" in str(r.exc_info[1]) for r in caplog.records)
+
+
+def test_memory_calibrated_with_other_representations_loads_with_a_note(services, tmp_path):
+    mem = CorrectionMemory(services.pair.pair_id, {(1, 2): 3},
+                           meta={"calibration": [{"mode": "text", "positions": 10, "target_repr": "bfloat16"}]})
+    md, rows, err, sess = _upload(services, mem.save(tmp_path / "bf16.json"))
+    assert sess.memory.count(1, 2) == 3
+    assert "calibrated with target bfloat16 (loaded: float32)" in md and "loaded: float32" in err
+
+
+def test_download_reset_and_clear(services):
+    sess = common.ensure_session(services, None)
+    button, sess = explore.memory_download(services, sess)
+    assert CorrectionMemory.load(button["value"], services.pair.pair_id).total == sess.memory.total
+    md, rows, sess = explore.memory_reset(services, "clear", 6, sess)
+    assert len(sess.memory) == 0 and rows == [] and "your session only" in md
+
+
+def test_calibration_counts_exactly_the_positions_asked_for(services):
+    sess = common.ensure_session(services, None)
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    assert sess.memory.meta["calibration"][-1]["positions"] == 300
+    assert "shipped corpus: 300 positions" in md and "Calibrated on shipped corpus (300 positions)" in status
+
+
+def test_prompt_calibration_from_an_upload(services, tmp_path):
+    sess = common.ensure_session(services, None)
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("the cat", "a dog ran", "we saw")))
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(prompts), 2, 8, 0, 6, sess)
+    cal = sess.memory.meta["calibration"][-1]
+    assert cal["mode"] == "prompts" and cal["prompts"] == 2 and cal["source"] == "mine.jsonl"
+    assert "mine.jsonl: 2 prompts" in md
+    with pytest.raises(gr.Error, match="Upload"):
+        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None, 2, 8, 0, 6, sess)
+    with pytest.raises(gr.Error, match="positions must be"):
+        explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 2, 8, 0, 6, sess)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json")
+    with pytest.raises(gr.Error, match="bad.jsonl:1: not valid JSON") as err:
+        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad), 2, 8, 0, 6, sess)
+    assert str(tmp_path) not in err.value.message
+
+
+def test_calibration_stop_keeps_text_counts(services, monkeypatch):
+    """Stop raises csd.calibrate.Stop from the progress callback; a text calibration keeps what it
+    counted so far."""
+    sess = common.ensure_session(services, None)
+    before = sess.memory.total
+
+    def fake(pair, texts, memory, *, progress, **kw):
+        memory.observe(1, 2, 5)
+        sess.jobs["calibrate"].cancel = True          # the Stop button, pressed meanwhile
+        progress("calibrating", 0.5)
+        raise AssertionError("the callback should have stopped the calibration")
+    monkeypatch.setattr(explore, "calibrate", fake)
+    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    assert "Stopped early: the counts so far are kept" in status and sess.memory.total == before + 5
+
+
+# -- teach ---------------------------------------------------------------------------------------------
+def test_teach_steps_plays_and_shows_discarded_tokens(services):
+    sess = common.ensure_session(services, None)
+    *_, (view, status, sess) = teach.teach_run(services, PROMPT, "sd", 4, 6, -2, 24, sess)
+    blocks = teach._blocks(sess.teach.events)
+    assert f"Iteration 1 of {len(blocks)}" in view and "draft top 5" in view and "Done:" in status
+    assert sess.teach.cfg.gamma == 4
+    cut = next(i for i, b in enumerate(blocks) if any(e.status == REJECTED and e.discarded for e in b))
+    view, sess = teach.teach_step(services, cut, sess)
+    n = len(next(e.discarded for e in blocks[cut] if e.status == REJECTED))
+    assert view.count('class="discarded"') == n and "discarded unchecked" in view
+    view, sess = teach.teach_step(services, -99, sess)
+    assert "Iteration 1 of" in view
+    view, timer, sess = teach.teach_play(services, sess)
+    assert "Iteration 2 of" in view and timer.active == (len(blocks) > 2)
+    for _ in range(len(blocks)):
+        view, timer, sess = teach.teach_tick(services, sess)
+    assert f"Iteration {len(blocks)} of {len(blocks)}" in view and timer.active is False
+    with pytest.raises(gr.Error, match="speculative"):
+        list(teach.teach_run(services, PROMPT, "ar", 4, 6, -2, 12, sess))
+
+
+def test_status_poll_stops_when_nothing_is_left(services):
+    sess = common.ensure_session(services, None)
+    *lines, timer = jobs.poll_status(services, sess)
+    assert timer.active is False and all("Ready." in x for x in lines)
+    sess, line, timer = jobs.request_job(services, "compare", sess)
+    *lines, timer = jobs.poll_status(services, sess)
+    assert timer.active is True and 'data-state="waiting"' in lines[1]
+    jobs.stop(services, "compare", sess)
+    list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, False, sess))
+    *lines, timer = jobs.poll_status(services, sess)
+    assert timer.active is False and "Stopped before it started" in lines[1]
+
+
+def test_a_request_the_queue_never_ran_stops_waiting(services):
+    sess, line, _ = jobs.request_job(services, "generate", None)
+    job = sess.jobs["generate"]
+    assert "Starting…" in line
+    job.queued_at -= jobs.ORPHAN_S + 1                        # nothing ahead, and the queue never started it
+    *lines, timer = jobs.poll_status(services, sess)
+    assert "did not reach the model" in lines[0] and timer.active is False and not sess.pending["generate"]
+    # a second click the page ignored leaves a request behind the one that runs: it goes too
+    sess, _, _ = jobs.request_job(services, "generate", sess)
+    sess, _, _ = jobs.request_job(services, "generate", sess)
+    *_, final = gen(services, sess, max_new=4)
+    assert final[-1].last.done and len(sess.pending["generate"]) == 1
+    sess.pending["generate"][0].queued_at -= jobs.ORPHAN_S + 1
+    *lines, timer = jobs.poll_status(services, sess)
+    assert "Done: 4 tokens" in lines[0] and timer.active is False and not sess.pending["generate"]
+
+
+def test_command_line_options():
+    import csd_app
+    args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
+    assert (args.max_prompt_tokens, args.shared_scope, args.port, args.concurrency) == (100, False, 7000, 2)
+    args = csd_app.parse_args([])
+    assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 16)
+    with pytest.raises(SystemExit):
+        csd_app.parse_args(["--max-prompt-tokens", "0"])
+
+
+def test_session_objects_are_per_user(services):
+    a, b = common.ensure_session(services, None), common.ensure_session(services, None)
+    assert isinstance(a, Session) and a.session_id != b.session_id and a.memory is not b.memory
+
+
+def test_frontier_panel_reads_the_benchmark_file(tmp_path):
+    assert figures.load_frontier(str(tmp_path / "missing.json")) is None
+    assert "No frontier yet" in figures.make_frontier_figure(None).layout.annotations[0].text
+    data = {"meta": {"command": "python -m csd bench --sweep x", "machine": {"cpu": "CPU <b>"}, "dtype": "int8"},
+            "points": [{"method": "sd", "tokens_per_s": 10.0, "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7],
+                        "n": 4, "target_passes_per_token": 0.2, "rescued": 0},
+                       {"method": "csd", "tokens_per_s": 11.0, "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "n": 4,
+                        "target_passes_per_token": 0.18, "rescued": 3,
+                        "accuracy_vs_sd": {"n": 4, "gained": 1, "lost": 1}}]}
+    path = tmp_path / "frontier.json"
+    path.write_text(__import__("json").dumps(data))
+    loaded = figures.load_frontier(str(path))
+    fig = figures.make_frontier_figure(loaded)
+    assert [t.name for t in fig.data] == ["sd", "csd"] and fig.data[1].x[0] == 11.0
+    table = figures.frontier_table(loaded)
+    assert "| csd | 11.00 | 0.180 | 3 | – | 50% [30, 70] | +1 / −1 |" in table and "CPU &lt;b&gt;" in table
+
+
+def test_what_the_app_says_of_exactness_follows_the_representation():
+    """SD writes AR's answer token for token only where the target runs in float32; elsewhere the
+    app says it may not, and why, next to the Compare panes and in Teach."""
+    f32, i8, bf16 = (common.exactness_note(r) for r in ("float32", "int8", "bfloat16"))
+    assert "token for token" in f32 and "differently" not in f32
+    for note in (i8, bf16):
+        assert "can pick differently from the target alone (AR)" in note and "float32" in note
+    assert "one scale" in i8 and "bfloat16" in bf16
+    assert common.exactness_note("int8", "pass") == i8                  # the default int8 says the same
+    rows = common.exactness_note("int8", "row")                         # per-token scales: exact, as float32
+    assert "token for token" in rows and "differently" not in rows and "scaled on their own" in rows
+    assert "{exactness}" in teach.TEACH_EXPLANATION
+    for text in (teach.TEACH_EXPLANATION, generate.__doc__ or ""):
+        assert "equals the target's alone" not in text and "lossless" not in text
+
+
+def test_the_exact_mode_switch_flips_the_int8_activations_between_runs(store):
+    """Compare's exact-mode switch: shown for an int8 target on the lean path (not for float32), and
+    flipping it changes how the target scales its activations and every text that states the exactness."""
+    import copy
+    from dataclasses import replace
+
+    from csd.lm import LeanLM
+    from csd.quant import quantize_int8
+    from ui import build_demo, make_services
+    from ui.tabs import common
+
+    def switch(demo):
+        return next(b for b in demo.config["components"] if b.get("props", {}).get("elem_id") == "exact-mode")["props"]
+
+    float_services = tiny_services(store)
+    assert switch(build_demo(float_services))["visible"] is False
+    with pytest.raises(gr.Error, match="applies to an int8 target"):
+        common.set_exact_mode(float_services, [], False)
+    int8 = quantize_int8(copy.deepcopy(float_services.pair.target)).eval()
+    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8), target_repr="int8", int8_activations="pass")
+    pair.set_int8_activations("row")
+    services = make_services(pair, store, costs=float_services.decoder.costs)
+    props = switch(build_demo(services))
+    assert props["visible"] is True and props["value"] is True and props["interactive"] is not False
+    def note() -> str:
+        return common.exactness_note(pair.target_repr, pair.int8_activations)
+
+    first = services.decoder
+    off = common.set_exact_mode(services, [note], False)
+    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is not first
+    assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
+    on = common.set_exact_mode(services, [note], True)
+    assert pair.int8_activations == "row" and pair.target_lm.per_row and "scaled on their own" in on[0]
+    busy = make_services(pair, store, replace(services.settings, concurrency=2), costs=first.costs)
+    assert switch(build_demo(busy))["interactive"] is False            # several runs at once: fixed
