@@ -3,6 +3,7 @@ plotting stack, the store never loads torch. Checked in fresh interpreters (what
 pulls in) and on the sources (what a lazy import inside a function would pull in later)."""
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +69,39 @@ def test_the_probe_can_fail():
     assert "gradio" in loaded("ui", ("gradio",))
 
 
-def test_no_source_file_over_500_lines_and_a_short_readme():
-    """CONTRIBUTING.md's limits: a source file holds one idea (500 lines at most), the README is read
-    in five minutes (250 lines at most)."""
-    long = {str(p.relative_to(ROOT)): n for d in ("csd", "ui", "bench", "db", "cli") for p in (ROOT / d).rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+def test_no_file_over_500_lines_and_a_short_readme():
+    """CONTRIBUTING.md's limits: a Python file (source or test) and a Markdown page hold one idea (500
+    lines at most), the README is read in five minutes (250 lines at most). Data (prompt lists,
+    committed results) is exempt."""
+    files = [p for pattern in ("*.py", "*.md") for p in ROOT.rglob(pattern)
+             if not {".git", ".venv", "node_modules"} & set(p.relative_to(ROOT).parts)
+             and not p.relative_to(ROOT).parts[:2] == ("docs", "bench")]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert long == {}, f"split these: {long}"
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """Links between the README, CONTRIBUTING and docs/ (and into docs/bench/) point at files that exist
+    and, for a Markdown page, at a heading it has: pages moved or split keep their readers."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)   # not inside code blocks
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue                                           # http(s), mailto: not checked here
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                heads = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(encoding="utf-8"), flags=re.M)}
+                if anchor not in heads:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []
