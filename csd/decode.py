@@ -22,17 +22,7 @@ import torch
 
 from .block import DRAFT, LOOKUP, Block
 from .config import GAMMA_AUTO, CSDConfig
-from .events import (
-    BONUS,
-    CORRECTED,
-    REJECTED,
-    STOP_CANCELLED,
-    STOP_EOS,
-    STOP_MAX,
-    TARGET,
-    RunMetrics,
-    TokenEvent,
-)
+from .events import BONUS, CORRECTED, REJECTED, STOP_CANCELLED, STOP_EOS, STOP_MAX, TARGET, RunMetrics, TokenEvent
 from .lm import ids_tensor
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
@@ -303,7 +293,9 @@ class Run:
         cfg, m, tl = self.cfg, self.metrics, block.logits
         m.host_syncs += 1
         if cfg.temperature == 0:
+            tt = time.perf_counter()
             drafts, scores = score_block(block.proposed, tl, rule.scores)   # the argmax work SD needs anyway
+            m.transfer_s += time.perf_counter() - tt
             cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
@@ -453,7 +445,9 @@ class Run:
         """AR: one target pass, one token."""
         logits = self._verify(Block(self._block, DRAFT, start=len(self._seq)))[-1]
         self.metrics.host_syncs += 1
+        tt = time.perf_counter()
         top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
+        self.metrics.transfer_s += time.perf_counter() - tt
         t_top = int(top)
         tok = t_top if self.cfg.temperature == 0 else \
             sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)

@@ -109,6 +109,7 @@ class RunMetrics:
     draft_s: float = 0.0             # time in the draft's forward passes
     verify_s: float = 0.0            # time in the target's forward passes
     bookkeeping_s: float = 0.0       # time spent in memory lookups, the gate and memory updates
+    transfer_s: float = 0.0          # time in each block's one host transfer (on a GPU: waiting for its passes)
     policy_s: float = 0.0            # time spent choosing block lengths (gamma auto)
     host_syncs: int = 0              # device-to-host transfers (greedy, fixed gamma: one per block)
     per_position_drafted: list = field(default_factory=list)   # per draft position: times it was decided

@@ -98,6 +98,15 @@ def test_one_host_transfer_per_block_for_greedy_fixed_gamma(result):
         assert s["syncs_per_block"] == 1.0 and s["host_syncs"] == s["target_passes"]
 
 
+def test_the_host_alone_per_block_is_reported_apart_from_passes_and_transfers(result):
+    """What capturing the rule too could save on a GPU: the time a run spends outside its passes, its
+    prefill and its one transfer a block (the rule, events, policy), per target pass."""
+    res, out = result
+    for m, s in res["summary"]["synthetic-tiny"].items():
+        assert 0 < s["host_ms_per_block"] < 1000 * s["wall_s"] / s["target_passes"], m
+    assert "Host alone per target pass" in next(out.glob("*.md")).read_text()
+
+
 def test_verify_time_table_has_each_requested_length(result):
     res, _ = result
     assert set(res["verify_ms"]) == {"1", "3", "5"} and all(v > 0 for v in res["verify_ms"].values())

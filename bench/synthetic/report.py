@@ -31,6 +31,7 @@ class Measured:
     draft_s: float
     verify_s: float
     bookkeeping_s: float
+    host_s: float = 0.0              # the run's time outside its passes, prefill and transfers: the host alone (GPU idle)
     attempts: int = 1                # runs until the script's fixed point (1: the first run followed its script)
     fixed_point: bool = True         # the counted run followed its script (its acceptance is the requested one)
     identical_to_ar: bool | None = None
@@ -60,6 +61,7 @@ def summarize(rs: list[Measured], ar: list[Measured]) -> dict:
         if passes else None,
         "draft_s": sum(r.draft_s for r in rs), "verify_s": sum(r.verify_s for r in rs),
         "bookkeeping_share": sum(r.bookkeeping_s for r in rs) / wall if wall > 0 else None,
+        "host_ms_per_block": 1000 * sum(r.host_s for r in rs) / passes if passes else None,
         "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs),
         "fixed_point": sum(r.fixed_point for r in rs), "attempts": sum(r.attempts for r in rs),
         "peak_memory_bytes": max(peaks) if peaks else None,
@@ -108,6 +110,11 @@ def render_markdown(res: dict) -> str:
     verdict = {True: "PASSED", False: "FAILED", None: "not an exact representation"}[c["passed"]]
     lines.append(f"Greedy SD == AR ({c['dtype']}, {c.get('source', 'separate check')}): {c['identical']}/{c['prompts']} "
                  f"prompts identical over {c['tokens']} tokens: {verdict}.")
+    host = {m: s["host_ms_per_block"] for m, s in stats.items() if s.get("host_ms_per_block") is not None}
+    if host:
+        lines.append("Host alone per target pass (the rule, the events, the policy: the run's time outside its passes, "
+                     "prefill and transfers; on a GPU the device idles then): "
+                     + ", ".join(f"{m} {v:.3f} ms" for m, v in host.items()) + ".")
     for m, s in res.get("syncs", {}).items():
         if "error" in s:
             lines.append(f"CUDA syncs ({m}): not counted ({s['error']}).")

@@ -131,7 +131,8 @@ def _measured(method: str, k: int, run, wall: float, peak) -> Measured:
     m = run.metrics
     return Measured(method, k, wall, m.new_tokens, m.target_forwards, m.draft_forwards, m.drafted,
                     sum(m.per_position_drafted), m.accepted, m.rescued, m.host_syncs, m.draft_s, m.verify_s,
-                    m.bookkeeping_s, peak_bytes=peak, token_ids=list(run.token_ids))
+                    m.bookkeeping_s, host_s=max(0.0, m.wall_s - m.prefill_s - m.draft_s - m.verify_s - m.transfer_s),
+                    peak_bytes=peak, token_ids=list(run.token_ids))
 
 
 def _fastest(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, run, wall: float, repeats: int) -> float:
