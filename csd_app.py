@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     configure_logging()
     from cli.common import load_from_args
     from csd.pair import ModelLoadError
+    from csd.static import STATIC_ENGINES
     from db.store import Store
     from ui import Settings, build_demo, launch_kwargs, make_services
 
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if pair.describe()["engine"] == "static" and args.concurrency > 1:
+    if pair.describe()["engine"] in STATIC_ENGINES and args.concurrency > 1:
         print("error: the static engine (the default on a GPU) holds one KV cache per model and serves one "
               "generation at a time (the others wait in the queue): use --concurrency 1, or --engine eager",
               file=sys.stderr)

@@ -59,7 +59,9 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     p.add_argument("--engine", default="auto", choices=ENGINES,
                    help="static: fixed-shape passes on a preallocated KV cache, replayed as CUDA graphs captured at "
-                        "load (GPU); eager: launched op by op; auto: static on CUDA, eager on the CPU (docs/gpu.md)")
+                        "load (GPU); compiled: static, its passes fused by torch.compile before the capture (a "
+                        "compile per model at load); eager: launched op by op; auto: static on CUDA, eager on the "
+                        "CPU (docs/gpu.md)")
     p.add_argument("--static-capacity", type=int, default=DEFAULT_CAPACITY,
                    help="static engine: tokens each KV cache holds (prompt + answer + one block; default %(default)s)")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")

@@ -30,7 +30,7 @@ from .quant import (
     release_memory,
     to_repr,
 )
-from .static import DEFAULT_CAPACITY, ENGINES, draft_shapes, make_static, target_shapes
+from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, draft_shapes, make_static, target_shapes
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         raise ModelLoadError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
     if engine == "auto":
         engine = "static" if dev.type == "cuda" and device_map is None else "eager"
-    if engine == "static" and (device_map is not None or int(static_capacity) < 64):
+    if engine in STATIC_ENGINES and (device_map is not None or int(static_capacity) < 64):
         raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
                              if device_map is None else "the static engine runs on one device (no --device-map)")
     if dtype in (None, "auto") and dev.type == "cuda":
@@ -290,11 +290,11 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
     if target_impl == "lean" and why_t:
         raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
-    if engine == "static" and why_t:
+    if engine in STATIC_ENGINES and why_t:
         raise ModelLoadError(f"the static engine cannot run {t_disp!r}: {why_t} (use --engine eager)")
     if target_impl == "auto":   # lean for an int8 target (where it is faster) or the static engine, else transformers
-        target_impl = "lean" if (target_repr == "int8" or engine == "static") and not why_t else "hf"
-    if engine == "static" and target_impl != "lean":
+        target_impl = "lean" if (target_repr == "int8" or engine in STATIC_ENGINES) and not why_t else "hf"
+    if engine in STATIC_ENGINES and target_impl != "lean":
         raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
     maxima, smoothed = None, ""
     if target_repr == "int8" and int8_smoothing:
@@ -358,14 +358,18 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     ctx = context_limit(target_model.config)
     release_memory()            # the float weights that quantising replaced
-    if engine == "static":
+    if engine in STATIC_ENGINES:
+        compiled = engine == "compiled"
         if draft_lm is not None and not isinstance(draft_lm, LeanLM):
             raise ModelLoadError(f"the static engine cannot run the draft {d_disp!r} (not the lean path; "
                                  "use --engine eager)")
         longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
-        target_lm = make_static(target_lm, static_capacity, target_shapes(longest), progress, "target")
-        if draft_lm is not None:
-            draft_lm = make_static(draft_lm, static_capacity, draft_shapes(), progress, "draft")
+        try:
+            target_lm = make_static(target_lm, static_capacity, target_shapes(longest), progress, "target", compiled)
+            if draft_lm is not None:
+                draft_lm = make_static(draft_lm, static_capacity, draft_shapes(), progress, "draft", compiled)
+        except CompileError as e:
+            raise ModelLoadError(str(e)) from e
     mem = memory_gib(torch.device(target_model.device) if device_map is None else dev)
     if progress:
         progress(f"models ready: {mem} GiB {'on the GPU' if dev.type == 'cuda' else 'resident'}", 1.0)

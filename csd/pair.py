@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .lm import HFLM, LM
+from .static import STATIC_ENGINES
 
 
 class ModelLoadError(RuntimeError):
@@ -116,7 +117,7 @@ class ModelPair:
                 "int8_activations": self.int8_activations,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
-                "threads": torch.get_num_threads(), "engine": "static" if self.target_lm.impl == "static" else "eager",
+                "threads": torch.get_num_threads(), "engine": self.target_lm.impl if self.target_lm.impl in STATIC_ENGINES else "eager",
                 "memory_gib": self.memory_gib, "static": {role: lm.describe() for role, lm in (
                     ("target", self.target_lm), ("draft", getattr(self.draft_lm, "inner", self.draft_lm)))
                     if hasattr(lm, "describe")}}

@@ -13,6 +13,10 @@ What is static (as in gpt-fast and transformers' static cache):
 - on CUDA, ``capture`` records one graph per (pass length, rows of logits kept) at load time, the
   longest first, all sharing one memory pool; a pass of a captured shape is one ``replay()``, any
   other (a prompt chunk, a long copy from the context) runs the same function eagerly.
+- ``compiled`` (``--engine compiled``): the same function through ``torch.compile`` first, so that
+  each graph replays fused kernels (a draft pass is some 450 small kernels unfused; on a GPU each
+  costs microseconds however little it reads). Compiled once per model with the pass length
+  symbolic (a few shape classes, not one compile per shape), at load, before the capture.
 
 The decode loop (``csd.decode``) is unchanged: it calls ``forward``/``crop`` as on any ``LM``, and the
 rule still runs on the host on the one transfer per block that ``csd.verify.score_block`` makes.
@@ -33,11 +37,16 @@ from .lm import LM, PER_QUERY_MAX, LeanLM, ids_tensor
 log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 4096     # tokens of prompt + answer + one block (7B in bf16: 57 KB a token, 0.23 GB)
-ENGINES = ("auto", "eager", "static")
+ENGINES = ("auto", "eager", "static", "compiled")
+STATIC_ENGINES = ("static", "compiled")       # the engines that run ``StaticLM``
 
 
 class CapacityError(ValueError):
     """A request the static KV cache cannot hold."""
+
+
+class CompileError(RuntimeError):
+    """``torch.compile`` failed on this machine (no compiler, no Triton, an unsupported op)."""
 
 
 class StaticCache:
@@ -61,14 +70,17 @@ def target_shapes(longest: int) -> list[tuple[int, int]]:
 
 class StaticLM(LM):
     """``lean``'s function at fixed shapes, one run at a time (``new_cache`` hands the one cache to a
-    new run; a stale handle is refused). ``capacity``: tokens the cache holds."""
+    new run; a stale handle is refused). ``capacity``: tokens the cache holds. ``compiled``: the pass
+    goes through ``torch.compile`` (compiled at its first call of a shape class: ``capture`` makes
+    those calls at load)."""
 
-    impl = "static"
-
-    def __init__(self, lean: LeanLM, capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, lean: LeanLM, capacity: int = DEFAULT_CAPACITY, compiled: bool = False):
         if capacity < 2:
             raise ValueError(f"a static KV cache needs room for at least 2 tokens, got {capacity}")
         self.lean, self.capacity = lean, int(capacity)
+        self.impl = "compiled" if compiled else "static"
+        if compiled:
+            self._blocks = _compiled(self._blocks)
         self.vocab_ids = lean.vocab_ids
         dev = lean.device
         self._kv = lean.new_cache(self.capacity)
@@ -105,6 +117,11 @@ class StaticLM(LM):
     @torch.inference_mode()
     def _step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         """The pass at the position in ``self._pos``: fixed shapes for a given (T, keep)."""
+        return self.lean.logits(self._blocks(ids), keep)
+
+    def _blocks(self, ids: torch.Tensor) -> torch.Tensor:
+        """The decoder blocks' output (1, T, hidden) for ``ids`` at ``self._pos``: what ``compiled`` compiles
+        (the rows kept are picked outside it, so that the pass length is its only varying size)."""
         lean, t = self.lean, ids.numel()
         pos = self._pos + self._keys[:t]                                                 # (T,) on the device
         x = lean.embed[ids][None]                                                       # (1, T, hidden)
@@ -140,7 +157,7 @@ class StaticLM(LM):
                 return torch.cat([folded(li, q[:, :, i:i + 1], m) for i, m in enumerate(folded_masks)], 2)
             return folded(li, q, folded_masks[0])
 
-        return lean.logits(lean.layers_over(x, cos, sin, write, attend), keep)
+        return lean.layers_over(x, cos, sin, write, attend)
 
     def forward(self, cache: StaticCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
         if cache.owner != self._owner:
@@ -153,7 +170,8 @@ class StaticLM(LM):
         graph = self.graphs.get((t, keep))
         if graph is not None:
             g, ids_in, out = graph
-            ids_in.copy_(ids)
+            with torch.inference_mode():
+                ids_in.copy_(ids)
             g.replay()
             logits = out.clone()                 # the graph's output buffer is rewritten by its next replay
             self.replays += 1
@@ -178,8 +196,10 @@ class StaticLM(LM):
         pool = torch.cuda.graph_pool_handle()
         for i, (t, keep) in enumerate(shapes):
             if progress:
-                progress(f"capturing CUDA graphs: {name}, pass of {t}", i / len(shapes))
-            ids_in = torch.zeros(t, dtype=torch.long, device=self.device)
+                progress(f"{'compiling and ' * (self.impl == 'compiled')}capturing CUDA graphs: {name}, pass of {t}",
+                         i / len(shapes))
+            with torch.inference_mode():           # as the decode loop's ids (a compiled pass checks)
+                ids_in = torch.zeros(t, dtype=torch.long, device=self.device)
             self._pos.zero_()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -196,16 +216,48 @@ class StaticLM(LM):
         log.info("%s: %d CUDA graphs captured in %.1f s", name, len(shapes), self.capture_s)
 
     def describe(self) -> dict:
-        return {"capacity": self.capacity, "graphs": len(self.graphs), "capture_s": round(self.capture_s, 2),
+        return {"engine": self.impl, "capacity": self.capacity, "graphs": len(self.graphs),
+                "capture_s": round(self.capture_s, 2),
                 "replays": self.replays, "eager_passes": self.eager_passes}
 
 
+def _compiled(blocks: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``blocks`` through ``torch.compile``, the pass length its one symbolic size: a pass of one token and
+    one of several are the only two compiles (the weights' and the cache's shapes stay fixed). Called in
+    inference mode with inference tensors only (``capture`` and ``make_static`` make theirs there), as a
+    compiled function compiles again for another kind of tensor."""
+    fn = torch.compile(blocks)
+
+    def run(ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape[0] > 1:
+            torch._dynamo.mark_dynamic(ids, 0)
+        return fn(ids)
+    return run
+
+
 def make_static(lean: LeanLM, capacity: int, shapes: Iterable[tuple[int, int]], progress=None,
-                name: str = "model") -> StaticLM:
+                name: str = "model", compiled: bool = False) -> StaticLM:
     """A ``StaticLM`` over ``lean``, its graphs captured where the device has them (CUDA)."""
-    lm = StaticLM(lean, capacity)
-    if lm.device.type == "cuda":
-        lm.capture(shapes, progress, name)
+    lm = StaticLM(lean, capacity, compiled)
+    try:
+        if lm.device.type == "cuda":
+            lm.capture(shapes, progress, name)           # compiles too, in its warm-up passes
+        elif compiled:             # no graphs here: compile both classes now (1 token, several), not in a request
+            t0 = time.perf_counter()
+            for t in (1, 2):
+                if progress:
+                    progress(f"compiling the static pass: {name}, pass of {t}", (t - 1) / 2)
+                with torch.inference_mode():       # as the decode loop calls it (the compiled code checks)
+                    lm._step(torch.zeros(t, dtype=torch.long, device=lm.device), 1)
+            lm.capture_s = time.perf_counter() - t0
+    except (torch.OutOfMemoryError, MemoryError):
+        raise
+    except Exception as e:
+        if not compiled:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CompileError(f"torch.compile could not compile the {name}'s pass on this machine ({type(e).__name__}: "
+                           f"{first}); use --engine static") from e
     return lm
 
 

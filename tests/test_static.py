@@ -32,14 +32,15 @@ def models():
     return target, perturbed(target, 0.05)
 
 
-def pairs(models, capacity=128, device="cpu"):
-    """The same two models through the eager lean path and through the static one."""
+def pairs(models, capacity=128, device="cpu", compiled=False):
+    """The same two models through the eager lean path and through the static one (compiled: through
+    ``torch.compile`` first)."""
     target, draft = (copy.deepcopy(m).to(device) for m in models)
     eager = make_pair(IdTokenizer(), target, draft, draft_lm=LeanLM(draft))     # no model files: runs on any device
     eager.target_lm = LeanLM(target)
     static = make_pair(IdTokenizer(), target, draft)
-    static.target_lm = make_static(LeanLM(target), capacity, target_shapes(8), name="target")
-    static.draft_lm = make_static(LeanLM(draft), capacity, draft_shapes(), name="draft")
+    static.target_lm = make_static(LeanLM(target), capacity, target_shapes(8), name="target", compiled=compiled)
+    static.draft_lm = make_static(LeanLM(draft), capacity, draft_shapes(), name="draft", compiled=compiled)
     eager.device = static.device = torch.device(device)
     return eager, static
 
@@ -129,8 +130,9 @@ def test_one_run_at_a_time_and_rollbacks_stay_in_bounds(models):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the graphs); the CPU tests above "
                                                           "cover the function they capture")
-def test_captured_graphs_replay_the_eager_tokens(models):
-    eager, static = pairs(models, device="cuda")
+@pytest.mark.parametrize("compiled", [False, True], ids=["static", "compiled"])
+def test_captured_graphs_replay_the_eager_tokens(models, compiled):
+    eager, static = pairs(models, device="cuda", compiled=compiled)
     for cfg in (CSDConfig(method="ar", max_new_tokens=32), CSDConfig(method="sd", gamma=4, max_new_tokens=32, lookup=0)):
         a, b = run(eager, cfg), run(static, cfg)
         assert_same_or_near_tie(eager, a.token_ids, b.token_ids)
@@ -247,3 +249,35 @@ def test_the_profile_times_a_static_cache_smaller_than_its_context():
     lm = make_static(LeanLM(tiny_model(3, vocab=1200)), 64, target_shapes(8), name="target")
     assert CONTEXT + 8 > lm.capacity
     assert time_pass(lm, 8, reps=1) > 0 and time_pass(lm, 1, reps=1) > 0
+
+
+def test_the_compiled_engine_writes_the_static_paths_tokens_from_a_few_compiles(models):
+    """``--engine compiled``: the static pass through ``torch.compile`` with the pass length symbolic,
+    compiled at load (here, without graphs: one pass of 1 token and one of 2) in two classes per model rather
+    than once per shape, and writing the static path's tokens."""
+    from torch._dynamo.utils import counters
+
+    _, static = pairs(models)
+    before = counters["stats"]["unique_graphs"]
+    _, compiled = pairs(models, compiled=True)
+    graphs = counters["stats"]["unique_graphs"] - before
+    assert compiled.describe()["engine"] == "compiled" and compiled.target_lm.capture_s > 0
+    assert 0 < graphs <= 4, f"{graphs} compiled graphs for 10 pass shapes"    # per model: 1 token, several
+    for cfg in (CSDConfig(method="ar", max_new_tokens=40), CSDConfig(method="sd", gamma=4, max_new_tokens=40, lookup=0)):
+        assert_same_or_near_tie(static, run(compiled, cfg).token_ids, run(static, cfg).token_ids)
+    assert counters["stats"]["unique_graphs"] - before == graphs            # nothing compiled during the runs
+
+
+def test_a_compiler_that_fails_is_named_with_the_way_out(models, monkeypatch):
+    """A machine where torch.compile cannot work (no C compiler, no Triton) gets a sentence naming the
+    model and ``--engine static``, not the compiler's traceback."""
+    from csd.static import CompileError
+
+    def broken(fn):
+        def run(*_a, **_k):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore lines")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.raises(CompileError, match=r"the draft's pass .*InvalidCxxCompiler.*use --engine static"):
+        make_static(LeanLM(copy.deepcopy(models[1])), 64, draft_shapes(), name="draft", compiled=True)

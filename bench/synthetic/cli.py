@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("auto", "same", "float32", "bfloat16", "float16", "int8"))
     p.add_argument("--draft-impl", default=d.draft_impl, choices=("auto", "hf", "lean"))
     p.add_argument("--engine", default=d.engine, choices=ENGINES,
-                   help="static: fixed shapes, CUDA graphs captured at load; eager; auto: static on CUDA (default)")
+                   help="static: fixed shapes, CUDA graphs captured at load; compiled: static through torch.compile "
+                        "first; eager; auto: static on CUDA (default)")
     add_synthetic_args(p)
     return p
 

@@ -196,13 +196,13 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, target
               draft_impl: str, engine: str = "eager", capacity: int = 0):
     """A ``ModelPair`` of the two models in their representations (converted in place, as
     ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path.
-    ``engine`` "static": both lean, at fixed shapes on caches of ``capacity`` tokens, with their CUDA
-    graphs captured here (``csd.static``), as ``load_pair`` builds them."""
+    ``engine`` "static" (or "compiled": through ``torch.compile`` first): both lean, at fixed shapes on caches
+    of ``capacity`` tokens, with their CUDA graphs captured here (``csd.static``), as ``load_pair`` builds them."""
     from csd.config import GAMMA_RANGE
     from csd.lm import HFLM, LeanLM
     from csd.pair import ModelPair
     from csd.quant import DTYPES, quantize_int8, to_repr
-    from csd.static import draft_shapes, make_static, target_shapes
+    from csd.static import STATIC_ENGINES, draft_shapes, make_static, target_shapes
 
     d_arch, t_arch = PAIRS[name]
     if target_repr != "float32" or target_model.dtype != torch.float32:
@@ -217,11 +217,13 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, target
     if not lean:
         inner = HFLM(draft_model)
     target_lm = HFLM(target_model)
-    if engine == "static":
+    if engine in STATIC_ENGINES:
         if not lean:
             raise ValueError("the static engine runs the lean draft path (not --draft-impl hf)")
-        target_lm = make_static(LeanLM(target_model), capacity, target_shapes(GAMMA_RANGE[1] + 1), name="target")
-        inner = make_static(inner, capacity, draft_shapes(), name="draft")
+        compiled = engine == "compiled"
+        target_lm = make_static(LeanLM(target_model), capacity, target_shapes(GAMMA_RANGE[1] + 1), name="target",
+                                compiled=compiled)
+        inner = make_static(inner, capacity, draft_shapes(), name="draft", compiled=compiled)
     act = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
     ctx = int(target_model.config.max_position_embeddings)
     return ModelPair(draft_model, target_model, IdTokenizer(), f"synthetic-{name}", d_arch, t_arch, device, act, (),

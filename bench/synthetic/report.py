@@ -108,7 +108,8 @@ def render_markdown(res: dict) -> str:
               + ", ".join(f"gamma {g}: {b:.2f}x" for g, b in res["bound"].items()) + ".", ""]
     c = res["sd_equals_ar"]
     verdict = {True: "PASSED", False: "FAILED", None: "not an exact representation"}[c["passed"]]
-    lines.append(f"Greedy SD == AR ({c['dtype']}, {c.get('source', 'separate check')}): {c['identical']}/{c['prompts']} "
+    lines.append(f"Greedy SD == AR ({c['dtype']}, {c.get('source', 'separate check')}"
+                 f"{', ' + c['engine'] + ' engine' if c.get('engine') else ''}): {c['identical']}/{c['prompts']} "
                  f"prompts identical over {c['tokens']} tokens: {verdict}.")
     host = {m: s["host_ms_per_block"] for m, s in stats.items() if s.get("host_ms_per_block") is not None}
     if host:

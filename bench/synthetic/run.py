@@ -261,9 +261,12 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     check = None
     if target_repr != "float32" and cfg.check_prompts > 0:                                       # 2.
         say("checking greedy SD == AR in float32")
-        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl, *static)
+        ref_engine = "static" if engine == "compiled" else engine      # one compile per model is enough
+        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl, ref_engine,
+                        room)
         check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
                                    _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
+        check["engine"] = ref_engine
         del ref
         gc.collect()
         if device.type == "cuda":
