@@ -7,7 +7,12 @@ the verify pass's attention per query): how many items SD writes AR's token ids 
 ``python -m bench.exactness passes --rounds 12``: the target's 1-token and 7-token passes in both
 modes on one loaded model, interleaved round by round (a shared machine drifts), median/min/max ms.
 
-Both print JSON and write it to ``--out`` when given. They load the pair the command line's flags
+``python -m bench.exactness nudge``: how far the target's logits move when one cached token's keys and
+values move by 1e-6 (relative), in int8 per pass, int8 per token and float32, and how far the static
+engine's logits are from the eager one's (attention summed over the masked capacity, in another
+order): what "exact" can mean across engines.
+
+All print JSON and write it to ``--out`` when given. They load the pair the command line's flags
 name (default: the embedded pair; the target must be int8 on the lean path)."""
 from __future__ import annotations
 
@@ -84,9 +89,60 @@ def passes(pair, rounds: int) -> dict:
     return out
 
 
+NUDGE = 1e-6
+NUDGE_PROMPTS = ("Write a haiku about the sea.", "What is 17 times 23? Explain.",
+                 "Write a Python function that reverses a string.")
+
+
+def nudge(pair, float_target=None, passes=(2, 8)) -> dict:
+    """Per representation: the largest logit change (and top-1 flips) of a pass of t prompt tokens when
+    the first token's cached keys and values are scaled by 1 + NUDGE, and the static engine against
+    the eager one on the same passes. ``float_target``: a float32 lean ``LM`` of the same target."""
+    import torch
+
+    from csd.decode import prefill_spans
+    from csd.static import StaticLM
+
+    def run(lm, ids, t, scale=None):
+        cache = lm.new_cache()
+        lm.forward(cache, ids[:1], 1)
+        if scale is not None:                     # the first token's keys and values, in place
+            kv = getattr(lm, "_kv", None) or cache
+            kv.k[:, :, :1] *= scale
+            kv.v[:, :, :1] *= scale
+        return lm.forward(cache, ids[1:1 + t], t).float()
+
+    reps = {"int8 per pass": ("pass", pair.target_lm), "int8 per token": ("row", pair.target_lm)}
+    if float_target is not None:
+        reps["float32"] = (None, float_target)
+    out = {}
+    prompts = [pair.encode_prompt(p, chat=True) for p in NUDGE_PROMPTS]
+    assert all(len(ids) > max(passes) for ids in prompts) and prefill_spans(2)[0] == (0, 1)
+    with torch.inference_mode():
+        for name, (mode, lm) in reps.items():
+            if mode:
+                pair.set_int8_activations(mode)
+            static = StaticLM(lm, 256)
+            moved, flips, engines, engine_flips = [], 0, [], 0
+            for ids in prompts:
+                for t in passes:
+                    a, b = run(lm, ids, t), run(lm, ids, t, 1 + NUDGE)
+                    s = run(static, ids, t)
+                    moved.append(float((a - b).abs().max()))
+                    engines.append(float((a - s).abs().max()))
+                    flips += int((a.argmax(-1) != b.argmax(-1)).sum())
+                    engine_flips += int((a.argmax(-1) != s.argmax(-1)).sum())
+            rows = len(prompts) * sum(passes)
+            out[name] = {"nudge_max_logit_change": max(moved), "nudge_median_logit_change": statistics.median(moved),
+                         "nudge_top1_flips": f"{flips} of {rows}",
+                         "static_vs_eager_max_logit_diff": max(engines), "static_vs_eager_top1_flips": f"{engine_flips} of {rows}"}
+    pair.set_int8_activations("pass")
+    return {"nudge": NUDGE, "passes": list(passes), "prompts": list(NUDGE_PROMPTS), "per_representation": out}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.exactness", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("agree", "passes"))
+    ap.add_argument("what", choices=("agree", "passes", "nudge"))
     ap.add_argument("--per-dataset", type=int, default=8, help="items of GSM8K, HumanEval and prose each (agree)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer (agree)")
     ap.add_argument("--rounds", type=int, default=12, help="interleaved rounds of 3 passes per mode (passes)")
@@ -105,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = {"what": a.what, "machine": pair.describe(), "command": "python -m bench.exactness " + " ".join(
         sys.argv[1:] if argv is None else argv)}
-    result.update(agree(pair, a.per_dataset, a.max_new_tokens) if a.what == "agree" else passes(pair, a.rounds))
+    if a.what == "agree":
+        result.update(agree(pair, a.per_dataset, a.max_new_tokens))
+    elif a.what == "passes":
+        result.update(passes(pair, a.rounds))
+    else:
+        ref = load_pair(None, a.target, dtype="float32", target_impl="lean", load_draft=False)
+        result.update(nudge(pair, ref.target_lm))
     text = json.dumps(result, indent=1)
     if a.out:
         a.out.write_text(text + "\n", encoding="utf-8")
