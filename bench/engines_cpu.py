@@ -1,10 +1,10 @@
 """The engines side by side on this machine (issue 24, item 3): the eager lean path, the static one
-(``csd.static``; no graphs off CUDA) and the static function compiled by ``torch.compile``, for the
+(``csd.static``; no graphs off CUDA) and ``--engine compiled`` (the same through ``torch.compile``), for the
 draft's 1-token step and the target's 1- and 7-token verify passes, on the pair as the command line
 loads it. Interleaved round by round (a shared machine drifts); median, min and max ms per pass.
 
-``python -m bench.engines_cpu --rounds 10 --out DIR/engines.json`` (prints the JSON too). The first
-call of each compiled shape compiles it: its time is reported apart (``compile_s``), never timed.
+``python -m bench.engines_cpu --rounds 10 --out DIR/engines.json`` (prints the JSON too). The compiled
+engine compiles when it is built (two compiles a model); the first calls are reported apart, never timed.
 """
 from __future__ import annotations
 
@@ -21,29 +21,23 @@ TOKEN = 7         # the token each timed pass feeds (any id: the cost does not d
 
 
 def build(lean, engine: str, capacity: int):
-    """An ``LM`` for ``engine`` over the lean model ``lean`` (the same weights; nothing copied)."""
-    from csd.static import StaticLM
+    """An ``LM`` for ``engine`` over the lean model ``lean`` (the same weights; nothing copied):
+    "compiled" is ``--engine compiled`` (``csd.static``, compiled here at build, as at load)."""
+    from csd.static import make_static
     if engine == "eager":
         return lean
-    lm = StaticLM(lean, capacity)
-    if engine == "compiled":        # the step without its inference_mode (the compiler refuses inference tensors)
-        import functools
-
-        import torch
-        step = functools.partial(StaticLM._step.__wrapped__, lm)
-        lm._step = torch.compile(step, dynamic=False)          # the instance's step; forward calls it
-    return lm
+    return make_static(lean, capacity, [(1, 1), (7, 7)], compiled=engine == "compiled")
 
 
 def time_engines(lms: dict[str, object], shapes: tuple[int, ...], prompt: list[int], rounds: int) -> dict:
-    """{engine: {tokens: {median_ms, min_ms, max_ms, n}}, "compile_s": {engine: s}}: ``rounds`` rounds
+    """{engine: {tokens: {median_ms, min_ms, max_ms, n}}, "first_calls_s": {engine: s}}: ``rounds`` rounds
     of 3 passes per engine and shape after ``prompt``, engines interleaved; two untimed rounds first."""
     import torch
 
     times = {e: {t: [] for t in shapes} for e in lms}
     first: dict[str, float] = {}
     outs: dict[tuple, torch.Tensor] = {}
-    with torch.no_grad():
+    with torch.inference_mode():             # as the decode loop runs them (a compiled pass checks)
         caches = {}
         for e, lm in lms.items():
             t0 = time.perf_counter()
@@ -86,7 +80,9 @@ def measure(pair, rounds: int, capacity: int, engines=ENGINES) -> dict:
         lms = {}
         for e in engines:
             try:
+                t0 = time.perf_counter()
                 lms[e] = build(lean, e, capacity)
+                result.setdefault(role, {}).setdefault("build_s", {})[e] = time.perf_counter() - t0
             except Exception as ex:      # noqa: BLE001 - a build that fails is a result, said as such
                 result.setdefault(role, {})[e] = {"failed": f"{type(ex).__name__}: {ex}"}
         try:
