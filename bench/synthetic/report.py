@@ -87,7 +87,8 @@ def render_markdown(res: dict) -> str:
     models = meta["models"]
     lines = [f"## Synthetic benchmark `{dataset}` (random weights) on {meta['machine']['name']}", "",
              f"draft {models['draft']} ({models['draft_impl']}, {models['draft_repr']}) -> target {models['target']} "
-             f"({models['target_repr']}); torch {meta['machine']['torch']}, {meta['machine']['torch_threads']} threads; "
+             f"({models['target_repr']}); {models.get('engine', 'eager')} engine; torch {meta['machine']['torch']}, "
+             f"{meta['machine']['torch_threads']} threads; "
              f"{cfg['prompts']} prompts of {cfg['prompt_tokens']} tokens x {cfg['max_new_tokens']} new tokens; "
              f"gamma {cfg['gamma']}; requested acceptance {cfg['acceptance']:.2f}", "",
              "| method | tokens/s | x AR (tok/s, 95% interval over prompts) | target passes | tokens/pass | acceptance | kept/drafted | rescued "
