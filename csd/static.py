@@ -140,10 +140,12 @@ class StaticLM(LM):
             k[li].index_copy_(1, pos, kk)
             v[li].index_copy_(1, pos, vv)
 
-        # exact int8: each query attends as a 1-token step would; the folded masks are made once a pass
+        # exact int8: each query attends as a 1-token step would. The folded masks are made once a pass,
+        # additive (0 or -inf, as SDPA would otherwise convert a boolean mask in every layer's call)
         per_query = lean.per_row and 1 < t <= PER_QUERY_MAX
-        folded_masks = ([mask[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
-                        else [mask.repeat(group, 1)])                                   # (G*n, capacity) each
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+        folded_masks = ([bias[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
+                        else [bias.repeat(group, 1)])                                   # (G*n, capacity) each
 
         def folded(li, q, m):
             """q (1, H, n, D) under the folded mask rows m (G*n, capacity) -> (1, H, n, D)."""
