@@ -106,10 +106,9 @@ def nudge(pair, float_target=None, passes=(2, 8)) -> dict:
     def run(lm, ids, t, scale=None):
         cache = lm.new_cache()
         lm.forward(cache, ids[:1], 1)
-        if scale is not None:                     # the first token's keys and values, in place
-            kv = getattr(lm, "_kv", None) or cache
-            kv.k[:, :, :1] *= scale
-            kv.v[:, :, :1] *= scale
+        if scale is not None:                     # the first token's keys and values, in place (eager cache)
+            cache.k[:, :, :1] *= scale
+            cache.v[:, :, :1] *= scale
         return lm.forward(cache, ids[1:1 + t], t).float()
 
     reps = {"int8 per pass": ("pass", pair.target_lm), "int8 per token": ("row", pair.target_lm)}
