@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.exactness import agree, main, passes
+from bench.exactness import agree, main, nudge, passes
 from conftest import tiny_model
 from csd.models import load_pair
 
@@ -14,8 +14,8 @@ def wide_pair(tmp_path_factory, qwen_tokenizer):
     d = tmp_path_factory.mktemp("wide")
     tiny_model(4, vocab=len(qwen_tokenizer)).save_pretrained(d)
     qwen_tokenizer.save_pretrained(d)
-    return lambda: load_pair(str(d), str(d), dtype="int8", target_impl="lean", int8_smoothing=False,
-                             int8_activations="pass")
+    return lambda dtype="int8": load_pair(str(d), str(d), dtype=dtype, target_impl="lean", int8_smoothing=False,
+                                          int8_activations="pass")
 
 
 def test_agree_counts_items_where_sd_writes_ar_per_mode(wide_pair, one_thread):
@@ -31,6 +31,20 @@ def test_passes_times_both_modes_interleaved(wide_pair, one_thread):
     assert all(v["n"] == 3 and 0 < v["min_ms"] <= v["median_ms"] <= v["max_ms"] for k, v in out.items()
                if isinstance(v, dict))
     assert out["row_over_pass_7"] > 0
+
+
+def test_nudge_measures_each_representation_and_the_static_engine(wide_pair, one_thread):
+    """float32 moves a little under the nudge and its static engine stays with the eager one; every
+    representation is measured on the same 30 rows (3 prompts, passes of 2 and 8); the pair is left
+    per pass, as loaded."""
+    pair = wide_pair()
+    out = nudge(pair, wide_pair("float32").target_lm)["per_representation"]
+    assert set(out) == {"int8 per pass", "int8 per token", "float32"}
+    assert all(r["nudge_top1_flips"].endswith("of 30") and r["static_vs_eager_top1_flips"].endswith("of 30")
+               for r in out.values())
+    f = out["float32"]
+    assert 0 < f["nudge_max_logit_change"] < 1e-2 and f["static_vs_eager_max_logit_diff"] < 1e-3
+    assert pair.int8_activations == "pass" and not pair.target_lm.per_row
 
 
 def test_bad_input_is_refused_before_any_model(capsys):
