@@ -107,6 +107,12 @@ def test_the_host_alone_per_block_is_reported_apart_from_passes_and_transfers(re
     assert "Host alone per target pass" in next(out.glob("*.md")).read_text()
 
 
+def test_the_report_names_the_engine_that_made_it(result):
+    res, out = result
+    assert res["meta"]["models"]["engine"] == "eager"                     # auto on the CPU
+    assert "; eager engine;" in next(out.glob("*.md")).read_text()
+
+
 def test_verify_time_table_has_each_requested_length(result):
     res, _ = result
     assert set(res["verify_ms"]) == {"1", "3", "5"} and all(v > 0 for v in res["verify_ms"].values())
