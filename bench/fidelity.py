@@ -75,13 +75,13 @@ def run(reprs: list[str], datasets: list[str], limit: int, max_new_tokens: int, 
 
     import torch
 
+    from csd.convert import maxima_for
     from csd.decode import Decoder
     from csd.lm import HFLM
     from csd.memory import CorrectionMemory
     from csd.models import load_pair
     from csd.profile import machine_name
     from csd.quant import to_repr
-    from csd.smoothing import maxima_for
 
     items = [it for d in datasets for it in load_dataset(d, limit, seed)]
     base_pair = pair if pair is not None else load_pair(dtype="float32")
@@ -137,12 +137,12 @@ def agreement(run: dict, variants: list[str], max_tokens: int = 256, items: int 
     results.json, its SD column: greedy SD in float32 is the target's own greedy output)."""
     import torch
 
+    from csd.convert import maxima_for
     from csd.decode import prefill_spans
     from csd.lm import LeanLM
     from csd.models import load_pair
     from csd.profile import machine_name
     from csd.quant import release_memory, to_repr
-    from csd.smoothing import maxima_for
 
     if run.get("meta", {}).get("dtype") != "float32":
         raise ValueError("the reference answers must come from a float32 run (--dtype float32)")

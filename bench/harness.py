@@ -96,25 +96,26 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
             passes[name] += 1
         return hook
 
-    x = torch.tensor([prompt_ids], dtype=torch.long, device=pair.target.device)
+    target, draft = pair.hf_target(), (pair.hf_draft() if assisted else None)   # built on first use
+    x = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     pad = pair.tokenizer.pad_token_id
     pad = pad if pad is not None else pair.eos_ids[0]
-    gc = pair.draft.generation_config if assisted else pair.target.generation_config
+    gc = draft.generation_config if assisted else target.generation_config
     saved = {k: getattr(gc, k, None) for k in ("num_assistant_tokens", "num_assistant_tokens_schedule",
                                                 "assistant_confidence_threshold")}
     if fixed_gamma is not None and assisted:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
         gc.assistant_confidence_threshold = 0.0
-    hooks = [pair.target.register_forward_hook(counter("target"))]
+    hooks = [target.register_forward_hook(counter("target"))]
     if assisted:
-        hooks.append(pair.draft.register_forward_hook(counter("draft")))
+        hooks.append(draft.register_forward_hook(counter("draft")))
     try:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = pair.target.generate(input_ids=x, attention_mask=torch.ones_like(x),
-                                       **({"assistant_model": pair.draft} if assisted else {}),
-                                       do_sample=False, max_new_tokens=max_new_tokens,
-                                       eos_token_id=list(pair.eos_ids), pad_token_id=pad)
+            out = target.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                  **({"assistant_model": draft} if assisted else {}),
+                                  do_sample=False, max_new_tokens=max_new_tokens,
+                                  eos_token_id=list(pair.eos_ids), pad_token_id=pad)
         wall = time.perf_counter() - t0
     finally:
         for h in hooks:
@@ -196,7 +197,7 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
 
     datasets = config.datasets()
     cols = config.columns()
-    if pair.draft is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
+    if pair.draft_lm is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
     if any(m.acts for m in cols) and (pair.target_repr != "int8" or not pair.int8_activations):
         raise ValueError("a column's int8_activations needs an int8 target on the lean path (--dtype int8)")

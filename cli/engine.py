@@ -198,23 +198,23 @@ def cmd_generate(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    """Assemble and convert the embedded models, then choose the target's representation on this
-    machine (``--dtype auto``), so that the first generation does not pay for either."""
-    from csd.embedded import prepare_embedded
+    """Make the embedded pair ready once: its config and tokenizer, the int8 conversion of both models,
+    and this machine's costs for gamma auto (both int8 activation scalings), so that the first
+    generation pays for none of them."""
+    import time
+
     from csd.fileio import cache_dir
     from csd.models import load_pair
-    from csd.pair import EMBEDDED
-    for role in EMBEDDED:
-        path = prepare_embedded(role, tqdm_progress())
-        print(f"{role}: {path}", file=sys.stderr)
     from csd.profile import cached_costs
+    t0 = time.perf_counter()
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
     if pair.target_repr == "int8":     # the app's exact int8 (per-token activations) has its own costs
         pair.set_int8_activations("row")
         cached_costs(pair, progress=tqdm_progress())
-    print(f"embedded models ready in {cache_dir()}; target representation on this machine: {pair.target_repr}; "
-          f"draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token pass", file=sys.stderr)
+    print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
+          f"{pair.target_repr}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
+          f"pass; {pair.memory_gib} GiB resident", file=sys.stderr)
     return 0
 
 

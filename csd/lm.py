@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .quant import RowInt8Linear, in_threads, quantize_int8, release_memory
+from .quant import RowInt8Linear, in_threads, int8_weight, quantize_int8, release_memory
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,10 @@ class HFLM(LM):
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().out_features)
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -182,6 +186,12 @@ class PackedInt8Linear(torch.nn.Module):
     def __init__(self, packed):
         super().__init__()
         self.packed = packed
+        self.out_features = int(torch.ops.quantized.linear_unpack(packed)[0].shape[0]) if packed is not None else 0
+
+    @classmethod
+    def from_int8(cls, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
+        """From int8 rows and their per-row scales (``csd.quant.quantize_rows``), packed once."""
+        return cls(torch.ops.quantized.linear_prepack(int8_weight(rows, scales), bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
@@ -255,15 +265,7 @@ class LeanLM(LM):
         why = lean_unsupported(model)
         if why:
             raise ValueError(f"the lean path cannot run this model: {why}")
-        cfg = model.config
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scaling = self.head_dim ** -0.5
-        self.eps = cfg.rms_norm_eps
-        self.dtype = next(model.parameters()).dtype
-        self._device = model.device
         base = model.model
-        self.embed = base.embed_tokens.weight.detach()
 
         def build(layer):
             with torch.no_grad():      # grad mode is per thread
@@ -275,18 +277,37 @@ class LeanLM(LM):
                         _fuse([m.gate_proj, m.up_proj], int8),
                         _fuse([m.down_proj], int8))
 
-        self.layers = in_threads(build, list(base.layers))
+        layers = in_threads(build, list(base.layers))
         with torch.no_grad():
-            self.norm = base.norm.weight.detach()
-            self.vocab_ids = None if vocab_ids is None else vocab_ids.to(torch.long).to(self._device)
+            vocab_ids = None if vocab_ids is None else vocab_ids.to(torch.long).to(model.device)
             out = model.get_output_embeddings()
-            if _is_int8(out) and self.vocab_ids is None:
-                self.head = out
+            if _is_int8(out) and vocab_ids is None:
+                head = out
             else:
                 if _is_int8(out):
                     raise ValueError("a reduced vocabulary needs the float output layer")
-                rows = out.weight if self.vocab_ids is None else out.weight.index_select(0, self.vocab_ids)
-                self.head = _linear(rows.detach(), None, int8)
+                rows = out.weight if vocab_ids is None else out.weight.index_select(0, vocab_ids)
+                head = _linear(rows.detach(), None, int8)
+        self._setup(model.config, base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), head,
+                    vocab_ids, next(model.parameters()).dtype, model.device)
+
+    @classmethod
+    def from_parts(cls, config, embed, layers: list[tuple], norm: torch.Tensor, head, vocab_ids=None,
+                   dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LeanLM:
+        """A decoder from its parts, as ``csd.convert`` maps them from the cache: ``embed`` indexes rows
+        (``embed[ids]``: a tensor, or rows dequantised on demand), each layer is (input norm weight, fused
+        q/k/v, o, post-attention norm weight, fused gate/up, down), ``head`` the output layer."""
+        lm = cls.__new__(cls)
+        lm._setup(config, embed, layers, norm, head, vocab_ids, dtype, torch.device(device))
+        return lm
+
+    def _setup(self, cfg, embed, layers, norm, head, vocab_ids, dtype, device) -> None:
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.eps = cfg.rms_norm_eps
+        self.dtype, self._device = dtype, device
+        self.embed, self.layers, self.norm, self.head, self.vocab_ids = embed, layers, norm, head, vocab_ids
         theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                        device=self._device) / self.head_dim))
@@ -295,6 +316,11 @@ class LeanLM(LM):
         self.inter = cfg.intermediate_size
         self.per_row = False     # int8_per_row(): a verify pass computes what 1-token steps compute
         self._hidden_shape = (cfg.hidden_size,)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of logits a pass returns (the reduced vocabulary's size where there is one)."""
+        return int(self.vocab_ids.numel()) if self.vocab_ids is not None else int(self.head.out_features)
 
     @property
     def device(self) -> torch.device:

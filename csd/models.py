@@ -1,25 +1,37 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair.
 
-``load_pair`` puts the pieces together: the shipped pair made loadable (``csd.embedded``), the
-target's representation chosen by measurement (``csd.profile``) and built (``csd.quant``, smoothed
-first by ``csd.smoothing``), the decode paths (``csd.lm``), and the result, a ``csd.pair.ModelPair``.
+``load_pair`` puts the pieces together: the shipped pair made loadable (``csd.embedded``), an int8
+model converted once and mapped from the cache (``csd.convert``), a float one loaded by transformers
+and built (``csd.quant``), the decode paths (``csd.lm``), and the result, a ``csd.pair.ModelPair``.
 It imports them; none of them imports it.
 """
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import smoothing
 from .config import GAMMA_RANGE, CSDConfig
-from .embedded import prepare_embedded
+from .convert import (
+    FORMAT,
+    GGUFSource,
+    ModuleSource,
+    cached_lean,
+    digest,
+    lean_supported,
+    load_maxima,
+    maxima_for,
+    shipped_maxima,
+)
+from .embedded import assembled, float_model, model_dir, prepare_embedded
 from .events import Progress
-from .fileio import read_json
-from .lm import HFLM, LeanLM, lean_unsupported
+from .fileio import cache_dir, read_json
+from .lm import HFLM, LeanLM
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
-from .profile import choose_target_repr
 from .quant import (
     DTYPES,
     INT8_ACTIVATIONS,
@@ -30,6 +42,7 @@ from .quant import (
     release_memory,
     to_repr,
 )
+from .smoothing import calibration_prompt_ids
 from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, draft_shapes, make_static, target_shapes
 
 log = logging.getLogger(__name__)
@@ -60,14 +73,78 @@ def check_repr(name: str | torch.dtype, device: torch.device) -> str:
     return name
 
 
-def _resolve_source(name: str, role: str, progress: Progress | None) -> tuple[str, str]:
-    """(path or hub id to load, display name)."""
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the options name it, resolved: where its config and tokenizer are (``path``), what to
+    call it, and whether it is one of the shipped pair (whose weights are read from its GGUF file)."""
+    role: str
+    disp: str
+    path: str
+    embedded: bool = False
+    trust_remote_code: bool = False
+
+    def config(self):
+        from transformers import AutoConfig
+        try:
+            return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"cannot read the config of {self.role} model {self.disp!r}: "
+                                 f"{str(e).splitlines()[0]}") from None
+
+    def float_model(self, dtype: torch.dtype, dev: torch.device, device_map=None,
+                    progress: Progress | None = None) -> torch.nn.Module:
+        """The transformers model in ``dtype`` on ``dev`` (or spread by ``device_map``)."""
+        from transformers import AutoModelForCausalLM
+        if progress:
+            progress(f"loading {self.role} {self.disp}", 0.0)
+        try:
+            if self.embedded:
+                return float_model(self.role, dtype, progress).to(dev)
+            kwargs = dict(dtype=dtype, trust_remote_code=self.trust_remote_code)
+            if device_map is not None:
+                kwargs["device_map"] = device_map
+            m = AutoModelForCausalLM.from_pretrained(self.path, **kwargs)
+            return (m if device_map is not None else m.to(dev)).eval()
+        except (torch.OutOfMemoryError, MemoryError):
+            raise ModelLoadError(out_of_memory(self.role, self.disp, self.path, dtype, dev,
+                                               self.trust_remote_code)) from None
+        except OSError as e:
+            raise ModelLoadError(f"cannot load {self.role} model {self.disp!r}: not a local directory and not "
+                                 f"available offline from the hub cache ({str(e).splitlines()[0]})") from None
+        except ValueError as e:
+            raise ModelLoadError(f"cannot load {self.role} model {self.disp!r}: {e}") from None
+
+    @contextmanager
+    def source(self, progress: Progress | None = None):
+        """Its float weights a tensor at a time (``csd.convert``): the GGUF file, or the loaded model."""
+        if self.embedded:
+            with assembled(self.role, progress) as gguf:
+                yield GGUFSource(gguf)
+        else:
+            yield ModuleSource(self.float_model(torch.float32, torch.device("cpu"), progress=progress))
+
+    def int8_dir(self) -> Path:
+        """Where its int8 conversion is cached: beside the shipped model's tokenizer, or by path."""
+        if self.embedded:
+            return model_dir(self.role) / f"int8-{self.role}"
+        return cache_dir() / "int8" / f"{Path(self.path).name[:40]}-{digest(self.path)}-{self.role}"
+
+    def identity(self) -> str:
+        """What its weights are: the shipped file's sha256, or a local folder's weight files by name, size
+        and modification time (a changed file makes the cache a miss)."""
+        if self.embedded:
+            return EMBEDDED[self.role].sha256
+        files = sorted(p for p in Path(self.path).iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+        return digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+
+
+def resolve(name: str, role: str, progress: Progress | None, trust_remote_code: bool = False) -> ModelRef:
     if name in EMBEDDED_ALIASES:
-        return str(prepare_embedded(role, progress)), EMBEDDED[role].name
+        return ModelRef(role, EMBEDDED[role].name, str(prepare_embedded(role, progress)), True)
     p = Path(name).expanduser()
     if p.exists():
-        return str(p), p.name
-    return str(hub_snapshot(name, role, progress)), name
+        return ModelRef(role, p.name, str(p), trust_remote_code=trust_remote_code)
+    return ModelRef(role, name, str(hub_snapshot(name, role, progress)), trust_remote_code=trust_remote_code)
 
 
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]   # weights, config, tokenizer
@@ -185,26 +262,24 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
               check=None, engine: str = "auto", static_capacity: int = DEFAULT_CAPACITY) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
 
-    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto`` (chosen by measuring
-    the candidates once on this machine, ``csd.profile.choose_target_repr``). ``draft_dtype``:
-    "same", a float dtype, "int8" (CPU), or "auto" (int8 on the CPU, the target's dtype elsewhere).
-    ``draft_impl``: "lean" (``csd.lm.LeanLM``, Llama-family drafts), "hf", or "auto" (lean where it
-    can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes, so in SD its dtype,
-    path and vocabulary change the speed, never the output.
+    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto``: int8 on the CPU (the
+    fastest of torch's representations on every CPU measured, by 3-6x a verify pass: docs/models.md),
+    bfloat16 (or float16) on CUDA. ``draft_dtype``: "same", a float dtype, "int8" (CPU), or "auto" (int8 on
+    the CPU, the target's dtype elsewhere). ``draft_impl``: "lean" (``csd.lm.LeanLM``, Llama-family
+    drafts), "hf", or "auto" (lean where it can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only
+    proposes, so in SD its dtype, path and vocabulary change the speed, never the output.
 
     ``target_impl``: the target's forward pass in the decode loop: "hf" (transformers' own code),
-    "lean" (``csd.lm.LeanLM``), or "auto": lean for an int8 target that it can run, transformers
-    otherwise. For an int8 target lean computes what the transformers int8 model computes (its int8
-    rows and per-row scales fused as they are, the same per-pass activation scale: 0.0 logit
-    difference on the embedded pair) in about 0.8x its time (0.79-0.86x for passes of 1-12 tokens,
-    side by side on a 2-core AMD EPYC). Packing the fused layers costs seconds per load, paid for by
-    quantising the decoder blocks on all cores. The transformers model stays in ``pair.target`` for
-    calibration and assisted generation.
+    "lean" (``csd.lm.LeanLM``), or "auto": lean for an int8 target that it can run (or the static
+    engine), transformers otherwise.
 
-    ``int8_smoothing``: before an int8 target is quantised, its activation outliers are moved into
-    the weights (``csd.smoothing``, SmoothQuant; the float function is unchanged), so the per-pass
-    activation scale of dynamic int8 rounds the other channels less coarsely. Llama-family targets
-    only; the maxima it needs are measured once per model and cached.
+    An int8 model on the lean path is converted once (``csd.convert``: int8 rows and scales, smoothed
+    first for a target with ``int8_smoothing``, a draft's reduced output layer) and later mapped from the
+    cache: no float copy and no transformers model is held. Its transformers model, which calibration
+    and transformers' assisted generation call, is built when they first ask for it
+    (``ModelPair.hf_target``). ``int8_activations``: an int8 target scales its activations per token
+    ("row": greedy SD writes AR's answer) or per pass ("pass"); both run on the same weights and the
+    pair switches between them in place.
 
     ``check(tokenizer, context_limit)``: called once the tokenizers are loaded and before any model
     is, so that a request the pair cannot serve (a prompt over the context) is refused in seconds,
@@ -212,10 +287,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     ``engine``: "static" runs both lean models at fixed shapes on KV caches of ``static_capacity``
     tokens, with one CUDA graph per pass shape captured here at load on CUDA (``csd.static``);
-    "eager" the paths above; "auto": static on CUDA, eager on the CPU (where the static function
-    runs without graphs and attends over the whole capacity: slower). On CUDA, ``dtype`` auto is
-    bfloat16."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    "eager" the paths above; "auto": static on CUDA, eager on the CPU."""
+    from transformers import AutoTokenizer
 
     dev = resolve_device(device)
     if engine not in ENGINES:
@@ -225,10 +298,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     if engine in STATIC_ENGINES and (device_map is not None or int(static_capacity) < 64):
         raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
                              if device_map is None else "the static engine runs on one device (no --device-map)")
-    if dtype in (None, "auto") and dev.type == "cuda":
-        target_repr = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    elif dtype in (None, "auto"):
-        target_repr = "auto"
+    if dtype in (None, "auto"):
+        target_repr = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" else "int8"
     else:
         target_repr = check_repr(dtype, dev)
     if draft_dtype not in DRAFT_DTYPES:
@@ -245,123 +316,114 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         draft_dtype = "int8" if dev.type == "cpu" else "same"
     if draft_dtype == "int8" and dev.type != "cpu":
         raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
-    draft_name = draft if (draft is not None and load_draft) else None
-    t_src, t_disp = _resolve_source(target, "target", progress)
-    d_src, d_disp = _resolve_source(draft_name, "draft", progress) if draft_name else (None, None)
-
-    def _load(src: str, disp: str, role: str, dtype_: torch.dtype, dm=None):
-        if progress:
-            progress(f"loading {role} {disp}", 0.0)
-        kwargs = dict(dtype=dtype_, trust_remote_code=trust_remote_code)
-        if dm is not None:
-            kwargs["device_map"] = dm
-        try:
-            m = AutoModelForCausalLM.from_pretrained(src, **kwargs)
-            if dm is None:
-                m.to(dev)
-        except (torch.OutOfMemoryError, MemoryError):
-            raise ModelLoadError(out_of_memory(role, disp, src, dtype_, dev, trust_remote_code)) from None
-        except OSError as e:
-            raise ModelLoadError(f"cannot load {role} model {disp!r}: not a local directory and not "
-                                 f"available offline from the hub cache ({str(e).splitlines()[0]})") from None
-        except ValueError as e:
-            raise ModelLoadError(f"cannot load {role} model {disp!r}: {e}") from None
-        return m.eval()
+    t_ref = resolve(target, "target", progress, trust_remote_code)
+    d_ref = resolve(draft, "draft", progress, trust_remote_code) if (draft is not None and load_draft) else None
 
     try:
-        tok_t = AutoTokenizer.from_pretrained(t_src, trust_remote_code=trust_remote_code)
-        tok_d = AutoTokenizer.from_pretrained(d_src, trust_remote_code=trust_remote_code) if d_src else None
+        tok_t = AutoTokenizer.from_pretrained(t_ref.path, trust_remote_code=trust_remote_code)
+        tok_d = None if d_ref is None or (d_ref.embedded and t_ref.embedded) else \
+            AutoTokenizer.from_pretrained(d_ref.path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load tokenizer: {str(e).splitlines()[0]}") from None
-    if tok_d is not None:
+    if tok_d is not None:       # the shipped pair's two files hold one tokenizer (checked when prepared)
         diff = compare_tokenizers(tok_d, tok_t)
         if diff:
-            raise ModelLoadError(f"draft {d_disp!r} and target {t_disp!r} do not share a tokenizer: {diff}")
+            raise ModelLoadError(f"draft {d_ref.disp!r} and target {t_ref.disp!r} do not share a tokenizer: {diff}")
+    t_config = t_ref.config()
     if check is not None:
-        from transformers import AutoConfig
-        config = AutoConfig.from_pretrained(t_src, trust_remote_code=trust_remote_code)
-        check(tok_t, context_limit(config))
+        check(tok_t, context_limit(t_config))
 
-    if target_repr == "auto":   # before the target is loaded: each candidate is loaded afresh, one at a time
-        target_repr, _ = choose_target_repr(lambda: _load(t_src, t_disp, "target", torch.float32, device_map),
-                                            t_disp, dev, progress, int8_lean=target_impl != "hf" and device_map is None)
-    load_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
-    target_model = _load(t_src, t_disp, "target", load_dtype, device_map)
-    why_t = lean_unsupported(target_model) or (device_map is not None and "a device_map (the lean path runs on one device)")
+    why_t = lean_supported(t_config) or (device_map is not None and "a device_map (the lean path runs on one device)")
     if target_impl == "lean" and why_t:
-        raise ModelLoadError(f"--target-impl lean cannot run {t_disp!r}: {why_t}")
+        raise ModelLoadError(f"--target-impl lean cannot run {t_ref.disp!r}: {why_t}")
     if engine in STATIC_ENGINES and why_t:
-        raise ModelLoadError(f"the static engine cannot run {t_disp!r}: {why_t} (use --engine eager)")
+        raise ModelLoadError(f"the static engine cannot run {t_ref.disp!r}: {why_t} (use --engine eager)")
     if target_impl == "auto":   # lean for an int8 target (where it is faster) or the static engine, else transformers
         target_impl = "lean" if (target_repr == "int8" or engine in STATIC_ENGINES) and not why_t else "hf"
     if engine in STATIC_ENGINES and target_impl != "lean":
         raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
-    maxima, smoothed = None, ""
-    if target_repr == "int8" and int8_smoothing:
-        maxima = smoothing.maxima_for(target_model, t_disp, lambda p: encode_prompt(tok_t, p), progress)
-        smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if maxima is not None else ""
-    if target_repr != "float32" or target_model.dtype != torch.float32:
-        target_model = to_repr(target_model, target_repr, maxima=maxima)
-    target_lm = None
-    if target_impl != "hf":     # an int8 model's quantised layers are fused as they are (no second quantisation)
-        if progress:
-            progress("building the lean target path", 0.9)
-        target_lm = LeanLM(target_model)
-    acts = ""
-    if target_repr == "int8":
-        if int8_activations == "row":
-            if target_lm is None:
-                raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
-            target_lm.int8_per_row()
-        acts = int8_activations
+    if int8_activations == "row" and target_repr == "int8" and target_impl != "lean":
+        raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
     act_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
-
-    gen_cfg = getattr(target_model, "generation_config", None)
+    gen_cfg = _generation_config(t_ref.path)
     eos = getattr(gen_cfg, "eos_token_id", None) or tok_t.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     if tok_t.eos_token_id is not None and tok_t.eos_token_id not in eos_ids:
         eos_ids = eos_ids + (tok_t.eos_token_id,)
     special = special_token_ids(tok_t, eos_ids)
-    pair_id = EMBEDDED_PAIR_ID if (t_disp == EMBEDDED["target"].name and d_disp in (None, EMBEDDED["draft"].name)) \
-        else f"{d_disp}->{t_disp}"
+    pair_id = EMBEDDED_PAIR_ID if (t_ref.disp == EMBEDDED["target"].name and
+                                   (d_ref is None or d_ref.disp == EMBEDDED["draft"].name)) \
+        else f"{d_ref.disp if d_ref else None}->{t_ref.disp}"
 
-    draft_model, draft_lm, draft_repr = None, None, ""
-    if d_src:
-        d_dt = act_dtype if draft_dtype == "same" else (torch.float32 if draft_dtype == "int8" else DTYPES[draft_dtype])
-        draft_model = _load(d_src, d_disp, "draft", d_dt)
-        vd, vt = draft_model.get_output_embeddings().out_features, target_model.get_output_embeddings().out_features
+    target_model, target_loader, smoothed = None, None, ""
+    if target_repr == "int8" and target_impl == "lean":
+        prompts = smoothing_prompts(tok_t, t_config, t_ref.disp) if int8_smoothing else None
+        key = {"format": FORMAT, "source": t_ref.identity(), "role": "target",
+               "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
+        shipped = shipped_maxima(t_ref.identity(), prompts) if prompts and t_ref.embedded else None
+        target_lm = cached_lean(t_ref.int8_dir(), key, lambda: t_ref.source(progress), t_config, rows=True,
+                                name=t_ref.disp, smooth_prompts=prompts, maxima=shipped, progress=progress)
+        smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if prompts else ""
+        maxima = load_maxima(t_ref.int8_dir())
+        target_loader = lambda: to_repr(t_ref.float_model(torch.float32, dev), "int8", maxima=maxima)  # noqa: E731
+    else:
+        target_model = t_ref.float_model(torch.float32 if target_repr == "int8" else DTYPES[target_repr], dev,
+                                         device_map, progress)
+        if target_repr == "int8":
+            maxima = maxima_for(target_model, t_ref.disp, lambda p: encode_prompt(tok_t, p)) if int8_smoothing \
+                else None
+            smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if maxima is not None else ""
+            target_model = to_repr(target_model, "int8", maxima=maxima)
+        target_lm = LeanLM(target_model) if target_impl == "lean" else HFLM(target_model)
+    acts = ""
+    if target_repr == "int8":
+        if int8_activations == "row":
+            target_lm.int8_per_row()
+        acts = int8_activations
+
+    draft_model, draft_lm, draft_loader, draft_repr = None, None, None, ""
+    if d_ref is not None:
+        d_config = d_ref.config()
+        vd, vt = d_config.vocab_size, t_config.vocab_size
         rows = shared_rows(vd, vt, len(tok_t))
         int8 = draft_dtype == "int8"
+        d_dt = act_dtype if draft_dtype == "same" else (torch.float32 if int8 else DTYPES[draft_dtype])
         draft_repr = "int8" if int8 else str(d_dt).removeprefix("torch.")
-        why = lean_unsupported(draft_model)
+        why = lean_supported(d_config)
         if draft_impl == "lean" and why:
-            raise ModelLoadError(f"--draft-impl lean cannot run {d_disp!r}: {why}")
+            raise ModelLoadError(f"--draft-impl lean cannot run {d_ref.disp!r}: {why}")
         vocab_ids = draft_vocab_ids(pair_id, tok_t, special, vd, draft_vocab)
         if rows is not None:        # the draft proposes among the rows both have (its logits map back to ids)
             vocab_ids = torch.arange(rows) if vocab_ids is None else vocab_ids[vocab_ids < rows]
             if why or draft_impl == "hf":
                 raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows): only the "
                                      "lean draft path can propose among the rows they share")
-        if draft_impl in ("auto", "lean") and not why:
-            if progress:
-                progress("building the lean draft path", 0.5)
-            draft_lm = LeanLM(draft_model, vocab_ids=vocab_ids, int8=int8)
+        lean = draft_impl in ("auto", "lean") and not why
+        if not lean and vocab_ids is not None and draft_vocab != "auto":
+            raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
+        if draft_impl == "auto" and why:
+            log.info("draft %s runs through transformers: %s", d_ref.disp, why)
+        if lean and int8 and dev.type == "cpu":
+            key = {"format": FORMAT, "source": d_ref.identity(), "role": "draft",
+                   "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None}
+            draft_lm = cached_lean(d_ref.int8_dir(), key, lambda: d_ref.source(progress), d_config, rows=False,
+                                   name=d_ref.disp, vocab_ids=vocab_ids, progress=progress)
+            draft_loader = lambda: quantize_int8(d_ref.float_model(torch.float32, dev))  # noqa: E731
         else:
-            if vocab_ids is not None and draft_vocab != "auto":
-                raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
-            if draft_impl == "auto" and why:
-                log.info("draft %s runs through transformers: %s", d_disp, why)
-        if int8:
-            draft_model = quantize_int8(draft_model)   # for transformers' assisted generation and the hf path
-        if draft_lm is None:
-            draft_lm = HFLM(draft_model)
+            draft_model = d_ref.float_model(d_dt, dev, progress=progress)
+            if progress and lean:
+                progress("building the lean draft path", 0.5)
+            draft_lm = LeanLM(draft_model, vocab_ids=vocab_ids, int8=int8) if lean else None
+            if int8:
+                draft_model = quantize_int8(draft_model)   # for transformers' assisted generation and the hf path
+            if draft_lm is None:
+                draft_lm = HFLM(draft_model)
 
-    ctx = context_limit(target_model.config)
     release_memory()            # the float weights that quantising replaced
     if engine in STATIC_ENGINES:
         compiled = engine == "compiled"
         if draft_lm is not None and not isinstance(draft_lm, LeanLM):
-            raise ModelLoadError(f"the static engine cannot run the draft {d_disp!r} (not the lean path; "
+            raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
                                  "use --engine eager)")
         longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
         try:
@@ -370,11 +432,30 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
                 draft_lm = make_static(draft_lm, static_capacity, draft_shapes(), progress, "draft", compiled)
         except CompileError as e:
             raise ModelLoadError(str(e)) from e
-    mem = memory_gib(torch.device(target_model.device) if device_map is None else dev)
+    mem = memory_gib(dev if device_map is None else dev)
     if progress:
         progress(f"models ready: {mem} GiB {'on the GPU' if dev.type == 'cuda' else 'resident'}", 1.0)
-    return ModelPair(draft_model, target_model, tok_t, pair_id, d_disp or "", t_disp,
-                     torch.device(target_model.device) if device_map is None else dev, act_dtype, eos_ids, ctx,
-                     draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
-                     target_lm=target_lm or HFLM(target_model), draft_lm=draft_lm, target_smoothing=smoothed,
-                     int8_activations=acts, memory_gib=mem)
+    return ModelPair(draft_model, target_model, tok_t, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
+                     target_lm.device if device_map is None else dev, act_dtype, eos_ids,
+                     context_limit(t_config), draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
+                     target_lm=target_lm, draft_lm=draft_lm, target_smoothing=smoothed, int8_activations=acts,
+                     memory_gib=mem, target_loader=target_loader, draft_loader=draft_loader)
+
+
+def smoothing_prompts(tok, config, name: str) -> list[list[int]] | None:
+    """The calibration prompts an int8 target's smoothing is measured on, as token ids; None (logged)
+    where the model cannot read them (ids beyond its embeddings): it is then quantised as it is."""
+    prompts = calibration_prompt_ids(lambda p: encode_prompt(tok, p))
+    if any(max(ids, default=0) >= config.vocab_size for ids in prompts):
+        log.info("int8 target %s is quantised without smoothing: the calibration prompts hold token ids beyond "
+                 "its %d embeddings", name, config.vocab_size)
+        return None
+    return prompts
+
+
+def _generation_config(path: str):
+    from transformers import GenerationConfig
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return None

@@ -6,6 +6,7 @@ calibration, the store's records and the UI only read one.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,8 +54,8 @@ def special_token_ids(tokenizer, eos_ids=()) -> frozenset[int]:
 
 @dataclass
 class ModelPair:
-    draft: torch.nn.Module | None       # the transformers models (transformers' own generate uses them)
-    target: torch.nn.Module
+    draft: torch.nn.Module | None       # the transformers models (transformers' own generate uses them); None
+    target: torch.nn.Module | None      # where mapped from the int8 cache until ``hf_target``/``hf_draft`` asks
     tokenizer: object
     pair_id: str
     draft_name: str
@@ -73,6 +74,8 @@ class ModelPair:
     target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
     int8_activations: str = ""          # an int8 target's activation scales: "row" (per token) or "pass"
     memory_gib: float | None = None     # memory held once loaded: the GPU's allocated memory, or the process's RSS
+    target_loader: Callable[[], torch.nn.Module] | None = None   # builds ``target`` when first asked (hf_target)
+    draft_loader: Callable[[], torch.nn.Module] | None = None
 
     def __post_init__(self):
         if not self.target_repr:
@@ -83,12 +86,34 @@ class ModelPair:
             self.target_lm = HFLM(self.target)
         if self.draft_lm is None and self.draft is not None:
             self.draft_lm = HFLM(self.draft)
-        if not self.draft_vocab_size and self.draft is not None:
-            ids = self.draft_lm.vocab_ids
-            self.draft_vocab_size = int(ids.numel()) if ids is not None else \
-                self.draft.get_output_embeddings().out_features
+        if not self.draft_vocab_size and self.draft_lm is not None:
+            self.draft_vocab_size = self.draft_lm.vocab_size
         if self.draft is not None and not self.draft_dtype:
             self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
+
+    def hf_target(self) -> torch.nn.Module:
+        """The target as a transformers model (for its own ``generate`` and for calibration). A pair mapped
+        from the int8 cache holds none: it is built on the first call (the same int8 weights, from the
+        float source: seconds, and the memory of a second copy), then kept."""
+        if self.target is None:
+            self.target = self.target_loader()
+        return self.target
+
+    def hf_draft(self) -> torch.nn.Module | None:
+        """The draft as a transformers model (None where no draft is loaded), built on the first call."""
+        if self.draft is None and self.draft_loader is not None:
+            self.draft = self.draft_loader()
+        return self.draft
+
+    def drop_hf(self) -> None:
+        """Let go of transformers models built on demand (``hf_target``, ``hf_draft``): the memory they took
+        goes back once the caller is done with them."""
+        from .quant import release_memory
+        if self.target_loader is not None:
+            self.target = None
+        if self.draft_loader is not None:
+            self.draft = None
+        release_memory()
 
     def set_int8_activations(self, mode: str) -> None:
         """An int8 target on the lean path scales its activations per token ("row": greedy SD writes AR's

@@ -2,9 +2,6 @@
 version, pair, representations and the engine's code, see ``engine_revision``): the target's time
 for a pass of k tokens and the draft's time per token, as a ``csd.costs.CostModel``.
 
-It also chooses the target's representation when asked for ``auto``: the one with the fastest
-verify pass of the paper's block (gamma 6, so 7 tokens) on this machine, by measurement rather
-than by a CPU flag; within 10% the more exact representation wins (float32 > bfloat16 > float16 > int8).
 """
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,8 +21,8 @@ import torch
 from .costs import CostModel
 from .events import Progress
 from .fileio import atomic_write, cache_dir
-from .lm import HFLM, LeanLM, lean_unsupported
-from .quant import quantize_int8, release_memory, to_repr
+from .lm import HFLM, LeanLM
+from .quant import quantize_int8, to_repr
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +54,33 @@ def _now() -> str:
 def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
     """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens (fewer where a
     static KV cache holds fewer: its attention reads the whole capacity whatever it holds)."""
+    return time_passes(lm, (k,), reps, context)[k]
+
+
+@torch.inference_mode()
+def time_passes(lm, lengths, reps: int = 3, context: int = CONTEXT, progress: Progress | None = None,
+                label: str = "") -> dict[int, float]:
+    """``time_pass`` for each length, on one cache filled once."""
     capacity = getattr(lm, "capacity", None)
     if capacity is not None:
-        context = max(1, min(context, capacity - k))
+        context = max(1, min(context, capacity - max(lengths)))
     cache = lm.new_cache()
     lm.forward(cache, [100 + (i % 1000) for i in range(context)], 1)
-    lm.forward(cache, [7] * k, k)          # warm-up at this shape
-    lm.crop(cache, context)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        lm.forward(cache, [7] * k, k)
-        _sync(lm.device)
-        times.append(1000 * (time.perf_counter() - t0))
+    out = {}
+    for n, k in enumerate(lengths):
+        if progress:
+            progress(f"profiling: {label}pass of {k} tokens", n / (len(lengths) + 1))
+        lm.forward(cache, [7] * k, k)          # warm-up at this shape
         lm.crop(cache, context)
-    return statistics.median(times)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            lm.forward(cache, [7] * k, k)
+            _sync(lm.device)
+            times.append(1000 * (time.perf_counter() - t0))
+            lm.crop(cache, context)
+        out[k] = statistics.median(times)
+    return out
 
 
 def _sync(device) -> None:
@@ -112,11 +120,7 @@ def _cache_file(kind: str, key: dict) -> Path:
 
 def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None) -> CostModel:
     """Time the target at each pass length and the draft per token (needs a loaded draft)."""
-    verify = {}
-    for i, k in enumerate(lengths):
-        if progress:
-            progress(f"profiling: target pass of {k} tokens", i / (len(lengths) + 1))
-        verify[k] = time_pass(pair.target_lm, k, reps)
+    verify = time_passes(pair.target_lm, lengths, reps, progress=progress, label="target ")
     draft = time_pass(pair.draft_lm, 1, max(reps, 5)) if pair.draft_lm is not None else float("nan")
     if progress:
         progress("profiling: done", 1.0)
@@ -140,56 +144,6 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
     costs = measure(pair, progress=progress)
     atomic_write(path, json.dumps(costs.to_dict(), indent=1).encode())
     return costs
-
-
-# -- the target's representation -------------------------------------------------------------------
-def candidate_reprs(device: torch.device) -> tuple[str, ...]:
-    if device.type == "cuda":
-        return ("bfloat16", "float16", "float32")
-    return ("float32", "bfloat16", "int8")
-
-
-def choose_target_repr(model_fp32: torch.nn.Module | Callable[[], torch.nn.Module], model_name: str,
-                       device: torch.device, progress: Progress | None = None, refresh: bool = False,
-                       int8_lean: bool = False) -> tuple[str, dict]:
-    """The target representation for ``auto`` on this machine, and the timings it was chosen on
-    ({repr: {"1": ms, "7": ms}}). Measured once per machine, torch version and model; cached.
-    ``int8_lean``: int8 is timed on the lean path, the one it will run (``load_pair``'s auto).
-
-    ``model_fp32``: the float32 model (each candidate is a copy of it), or a function that loads a
-    fresh one, so that only one candidate is in memory at a time: with the model held beside a copy,
-    the first start of the embedded pair peaked at 17.5 GB, over a 16 GB machine."""
-
-    key = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__, "model": model_name,
-           "engine": engine_revision(), "int8_impl": "lean" if int8_lean else "hf"}
-    path = _cache_file("repr", key)
-    if not refresh and path.exists():
-        try:
-            d = json.loads(path.read_text())
-            return d["choice"], d["timings"]
-        except (OSError, ValueError, KeyError) as e:
-            log.warning("ignoring unreadable representation choice %s: %s", path, e)
-    timings = {}
-    cands = candidate_reprs(device)
-    for i, r in enumerate(cands):
-        if progress:
-            progress(f"choosing the target's representation (once on this machine): timing {r}", i / len(cands))
-        m = to_repr(model_fp32, r, copy=True) if isinstance(model_fp32, torch.nn.Module) else \
-            to_repr(model_fp32(), r)
-        lm = LeanLM(m) if r == "int8" and int8_lean and not lean_unsupported(m) else HFLM(m)
-        timings[r] = {"1": time_pass(lm, 1, 3, context=64), "7": time_pass(lm, 7, 3, context=64)}
-        del lm, m
-        release_memory()
-    best = min(timings, key=lambda r: timings[r]["7"])
-    limit = timings[best]["7"] * (1 + TIE)
-    choice = next(r for r in EXACTNESS if r in timings and timings[r]["7"] <= limit)
-    log.info("target representation on %s: %s (7-token pass: %s)", key["machine"], choice,
-             {r: round(t["7"], 1) for r, t in timings.items()})
-    atomic_write(path, json.dumps({"key": key, "choice": choice, "timings": timings, "measured_at": _now()},
-                                  indent=1).encode())
-    if progress:
-        progress(f"target representation: {choice}", 1.0)
-    return choice, timings
 
 
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:

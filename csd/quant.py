@@ -9,6 +9,8 @@ measurements (``csd.profile``) call it.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .smoothing import smooth
@@ -60,6 +62,33 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return quantize(model)
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows and one float32 scale per row (symmetric, zero point 0): what ``quantize_int8`` makes of a
+    Linear layer's weight (torch's per-channel weight observer), so that a layer converted on its own
+    (``csd.convert``) holds the very int8 values of the whole-model path."""
+    import warnings
+
+    from torch.ao.quantization.observer import PerChannelMinMaxObserver
+    obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)
+    w = weight.detach().float()
+    obs(w)
+    scales, zero_points = obs.calculate_qparams()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scales.double(), zero_points, 0, torch.qint8)
+    return q.int_repr(), scales.to(torch.float32)
+
+
+def int8_weight(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The per-channel quantised tensor torch's int8 ops take, from int8 ``rows`` and their ``scales``
+    (symmetric: zero points 0)."""
+    import warnings
+    with warnings.catch_warnings():      # torch's notice that quantised tensors move to torchao: they work in 2.13
+        warnings.simplefilter("ignore")
+        return torch._make_per_channel_quantized_tensor(rows.contiguous(), scales.double(),
+                                                        torch.zeros(rows.shape[0], dtype=torch.long), 0)
+
+
 class RowInt8Linear(torch.nn.Module):
     """A dynamic int8 linear layer whose activations are quantised per row (per token), not per pass.
 
@@ -77,15 +106,13 @@ class RowInt8Linear(torch.nn.Module):
     for the pass, as torch's dynamic layer takes it (the same bits without a bias; with one, added
     after the product here and inside it there: within 1e-6)."""
 
-    def __init__(self, qweight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.out_features, self.in_features = qweight.shape
+        self.out_features, self.in_features = rows.shape
         pad = -(self.in_features + 2) % 8 + 2
-        zeros = torch.zeros(self.out_features, pad, dtype=torch.int8)
-        w = torch._make_per_channel_quantized_tensor(torch.cat([qweight.int_repr(), zeros], 1),
-                                                     qweight.q_per_channel_scales(),
-                                                     qweight.q_per_channel_zero_points(), 0)
-        self.packed = torch.ops.quantized.linear_prepack(w, None)
+        padded = torch.zeros(self.out_features, self.in_features + pad, dtype=torch.int8)
+        padded[:, :self.in_features] = rows           # the only copy of the rows before they are packed
+        self.packed = torch.ops.quantized.linear_prepack(int8_weight(padded, scales), None)
         self.sentinel = torch.zeros(1, pad)
         self.sentinel[0, :2] = torch.tensor([1.0, -1.0])
         self.bias = None if bias is None else bias.detach().to(torch.float32)
@@ -98,7 +125,9 @@ class RowInt8Linear(torch.nn.Module):
         w, b = torch.ops.quantized.linear_unpack(packed)
         if w.qscheme() not in (torch.per_channel_affine, torch.per_channel_symmetric):
             raise ValueError("only per-channel int8 weights can be quantised per row")
-        return cls(w, b)
+        if bool((w.q_per_channel_zero_points() != 0).any()):
+            raise ValueError("only symmetric int8 weights (zero points 0) can be quantised per row")
+        return cls(w.int_repr(), w.q_per_channel_scales(), b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -114,19 +143,26 @@ class RowInt8Linear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def release_memory() -> None:
+def release_memory(collect: bool = True) -> None:
     """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
     its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
-    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine."""
-    import ctypes
-    import ctypes.util
+    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine; packing a
+    layer of int8 rows leaves twice its size freed but held. ``collect``: run the garbage collector first."""
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):    # not glibc (macOS, Windows, musl): nothing to trim
         pass
+
+
+@functools.cache
+def _libc():
+    import ctypes
+    import ctypes.util
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 def to_repr(model: torch.nn.Module, name: str, copy: bool = False,

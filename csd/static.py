@@ -95,6 +95,10 @@ class StaticLM(LM):
     def device(self) -> torch.device:
         return self.lean.device
 
+    @property
+    def vocab_size(self) -> int:
+        return self.lean.vocab_size
+
     def new_cache(self) -> StaticCache:
         self._owner += 1
         return StaticCache(self._owner)

@@ -110,7 +110,7 @@ def test_mismatched_tokenizers_are_refused(tmp_path, qwen_tokenizer):
         load_pair(str(a), str(b), dtype="float32")
     # the same directory twice is accepted
     pair = load_pair(str(a), str(a), dtype="float32")
-    assert pair.draft is not None and pair.pair_id == "draft->draft"
+    assert pair.draft_lm is not None and pair.pair_id == "draft->draft"
 
 
 def cli(*args, timeout=120):

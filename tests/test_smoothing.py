@@ -34,8 +34,9 @@ def logits(model, ids):
 
 
 def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
+    from csd.convert import ModuleSource, activation_maxima
     from csd.quant import to_repr
-    from csd.smoothing import activation_maxima, smooth, supported
+    from csd.smoothing import smooth, supported
 
     base = tiny_model(5, vocab=64, hidden=64)
     model = with_outliers(base)
@@ -43,7 +44,7 @@ def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
     ref = logits(model, ids)
     assert torch.allclose(ref, logits(base, ids), atol=1e-3)         # the outliers change nothing in float
     assert supported(model)
-    maxima = activation_maxima(model, [ids[:20], ids[10:]])
+    maxima = activation_maxima(ModuleSource(model), model.config, [ids[:20], ids[10:]])
     assert set(maxima) == {f"{i}.{k}" for i in range(2) for k in ("qkv", "o", "gu", "down")}
     assert maxima["0.qkv"][3] > 10 * maxima["0.qkv"].median()        # the outlier is seen
 
@@ -55,31 +56,23 @@ def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
     assert smooth_err < 0.5 * plain_err, (float(smooth_err), float(plain_err))
 
 
-def test_maxima_are_measured_once_and_cached(tmp_path, monkeypatch, qwen_tokenizer):
-    from csd import smoothing
-    from csd.pair import encode_prompt
+def test_the_shipped_maxima_are_the_embedded_targets_on_todays_prompts():
+    """csd/data/target_maxima.safetensors spares the first start 28 layers of float32 passes; it is used
+    only for the model and the prompts it was measured on (change either, and this fails until it is
+    measured again: docs/models.md says how)."""
+    from transformers import AutoTokenizer
 
-    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
-    model = tiny_model(6)
-    calls = []
-    real = smoothing.activation_maxima
-    monkeypatch.setattr(smoothing, "activation_maxima", lambda m, p: calls.append(len(p)) or real(m, p))
-
-    def encode(prompt):         # the tiny model knows 32 ids: the real template's ids folded into them
-        return [i % 32 for i in encode_prompt(qwen_tokenizer, prompt)][:24]
-
-    a = smoothing.cached_maxima(model, "tiny", encode)
-    b = smoothing.cached_maxima(model, "tiny", encode)
-    assert calls == [smoothing.CALIBRATION_PROMPTS]                  # measured once, then read
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert list((tmp_path / "smoothing").glob("*.pt"))
-    # a model of the same name with other weights is measured afresh, not given these maxima
-    other = tiny_model(6)
-    with torch.no_grad():
-        other.model.layers[0].mlp.up_proj.weight.mul_(3.0)
-    c = smoothing.cached_maxima(other, "tiny", encode)
-    assert calls == [smoothing.CALIBRATION_PROMPTS] * 2 and len(list((tmp_path / "smoothing").glob("*.pt"))) == 2
-    assert not torch.equal(c["0.down"], a["0.down"])   # down_proj sees the tripled up projection
+    from csd.convert import shipped_maxima
+    from csd.embedded import prepare_embedded
+    from csd.pair import EMBEDDED, encode_prompt
+    from csd.smoothing import calibration_prompt_ids
+    tok = AutoTokenizer.from_pretrained(prepare_embedded("target"))
+    prompts = calibration_prompt_ids(lambda p: encode_prompt(tok, p))
+    maxima = shipped_maxima(EMBEDDED["target"].sha256, prompts)
+    assert maxima is not None and len(maxima) == 4 * 28 and maxima["27.down"].shape == (8960,)
+    assert all(bool((v > 0).all()) for v in maxima.values())
+    assert shipped_maxima(EMBEDDED["draft"].sha256, prompts) is None           # another model
+    assert shipped_maxima(EMBEDDED["target"].sha256, prompts[:-1]) is None     # other prompts
 
 
 def test_unsupported_models_are_left_alone():

@@ -117,11 +117,13 @@ def test_an_int8_target_is_smoothed_unless_asked_not_to(tmp_path, qwen_tokenizer
     qwen_tokenizer.save_pretrained(d)
     pair = load_pair(str(d), str(d), dtype="int8")
     assert pair.target_smoothing.startswith("SmoothQuant") and pair.describe()["target_smoothing"]
-    assert list((tmp_path / "cache" / "smoothing").glob("*.pt"))
-    plain = load_pair(str(d), str(d), dtype="int8", int8_smoothing=False)
+    assert list((tmp_path / "cache" / "int8").glob("*-target/maxima.safetensors"))    # kept with the conversion
+    plain = load_pair(str(d), str(d), dtype="int8", int8_smoothing=False)      # converted again, said so
     assert plain.target_smoothing == ""
-    norm = [p.target.model.layers[0].input_layernorm.weight for p in (pair, plain)]
+    norm = [p.target_lm.layers[0][0] for p in (pair, plain)]
     assert not torch.equal(*norm)                       # the factors were folded into the model
+    hf = pair.hf_target()                               # transformers' model, built on demand, smoothed alike
+    assert torch.equal(hf.model.layers[0].input_layernorm.weight, norm[0])
     assert len(tokens(pair, "sd", 12)) == 12            # and the smoothed lean int8 target decodes
     assert load_pair(*tiny_dirs, dtype="int8").target_smoothing == ""
 

@@ -217,6 +217,8 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
             log.exception("calibration failed")
             job.summary = "Failed."
             raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
+        finally:
+            services.pair.drop_hf()      # the transformers models calibration built: their memory goes back
         sess.memory = work
         if services.store is not None and work.total != before:
             try:

@@ -1,0 +1,161 @@
+"""Convert once, then map (``csd.convert``): the int8 model mapped from the cache computes what the
+whole-model path computes (the same int8 rows, scales and smoothing), a cache that does not fit is
+rebuilt with a message, a failed conversion leaves nothing a later start would read, and two
+converters at once write one cache. Tiny in-process models; the GGUF reader on the real draft file."""
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from csd import convert
+from csd.convert import CacheError, ModuleSource, activation_maxima, cached_lean, check
+from csd.lm import LeanLM
+from csd.quant import quantize_int8, to_repr
+
+PROMPTS = [[3, 7, 1, 4, 9, 2], [5, 5, 8, 1, 0, 30, 12, 6, 2]]
+
+
+def key(**k):
+    return {"format": convert.FORMAT, "source": "tiny", **k}
+
+
+def build(model, path, k, prompts=PROMPTS, vocab_ids=None, rows=True):
+    from contextlib import nullcontext
+    return cached_lean(path, k, lambda: nullcontext(ModuleSource(model)), model.config, rows=rows, name="tiny",
+                       smooth_prompts=prompts, vocab_ids=vocab_ids)
+
+
+def logits(lm, ids=(3, 7, 1, 4, 9, 2, 11, 6)):
+    cache = lm.new_cache()
+    first = lm.forward(cache, list(ids[:5]), 5)
+    return torch.cat([first, lm.forward(cache, list(ids[5:]), len(ids) - 5)])
+
+
+def test_the_mapped_target_is_the_whole_model_int8_target_bit_for_bit(tmp_path, one_thread):
+    model = tiny_model(2)
+    mapped = build(model, tmp_path / "t", key(role="target"))
+    maxima = activation_maxima(ModuleSource(model), model.config, PROMPTS)
+    ref = LeanLM(to_repr(copy.deepcopy(model), "int8", maxima=maxima))    # the path load_pair took before
+    ref.int8_per_row()
+    mapped.int8_per_row()
+    assert torch.equal(logits(mapped), logits(ref))                      # exact int8: the same bits
+    ref.int8_rows(False)
+    mapped.int8_rows(False)
+    assert torch.allclose(logits(mapped), logits(ref), atol=1e-4)        # per pass: the bias added after the product
+    assert not torch.equal(logits(mapped), logits(LeanLM(quantize_int8(copy.deepcopy(model)))))   # smoothing applied
+
+
+def test_the_mapped_draft_keeps_its_reduced_vocabulary(tmp_path, one_thread):
+    model = tiny_model(1)
+    vocab = torch.tensor([0, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31])
+    mapped = build(model, tmp_path / "d", key(role="draft"), prompts=None, vocab_ids=vocab, rows=False)
+    ref = LeanLM(model, vocab_ids=vocab, int8=True)
+    assert torch.equal(mapped.vocab_ids, vocab) and mapped.vocab_size == 12
+    assert torch.equal(logits(mapped), logits(ref))
+
+
+def test_smoothing_maxima_measured_a_layer_at_a_time_match_the_model(one_thread):
+    """The streamed measurement runs the float layers one by one: its maxima are those of the whole float
+    model's inputs to each projection (hooks on transformers' own forward)."""
+    model = tiny_model(4)
+    found = {}
+
+    def hook(name):
+        def record(_m, inp):
+            x = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0)
+            found[name] = torch.maximum(found[name], x) if name in found else x
+        return record
+    hs = [mod.register_forward_pre_hook(hook(f"{i}.{n}")) for i, layer in enumerate(model.model.layers)
+          for n, mod in (("qkv", layer.self_attn.q_proj), ("o", layer.self_attn.o_proj),
+                         ("gu", layer.mlp.gate_proj), ("down", layer.mlp.down_proj))]
+    with torch.no_grad():
+        for ids in PROMPTS:
+            model(torch.tensor([ids]))
+    for h in hs:
+        h.remove()
+    streamed = activation_maxima(ModuleSource(model), model.config, PROMPTS)
+    assert streamed.keys() == found.keys()
+    for k in found:
+        assert torch.allclose(streamed[k], found[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_a_cache_that_does_not_fit_is_rebuilt_with_a_message(tmp_path, caplog, one_thread):
+    model = tiny_model(2)
+    path = tmp_path / "t"
+    first = logits(build(model, path, key(role="target")))
+    made = (path / "manifest.json").stat().st_mtime_ns
+    build(model, path, key(role="target"))                   # fits: mapped, not converted again
+    assert (path / "manifest.json").stat().st_mtime_ns == made
+    layer = path / "layer-001.safetensors"
+    layer.write_bytes(layer.read_bytes()[:-100])             # truncated
+    with pytest.raises(CacheError, match="truncated"):
+        check(path, key(role="target"))
+    with caplog.at_level(logging.WARNING, logger="csd.convert"):
+        again = build(model, path, key(role="target"))
+    assert "truncated" in caplog.text and "converting it again" in caplog.text
+    assert torch.equal(logits(again), first)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="csd.convert"):
+        build(model, path, {**key(role="target"), "format": convert.FORMAT + 1})     # another version of the code
+    assert "made for another format" in caplog.text
+    with pytest.raises(CacheError, match="another smoothing"):
+        check(path, {**key(role="target"), "format": convert.FORMAT + 1, "smoothing": "other"})
+
+
+def test_a_failed_conversion_leaves_nothing_to_read(tmp_path, monkeypatch, one_thread):
+    from csd.pair import ModelLoadError
+    model = tiny_model(2)
+    path = tmp_path / "t"
+    real = convert._convert_layer
+    calls = []
+
+    def full_disk(w):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(w)
+    monkeypatch.setattr(convert, "_convert_layer", full_disk)
+    with pytest.raises(ModelLoadError, match="No space left on device.*nothing half-written"):
+        build(model, path, key(role="target"))
+    assert not path.exists() and not list(tmp_path.glob("t.tmp-*"))
+    monkeypatch.setattr(convert, "_convert_layer", real)
+    assert build(model, path, key(role="target")).n_layers == 2
+
+
+def test_two_converters_at_once_write_one_cache(tmp_path, monkeypatch, one_thread):
+    model = tiny_model(2)
+    path = tmp_path / "t"
+    conversions = []
+    real = convert.convert
+    monkeypatch.setattr(convert, "convert", lambda *a, **k: conversions.append(1) or real(*a, **k))
+    out = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, logits(build(model, path, key(role="target")))))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(conversions) == 1 and torch.equal(out[0], out[1])
+
+
+@pytest.mark.slow
+def test_gguf_tensors_are_what_transformers_reads_from_the_file():
+    """The shipped draft's GGUF tensors, under transformers' names, dequantised: bit for bit the weights
+    of the transformers model loaded from the same file."""
+    from csd.embedded import assembled, float_model
+    model = float_model("draft", torch.float32)
+    state = model.state_dict()
+    with assembled("draft") as path:
+        src = convert.GGUFSource(path)
+        assert set(src.tensors) == set(state) - {"lm_head.weight"} | {"lm_head.weight"} & set(src.tensors)
+        for name in src.tensors:
+            assert torch.equal(src.tensor(name), state[name]), name
+        rows, qtype = src.quantised_rows("model.embed_tokens.weight")
+        emb = convert.QuantisedRows(torch.from_numpy(rows), qtype, model.config.hidden_size)
+        ids = torch.tensor([0, 17, 151643, 9])
+        assert torch.equal(emb[ids], state["model.embed_tokens.weight"][ids])
