@@ -293,8 +293,9 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
     dev = resolve_device(device)
     if engine not in ENGINES:
         raise ModelLoadError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
-    if engine == "auto":
-        engine = "static" if dev.type == "cuda" and device_map is None else "eager"
+    auto = engine == "auto"
+    if auto:
+        engine = auto_engine(dev, device_map)
     if engine in STATIC_ENGINES and (device_map is not None or int(static_capacity) < 64):
         raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
                              if device_map is None else "the static engine runs on one device (no --device-map)")
@@ -421,17 +422,23 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
 
     release_memory()            # the float weights that quantising replaced
     if engine in STATIC_ENGINES:
-        compiled = engine == "compiled"
         if draft_lm is not None and not isinstance(draft_lm, LeanLM):
             raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
                                  "use --engine eager)")
-        longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
         try:
-            target_lm = make_static(target_lm, static_capacity, target_shapes(longest), progress, "target", compiled)
-            if draft_lm is not None:
-                draft_lm = make_static(draft_lm, static_capacity, draft_shapes(), progress, "draft", compiled)
-        except CompileError as e:
-            raise ModelLoadError(str(e)) from e
+            target_lm, draft_lm = static_pair(target_lm, draft_lm, static_capacity, engine == "compiled", progress)
+        except Exception as e:      # noqa: BLE001 - auto falls back to eager on any failure; a chosen engine says why
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            if not auto:
+                raise ModelLoadError(str(e) if isinstance(e, CompileError) else
+                                     f"the {engine} engine failed on {dev} ({type(e).__name__}: {first}); "
+                                     "use --engine eager") from e
+            log.warning("the %s engine (--engine auto's choice on %s) failed: %s: %s; running the eager engine "
+                        "instead (choose it with --engine eager to skip this attempt)", engine, dev, type(e).__name__,
+                        first)
+            if progress:
+                progress(f"the {engine} engine failed ({type(e).__name__}): running the eager engine", 0.95)
+            release_memory()
     mem = memory_gib(dev if device_map is None else dev)
     if progress:
         progress(f"models ready: {mem} GiB {'on the GPU' if dev.type == 'cuda' else 'resident'}", 1.0)
@@ -451,6 +458,35 @@ def smoothing_prompts(tok, config, name: str) -> list[list[int]] | None:
                  "its %d embeddings", name, config.vocab_size)
         return None
     return prompts
+
+
+def auto_engine(dev: torch.device, device_map=None) -> str:
+    """``--engine auto``'s choice: static on one CUDA device (CUDA graphs), eager elsewhere."""
+    return "static" if dev.type == "cuda" and device_map is None else "eager"
+
+
+def static_pair(target_lm, draft_lm, capacity: int, compiled: bool, progress: Progress | None = None):
+    """Both lean models as static ones (``csd.static``), graphs captured on CUDA, and each replayed once
+    and checked against the eager pass, so that a capture that runs but computes wrong fails here."""
+    longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
+    target = make_static(target_lm, capacity, target_shapes(longest), progress, "target", compiled)
+    draft = make_static(draft_lm, capacity, draft_shapes(), progress, "draft", compiled) if draft_lm is not None \
+        else None
+    for lm, eager in ((target, target_lm), (draft, draft_lm)):
+        if lm is not None:
+            check_replay(lm, eager)
+    return target, draft
+
+
+def check_replay(static, eager, ids=(9, 2, 11, 4)) -> None:
+    """One static pass (a graph replay on CUDA) against the eager pass on the same tokens: finite logits
+    within 5% of the eager ones' range (rounding differs, in bfloat16 most; a broken capture is far off),
+    else RuntimeError."""
+    a = static.forward(static.new_cache(), list(ids), len(ids)).float()
+    b = eager.forward(eager.new_cache(), list(ids), len(ids)).float()
+    gap = float((a - b).abs().max()) if torch.isfinite(a).all() else float("inf")
+    if gap > 0.05 * float(b.abs().max()) + 1e-3:
+        raise RuntimeError(f"its first pass differs from the eager engine's by {gap:.3g} in a logit")
 
 
 def _generation_config(path: str):
