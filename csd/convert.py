@@ -182,27 +182,20 @@ def _run_layer(cfg, layer: tuple, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [lean.layers_over(x, *lean._rope(torch.arange(x.shape[1])), write, attend) for x in xs]
 
 
-def smoothed_layers(source, config, prompts: list[list[int]] | None, progress: Progress | None = None,
-                    maxima: dict[str, torch.Tensor] | None = None):
+def smoothed_layers(source, config, prompts: list[list[int]], progress: Progress | None = None):
     """Each decoder layer's float32 weights in turn, (index, weights, maxima), smoothed with the maxima of
-    its inputs: given (``maxima``), or measured on ``prompts`` run through the float layers so far (neither:
-    not smoothed, no maxima). One layer's weights are in memory at a time, with the prompts' hidden states."""
-    xs = None if prompts is None or maxima is not None else \
-        [source.tensor("model.embed_tokens.weight", np.asarray(ids))[None] for ids in prompts]
+    its inputs measured on ``prompts`` run through the float layers so far. One layer's weights are in
+    memory at a time, with the prompts' hidden states."""
+    xs = [source.tensor("model.embed_tokens.weight", np.asarray(ids))[None] for ids in prompts]
     n_layers = config.num_hidden_layers
     for i in range(n_layers):
         if progress:
             progress(f"converting to int8: layer {i + 1} of {n_layers}", i / (n_layers + 1))
         w = layer_tensors(source, i)
-        x_max = None
-        if maxima is not None:
-            x_max = {k: maxima[f"{i}.{k}"] for k in PROJECTIONS}
-        elif xs is not None:
-            layer = _float_layer(w)
-            xs = _run_layer(config, layer, xs)
-            x_max = {name: mod.max for name, mod in zip(PROJECTIONS, layer[1:3] + layer[4:6])}
-        if x_max is not None:
-            smooth_layer(w, x_max, *heads(config), ALPHA)
+        layer = _float_layer(w)
+        xs = _run_layer(config, layer, xs)
+        x_max = {name: mod.max for name, mod in zip(PROJECTIONS, layer[1:3] + layer[4:6])}
+        smooth_layer(w, x_max, *heads(config), ALPHA)
         yield i, w, x_max
 
 
@@ -309,13 +302,28 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
 
     t0 = time.perf_counter()
     out.mkdir(parents=True)
-    used = {}
-    for i, w, x_max in smoothed_layers(source, config, smooth_prompts, progress, maxima):
-        used |= {f"{i}.{k}": v for k, v in (x_max or {}).items()}
-        save_file(_convert_layer(w), out / f"layer-{i:03d}.safetensors")
-        del w
-        release_memory()       # a layer's float copies, back to the system before the next is made
     n_layers = config.num_hidden_layers
+
+    def write(i: int, w: dict[str, torch.Tensor]) -> None:
+        save_file(_convert_layer(w), out / f"layer-{i:03d}.safetensors")
+        w.clear()
+        release_memory(collect=False)       # a layer's float copies, back to the system before the next
+
+    used = {}
+    if smooth_prompts is not None and maxima is None:         # measured on the way: one layer after another
+        for i, w, x_max in smoothed_layers(source, config, smooth_prompts, progress):
+            used |= {f"{i}.{k}": v for k, v in x_max.items()}
+            write(i, w)
+    else:                                                      # layers apart: one a core
+        def one(i: int) -> None:
+            if progress:
+                progress(f"converting to int8: layer {i + 1} of {n_layers}", i / (n_layers + 1))
+            w = layer_tensors(source, i)
+            if maxima is not None:
+                smooth_layer(w, {k: maxima[f"{i}.{k}"] for k in PROJECTIONS}, *heads(config), ALPHA)
+            write(i, w)
+        in_threads(one, list(range(n_layers)))
+        used = dict(maxima or {})
     if progress:
         progress("converting to int8: the output layer", n_layers / (n_layers + 1))
     save_file({"norm": source.tensor("model.norm.weight").contiguous(), **_head(source, vocab_ids),
@@ -366,8 +374,10 @@ def _linear_from(f, prefix: str, rows: bool):
 
 def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
     """The lean model mapped from a cache made for ``key``. ``rows``: every layer a
-    ``csd.quant.RowInt8Linear`` (a target: per-token or per-pass activation scales, switched in place),
-    else packed as torch's dynamic int8 layers (a draft)."""
+    ``csd.quant.RowInt8Linear`` (per-token activation scales, or per pass, switched in place: the app's
+    target), else packed as torch's dynamic int8 layers (one scale per pass, 5-10% faster a 1-token
+    pass than a row layer fed per pass on a 2-core AMD EPYC: the command line's target and the draft;
+    ``LeanLM.int8_per_row`` converts them when rows are asked for later)."""
     from safetensors import safe_open
 
     check(path, key)

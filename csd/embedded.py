@@ -81,8 +81,22 @@ def assembled(role: str, progress: Progress | None = None):
     model = EMBEDDED[role]
     root = cache_dir() / "models"
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix=f".{model.name}.gguf-") as tmp:
+    for old in root.glob(f".{model.name}.gguf-*"):      # left by a killed process (its pid is in the name)
+        pid = old.name.split("-")[-2] if old.name.count("-") >= 2 else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{model.name}.gguf-{os.getpid()}-") as tmp:
         yield assemble_gguf(model, Path(tmp) / f"{model.name}.gguf", progress)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def gguf_config(f):
@@ -123,10 +137,12 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
     with FileLock(str(out.parent / f"{model.name}.lock")):
         if _prepared(marker, model):  # another process finished while we waited
             return out
-        for old in [*out.glob("model*.safetensors*"), *out.glob("csd-converted.json")]:
+        for old in [*out.glob("model*.safetensors*"), *out.glob("csd-converted.json"),
+                    *(cache_dir() / "profiles").glob("repr-*.json")]:
             if progress:
-                progress(f"removing {old.name} of an earlier version (float weights, no longer read)", 0.0)
+                progress(f"removing {old.name} of an earlier version (no longer read)", 0.0)
             old.unlink(missing_ok=True)
+        shutil.rmtree(cache_dir() / "smoothing", ignore_errors=True)    # maxima now live with the int8 cache
         out.mkdir(parents=True, exist_ok=True)
         with assembled(role, progress) as gguf:
             from transformers import AutoTokenizer, GenerationConfig

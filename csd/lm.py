@@ -183,15 +183,14 @@ class PackedInt8Linear(torch.nn.Module):
     dynamic ``Linear`` (version 4) calls, without its constructor, which packs a placeholder weight
     of the full size first, and without its per-call checks."""
 
-    def __init__(self, packed):
+    def __init__(self, packed, out_features: int):
         super().__init__()
-        self.packed = packed
-        self.out_features = int(torch.ops.quantized.linear_unpack(packed)[0].shape[0]) if packed is not None else 0
+        self.packed, self.out_features = packed, out_features
 
     @classmethod
     def from_int8(cls, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
         """From int8 rows and their per-row scales (``csd.quant.quantize_rows``), packed once."""
-        return cls(torch.ops.quantized.linear_prepack(int8_weight(rows, scales), bias))
+        return cls(torch.ops.quantized.linear_prepack(int8_weight(rows, scales), bias), rows.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
@@ -211,7 +210,7 @@ def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
         w = torch._make_per_channel_quantized_tensor(
             torch.cat([x.int_repr() for x in ws]), torch.cat([x.q_per_channel_scales() for x in ws]),
             torch.cat([x.q_per_channel_zero_points() for x in ws]), 0)
-        return PackedInt8Linear(torch.ops.quantized.linear_prepack(w, _cat_bias([m.bias() for m in mods])))
+        return PackedInt8Linear(torch.ops.quantized.linear_prepack(w, _cat_bias([m.bias() for m in mods])), w.shape[0])
     if not int8 and all(type(m) is torch.nn.Linear for m in mods):
         return _shared(mods)
     return _linear(torch.cat([m.weight for m in mods]), _cat_bias([m.bias for m in mods]), int8)

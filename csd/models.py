@@ -362,7 +362,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, d
         key = {"format": FORMAT, "source": t_ref.identity(), "role": "target",
                "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
         shipped = shipped_maxima(t_ref.identity(), prompts) if prompts and t_ref.embedded else None
-        target_lm = cached_lean(t_ref.int8_dir(), key, lambda: t_ref.source(progress), t_config, rows=True,
+        target_lm = cached_lean(t_ref.int8_dir(), key, lambda: t_ref.source(progress), t_config,
+                                rows=int8_activations == "row",
                                 name=t_ref.disp, smooth_prompts=prompts, maxima=shipped, progress=progress)
         smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if prompts else ""
         maxima = load_maxima(t_ref.int8_dir())

@@ -159,3 +159,29 @@ def test_gguf_tensors_are_what_transformers_reads_from_the_file():
         emb = convert.QuantisedRows(torch.from_numpy(rows), qtype, model.config.hidden_size)
         ids = torch.tensor([0, 17, 151643, 9])
         assert torch.equal(emb[ids], state["model.embed_tokens.weight"][ids])
+
+
+@pytest.mark.slow
+def test_a_cache_of_an_earlier_version_is_emptied_and_leftovers_go(tmp_path, monkeypatch):
+    """The first start of this version deletes what no path reads any more (the float32 weights of the
+    earlier version, its maxima and representation choices) and the GGUF copy a killed process left."""
+    from csd.embedded import MARKER, model_dir, prepare_embedded
+    from csd.pair import EMBEDDED
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
+    d = model_dir("draft")
+    d.mkdir(parents=True)
+    for name in ("model.safetensors", "csd-converted.json"):
+        (d / name).write_bytes(b"old")
+    (tmp_path / "smoothing").mkdir()
+    (tmp_path / "smoothing" / "x.pt").write_bytes(b"old")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "repr-1.json").write_text("{}")
+    (tmp_path / "profiles" / "costs-1.json").write_text("{}")
+    stale = d.parent / f".{EMBEDDED['draft'].name}.gguf-999999999-abc"      # no such process
+    stale.mkdir()
+    assert prepare_embedded("draft") == d
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        ["chat_template.jinja", "config.json", "generation_config.json", MARKER, "tokenizer.json",
+         "tokenizer_config.json"])
+    assert not (tmp_path / "smoothing").exists() and not stale.exists()
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["costs-1.json"]
