@@ -196,7 +196,10 @@ def float_model(role: str, dtype: torch.dtype, progress: Progress | None = None)
         if progress:
             progress(f"dequantising {EMBEDDED[role].name} to {str(dtype).removeprefix('torch.')}", 0.5)
         m = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    m.hf_quantizer = None
-    if hasattr(m.config, "quantization_config"):
-        del m.config.quantization_config
+    quantizer = getattr(m, "hf_quantizer", None)
+    if quantizer is not None:      # its weights are dequantised: a plain float model from here (.float(), save)
+        quantizer.remove_quantization_config(m)
+    m.is_quantized = False
+    if getattr(m.config, "_is_quantized", False):
+        m.config._is_quantized = False
     return m.to(dtype).eval()

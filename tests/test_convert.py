@@ -185,3 +185,25 @@ def test_a_cache_of_an_earlier_version_is_emptied_and_leftovers_go(tmp_path, mon
          "tokenizer_config.json"])
     assert not (tmp_path / "smoothing").exists() and not stale.exists()
     assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["costs-1.json"]
+
+
+@pytest.mark.slow
+def test_the_mapped_embedded_pair_holds_only_what_runs_and_sd_writes_ar_exactly(one_thread):
+    """The embedded pair as the app loads it (mapped int8, activations per token): no transformers model
+    is held, and greedy SD writes AR's answer token for token (the exact int8 representation)."""
+    from csd.config import CSDConfig
+    from csd.decode import Decoder
+    from csd.memory import CorrectionMemory
+    from csd.models import load_pair
+    pair = load_pair(int8_activations="row")
+    assert pair.target is None and pair.draft is None and pair.target_lm.per_row
+    for prompt in ("Write a Python function that reverses a string.", "What is 17 * 23? Answer briefly."):
+        ids = pair.encode_prompt(prompt)
+        out = {}
+        for method in ("ar", "sd"):
+            run = Decoder(pair).run(ids, CSDConfig(method=method, gamma=4, lookup=0, max_new_tokens=40),
+                                    CorrectionMemory(pair.pair_id))
+            list(run)
+            out[method] = run.token_ids
+        assert out["sd"] == out["ar"] and len(out["ar"]) > 5
+    assert pair.target is None            # nothing above built the transformers model
