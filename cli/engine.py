@@ -318,11 +318,10 @@ def cmd_profile(args) -> int:
               + ", ".join(f"a={a:.1f}: {x:.2f}x at gamma {g}"
                           for a in (0.6, 0.7, 0.8, 0.9) for g, x in [costs.best_expected(a)]))
     if args.drafts:
-        from transformers import AutoModelForCausalLM
+        import torch
 
-        from csd.models import _resolve_source, draft_vocab_ids, resolve_device
-        src, _ = _resolve_source(args.draft, "draft", None)
-        fp32 = AutoModelForCausalLM.from_pretrained(src, dtype="float32").to(resolve_device(args.device)).eval()
+        from csd.models import draft_vocab_ids, resolve, resolve_device
+        fp32 = resolve(args.draft, "draft", None).float_model(torch.float32, resolve_device(args.device))
         vocab = draft_vocab_ids(pair.pair_id, pair.tokenizer, pair.special_ids,
                                 fp32.get_output_embeddings().out_features, "auto")
         print("draft options (ms per token):")

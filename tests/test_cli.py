@@ -71,3 +71,22 @@ def test_profile_prints_the_bound_and_the_expected_speedup():
     speedups = [exp[a]["speedup"] for a in exp]
     assert speedups == sorted(speedups) and speedups[-1] <= best["speedup"]
     assert all(1 <= exp[a]["gamma"] <= 32 for a in exp)
+
+
+def test_profile_drafts_times_each_way_to_run_a_local_draft(tmp_path, qwen_tokenizer):
+    """``profile --drafts`` loads the draft in float32 (from a folder here; the embedded pair from its GGUF
+    file) beside the mapped int8 pair, and times each way to run it."""
+    import os
+
+    from conftest import tiny_model
+    d = tmp_path / "tiny"
+    tiny_model(2, vocab=len(qwen_tokenizer)).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    r = subprocess.run([sys.executable, "-m", "csd", "profile", "--drafts", "--draft", str(d), "--target", str(d)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CSD_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    times = dict(line.strip().rsplit(None, 1) for line in r.stdout.split("draft options (ms per token):")[1].splitlines()
+                 if line.strip())
+    assert {"hf float32", "lean int8, full vocabulary", "hf int8"} <= {k.strip() for k in times}
+    assert all(float(v) > 0 for v in times.values())
