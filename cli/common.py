@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
-                   help="the target's representation (auto: the fastest verify pass measured once on this machine; "
+                   help="the target's representation (auto: int8 on the CPU, the fastest there; bfloat16 on CUDA; "
                         "int8 = dynamic int8 linear layers, CPU only; float32 is the exact reference)")
     p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
                    help="draft dtype (auto: int8 dynamic quantisation on the CPU, the target's dtype on a GPU)")
