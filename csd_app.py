@@ -30,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--db", metavar="URL", default=None,
                     help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
                          "dir); 'none' runs without recording")
-    from cli.common import add_model_args
+    from csd.cli.common import add_model_args
     add_model_args(ap, store=False)     # the command line's model options, the same flags and defaults
     # except one: the app teaches what SD keeps of the target's answer, so its int8 target is the exact one
     # (activations per token: SD writes AR's tokens), at 7-17% more time a pass (docs/exactness.md)
@@ -62,13 +62,12 @@ def on_space() -> bool:
 
 
 def configure_logging() -> None:
-    """One line per record on stderr, with the time and the logger. The app's own loggers (``ui``,
-    ``csd``, ``db``) speak from INFO: a refused request (bad input, a prompt over the cap) is one
+    """One line per record on stderr, with the time and the logger. The app's own loggers (``csd``,
+    with ``csd.ui`` and ``csd.db`` below it) speak from INFO: a refused request (bad input, a prompt over the cap) is one
     INFO line, a bug an ERROR with its traceback; other libraries from WARNING."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    for name in ("ui", "csd", "db"):
-        logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger("csd").setLevel(logging.INFO)     # the engine, csd.ui and csd.db
 
 
 class ConsoleProgress:
@@ -87,11 +86,11 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from cli.common import load_from_args
+    from csd.cli.common import load_from_args
+    from csd.db.store import Store
     from csd.pair import ModelLoadError
     from csd.static import STATIC_ENGINES
-    from db.store import Store
-    from ui import Settings, build_demo, launch_kwargs, make_services
+    from csd.ui import Settings, build_demo, launch_kwargs, make_services
 
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:

@@ -1,9 +1,9 @@
-"""The benchmark: datasets and graders (``bench.datasets``, ``bench.graders``, ``bench.sandbox``),
-its columns (``bench.methods``), the harness that runs them on the same items (``bench.harness``),
-a run's results as data (``bench.results``), its report (``bench.report``), one frontier from runs
-done in parts (``bench.merge``), the synthetic GPU benchmark (``bench.synthetic``), fidelity of the
-target's representations (``bench.fidelity``) and micro-benchmarks of the store
-(``bench.store_whatif``, ``bench.store_overhead``); ``bench.io`` holds what they share.
+"""The benchmark: datasets and graders (``csd.evaluation.datasets``, ``csd.evaluation.graders``, ``csd.evaluation.sandbox``),
+its columns (``csd.bench.methods``), the harness that runs them on the same items (``csd.bench.harness``),
+a run's results as data (``csd.bench.results``), its report (``csd.bench.report``), one frontier from runs
+done in parts (``csd.bench.merge``), the synthetic GPU benchmark (``csd.bench.synthetic``), fidelity of the
+target's representations (``tools.fidelity``) and micro-benchmarks of the store
+(``tools.store_whatif``, ``tools.store_overhead``); ``csd.bench.io`` holds what they share.
 
 It uses the engine (``csd``) and, when asked to record, the store (``db``); neither imports it.
 """

@@ -12,12 +12,12 @@ A table is marked in Markdown as::
 a benchmark run: a name of ``EXTRA`` (rescued, accuracy, vs_sd, eos, copies, same_ar, same_sd) or
 ``DATASET:METHOD``, the speed-up over any method of the run on that dataset's items, ``all:METHOD`` on
 all of them). Between the markers stands exactly what ``table``
-renders: the benchmark's own summary (``bench.results.resummarize``) or the synthetic benchmark's
-(``bench.synthetic.report.summarize``), every speed-up a ratio of tok/s with its 95% bootstrap interval
-over the items (``bench.stats.speedup``), the one definition the reports use too.
+renders: the benchmark's own summary (``csd.bench.results.resummarize``) or the synthetic benchmark's
+(``csd.bench.synthetic.report.summarize``), every speed-up a ratio of tok/s with its 95% bootstrap interval
+over the items (``csd.bench.stats.speedup``), the one definition the reports use too.
 
-``python -m bench.figures check README.md docs/*.md``: exit 1 and the differing tables when a figure
-differs (``tests/test_figures.py`` runs it for CI); ``python -m bench.figures write FILE...`` rewrites
+``python -m csd.bench.figures check README.md docs/*.md``: exit 1 and the differing tables when a figure
+differs (``tests/test_figures.py`` runs it for CI); ``python -m csd.bench.figures write FILE...`` rewrites
 the marked tables in place.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ EXTRA = {   # columns=NAME: (header, cell from the method and its figures)
 
 def _over(results: dict, names: list[str], dataset: str, ref: str) -> tuple[str, dict]:
     """The column DATASET:REF: each method's speed-up over REF on the items of DATASET ("all": every item)
-    that every method finished, as ``bench.results.summarize`` computes it (``bench.stats.speedup``)."""
+    that every method finished, as ``csd.bench.results.summarize`` computes it (``csd.bench.stats.speedup``)."""
     if ref not in names:
         raise ResultsError(f"columns: no method {ref} in this run (it has {', '.join(names)})")
     rows = [v for k, v in by_item(results["items"]).items() if all(n in v for n in names) and dataset in ("all", k[0])]
@@ -167,7 +167,7 @@ def derive(text: str) -> tuple[str, list[tuple[str, str, str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.figures", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.bench.figures", description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["check", "write"], help="check: fail on a differing table; write: rewrite them")
     ap.add_argument("files", nargs="+", type=Path, help="Markdown files with marked tables")
     a = ap.parse_args(argv)

@@ -24,7 +24,7 @@ log="$out/log.txt"
 step() {   # name, time limit in s, then the synthetic benchmark's options
   local name=$1 limit=$2; shift 2
   echo "== $name: $*" | tee -a "$log"
-  timeout "$limit" $py -m bench.synthetic --device "$dev" --out "$out/$name" "$@" 2>&1 | tee -a "$log" | tail -n 25
+  timeout "$limit" $py -m csd.bench.synthetic --device "$dev" --out "$out/$name" "$@" 2>&1 | tee -a "$log" | tail -n 25
   echo "== $name: exit ${PIPESTATUS[0]}" | tee -a "$log"
 }
 steps=${STEPS:-tiny s7 s15 graphs}   # the first call; a second one: STEPS="s7c s15c"

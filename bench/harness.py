@@ -37,9 +37,9 @@ from itertools import zip_longest
 from pathlib import Path
 
 from csd.config import ConfigError, CSDConfig
+from csd.evaluation.datasets import Item, item_range, load_dataset, validate_datasets
+from csd.evaluation.graders import grade
 
-from .datasets import Item, item_range, load_dataset, validate_datasets
-from .graders import grade
 from .io import Progress, now, write_json
 from .methods import DEFAULT_METHODS, Method, make_methods
 from .report import render_markdown, write_charts
@@ -144,9 +144,9 @@ class BenchConfig:
     """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its
     flags). The things a run works with, the models, the store, the start memory, a given profile and a
     progress callback, are ``run_bench``'s own arguments."""
-    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (bench.datasets)
+    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (csd.evaluation.datasets)
     limit: int | None                   # items per dataset (a spec's own count wins), drawn by seed; None: all
-    methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (bench.methods)
+    methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (csd.bench.methods)
     max_new_tokens: int = 128           # the longest answer, in new tokens
     out_dir: str | os.PathLike = "bench-results"  # where the outputs are written
     seed: int = 0                       # fixes the items drawn from each dataset
@@ -185,12 +185,12 @@ class BenchConfig:
 def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
               progress: Progress | None = None) -> dict:
     """Benchmark ``config.methods`` (and one CSD column per sweep setting) on ``config.limit`` items of
-    each dataset and write the outputs to ``config.out_dir``. ``store``: a ``db.store.Store`` to record
+    each dataset and write the outputs to ``config.out_dir``. ``store``: a ``csd.db.store.Store`` to record
     every generation in, or None. ``memory``: the start memory of the memory methods (default: the
     pair's calibrated memory). ``costs``: the profile of gamma auto (default: the pair's cached one).
     Where the run has a profile, ``config.bound_checks`` re-measures it beside the run (one before the
     items, the rest after them) and CSD is judged against the median bound of the profiles
-    (``bench.results.median_bound``); the draft-length policy keeps its profile throughout. Returns the
+    (``csd.bench.results.median_bound``); the draft-length policy keeps its profile throughout. Returns the
     results dict (also in ``results.json``). On KeyboardInterrupt, the outputs hold the finished items
     and the interrupt propagates."""
     from csd.decode import Decoder
@@ -457,7 +457,7 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
 
 
 def _isolation() -> str:
-    from .sandbox import SandboxError, isolation
+    from csd.evaluation.sandbox import SandboxError, isolation
     try:
         return isolation()
     except SandboxError as e:

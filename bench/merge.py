@@ -1,5 +1,5 @@
 """One speed/quality frontier from several benchmark runs on the same items:
-``python -m bench.merge RUN_DIR RUN_DIR ... --out DIR``.
+``python -m csd.bench.merge RUN_DIR RUN_DIR ... --out DIR``.
 
 A sweep of many lambda/tau settings can take longer than one sitting on a small machine, so it
 may be run in parts, each with SD beside its CSD settings (``--methods sd --sweep ...``). Speed is
@@ -69,7 +69,7 @@ def merge(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.merge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.bench.merge", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="benchmark output directories (or their results.json), first one's SD kept")
     ap.add_argument("--out", required=True, help="directory for frontier.json and frontier.html")
     args = ap.parse_args(argv)

@@ -1,9 +1,9 @@
 """The benchmark's outputs for people: the paper-style Markdown table and the Plotly charts.
 
-``python -m bench.report RUN_DIR``: a finished run's summary, goals, table and charts again from its
+``python -m csd.bench.report RUN_DIR``: a finished run's summary, goals, table and charts again from its
 stored items, by the current code (the measurements themselves are not touched).
 
-``python -m bench.report RUN_A RUN_B ... --out DIR``: runs of one set-up on different items pooled
+``python -m csd.bench.report RUN_A RUN_B ... --out DIR``: runs of one set-up on different items pooled
 into one report (``pool``), so that a speed-up's interval narrows with more items without one
 sitting long enough to run them all."""
 from __future__ import annotations
@@ -266,7 +266,7 @@ FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the 
 
 
 def is_merged(meta: dict | None) -> bool:
-    """A frontier joined from several runs by bench.merge: its speed compares only within a run."""
+    """A frontier joined from several runs by csd.bench.merge: its speed compares only within a run."""
     return len((meta or {}).get("runs") or []) > 1
 
 
@@ -362,7 +362,7 @@ def profile_figure(costs, title: str = ""):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.bench.report", description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
     ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs:
             fill_leaves_sd_at(r)
         if len(runs) > 1:
-            results = pool(runs, "python -m bench.report " + " ".join(args.run) + f" --out {args.out}")
+            results = pool(runs, "python -m csd.bench.report " + " ".join(args.run) + f" --out {args.out}")
             Path(args.out).mkdir(parents=True, exist_ok=True)
             path = Path(args.out) / "results.json"
         else:

@@ -1,8 +1,8 @@
 """A benchmark run's results as data: one ``ItemResult`` per method and item, and what is computed
 from them (the paired summary per dataset and method, the goals, the speed/quality frontier,
-where answers leave SD's), for a run as it goes (``bench.harness``), for a run read back from its
+where answers leave SD's), for a run as it goes (``csd.bench.harness``), for a run read back from its
 ``results.json`` (``load_results``, ``resummarize``) and for runs of one set-up pooled into one
-(``pool``). Rendering them for people is ``bench.report``'s.
+(``pool``). Rendering them for people is ``csd.bench.report``'s.
 
 The layout of ``results.json`` is a contract (``summary[dataset][method]["tokens_per_s"]`` and the
 rest): ``{"meta", "status", "items", "summary", "targets", "frontier", "divergences"}``.

@@ -1,10 +1,10 @@
 """The rivals' frontier (issue 27): every acceptance rule's speed against its quality, from one or more
 benchmark runs on the same items, beside the paper's own table (its figures, marked as the paper's).
 
-``python -m bench.rivals RUN_DIR [RUN_DIR ...] --out DIR`` writes ``rivals.json``, ``rivals.md`` and
+``python -m csd.bench.rivals RUN_DIR [RUN_DIR ...] --out DIR`` writes ``rivals.json``, ``rivals.md`` and
 ``rivals.html`` (Plotly) and prints the table. Per column of every run (SD once):
 
-- speed: tokens per second over AR's on the same items (``bench.stats.speedup``, with its bootstrap
+- speed: tokens per second over AR's on the same items (``csd.bench.stats.speedup``, with its bootstrap
   interval) where the run has AR; in a run without AR, over SD's in that run times SD's over AR's in
   the run that has AR (``chained``: the two factors measured in different runs, said so);
 - quality on graded items (GSM8K, HumanEval): accuracy with its Wilson interval, and items gained /
@@ -187,7 +187,7 @@ def figure(data: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.rivals", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.bench.rivals", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="benchmark output directories (or results.json files)")
     ap.add_argument("--out", type=Path, required=True, help="directory for rivals.json, rivals.md and rivals.html")
     a = ap.parse_args(argv)

@@ -2,7 +2,7 @@
 
 transformers' generate -> our AR (the engine) -> SD without copies (speculation) -> SD with copies
 from the context (the copier) -> CSD with copies (the rule). Each step's factor is the ratio of its
-tok/s over the step before it on the same items (``bench.stats.speedup``, with its interval), so the
+tok/s over the step before it on the same items (``csd.bench.stats.speedup``, with its interval), so the
 rule's own share is not mixed with the engine's or the copier's. A step whose column the run lacks is
 left out, and the next step is measured against the last one present.
 

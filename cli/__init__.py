@@ -15,8 +15,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from csd.config import ConfigError  # noqa: E402
+from csd.db.cli import add_runs_parser  # noqa: E402
 from csd.memory import MemoryFileError  # noqa: E402
-from db.cli import add_runs_parser  # noqa: E402
 
 from . import bench, engine, grade  # noqa: E402
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-log = logging.getLogger("cli")
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,16 @@
-"""``bench``: every method on the same items; the harness itself is ``bench.harness``."""
+"""``bench``: every method on the same items; the harness itself is ``csd.bench.harness``."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from bench.datasets import BUILTIN, validate_datasets
-from bench.harness import MEMORY_MODES, BenchConfig, run_bench
-from bench.io import command_line
-from bench.methods import BENCH_METHODS, DEFAULT_METHODS, HF_AR, parse_sweep, validate_methods
-from bench.synthetic import add_synthetic_args
+from csd.bench.harness import MEMORY_MODES, BenchConfig, run_bench
+from csd.bench.io import command_line
+from csd.bench.methods import BENCH_METHODS, DEFAULT_METHODS, HF_AR, parse_sweep, validate_methods
+from csd.bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, PARAM_METHOD, CSDConfig, parse_gamma
+from csd.evaluation.datasets import BUILTIN, validate_datasets
 
 from .common import add_model_args, add_rival_args, load_from_args, open_store, rival_values
 
@@ -124,7 +124,7 @@ def bench_config(args, methods: list[str]) -> BenchConfig:
 
 def cmd_synthetic(args) -> int:
     """``bench --synthetic``: random weights with the real architectures, before any model is loaded."""
-    from bench.synthetic import run_from_args
+    from csd.bench.synthetic import run_from_args
 
     given = [a for a, default in args.synthetic_refuses.items() if getattr(args, a) != default]
     if given:

@@ -101,7 +101,7 @@ def warn_memory_mismatch(memory, pair) -> None:
 def open_store(args):
     if args.no_db:
         return None
-    from db.store import Store
+    from csd.db.store import Store
     return Store.open(args.db)
 
 

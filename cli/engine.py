@@ -135,9 +135,9 @@ def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
 
 
 def cmd_generate(args) -> int:
+    from csd.db.store import recording
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
-    from db.store import recording
 
     cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -328,7 +328,7 @@ def cmd_profile(args) -> int:
         for name, ms in draft_options(fp32, vocab).items():
             print(f"  {name:<32} {ms:7.1f}")
     if args.chart:
-        from bench.report import profile_figure
+        from csd.bench.report import profile_figure
         Path(args.chart).parent.mkdir(parents=True, exist_ok=True)
         profile_figure(costs, title=f"{machine_name(pair.device)}: target {pair.target_repr}, draft "
                                     f"{pair.draft_dtype}").write_html(args.chart, include_plotlyjs=True, full_html=True)

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "grade", help="grade one answer to one gsm8k, humaneval or champ item, as the benchmark does",
         description="Grade the answer in --answer-file against one item with the benchmark's own grader "
-                    "(bench.graders.grade) and print the result as one JSON object.")
+                    "(csd.evaluation.graders.grade) and print the result as one JSON object.")
     p.add_argument("--dataset", required=True, help=f"one of {', '.join(GRADED)}")
     p.add_argument("--item", required=True,
                    help="item id: gsm8k/N (N = line number in the GSM8K file, from 0), HumanEval/N, "
@@ -40,8 +40,8 @@ def read_answer(path: str) -> str:
 
 
 def cmd_grade(args) -> int:
-    from bench.datasets import DatasetError, get_item
-    from bench.graders import grade
+    from csd.evaluation.datasets import DatasetError, get_item
+    from csd.evaluation.graders import grade
 
     if args.dataset not in GRADED:
         raise DatasetError(f"cannot grade dataset {args.dataset!r}: choose {', '.join(GRADED)}")

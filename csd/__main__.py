@@ -2,6 +2,6 @@
 the engine with the store and the benchmark (the engine itself never imports them)."""
 import sys
 
-from cli import main
+from csd.cli import main
 
 sys.exit(main())

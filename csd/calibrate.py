@@ -7,7 +7,7 @@ Two regimes, both counting the pair (draft top-1 -> target top-1) wherever the t
   meets: at inference the draft proposes continuations of the target's own answers. The target's
   top-1 at an answer position is the token it generated there (greedy), so a second target pass
   over the answers would only recompute it. The shipped prompt set (``csd/data/calibration_prompts.jsonl``,
-  built by ``python -m bench.calibration_set``) mixes writing requests, coding tasks and math word
+  built by ``python -m csd.evaluation.calibration_set``) mixes writing requests, coding tasks and math word
   problems, none of them in any benchmark; its ``heldout`` split is kept out of the counts to
   measure how well the memory generalises.
 - **text**: both models read human-written text in one teacher-forced pass each (the shipped corpus

@@ -1,7 +1,7 @@
 """What calibration reads (``csd.calibrate``): the shipped prompt set, and human-written text.
 
 - **prompts**: ``calibration_prompts.jsonl`` beside this package (built by ``python -m
-  bench.calibration_set``: writing requests, coding tasks and math word problems, none of them in
+  csd.evaluation.calibration_set``: writing requests, coding tasks and math word problems, none of them in
   any benchmark), split into ``calibration`` and ``heldout``; or a user's JSONL or text file.
 - **text**: Python's own documentation topics (3 in 4 of them; the rest are the prose benchmark's)
   and standard-library sources, interleaved; or a user's text or JSONL file.

@@ -20,11 +20,11 @@ import numpy as np
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
+from csd.db.models import Run
+from csd.db.models import TokenEventRow as E
 from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RELAXED, RESCUED, RULE_SPECIAL, TokenEvent
 from csd.rule import Rescue, log_tau, rescues
 from csd.rule import top_share as _top_share
-from db.models import Run
-from db.models import TokenEventRow as E
 
 EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
 ROW_FIELDS = ["run_id", "seq", *EVENT_FIELDS, "context"]   # one exported event

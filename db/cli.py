@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from db.analytics import Filter, export_csv, export_jsonl, runs_list
-from db.store import Store
+from csd.db.analytics import Filter, export_csv, export_jsonl, runs_list
+from csd.db.store import Store
 
 
 def add_runs_parser(subparsers) -> argparse.ArgumentParser:

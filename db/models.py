@@ -75,7 +75,7 @@ class TokenEventRow(Base):
     __tablename__ = "token_events"
     __table_args__ = (
         UniqueConstraint("run_id", "seq", name="uq_token_events_run_seq"),  # also the run_id index
-        # run_id + status, covering the what-if columns: db.analytics reads them from the index alone
+        # run_id + status, covering the what-if columns: csd.db.analytics reads them from the index alone
         Index("ix_token_events_run_status", "run_id", "status", "draft_id", "target_id", "memory_count", "gap"),
         Index("ix_token_events_pattern", "draft_id", "target_id"),
     )

@@ -25,9 +25,9 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, insert, make_url, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from csd.db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, Run, TokenEventRow, utcnow
 from csd.events import OUTPUT_STATUSES, STOP_CANCELLED, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
-from db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, Run, TokenEventRow, utcnow
 
 ENV_URL = "CSD_DB_URL"
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -141,7 +141,7 @@ class Store:
         self.session = sessionmaker(engine, expire_on_commit=False)       # reads: ``with store.session() as s``
         self._write_engine = engine.execution_options(csd_write=True)
         self._scratch = scratch
-        self.cache: dict = {}        # per-store memo of db.analytics (what-if arrays)
+        self.cache: dict = {}        # per-store memo of csd.db.analytics (what-if arrays)
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright import sync_api
 
-from bench.snapshot import CHROMIUM_ARGS, find_chromium
+from tools.snapshot import CHROMIUM_ARGS, find_chromium
 
 CHROMIUM = find_chromium()
 XSS = "<img src=x onerror=alert(1)>"

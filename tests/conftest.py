@@ -102,12 +102,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def no_models(monkeypatch):
     """Loading a model or opening the store fails the test: bad input must be refused before either."""
-    import cli.bench
-    import cli.engine
+    import csd.cli.bench
+    import csd.cli.engine
 
     def refuse(*a, **k):
         raise AssertionError("a model or the store was reached")
-    for module in (cli.engine, cli.bench):
+    for module in (csd.cli.engine, csd.cli.bench):
         monkeypatch.setattr(module, "load_from_args", refuse)
         monkeypatch.setattr(module, "open_store", refuse)
 

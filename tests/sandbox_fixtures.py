@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench import sandbox
+from csd.evaluation import sandbox
 
 
 def need_bwrap() -> None:

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from sqlalchemy import create_engine, make_url
 
+from csd.db import analytics as A
+from csd.db.analytics import Filter
+from csd.db.store import Store
 from csd.events import ACCEPTED, TokenEvent
-from db import analytics as A
-from db.analytics import Filter
-from db.store import Store
 
 PG_ENV = "CSD_TEST_PG_URL"
 

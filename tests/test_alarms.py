@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.alarms import alarm_lines, alarms, flips
-from bench.results import ItemResult, overall, summarize
+from csd.bench.alarms import alarm_lines, alarms, flips
+from csd.bench.results import ItemResult, overall, summarize
 
 
 def _item(item, method, tokens, stopped, correct, text):

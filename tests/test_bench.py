@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from bench.datasets import (
+from csd.evaluation.datasets import (
     DatasetError,
     gsm8k_split,
     load_champ,
@@ -19,7 +19,7 @@ from bench.datasets import (
     load_humaneval,
     load_prose,
 )
-from bench.graders import grade
+from csd.evaluation.graders import grade
 
 
 # -- loaders and seeds -------------------------------------------------------------------------
@@ -76,12 +76,12 @@ def test_user_file(tmp_path):
 
 # -- summaries (pure functions over records) -----------------------------------------------------
 def _rec(ds, iid, method, wall, tokens, passes, **kw):
-    from bench.results import ItemResult
+    from csd.bench.results import ItemResult
     return ItemResult(ds, iid, method, 0, wall, tokens, passes, None, **kw)
 
 
 def test_summary_speedups_and_pairing():
-    from bench.results import check_targets, summarize
+    from csd.bench.results import check_targets, summarize
 
     recs = [
         _rec("a", "1", "ar", 10.0, 10, 10, correct=True), _rec("a", "1", "sd", 5.0, 10, 4, drafted=12, accepted=8,
@@ -107,7 +107,7 @@ def test_summary_speedups_and_pairing():
 
 
 def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
-    from bench.results import check_targets
+    from csd.bench.results import check_targets
     stats = {"csd": {"speedup_over_ar": 1.36}}
     low = check_targets(stats, bound=1.66)["csd_share_of_bound"]
     assert low["value"] == pytest.approx(1.36 / 1.66) and low["met"] is True
@@ -118,7 +118,7 @@ def test_share_of_the_bound_is_judged_only_where_the_bound_is_under_2x():
 
 
 def test_pareto_wilson_mcnemar():
-    from bench.stats import mcnemar_exact, pareto, wilson
+    from csd.bench.stats import mcnemar_exact, pareto, wilson
 
     p = pareto(Counter({(1, 2): 60, (3, 4): 20, (5, 6): 10, (7, 8): 5, (9, 10): 5}))
     assert p["patterns"] == 5 and p["divergences"] == 100
@@ -133,8 +133,8 @@ def test_pareto_wilson_mcnemar():
 
 
 def test_speedup_interval_over_items():
-    from bench.results import check_targets, summarize
-    from bench.stats import speedup
+    from csd.bench.results import check_targets, summarize
+    from csd.bench.stats import speedup
 
     # (tokens, wall, ref tokens, ref wall) per item: every item about 2x the reference's tok/s
     steady = [(10, 1.0, 10 - (i % 3), 2.0 - 0.2 * (i % 3)) for i in range(20)]
@@ -160,8 +160,8 @@ def test_speedup_interval_over_items():
 
 
 def test_where_answers_leave_sd():
-    from bench.report import leave_sd_lines
-    from bench.results import leaves_at
+    from csd.bench.report import leave_sd_lines
+    from csd.bench.results import leaves_at
 
     def dec(ids):
         return "".join(chr(96 + i) for i in ids)
@@ -182,7 +182,7 @@ def test_where_answers_leave_sd():
 
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
-    from bench.results import fill_leaves_sd_at
+    from csd.bench.results import fill_leaves_sd_at
     from csd.pair import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
@@ -206,7 +206,7 @@ def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tok
 
 
 def test_methods_and_sweep():
-    from bench.methods import make_methods, parse_sweep
+    from csd.bench.methods import make_methods, parse_sweep
     from csd.config import CSDConfig
 
     assert parse_sweep("lam=6,tau=0.01; lam=3,tau=0.1;lam=3,tau=0.1") == [{"lam": 6.0, "tau": 0.01},
@@ -233,8 +233,8 @@ def test_methods_and_sweep():
 def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     """The whole harness, fast: a tiny target, its perturbed copy as the draft, a prompt file, a
     sweep; every output written, summaries paired, SD equal to AR (float32)."""
-    from bench.harness import BenchConfig, run_bench
     from conftest import tiny_bench_pair
+    from csd.bench.harness import BenchConfig, run_bench
 
     pair = tiny_bench_pair(qwen_tokenizer)
     prompts = tmp_path / "p.jsonl"
@@ -258,7 +258,7 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
     for it in res["items"]:                                        # where each answer leaves SD's, if it does
         assert (it["leaves_sd_at"] is None) == (it["method"] == "sd" or it["identical_to_sd"])
     # a run re-rendered by the current code: a run from before a figure existed gains it, nothing else moves
-    from bench.report import main as rerender
+    from csd.bench.report import main as rerender
     md = (out / "results.md").read_text()
     assert "bootstrap interval over the items" in md
     old = json.loads((out / "results.json").read_text())
@@ -306,8 +306,8 @@ def test_harness_on_a_tiny_pair(tmp_path, qwen_tokenizer):
 def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, qwen_tokenizer):
     """With gamma auto the harness re-measures the profile beside the run (``bound_checks``) and judges
     CSD against the median bound; the policy keeps the profile it started with."""
-    from bench.harness import BenchConfig, run_bench
     from conftest import tiny_model
+    from csd.bench.harness import BenchConfig, run_bench
     from csd.costs import CostModel
     from test_engine_tiny import make_pair, perturbed
 
@@ -336,7 +336,7 @@ def test_bound_is_the_median_of_the_profiles_measured_beside_the_run(tmp_path, q
 
 
 def test_cli_parser():
-    from cli.bench import add_parser, cmd_bench
+    from csd.cli.bench import add_parser, cmd_bench
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="cmd"))
@@ -349,8 +349,8 @@ def test_cli_parser():
 
 def test_cli_builds_the_bench_config():
     """``csd bench``'s flags become one BenchConfig: every setting the harness reads, with its default."""
-    from bench.harness import BenchConfig
-    from cli.bench import add_parser, bench_config
+    from csd.bench.harness import BenchConfig
+    from csd.cli.bench import add_parser, bench_config
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="cmd"))
@@ -367,8 +367,8 @@ def test_cli_builds_the_bench_config():
 
 # -- the whole harness on the real embedded pair (float32, shared with the engine tests) ------------
 def test_bench_smoke_real_pair(real_pair, tmp_path):
-    from bench.harness import BenchConfig, run_bench
-    from db.store import Store
+    from csd.bench.harness import BenchConfig, run_bench
+    from csd.db.store import Store
 
     methods = ["ar", "sd", "csd", "hf-assisted", "hf-assisted-fixed"]
     # no warm-up here: it is untimed (nothing below reads it), it cost 110 of this test's 390 s in
@@ -378,7 +378,7 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
                                                show_bar=False, warmup=False), store=store)
         from sqlalchemy import func, select
 
-        from db.models import Run
+        from csd.db.models import Run
         with store.session() as s:
             runs = s.scalar(select(func.count()).select_from(Run).where(Run.kind == "bench"))
         assert runs == 2 * 2 * len(methods)
@@ -431,7 +431,7 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
 
 
 def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
-    from bench.harness import BenchConfig, run_bench
+    from csd.bench.harness import BenchConfig, run_bench
 
     def progress(msg, frac):
         if msg.startswith("gsm8k") and frac >= 2 / 6 - 1e-9:
@@ -448,7 +448,7 @@ def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
 
 
 def test_per_dataset_item_counts():
-    from bench.datasets import split_limit, validate_datasets
+    from csd.evaluation.datasets import split_limit, validate_datasets
 
     assert split_limit("gsm8k:40", 5) == ("gsm8k", 40) and split_limit("prose", 5) == ("prose", 5)
     assert validate_datasets("gsm8k:40,humaneval:2") == ["gsm8k:40", "humaneval:2"]
@@ -459,7 +459,7 @@ def test_per_dataset_item_counts():
 
 
 def test_an_item_range_draws_the_items_a_shorter_run_left_out():
-    from bench.datasets import item_range, load_dataset, validate_datasets
+    from csd.evaluation.datasets import item_range, load_dataset, validate_datasets
 
     assert item_range("gsm8k:16-40") == ("gsm8k", 15, 40) and item_range("gsm8k:40") == ("gsm8k", 0, 40)
     assert item_range("prose", 5) == ("prose", 0, 5)

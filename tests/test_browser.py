@@ -42,7 +42,7 @@ def gate():
 @pytest.fixture(scope="module")
 def tiny_url(tmp_path_factory, gate):
     """The app on tiny models, served in this process; its target passes go through ``gate``."""
-    from db.store import Store
+    from csd.db.store import Store
     store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('browser-tiny') / 'ui.sqlite3'}")
     services = tiny_services(store, gate=gate, status_interval_s=0.5, max_prompt_tokens=220)
     with served(services) as url:

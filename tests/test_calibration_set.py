@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from bench import calibration_set as C
-from bench.datasets import gsm8k_split, load_dataset
+from csd.evaluation import calibration_set as C
 from csd.corpus import PROMPTS_FILE, read_prompts
+from csd.evaluation.datasets import gsm8k_split, load_dataset
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def shipped():
 
 
 def test_the_shipped_file_is_what_the_builder_makes(shipped):
-    assert shipped == C.build(), "rebuild it: python -m bench.calibration_set"
+    assert shipped == C.build(), "rebuild it: python -m csd.evaluation.calibration_set"
 
 
 def test_no_word_8gram_shared_with_any_evaluation_item(shipped):

@@ -38,8 +38,8 @@ def test_generate_json_records_and_exports(tmp_path):
 
     runs = cli("runs", "list", "--db", db).stdout
     assert "csd" in runs and "finished" in runs and "lookup" in runs.splitlines()[0]
-    from db import analytics
-    from db.store import Store
+    from csd.db import analytics
+    from csd.db.store import Store
     with Store.open(db) as store:
         assert analytics.runs_list(store)[0]["lookup"] == 16          # the run records its copy length
     exported = cli("runs", "export", "1", "--format", "csv", "--db", db).stdout

@@ -1,14 +1,14 @@
-"""bench.engines_cpu on a tiny model: the eager and static engines timed side by side, interleaved, on
+"""tools.engines_cpu on a tiny model: the eager and static engines timed side by side, interleaved, on
 the same weights, computing the same logits (the compiled engine is left to the benchmark: compiling
 takes most of a minute)."""
 from __future__ import annotations
 
 import pytest
 
-from bench.engines_cpu import build, time_engines
 from conftest import tiny_model
 from csd.lm import LeanLM
 from csd.static import StaticLM
+from tools.engines_cpu import build, time_engines
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
-"""bench.exactness, the tool behind docs/exactness.md, on a tiny int8 model with the tokenizer's whole
+"""tools.exactness, the tool behind docs/exactness.md, on a tiny int8 model with the tokenizer's whole
 vocabulary: per token, SD writes AR's tokens; the pass timings come back for both modes."""
 from __future__ import annotations
 
 import pytest
 
-from bench.exactness import agree, main, nudge, passes
 from conftest import tiny_model
 from csd.models import load_pair
+from tools.exactness import agree, main, nudge, passes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""bench.fidelity on the real pair: float32 is the reference, and within float32 SD is AR; and
+"""tools.fidelity on the real pair: float32 is the reference, and within float32 SD is AR; and
 the pairing of two benchmark runs item by item (``--compare``)."""
 import json
 import subprocess
@@ -22,7 +22,7 @@ def test_common_prefix_is_where_two_answers_first_differ():
 
 
 def test_compare_pairs_two_runs_item_by_item(tmp_path):
-    from bench.fidelity import compare_runs
+    from tools.fidelity import compare_runs
     a = {"meta": {"dtype": "float32"}, "frontier": [], "items": [
         item("gsm8k", "1", True, [1, 2, 3]), item("gsm8k", "2", True, [4, 5]), item("gsm8k", "3", False, [6]),
         item("prose", "p", None, [7, 8]), item("gsm8k", "9", True, [1], method="csd")]}
@@ -42,12 +42,12 @@ def test_compare_pairs_two_runs_item_by_item(tmp_path):
     (tmp_path / "a" / "results.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
     out = tmp_path / "cmp.json"
-    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare", str(tmp_path / "a"), str(tmp_path / "b.json"),
+    r = subprocess.run([sys.executable, "-m", "tools.fidelity", "--compare", str(tmp_path / "a"), str(tmp_path / "b.json"),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "| all | 4 | 2/3 | 2/3 | 1 / 1 (p = 1.00) | 2 | 2 |" in r.stdout
     assert json.loads(out.read_text())["names"] == ["float32", "int8"]
-    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare", str(tmp_path / "nope"), str(out)],
+    r = subprocess.run([sys.executable, "-m", "tools.fidelity", "--compare", str(tmp_path / "nope"), str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no benchmark results at" in r.stderr
     # one side pooled from two runs of the same representation (a run extended by an item range)
@@ -55,13 +55,13 @@ def test_compare_pairs_two_runs_item_by_item(tmp_path):
     a2 = {**a, "items": a["items"][1:]}          # item 2 in both: taken once
     (tmp_path / "a1.json").write_text(json.dumps(a1))
     (tmp_path / "a2.json").write_text(json.dumps(a2))
-    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare",
+    r = subprocess.run([sys.executable, "-m", "tools.fidelity", "--compare",
                         f"{tmp_path / 'a1.json'},{tmp_path / 'a2.json'}", str(tmp_path / "b.json"), "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "| all | 4 | 2/3 | 2/3 | 1 / 1 (p = 1.00) | 2 | 2 |" in r.stdout
     (tmp_path / "b8.json").write_text(json.dumps({**b, "items": b["items"][:1]}))
-    r = subprocess.run([sys.executable, "-m", "bench.fidelity", "--compare",
+    r = subprocess.run([sys.executable, "-m", "tools.fidelity", "--compare",
                         f"{tmp_path / 'a1.json'},{tmp_path / 'b8.json'}", str(tmp_path / "b.json"), "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must share a target representation" in r.stderr
@@ -69,7 +69,7 @@ def test_compare_pairs_two_runs_item_by_item(tmp_path):
 
 @pytest.mark.slow
 def test_fidelity_compares_representations_with_float32(real_pair):
-    from bench.fidelity import run
+    from tools.fidelity import run
 
     target_before = real_pair.target
     res = run(["float32", "int8"], ["prose", "gsm8k"], limit=1, max_new_tokens=12, pair=real_pair)
@@ -95,13 +95,13 @@ def test_fidelity_compares_representations_with_float32(real_pair):
 def test_teacher_forced_agreement_with_float32_answers(real_pair):
     """Fed float32's own greedy answers, float32 agrees with nearly every token (only near-ties between
     transformers' and the lean path's float order can flip): a misaligned feed would agree with few."""
-    from bench.fidelity import agreement
     from csd.config import CSDConfig
     from csd.decode import Decoder
+    from tools.fidelity import agreement
 
     items = []
     for ds, iid in (("gsm8k", "gsm8k/1143"), ("humaneval", "HumanEval/98")):
-        from bench.datasets import get_item
+        from csd.evaluation.datasets import get_item
         run = Decoder(real_pair).run(real_pair.encode_prompt(get_item(ds, iid).prompt),
                                      CSDConfig(method="ar", max_new_tokens=24))
         list(run)

@@ -1,4 +1,4 @@
-"""The README's speed tables are re-derived from the committed results.json files (bench.figures):
+"""The README's speed tables are re-derived from the committed results.json files (csd.bench.figures):
 a figure that drifts from its measurement fails here, in CI."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.figures import derive, main, table
-from bench.results import ResultsError
+from csd.bench.figures import derive, main, table
+from csd.bench.results import ResultsError
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKED = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -60,8 +60,8 @@ def _cells(body: str, method: str) -> list[str]:
 
 
 def test_columns_add_named_figures_and_speed_ups_over_any_method_on_one_dataset():
-    from bench.io import ratio
-    from bench.results import load_results, resummarize
+    from csd.bench.io import ratio
+    from csd.bench.results import load_results, resummarize
 
     run = ROOT / "docs/bench/epyc-defaults24-smoothed"
     plain, body = table(run), table(run, columns=["rescued", "accuracy", "humaneval:sd", "all:csd"])

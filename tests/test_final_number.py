@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from bench.datasets import data_file, get_item
-from bench.graders import extract_final_number, grade, gsm8k_reference, numbers_equal
+from csd.evaluation.datasets import data_file, get_item
+from csd.evaluation.graders import extract_final_number, grade, gsm8k_reference, numbers_equal
 
 # GSM8K's first item: Janet's ducks, reference 18.
 THREE = ["1/2 of 36 = 18", "9 eggs at 2 dollars each, so 18", "not 16; it is 18"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.datasets import DatasetError, get_item, load_champ, load_gsm8k, load_humaneval
-from bench.graders import (
+from csd.evaluation.datasets import DatasetError, get_item, load_champ, load_gsm8k, load_humaneval
+from csd.evaluation.graders import (
     champ_checkable,
     extract_code,
     extract_final_number,

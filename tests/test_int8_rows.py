@@ -100,7 +100,7 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
 
 
 def test_the_app_runs_the_exact_int8_and_the_command_line_the_faster_one():
-    import cli
+    import csd.cli as cli
     import csd_app
     assert csd_app.parse_args([]).int8_activations == "row"
     assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).int8_activations == "pass"
@@ -154,7 +154,7 @@ def test_a_benchmark_column_names_its_int8_activations(qwen_tokenizer, one_threa
     representation (the end-to-end cost of exactness); the run's own comes back at the end."""
     import json
 
-    import bench.harness as harness
+    import csd.bench.harness as harness
     from conftest import tiny_bench_pair
 
     base = tiny_bench_pair(qwen_tokenizer)

@@ -128,9 +128,9 @@ def test_lookup_is_validated():
 
 
 def test_the_store_keeps_the_source(tmp_path):
-    from db import analytics as A
-    from db.analytics import Filter
-    from db.store import Store
+    from csd.db import analytics as A
+    from csd.db.analytics import Filter
+    from csd.db.store import Store
 
     ev = TokenEvent(position=0, token_id=5, text="x", status=ACCEPTED, block=0, index_in_block=0, draft_id=5,
                     target_id=5, rule=RULE_MATCH, source="lookup")
@@ -143,7 +143,7 @@ def test_the_store_keeps_the_source(tmp_path):
 
 
 def test_sweep_columns_with_copies():
-    from bench.methods import make_methods, parse_sweep
+    from csd.bench.methods import make_methods, parse_sweep
 
     cols = make_methods("sd,csd", CSDConfig(gamma="auto"),
                         sweep="method=sd,lookup=8;lookup=8;lam=2,lookup=8;lookup=8,lookup_ngram=2")
@@ -163,8 +163,8 @@ def test_sweep_columns_with_copies():
 def test_the_benchmark_copies_in_its_drafting_columns_only():
     """``bench --lookup N`` (default 16) gives the sd, csd and ablation columns copies; ar and the
     transformers columns never have any, and a sweep column can turn them off (the paper's method)."""
-    from bench.methods import make_methods
-    from cli import build_parser
+    from csd.bench.methods import make_methods
+    from csd.cli import build_parser
 
     assert build_parser().parse_args(["bench"]).lookup == DEFAULT_LOOKUP == 16
     assert default_lookup("csd") == default_lookup("sd") == 16 and default_lookup("ar") == 0   # generate's default
@@ -177,7 +177,7 @@ def test_the_benchmark_copies_in_its_drafting_columns_only():
 
 
 def test_the_app_marks_copied_tokens():
-    from ui.render import plain_sentence, render_tokens
+    from csd.ui.render import plain_sentence, render_tokens
 
     ev = TokenEvent(position=0, token_id=5, text="<b>", status=ACCEPTED, block=0, index_in_block=0, draft_id=5,
                     draft_text="<b>", target_id=5, target_text="<b>", rule=RULE_MATCH, source="lookup")
@@ -202,7 +202,7 @@ def test_position_rates_are_conditional_on_the_tokens_before():
 
 
 def test_the_report_counts_the_copies():
-    from bench.report import render_markdown
+    from csd.bench.report import render_markdown
 
     stats = {"n": 2, "tokens_per_s": 10.0, "mean_accepted_length": 3.0, "acceptance_rate": 0.8,
              "lookup_blocks": 7, "lookup_drafted": 30, "lookup_kept": 21, "lookup_pass_share": 0.25,

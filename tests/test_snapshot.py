@@ -1,9 +1,9 @@
-"""bench.snapshot: the README's chart images come from the charts' HTML, rendered in real Chromium."""
+"""tools.snapshot: the README's chart images come from the charts' HTML, rendered in real Chromium."""
 import os
 
 import pytest
 
-from bench.snapshot import find_chromium
+from tools.snapshot import find_chromium
 
 if find_chromium() is None:
     if os.environ.get("CI"):
@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_frontier_chart_renders_to_png(tmp_path):
-    from bench.report import frontier_figure
-    from bench.snapshot import snapshot
+    from csd.bench.report import frontier_figure
+    from tools.snapshot import snapshot
 
     points = [dict(method="sd", tokens_per_s=9.0, accuracy=0.5, accuracy_ci95=[0.3, 0.7], n=8),
               dict(method="csd", tokens_per_s=10.0, accuracy=0.45, accuracy_ci95=[0.25, 0.65], n=8)]
@@ -32,6 +32,6 @@ def test_frontier_chart_renders_to_png(tmp_path):
 
 
 def test_snapshot_names_a_missing_file(tmp_path):
-    from bench.snapshot import snapshot
+    from tools.snapshot import snapshot
     with pytest.raises(SystemExit, match="no such file"):
         snapshot(tmp_path / "absent.html", tmp_path / "x.png")

@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from bench.synthetic.models import IdTokenizer
 from conftest import make_pair, perturbed, tiny_model
+from csd.bench.synthetic.models import IdTokenizer
 from csd.config import CSDConfig
 from csd.costs import CostModel
 from csd.decode import Decoder

@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import make_url
 from store_fixtures import ev, record, stored
 
+from csd.db import analytics as A
+from csd.db.models import CANCELLED, FAILED, FINISHED, RUNNING
+from csd.db.store import CONTEXT_CHARS, Store
 from csd.events import ACCEPTED, CORRECTED, REJECTED, RESCUED, RULE_MATCH, RULE_RESCUE, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
-from db import analytics as A
-from db.models import CANCELLED, FAILED, FINISHED, RUNNING
-from db.store import CONTEXT_CHARS, Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_concurrent_recorders_do_not_mix(store):
 KILLED_WRITER = r"""
 import sys, time
 from csd.events import TokenEvent
-from db.store import Store
+from csd.db.store import Store
 
 store = Store.open(sys.argv[1])
 run_id = store.start_run(kind="bench", method="csd", prompt="killed midway")
@@ -201,7 +201,7 @@ def test_killed_writer_keeps_every_committed_batch(db_url):
 
 
 def test_recorder_left_open_at_exit_writes_and_cancels(db_url):
-    script = ("import sys\nfrom csd.events import TokenEvent\nfrom db.store import Store\n"
+    script = ("import sys\nfrom csd.events import TokenEvent\nfrom csd.db.store import Store\n"
               "store = Store.open(sys.argv[1])\nrec = store.recorder(store.start_run(), flush_interval=60)\n"
               "for i in range(100):\n"
               "    rec.add(TokenEvent(position=i, token_id=i, text='x', status='accepted', block=0, index_in_block=0))\n")

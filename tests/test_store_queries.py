@@ -16,13 +16,13 @@ import pytest
 from sqlalchemy import create_engine, inspect, make_url, select
 from store_fixtures import ev, record, stored
 
+from csd.db import analytics as A
+from csd.db.analytics import Filter
+from csd.db.cli import add_runs_parser
+from csd.db.models import Base, Run, TokenEventRow
+from csd.db.store import ENV_URL, Store, alembic_config, resolve_url
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_RESCUE, TokenEvent
 from csd.memory import CorrectionMemory
-from db import analytics as A
-from db.analytics import Filter
-from db.cli import add_runs_parser
-from db.models import Base, Run, TokenEventRow
-from db.store import ENV_URL, Store, alembic_config, resolve_url
 
 
 # -- analytics ---------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_concurrent_opens_of_a_new_database(db_url, tmp_path):
 
 
 def test_retry_busy_waits_out_locked_and_nothing_else():
-    from db.store import _retry_busy
+    from csd.db.store import _retry_busy
     calls = []
 
     def fails(message, times):

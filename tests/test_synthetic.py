@@ -1,4 +1,4 @@
-"""The synthetic benchmark (``bench.synthetic``) on its tiny pair: the results it writes, greedy
+"""The synthetic benchmark (``csd.bench.synthetic``) on its tiny pair: the results it writes, greedy
 SD == AR, acceptance as requested, one host transfer per block, the scripted draft, and the
 command line. Random weights built in-process: seconds, no model files."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from bench.synthetic import (
+from csd.bench.synthetic import (
     ARCHS,
     PAIRS,
     ScriptedDraft,
@@ -19,7 +19,7 @@ from bench.synthetic import (
     run_synthetic,
     scripted_run,
 )
-from bench.synthetic.run import _coins, _script_of
+from csd.bench.synthetic.run import _coins, _script_of
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.memory import CorrectionMemory
@@ -234,8 +234,8 @@ def test_architectures_are_the_embedded_pairs():
 
 
 def test_command_line(tmp_path, capsys):
-    from bench.synthetic import main as synthetic_main
-    from cli import main
+    from csd.bench.synthetic import main as synthetic_main
+    from csd.cli import main
 
     args = ["--synthetic-config", "tiny", "--limit", "1", "--max-new-tokens", "16", "--pass-lengths", "1,2",
             "--no-warmup", "--device", "cpu"]

@@ -14,8 +14,8 @@ import gradio as gr
 import pytest
 from ui_fixtures import tiny_services
 
-from ui import build_demo
-from ui.tabs import common, generate, jobs
+from csd.ui import build_demo
+from csd.ui.tabs import common, generate, jobs
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
 
@@ -102,7 +102,7 @@ def test_the_page_draws_them_as_gradio_components(demo):
 
 
 def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog):
-    caplog.set_level(logging.INFO, logger="ui")
+    caplog.set_level(logging.INFO, logger="csd.ui")
     for ask, words in ((lambda: jobs.request_job(services, "generate", None, "   ", True), "the prompt is empty"),
                        (lambda: jobs.request_job(services, "generate", None, "the cat " * 2000, True),
                         "this app takes prompts of at most 2,048 tokens"),
@@ -141,7 +141,7 @@ def test_the_app_logs_its_own_info_lines():
     """``python app.py`` shows the one-line refusals: its loggers speak from INFO."""
     import csd_app
     csd_app.configure_logging()
-    assert logging.getLogger("ui.tabs.common").isEnabledFor(logging.INFO)
+    assert logging.getLogger("csd.ui.tabs.common").isEnabledFor(logging.INFO)
     assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
 
 

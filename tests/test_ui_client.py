@@ -17,8 +17,8 @@ import pytest
 from gradio_client import Client, handle_file
 from ui_fixtures import Gate, served, tiny_services
 
-from ui.rules import RIVAL_FIELDS
-from ui.tabs import common, explore
+from csd.ui.rules import RIVAL_FIELDS
+from csd.ui.tabs import common, explore
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
 ALL_STATUSES = ["accepted", "rescued", "rejected", "corrected", "bonus", "target"]
@@ -31,7 +31,7 @@ def gate():
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, gate):
-    from db.store import Store
+    from csd.db.store import Store
     store = Store.open(f"sqlite:///{tmp_path_factory.mktemp('client-app') / 'ui.sqlite3'}")
     with served(tiny_services(store, gate=gate, max_prompt_tokens=100)) as url:
         yield url

@@ -24,8 +24,8 @@ from csd.events import (
     RULE_SPECIAL,
     TokenEvent,
 )
-from ui import render
-from ui.tabs import teach
+from csd.ui import render
+from csd.ui.tabs import teach
 
 LAM, TAU = 6, 0.01          # log tau = -4.61
 MEMORY = "the memory had seen this swap 2 times, fewer than λ = 6"
@@ -168,8 +168,8 @@ def test_no_plural_is_made_by_hand_in_the_app():
 def test_one_of_a_kind_reads_in_the_singular():
     from csd.config import CSDConfig
     from csd.events import RunMetrics
-    from ui.state import RunView
-    from ui.tabs import compare
+    from csd.ui.state import RunView
+    from csd.ui.tabs import compare
     one = div(REJECTED, RULE_MEMORY_RARE, 2, -5.2)
     assert "0 of 1 divergence in the last answer" in render.whatif_summary([one], LAM, TAU)
     assert "1 changed decision is outlined" in render.whatif_summary([one], 2, 1e-4)

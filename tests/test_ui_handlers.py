@@ -24,7 +24,7 @@ from csd.events import (
     STATUSES,
     RunMetrics,
 )
-from ui.tabs import analyse, common, compare, explore, generate, jobs
+from csd.ui.tabs import analyse, common, compare, explore, generate, jobs
 
 ui_store, ui_gate, ui_services = ui_fixtures.ui_store, ui_fixtures.ui_gate, ui_fixtures.ui_services  # fixtures
 
@@ -62,7 +62,7 @@ def test_generate_keeps_metrics_typed_and_records_the_run(csd_run, store):
     assert whatif.startswith("At λ = 6")
     run = store.get_run(sess.last.run_id)
     assert run.status == "finished" and run.target_repr == "float32" and run.output_text == sess.last.text
-    from db import analytics as A
+    from csd.db import analytics as A
     assert A.count_events(store, A.Filter(run_ids=(run.id,))) == len(sess.last.events)
 
 

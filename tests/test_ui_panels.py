@@ -16,9 +16,9 @@ from csd.events import (
     REJECTED,
 )
 from csd.memory import CorrectionMemory
-from ui import figures
-from ui.state import Session
-from ui.tabs import common, compare, explore, generate, jobs, teach
+from csd.ui import figures
+from csd.ui.state import Session
+from csd.ui.tabs import common, compare, explore, generate, jobs, teach
 
 ui_store, ui_gate, ui_services = ui_fixtures.ui_store, ui_fixtures.ui_gate, ui_fixtures.ui_services  # fixtures
 
@@ -235,8 +235,8 @@ def test_the_exact_mode_switch_flips_the_int8_activations_between_runs(store):
 
     from csd.lm import LeanLM
     from csd.quant import quantize_int8
-    from ui import build_demo, make_services
-    from ui.tabs import common
+    from csd.ui import build_demo, make_services
+    from csd.ui.tabs import common
 
     def switch(demo):
         return next(b for b in demo.config["components"] if b.get("props", {}).get("elem_id") == "exact-mode")["props"]

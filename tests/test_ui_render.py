@@ -33,9 +33,9 @@ from csd.events import (
     RunMetrics,
     TokenEvent,
 )
-from ui import export, figures, render
-from ui.lane import Lane
-from ui.tabs import common, compare, explore, teach
+from csd.ui import export, figures, render
+from csd.ui.lane import Lane
+from csd.ui.tabs import common, compare, explore, teach
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -286,7 +286,7 @@ def test_departures_mark_replaced_and_inserted_positions():
 def test_compare_caption_says_where_csd_leaves_sd():
     from csd.config import CSDConfig
     from csd.events import ACCEPTED, BONUS, RESCUED
-    from ui.state import RunView
+    from csd.ui.state import RunView
 
     def view(method, events):
         kept = [e for e in events if e.status != "rejected"]

@@ -12,17 +12,17 @@ import gradio as gr
 import pytest
 from ui_fixtures import Gate, tiny_services
 
+from csd.db import analytics as A
 from csd.events import ACCEPTED, REJECTED, RELAXED, RESCUED, RULE_NOT_RELAXED, RULE_RELAXED, STATUSES, TokenEvent
-from db import analytics as A
-from ui import render, rules
-from ui.tabs import analyse, common, compare, explore, generate, teach
+from csd.ui import render, rules
+from csd.ui.tabs import analyse, common, compare, explore, generate, teach
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from db.store import Store
+    from csd.db.store import Store
     s = Store.open(f"sqlite:///{tmp_path_factory.mktemp('ui-rivals') / 'ui.sqlite3'}")
     yield s
     s.close()

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.waterfall import columns, waterfall, waterfall_lines
 from conftest import tiny_bench_pair
+from csd.bench.waterfall import columns, waterfall, waterfall_lines
 
 
 def _results(settings: dict, rows: dict) -> dict:
@@ -49,7 +49,7 @@ def test_a_missing_step_is_skipped_and_one_step_is_no_waterfall():
 def test_hf_ar_is_transformers_generate_on_the_target_alone(tmp_path, qwen_tokenizer, one_thread):
     """On a tiny float32 pair: hf-ar runs without the draft, writes AR's tokens (greedy, same model), and
     the report's waterfall starts from it and names it as transformers' row."""
-    from bench.harness import BenchConfig, run_bench
+    from csd.bench.harness import BenchConfig, run_bench
 
     pair = tiny_bench_pair(qwen_tokenizer)
     prompts = tmp_path / "p.jsonl"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "csd_app.py", "csd", "db", "ui", "bench", "cli")
+SOURCES = ("pyproject.toml", "README.md", "csd_app.py", "csd", "db", "ui", "bench", "cli", "evaluation")
 
 
 def run(cmd: list, cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:

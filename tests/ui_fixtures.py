@@ -142,7 +142,7 @@ FLAT_COSTS = CostModel(verify_ms={k: 10.0 + k for k in (1, 2, 3, 4, 5, 6, 7, 8, 
 def tiny_services(store=None, gate: Gate | None = None, **settings):
     """The app's services on the tiny pair, with a memory where the gate decides, and a fixed cost
     model for gamma "auto" (nothing is measured)."""
-    from ui import Settings, make_services
+    from csd.ui import Settings, make_services
     pair = tiny_ui_pair(gate)
     s = replace(Settings(), **settings)
     services = make_services(pair, store, s, costs=FLAT_COSTS)
@@ -159,7 +159,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def served(services):
     """The app on ``services``, launched in this process on a free port; yields its URL."""
-    from ui import build_demo, launch_kwargs
+    from csd.ui import build_demo, launch_kwargs
     demo = build_demo(services)
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
@@ -176,7 +176,7 @@ PROMPT = "Write about the cat on the mat and the dog in the park."
 @pytest.fixture(scope="module", name="store")
 def ui_store(tmp_path_factory):
     """A real SQLite file for one test module."""
-    from db.store import Store
+    from csd.db.store import Store
     s = Store.open(f"sqlite:///{tmp_path_factory.mktemp('ui-handlers') / 'ui.sqlite3'}")
     yield s
     s.close()
@@ -200,6 +200,6 @@ def spans(html_text: str) -> list[str]:
 def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
         lookup=False, temperature=0, show_spec=False):
     """The Generate handler's stream on the tiny pair (a fixed block of ``gamma`` unless ``auto``)."""
-    from ui.tabs import generate
+    from csd.ui.tabs import generate
     return generate.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
                              lookup, show_spec, sess)

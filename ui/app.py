@@ -1,9 +1,9 @@
 """``build_demo(services) -> gr.Blocks``: the page's frame (title, the bar of γ, λ, τ above the
-tabs, presentation mode), the tabs of ``ui.tabs`` composed in it, and the launch options.
+tabs, presentation mode), the tabs of ``csd.ui.tabs`` composed in it, and the launch options.
 
-Each tab lays itself out and wires its own events (``ui.tabs.<tab>.build``); every endpoint has
+Each tab lays itself out and wires its own events (``csd.ui.tabs.<tab>.build``); every endpoint has
 an ``api_name`` so that ``gradio_client`` can drive the app step by step. How model work and the
-light handlers share the queue: ``ui.tabs.page``.
+light handlers share the queue: ``csd.ui.tabs.page``.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def header(services: Services) -> str:
 
 
 def rival_controls() -> list:
-    """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``ui.rules.RIVAL_FIELDS`` order, folded in the
+    """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``csd.ui.rules.RIVAL_FIELDS`` order, folded in the
     bar: Generate, Compare, Teach and Analyse's what-if read them when a rival is chosen."""
     d = CSDConfig()
     with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy)", open=False, elem_id="rivals-panel",

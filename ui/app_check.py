@@ -5,7 +5,7 @@ keeps one core busy? (Issue 28's check; a machine that is also running other wor
 "Show speculation" default is for.)
 
     python app.py --db none &          # the app as a newcomer starts it
-    python -m ui.app_check --url http://127.0.0.1:7860 --out DIR [--max-new-tokens 64] [--no-busy]
+    python -m csd.ui.app_check --url http://127.0.0.1:7860 --out DIR [--max-new-tokens 64] [--no-busy]
 
 Writes DIR/results.json (the figures, the machine, the command) and prints a table; exits 1 when a
 figure is under the goal.
@@ -20,7 +20,7 @@ import re
 import time
 from pathlib import Path
 
-from bench.io import command_line, now, write_json
+from csd.bench.io import command_line, now, write_json
 
 from .tabs.page import EXAMPLES
 
@@ -89,14 +89,14 @@ def check(url: str, max_new_tokens: int, busy: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ui.app_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.ui.app_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--url", default="http://127.0.0.1:7860", help="the running app (default %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--no-busy", dest="busy", action="store_false", help="leave both cores to the app")
     args = ap.parse_args(argv)
     from csd.profile import machine_name
-    meta = dict(command=command_line("ui.app_check"), started_at=now(), machine=machine_name(), busy_core=args.busy,
+    meta = dict(command=command_line("csd.ui.app_check"), started_at=now(), machine=machine_name(), busy_core=args.busy,
                 max_new_tokens=args.max_new_tokens, goal_tokens_per_pass=GOAL)
     rows = check(args.url, args.max_new_tokens, args.busy)
     meta["finished_at"] = now()

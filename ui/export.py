@@ -1,5 +1,5 @@
 """The metrics cards of a run and the coloured answer exported as a self-contained page and as
-JSON: what the app shows about a finished run, apart from the tokens themselves (``ui.render``)."""
+JSON: what the app shows about a finished run, apart from the tokens themselves (``csd.ui.render``)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """Plotly figure builders: ``make_*_figure(data) -> go.Figure``, one per chart, pure functions of
-plain data (lists, arrays, the dataclasses of ``db.analytics``, ``RunMetrics``), testable without
+plain data (lists, arrays, the dataclasses of ``csd.db.analytics``, ``RunMetrics``), testable without
 a browser. The rescue decision, log tau and the top-20% share come from ``csd.rule``.
 
 Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of HTML in labels.
@@ -50,7 +50,7 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     """Divergence patterns by count (bars) with the cumulative share (line) and the top-20% mark.
 
     rows: most frequent first, each with draft_text, target_text, count, cumulative_share,
-    example_context (``db.analytics.ParetoRow`` or dicts). Shares are over all rows.
+    example_context (``csd.db.analytics.ParetoRow`` or dicts). Shares are over all rows.
     """
     title = "Pareto chart of divergence patterns (draft x~ → target t*)"
     if not rows:
@@ -210,32 +210,32 @@ def make_frontier_figure(data: dict | None) -> go.Figure:
     if not data or not data.get("points"):
         return empty_figure("No frontier yet: run python -m csd bench ... --sweep 'lam=L,tau=T;...' and copy its "
                             "frontier.json to docs/bench/frontier/.", "Speed / quality frontier")
-    from bench.report import frontier_figure
+    from csd.bench.report import frontier_figure
     fig = frontier_figure(data["points"], data.get("meta"))
     fig.update_layout(height=420)
     return fig
 
 
 def frontier_table(data: dict | None) -> str:
-    """The frontier's figures as a Markdown table (bench.report's, with the data's text HTML-escaped)."""
+    """The frontier's figures as a Markdown table (csd.bench.report's, with the data's text HTML-escaped)."""
     if not data or not data.get("points"):
         return ""
-    from bench.report import frontier_markdown
+    from csd.bench.report import frontier_markdown
     return frontier_markdown(data["points"], data.get("meta"), escape=html.escape)
 
 
 def make_rivals_figure(data: dict | None) -> go.Figure:
     """Every acceptance rule's speed-up over AR against its graded accuracy, beside the paper's table."""
     if not data or not data.get("points"):
-        return empty_figure("No rivals' frontier yet: python -m bench.rivals RUN_DIR ... --out docs/bench/rivals",
+        return empty_figure("No rivals' frontier yet: python -m csd.bench.rivals RUN_DIR ... --out docs/bench/rivals",
                             "Acceptance rules: speed against quality")
-    from bench.rivals import figure
+    from csd.bench.rivals import figure
     return figure(data)
 
 
 def rivals_table(data: dict | None) -> str:
-    """The rivals' frontier as Markdown (bench.rivals'), the data's text HTML-escaped."""
+    """The rivals' frontier as Markdown (csd.bench.rivals'), the data's text HTML-escaped."""
     if not data or not data.get("points"):
         return ""
-    from bench.rivals import markdown
+    from csd.bench.rivals import markdown
     return markdown(data, escape=html.escape)

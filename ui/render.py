@@ -6,7 +6,7 @@ shown as text here. A token's details travel in a ``data-detail`` attribute (esc
 quotes); the page's script (``JS``) shows them, pinned, when the token is clicked.
 
 The CSD decision is ``csd.rule.rescues`` and log tau is ``csd.rule.log_tau``; the what-if under any
-rule (CSD's sliders or a rival's) is ``ui.rules.would_keep`` on ``csd.rule``: nothing here
+rule (CSD's sliders or a rival's) is ``csd.ui.rules.would_keep`` on ``csd.rule``: nothing here
 re-implements a rule.
 """
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Settings:
 class Services:
     pair: ModelPair
     decoder: Decoder
-    store: object | None              # db.store.Store, or None to run without recording
+    store: object | None              # csd.db.store.Store, or None to run without recording
     settings: Settings = field(default_factory=Settings)
     base_memory: CorrectionMemory | None = None   # the default memory; each session gets a copy
     lane: Lane = field(default_factory=Lane)      # every user's requests for model work, in order

@@ -5,7 +5,7 @@ without network or model cache). Calibrated Speculative Decoding: arXiv 2604.136
 On a GPU machine (on an NVIDIA H200, 2026-11-30: about 110 s for the 1.5B pair with 3 prompts and one
 timed run each, 150 s for the 7B target; ``bench/gpu.sh`` runs the set, README "GPU" has the figures):
 
-    python -m bench.synthetic --synthetic-config 1.5b --max-new-tokens 128 --limit 3 --out synthetic-1.5b
+    python -m csd.bench.synthetic --synthetic-config 1.5b --max-new-tokens 128 --limit 3 --out synthetic-1.5b
     python -m csd bench --synthetic --synthetic-config 1.5b --max-new-tokens 128 --limit 3 --out synthetic-1.5b
 
 The first needs only torch, transformers and numpy; the second, the ``csd`` command line, also

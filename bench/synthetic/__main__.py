@@ -1,4 +1,4 @@
-"""``python -m bench.synthetic``: the synthetic benchmark on its own (see ``bench.synthetic.cli``)."""
+"""``python -m csd.bench.synthetic``: the synthetic benchmark on its own (see ``csd.bench.synthetic.cli``)."""
 import sys
 
 from .cli import main

@@ -1,5 +1,5 @@
 """The synthetic benchmark's options: ``python -m csd bench --synthetic`` adds them to its own, and
-``python -m bench.synthetic`` has them all, for a machine that has torch and transformers but not
+``python -m csd.bench.synthetic`` has them all, for a machine that has torch and transformers but not
 the store's or the app's packages."""
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def config_from_args(args) -> SyntheticConfig:
 def run_from_args(args, command: str = "") -> int:
     """Run, print the Markdown table (progress on stderr); 0 when greedy SD == AR held (or was not checkable)."""
     cfg = config_from_args(args)
-    res = run_synthetic(cfg, args.out, command or command_line("bench.synthetic"),
+    res = run_synthetic(cfg, args.out, command or command_line("csd.bench.synthetic"),
                         log=lambda msg: print(f"synthetic: {msg}", file=sys.stderr, flush=True))
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))
     print(f"results: {Path(args.out).resolve()}", file=sys.stderr)
@@ -61,11 +61,11 @@ def run_from_args(args, command: str = "") -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m bench.synthetic``: the same options as ``csd bench --synthetic``, for a machine
+    """``python -m csd.bench.synthetic``: the same options as ``csd bench --synthetic``, for a machine
     that has torch and transformers but not the store's or the app's packages."""
     d = SyntheticConfig()
     package_doc = sys.modules[__package__].__doc__      # the benchmark's own description, first paragraph
-    p = argparse.ArgumentParser(prog="python -m bench.synthetic", description=package_doc.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m csd.bench.synthetic", description=package_doc.split("\n\n")[0])
     p.add_argument("--limit", type=int, default=d.prompts, help="random prompts (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")

@@ -21,7 +21,7 @@ acceptance is set.
   each of its positions, first taken from the AR run of the same prompt (greedy SD commits AR's
   tokens). The coin is a table lookup on the device, and "does the committed prefix still follow
   the script" a running product kept per cache position on the device, so the draft adds no host
-  synchronisation. How a run is brought to follow its script is ``bench.synthetic.run``'s.
+  synchronisation. How a run is brought to follow its script is ``csd.bench.synthetic.run``'s.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The synthetic benchmark's runs: build the random pair, check greedy SD == AR, time the target's
 passes, then run AR, SD and CSD on random prompts, each run timed around the whole generation.
 
-A run counts only when it followed its script (``bench.synthetic.models.ScriptedDraft``). Where a
+A run counts only when it followed its script (``csd.bench.synthetic.models.ScriptedDraft``). Where a
 run leaves it (a CSD rescue, or a representation whose top-1 depends on the shape of the verify
 pass: bfloat16 rounds a 7-token pass differently from a 1-token one) the draft falls back to its
 own argmax and that run's acceptance would not be the requested one. So its own path and top-1s

@@ -1,17 +1,17 @@
-"""Alembic environment of the store. ``db.store`` runs it programmatically with an open connection
+"""Alembic environment of the store. ``csd.db.store`` runs it programmatically with an open connection
 (``config.attributes["connection"]``); no alembic.ini is needed.
 
 A new revision after changing ``db/models.py``::
 
-    python -c "from alembic import command; from db.store import alembic_config; \\
+    python -c "from alembic import command; from csd.db.store import alembic_config; \\
         command.revision(alembic_config('sqlite:////tmp/x.sqlite3'), 'what changed', autogenerate=True)"
 
-(run ``db.store.Store.open('sqlite:////tmp/x.sqlite3')`` first so that the scratch database is at head).
+(run ``csd.db.store.Store.open('sqlite:////tmp/x.sqlite3')`` first so that the scratch database is at head).
 """
 from alembic import context
 from sqlalchemy import create_engine
 
-from db.models import Base
+from csd.db.models import Base
 
 config = context.config
 

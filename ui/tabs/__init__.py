@@ -3,5 +3,5 @@ memory) and ``teach``, each holding that tab's handlers and its ``build(page)``,
 tab out and wires its events; ``common``, ``jobs`` and ``page`` hold what the tabs share.
 
 A handler is a plain function from component values (and the session) to new values, so the
-tests call them directly; ``ui.app.build_demo`` composes the tabs.
+tests call them directly; ``csd.ui.app.build_demo`` composes the tabs.
 """

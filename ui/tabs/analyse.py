@@ -12,7 +12,7 @@ import gradio as gr
 import numpy as np
 
 from csd.config import METHOD_SHORT, ConfigError, CSDConfig
-from db import analytics as A
+from csd.db import analytics as A
 
 from .. import figures, render, rules
 from ..state import Services, Session

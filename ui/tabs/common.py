@@ -14,8 +14,8 @@ import math
 import gradio as gr
 
 from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
+from csd.db import analytics as A
 from csd.rule import log_tau
-from db import analytics as A
 
 from .. import render, rules
 from ..state import RunView, Services, Session, new_session
@@ -118,7 +118,7 @@ def as_int(name: str, v) -> int:
 
 
 def rival_params(*values) -> dict:
-    """The rivals' parameters from the bar's inputs, in ``ui.rules.RIVAL_FIELDS`` order (numbers from the
+    """The rivals' parameters from the bar's inputs, in ``csd.ui.rules.RIVAL_FIELDS`` order (numbers from the
     page; k and the window made whole numbers, or refused)."""
     out = {}
     for name, v in zip(rules.RIVAL_FIELDS, values):
@@ -136,7 +136,7 @@ def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens,
     ``SHOW_SPECULATION`` tokens with ``show_speculation``;
     ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
     and the ablations; the switch means nothing to ar); ``rivals``: the rivals' parameters (a dict, or
-    the bar's values in ``ui.rules.RIVAL_FIELDS`` order); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+    the bar's values in ``csd.ui.rules.RIVAL_FIELDS`` order); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     seed = None if seed is None or seed == "" else as_int("seed", seed)
@@ -162,7 +162,7 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
 
 
 def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
-    """A db.analytics.Filter for a scope, or a message saying why there is nothing to show."""
+    """A csd.db.analytics.Filter for a scope, or a message saying why there is nothing to show."""
     private = None if services.settings.shared_scope else sess.session_id
     if run_id not in (None, "", 0):
         return A.Filter(run_ids=(int(run_id),), session_id=private), None

@@ -14,10 +14,10 @@ from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import ConfigError
 from csd.corpus import default_corpus, read_corpus, read_prompts
+from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues
-from db import analytics as A
 
 from .. import render
 from ..render import plural

@@ -1,4 +1,4 @@
-"""Model work on the page: a ``Job`` of the model lane (``ui.lane``) from the click that asks for
+"""Model work on the page: a ``Job`` of the model lane (``csd.ui.lane``) from the click that asks for
 it to its end, and the run it holds while it runs.
 
 A click asks for a job at once (``request_job``, beside the model's queue), the queued handler
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import gradio as gr
 
 from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
-from db.store import NullRecorder, recording
+from csd.db.store import NullRecorder, recording
 
 from .. import render
 from ..lane import Job

@@ -49,7 +49,7 @@ class Page:
     show_spec: gr.Checkbox      # gamma auto drafts at least SHOW_SPECULATION tokens a block
     lam: gr.Slider
     log10_tau: gr.Slider
-    rivals: list = field(default_factory=list)   # the rivals' parameters (ui.rules.RIVAL_FIELDS order)
+    rivals: list = field(default_factory=list)   # the rivals' parameters (csd.ui.rules.RIVAL_FIELDS order)
     status: dict[str, gr.HTML] = field(default_factory=dict)   # job kind -> the status line beside its button
     hide_rejected: gr.Checkbox | None = None   # Generate's switch; Analyse's recoloured answer follows it too
     analyse_io: tuple[list, list] | None = None   # Analyse's inputs and outputs, refreshed after runs
@@ -77,7 +77,7 @@ class Page:
         """A click: the request is checked and joins the lane at once (in the light group, which
         no model work holds up; a refusal is a toast), then, if it was not refused, the model's
         queued handler runs. ``check_in``: settings whose components refuse a value out of their
-        range (``ui.tabs.inputs``) at the click, before the request joins the lane."""
+        range (``csd.ui.tabs.inputs``) at the click, before the request joins the lane."""
         services, sess, n = self.services, self.sess, len(prompt_in)
 
         def ask_for(sess, *values):     # the prompt (and chat), then the checked settings

@@ -1,6 +1,6 @@
 """The Teach tab: a short run with explanations (draft and target top-k), stepped through one
 speculative iteration at a time, by hand or by the autoplay timer. The HTML of an iteration is
-built here (with ``ui.render``'s token pieces), as is the explanation beside it.
+built here (with ``csd.ui.render``'s token pieces), as is the explanation beside it.
 """
 from __future__ import annotations
 

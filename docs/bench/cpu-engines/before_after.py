@@ -10,9 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.engines_cpu import time_engines
 from csd.models import load_pair
 from csd.profile import machine_name
+from tools.engines_cpu import time_engines
 
 BEFORE = "caba356"
 old = subprocess.run(["git", "show", f"{BEFORE}:csd/lm.py"], capture_output=True, text=True, check=True).stdout

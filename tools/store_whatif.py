@@ -1,6 +1,6 @@
 """What-if benchmark: lambda/tau replay over N logged divergences (the issue asks < 200 ms at 100,000).
 
-    python -m bench.store_whatif [--events 100000] [--db URL]
+    python -m tools.store_whatif [--events 100000] [--db URL]
 
 Writes N synthetic divergence events (Zipf-distributed patterns, as in the paper's Pareto finding)
 through a RunRecorder into a fresh database (a temp SQLite file unless --db), then times
@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
+from csd.db import analytics as A
+from csd.db.models import Run
+from csd.db.store import Store
 from csd.events import REJECTED, RESCUED, TokenEvent
 from csd.rule import log_tau, rescues
-from db import analytics as A
-from db.models import Run
-from db.store import Store
 
 LAM, TAU = 6, 0.01      # the paper's defaults: the thresholds the events are written under and replayed at
 

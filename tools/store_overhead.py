@@ -1,6 +1,6 @@
 """Logging overhead: what recording costs the decode loop (the issue allows 1%).
 
-    python -m bench.store_overhead --decode-ms 25 [--events 20000] [--tokens 400] [--db URL]
+    python -m tools.store_overhead --decode-ms 25 [--events 20000] [--tokens 400] [--db URL]
 
 1. ``RunRecorder.add`` in the caller thread: the time of N adds, per event in microseconds, and as
    a share of the given per-token decode time (one event per token; a rejection adds a second).
@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 
+from csd.db.models import Run
+from csd.db.store import Store
 from csd.events import ACCEPTED, RULE_MATCH, TokenEvent
-from db.models import Run
-from db.store import Store
 
 
 def make_event(i: int) -> TokenEvent:

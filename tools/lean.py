@@ -3,7 +3,7 @@ its memory after one Generate and one Compare, the cache on disk, and a command-
 token once ``python -m csd prepare`` has run (the app measures the costs of the scaling it runs, per
 token; the command line runs per pass and measures its own once).
 
-    python -m bench.lean --out DIR [--cache DIR] [--port 7871]
+    python -m tools.lean --out DIR [--cache DIR] [--port 7871]
 
 Each step is a fresh process started the way the README says (``python app.py --db none``,
 ``python -m csd generate``), timed from its start to the line that says it is up (or to the first
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from .io import command_line, now, write_json
+from csd.bench.io import command_line, now, write_json
 
 PROMPT = "Write a Python function that reverses a string."
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def app_run(env: dict, port: int, log: Path, use: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.lean", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.lean", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--cache", default=None, help="the cache directory to start from (default: a new, empty one)")
     ap.add_argument("--port", type=int, default=7871)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "CSD_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     from csd.profile import machine_name
-    res = {"meta": {"command": command_line("bench.lean"), "machine": machine_name(), "at": now(),
+    res = {"meta": {"command": command_line("tools.lean"), "machine": machine_name(), "at": now(),
                     "empty_cache_at_first_start": fresh}}
     try:
         res["first_start"] = app_run(env, args.port, out / "first-start.log", use=False)

@@ -1,4 +1,4 @@
-"""What a target representation costs in fidelity: ``python -m bench.fidelity``.
+"""What a target representation costs in fidelity: ``python -m tools.fidelity``.
 
 For each representation (float32 is the reference): greedy AR answers compared with float32's
 (whole answers identical, length of the common prefix), greedy SD compared with AR within the
@@ -25,20 +25,19 @@ import sys
 import time
 from pathlib import Path
 
+from csd.bench.io import Progress, print_progress, write_json
+from csd.bench.results import ResultsError, load_results
 from csd.config import CSDConfig
+from csd.evaluation.datasets import get_item, load_dataset
+from csd.evaluation.graders import grade
 from csd.events import common_prefix
-
-from .datasets import get_item, load_dataset
-from .graders import grade
-from .io import Progress, print_progress, write_json
-from .results import ResultsError, load_results
 
 
 def compare_runs(a: dict, b: dict, method: str = "sd", names: tuple[str, str] = ("a", "b")) -> dict:
     """Two benchmark results (``results.json``) paired on the items both ran with ``method``:
     per dataset and over all, each run's graded accuracy (Wilson interval), the discordant pairs
     and their exact McNemar p, answers identical token for token, the mean common prefix."""
-    from .stats import paired_accuracy, wilson
+    from csd.bench.stats import paired_accuracy, wilson
 
     def answers(res):
         return {(r["dataset"], r["item_id"]): r for r in res["items"] if r["method"] == method}
@@ -204,7 +203,7 @@ def pool_runs(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--reprs", default="float32,int8", help="representations, float32 (the reference) first")
     ap.add_argument("--dataset", default="gsm8k,humaneval,prose")
     ap.add_argument("--limit", type=int, default=4, help="items per dataset")

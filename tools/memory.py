@@ -1,11 +1,11 @@
 """The memory waterfall: what each part of a loaded pair holds, as tensor bytes and as resident memory.
 
-    python -m bench.memory [--out DIR] [--int8-activations row|pass]
+    python -m tools.memory [--out DIR] [--int8-activations row|pass]
 
 One process takes the steps the app takes, in order, and reads its resident set (``VmRSS``, with its
 anonymous and file-backed parts) after each: the interpreter and torch, transformers, the pair (its
 tokenizer, target and draft), one SD and one CSD answer (KV caches and buffers). The web app's own
-share is ``python app.py``'s resident memory less these (``bench.lean``). Beside each model it counts
+share is ``python app.py``'s resident memory less these (``tools.lean``). Beside each model it counts
 the bytes its tensors hold by kind (int8 rows with their scales and biases, norms, the output layer,
 the embedding: mapped from the cache, of which only the rows looked up are read). Writes
 DIR/results.json and prints the table.
@@ -16,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .io import command_line, now, write_json
+from csd.bench.io import command_line, now, write_json
 
 
 def resident() -> dict[str, float]:
@@ -57,7 +57,7 @@ def lm_bytes(lm) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.memory", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="write DIR/results.json")
     ap.add_argument("--int8-activations", default="row", choices=("row", "pass"),
                     help="as the app (row, default) or the command line (pass)")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         list(run)
         rows.append(dict(step=f"after one {method.upper()} answer of {len(run.token_ids)} tokens", **resident()))
     from csd.profile import machine_name
-    meta = dict(command=command_line("bench.memory"), machine=machine_name(), at=now(), pair=pair.describe(),
+    meta = dict(command=command_line("tools.memory"), machine=machine_name(), at=now(), pair=pair.describe(),
                 seconds=round(time.perf_counter() - t0, 1))
     print("| step | resident GiB | anonymous | file-backed | peak |\n|---|---:|---:|---:|---:|")
     for r in rows:

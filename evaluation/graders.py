@@ -1,4 +1,4 @@
-"""Graders of the benchmark, shared by ``bench.harness`` and ``python -m csd grade``.
+"""Graders of the benchmark, shared by ``csd.bench.harness`` and ``python -m csd grade``.
 
 - Numbers (GSM8K, user files): the model's FINAL STATED number (``extract_final_number``). The
   last answer marker wins ("the answer is", "final answer:", "Answer:", "####", ``\\boxed{}``);
@@ -14,7 +14,7 @@
 - CHAMP: the text after the last "final answer", compared as a number or as yes/no; other
   references are not checkable (``None``).
 - HumanEval pass@1: the program is assembled here (``humaneval_program``) and run by
-  ``bench.sandbox`` in a sandboxed process of its own; the tests run in a separate harness (with
+  ``csd.evaluation.sandbox`` in a sandboxed process of its own; the tests run in a separate harness (with
   the problem's prompt for their helpers) that calls it through a pipe and accepts only plain
   data back, and the item passes only when the tests ran to their end.
 """
@@ -31,7 +31,7 @@ from .sandbox import run_humaneval
 
 # -- dispatch ------------------------------------------------------------------------------------
 class Gradable(Protocol):
-    """What grading reads of an item (``bench.datasets.Item`` is one)."""
+    """What grading reads of an item (``csd.evaluation.datasets.Item`` is one)."""
     grader: str | None       # "number", "humaneval", "champ" or None (not graded)
     reference: str | None    # the reference final answer
     extra: dict              # the grader's inputs (HumanEval prompt, test, entry point)

@@ -5,7 +5,7 @@ What each guard protects against:
 
 - Reaching the tests (``sys._getframe``, ``inspect``, ``gc`` to patch ``check`` or its asserts) and
   answers that only look right (an object whose ``__eq__`` is always true, a ``str`` or ``int``
-  subclass): the tests never run in the candidate's process. ``bench.sandbox_runner`` runs them in a
+  subclass): the tests never run in the candidate's process. ``csd.evaluation.sandbox_runner`` runs them in a
   trusted harness process (the problem's prompt for its helpers, then the test's ``check``), which
   calls the candidate in a sandboxed child through a pipe: each call's arguments go down pickled,
   each result comes back pickled and is accepted only when it is plain builtin data (no class can

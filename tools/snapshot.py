@@ -1,4 +1,4 @@
-"""A PNG of a benchmark chart, for the README: ``python -m bench.snapshot frontier.html frontier.png``.
+"""A PNG of a benchmark chart, for the README: ``python -m tools.snapshot frontier.html frontier.png``.
 
 Plotly's own image export needs kaleido and a Chrome download; this renders the chart's HTML in the
 Chromium that the browser tests already use (Debian's ``chromium``, driven by playwright)."""
@@ -42,7 +42,7 @@ def snapshot(html: str | Path, png: str | Path, width: int = 1100, height: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.snapshot", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.snapshot", description=__doc__.splitlines()[0])
     ap.add_argument("html")
     ap.add_argument("png")
     ap.add_argument("--width", type=int, default=1100)

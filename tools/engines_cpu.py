@@ -3,7 +3,7 @@
 draft's 1-token step and the target's 1- and 7-token verify passes, on the pair as the command line
 loads it. Interleaved round by round (a shared machine drifts); median, min and max ms per pass.
 
-``python -m bench.engines_cpu --rounds 10 --out DIR/engines.json`` (prints the JSON too). The compiled
+``python -m tools.engines_cpu --rounds 10 --out DIR/engines.json`` (prints the JSON too). The compiled
 engine compiles when it is built (two compiles a model); the first calls are reported apart, never timed.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def measure(pair, rounds: int, capacity: int, engines=ENGINES) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.engines_cpu", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.engines_cpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds of 3 passes per engine and shape")
     ap.add_argument("--capacity", type=int, default=4096, help="the static KV cache's tokens (default: the engine's)")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = {"command": "python -m bench.engines_cpu " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python -m tools.engines_cpu " + " ".join(sys.argv[1:] if argv is None else argv),
               "cpu": machine_name(pair.device), "machine": pair.describe(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     result.update(measure(pair, a.rounds, a.capacity, engines))
     result["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

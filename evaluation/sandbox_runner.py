@@ -1,4 +1,4 @@
-"""The two processes of a HumanEval run (``bench.sandbox`` starts them): the trusted test HARNESS
+"""The two processes of a HumanEval run (``csd.evaluation.sandbox`` starts them): the trusted test HARNESS
 and the sandboxed CHILD that holds the candidate. They share no globals; only plain data crosses.
 
 - The child (``child``) runs the candidate program under ``reliability_guard`` (and bwrap, set up by
@@ -196,7 +196,7 @@ def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int
     directory; writes only under ``workdir``; no outgoing or listening sockets; ``exit()`` and
     ``quit()`` refused; faulthandler off. Reading files, imports and computing (math, re,
     itertools, collections, hashlib ...) are untouched. Not a security boundary (see
-    ``bench.sandbox``): a determined program gets around it with ``ctypes``."""
+    ``csd.evaluation.sandbox``): a determined program gets around it with ``ctypes``."""
     import builtins
     import faulthandler
     import posix

@@ -1,13 +1,13 @@
 """Exactness of the int8 target per activation mode, measured on the real pair (docs/exactness.md).
 
-``python -m bench.exactness agree --per-dataset 8 --max-new-tokens 96``: greedy AR and SD (gamma 6,
+``python -m tools.exactness agree --per-dataset 8 --max-new-tokens 96``: greedy AR and SD (gamma 6,
 no copies) on each item, with the int8 target's activations scaled per pass and then per token (and
 the verify pass's attention per query): how many items SD writes AR's token ids on, and where not.
 
-``python -m bench.exactness passes --rounds 12``: the target's 1-token and 7-token passes in both
+``python -m tools.exactness passes --rounds 12``: the target's 1-token and 7-token passes in both
 modes on one loaded model, interleaved round by round (a shared machine drifts), median/min/max ms.
 
-``python -m bench.exactness nudge``: how far the target's logits move when one cached token's keys and
+``python -m tools.exactness nudge``: how far the target's logits move when one cached token's keys and
 values move by 1e-6 (relative), in int8 per pass, int8 per token and float32, and how far the static
 engine's logits are from the eager one's (attention summed over the masked capacity, in another
 order): what "exact" can mean across engines.
@@ -30,8 +30,7 @@ def agree(pair, per_dataset: int, max_new_tokens: int) -> dict:
     """SD == AR per item, first with the pair as loaded (per pass), then per token."""
     from csd.config import CSDConfig
     from csd.decode import Decoder
-
-    from .datasets import load_dataset
+    from csd.evaluation.datasets import load_dataset
 
     items = [it for ds in ("gsm8k", "humaneval", "prose") for it in load_dataset(ds, per_dataset)[:per_dataset]]
     dec = Decoder(pair)
@@ -140,7 +139,7 @@ def nudge(pair, float_target=None, passes=(2, 8)) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.exactness", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.exactness", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("agree", "passes", "nudge"))
     ap.add_argument("--per-dataset", type=int, default=8, help="items of GSM8K, HumanEval and prose each (agree)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens per answer (agree)")
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = {"what": a.what, "machine": pair.describe(), "command": "python -m bench.exactness " + " ".join(
+    result = {"what": a.what, "machine": pair.describe(), "command": "python -m tools.exactness " + " ".join(
         sys.argv[1:] if argv is None else argv)}
     if a.what == "agree":
         result.update(agree(pair, a.per_dataset, a.max_new_tokens))

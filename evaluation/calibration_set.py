@@ -1,9 +1,9 @@
-"""The shipped calibration prompt set: ``python -m bench.calibration_set [--out FILE]``.
+"""The shipped calibration prompt set: ``python -m csd.evaluation.calibration_set [--out FILE]``.
 
 Prompts the target answers during prompt-mode calibration (``csd.calibrate``), built only from
 what ships here and disjoint from every evaluation item of every dataset the benchmark uses:
 
-- **math**: GSM8K test questions of the calibration hash split (``bench.datasets.gsm8k_split``;
+- **math**: GSM8K test questions of the calibration hash split (``csd.evaluation.datasets.gsm8k_split``;
   the benchmark never draws them), asked with the benchmark's own instruction;
 - **code**: public functions of Python's standard library turned into tasks (signature and
   docstring as a stub to complete, in the style of HumanEval);
@@ -169,7 +169,7 @@ def build() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.calibration_set", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m csd.evaluation.calibration_set", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(PROMPTS_FILE), help=f"where to write the JSONL (default {PROMPTS_FILE})")
     args = ap.parse_args(argv)
     rows = build()
