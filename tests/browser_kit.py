@@ -3,6 +3,7 @@ Debian's Chromium driven by playwright, a fresh page per user, and the few gestu
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -10,7 +11,16 @@ from pathlib import Path
 import pytest
 from playwright import sync_api
 
-from tools.snapshot import CHROMIUM_ARGS, find_chromium
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+# headless, and nothing that reaches out to the network by itself
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def find_chromium() -> str | None:
+    """The Chromium that playwright drives here (Debian's package), or None."""
+    return next((c for c in CHROMIUM_CANDIDATES if Path(c).exists()), None) or shutil.which("chromium")
+
 
 CHROMIUM = find_chromium()
 XSS = "<img src=x onerror=alert(1)>"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from csd.models import load_pair
 from csd.profile import machine_name
-from tools.engines_cpu import time_engines
+from tools.engines_cpu import time_engines  # tools/engines_cpu.py at commit cbc7ebb (since removed)
 
 BEFORE = "caba356"
 old = subprocess.run(["git", "show", f"{BEFORE}:csd/lm.py"], capture_output=True, text=True, check=True).stdout
