@@ -108,32 +108,13 @@ def open_store(args):
 
 
 def add_rival_args(p: argparse.ArgumentParser, what: str = "") -> None:
-    """The rivals' parameters (csd.config.RIVAL_PARAMS), each read by its method only; the engine checks
+    """The rivals' parameters (csd.config.Rivals), each read by its method only; the engine checks
     their ranges before any model loads. ``what``: how the help names the runs they apply to."""
-    from csd.config import CSDConfig
-    d = CSDConfig()
+    from csd.config import RIVAL_FIELDS
     g = p.add_argument_group("rivals (relaxed acceptance rules, greedy only; docs/rivals.md)" + what)
-    g.add_argument("--tau-lossy", type=float, default=d.tau_lossy,
-                   help=f"lossy: keep a draft token x when p(x) >= tau * p(top-1), tau in (0, 1] (default "
-                        f"{d.tau_lossy:g}, CSD's baseline; 1: exact SD)")
-    g.add_argument("--topk", type=int, default=d.topk,
-                   help=f"topk: x must be among the target's top k, k >= 1 (default {d.topk}: TensorRT-LLM's "
-                        "published example; its own default 1 with delta 0 is exact SD)")
-    g.add_argument("--delta", type=float, default=d.delta,
-                   help=f"topk: and p(x) >= p(top-1) - delta, in probability, delta >= 0 (default {d.delta:g}, the "
-                        "example's; TensorRT-LLM's default 0)")
-    g.add_argument("--posterior-threshold", type=float, default=d.posterior_threshold,
-                   help=f"typical: keep x when p(x) > min(threshold, alpha * exp(-H)), threshold in (0, 1] (default "
-                        f"{d.posterior_threshold:g}, vLLM's and Medusa's)")
-    g.add_argument("--posterior-alpha", type=float, default=d.posterior_alpha,
-                   help=f"typical: alpha > 0 (default {d.posterior_alpha:g}, vLLM's and Medusa's)")
-    g.add_argument("--win-len", type=int, default=d.win_len,
-                   help=f"fly: forgive a mismatch when the next win_len - 1 draft tokens match, 2..32 (default "
-                        f"{d.win_len}, FLy's config); only blocks longer than win_len can forgive, so use a fixed "
-                        "--gamma above it (FLy: 15)")
-    g.add_argument("--entropy-thre", type=float, default=d.entropy_thre,
-                   help=f"fly: and only where the target's top-3 entropy is >= this, >= 0 (default {d.entropy_thre:g}, "
-                        "FLy's config; <= 0.01 turns the gate off)")
+    for f in RIVAL_FIELDS:
+        g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f.metadata["help"].format(f.default))
 
 
 def rival_values(args, changed_only: bool = False) -> dict:

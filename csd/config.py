@@ -6,7 +6,7 @@ Efficient Inference", arXiv 2604.13634. Variations are made with ``dataclasses.r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from .rule import ALL_SCORES, FLY, LOSSY, RIVALS, TOPK, TYPICAL, Relax, Rescue, log_tau
 
@@ -31,10 +31,6 @@ METHOD_HELP = {
     FLY: "rival, FLy: forgive a mismatch when the next --win-len - 1 draft tokens match and the target's top-3 "
          "entropy is at least --entropy-thre (needs blocks longer than --win-len: use a fixed --gamma, e.g. 15)",
 }
-# each rival's parameters (CSDConfig fields): the command line's options and the benchmark's sweep keys
-RIVAL_PARAMS = {LOSSY: ("tau_lossy",), TOPK: ("topk", "delta"), TYPICAL: ("posterior_threshold", "posterior_alpha"),
-                FLY: ("win_len", "entropy_thre")}
-PARAM_METHOD = {p: m for m, ps in RIVAL_PARAMS.items() for p in ps}
 GAMMA_RANGE = (1, 32)
 LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
@@ -58,8 +54,68 @@ class ConfigError(ValueError):
     """A decoding parameter is out of range; the message says which and why."""
 
 
+def _rival(default, method: str, test, range_: str, what: str, help_: str):
+    """One rival parameter: its default, the method that reads it, its range (the test and how a message says
+    it), how a message names it and the command line's help ("{:g}" is the default)."""
+    return field(default=default, metadata=dict(method=method, test=test, range=range_, what=what, help=help_))
+
+
 @dataclass(frozen=True)
-class CSDConfig:
+class Rivals:
+    """The rivals' parameters (greedy; docs/rivals.md), declared once: CSDConfig's fields, the command line's
+    options (csd.cli.common.add_rival_args), the benchmark's sweep keys; each is read by its method only."""
+    # lossy: keep x~ when p(x~) >= tau_lossy * p(top-1) (CSD's baseline: 0.6)
+    tau_lossy: float = _rival(0.6, LOSSY, lambda v: 0 < v <= 1, "in (0, 1]", "the lossy rule's tau",
+                              "lossy: keep a draft token x when p(x) >= tau * p(top-1), tau in (0, 1] (default {:g}, "
+                              "CSD's baseline; 1: exact SD)")
+    # topk: x~ among the target's top k (TensorRT-LLM's example 15; its default 1)
+    topk: int = _rival(15, TOPK, lambda v: v >= 1, ">= 1", "the topk rule's k",
+                       "topk: x must be among the target's top k, k >= 1 (default {:g}: TensorRT-LLM's published "
+                       "example; its own default 1 with delta 0 is exact SD)")
+    # topk: and p(x~) >= p(top-1) - delta (the example 0.5; the default 0)
+    delta: float = _rival(0.5, TOPK, lambda v: v >= 0, ">= 0", "the topk rule's probability gap",
+                          "topk: and p(x) >= p(top-1) - delta, in probability, delta >= 0 (default {:g}, the "
+                          "example's; TensorRT-LLM's default 0)")
+    # typical: keep x~ when p(x~) > min(this, alpha exp(-H)) (vLLM: 0.09)
+    posterior_threshold: float = _rival(0.09, TYPICAL, lambda v: 0 < v <= 1, "in (0, 1]", "the typical rule's",
+                                        "typical: keep x when p(x) > min(threshold, alpha * exp(-H)), threshold in "
+                                        "(0, 1] (default {:g}, vLLM's and Medusa's)")
+    # typical: alpha (vLLM and Medusa: 0.3)
+    posterior_alpha: float = _rival(0.3, TYPICAL, lambda v: v > 0, "> 0", "the typical rule's alpha",
+                                    "typical: alpha > 0 (default {:g}, vLLM's and Medusa's)")
+    # fly: a mismatch is forgiven iff the next win_len - 1 draft tokens match (FLy's config: 6)
+    win_len: int = _rival(6, FLY, lambda v: 2 <= v <= GAMMA_RANGE[1], f"in 2..{GAMMA_RANGE[1]}", "FLy's window",
+                          "fly: forgive a mismatch when the next win_len - 1 draft tokens match, 2..32 (default {:g}, "
+                          "FLy's config); only blocks longer than win_len can forgive, so use a fixed --gamma above "
+                          "it (FLy: 15)")
+    # fly: and the target's top-3 entropy there is >= this (<= 0.01: no gate) (FLy's config: 0.3)
+    entropy_thre: float = _rival(0.3, FLY, lambda v: v >= 0, ">= 0", "FLy's entropy gate",
+                                 "fly: and only where the target's top-3 entropy is >= this, >= 0 (default {:g}, FLy's "
+                                 "config; <= 0.01 turns the gate off)")
+
+    def relaxed(self, method: str) -> Relax:
+        """The relaxed rule of the rival ``method`` with these parameters."""
+        return Relax(method, log_tau(self.tau_lossy), self.topk, self.delta, self.posterior_threshold,
+                     self.posterior_alpha, self.win_len, self.entropy_thre)
+
+    def check_rivals(self) -> None:
+        """Raise ConfigError naming the first parameter out of its range."""
+        for f in RIVAL_FIELDS:
+            v, m, integer = getattr(self, f.name), f.metadata, isinstance(f.default, int)
+            if not ((isinstance(v, int) and not isinstance(v, bool)) if integer else _finite(v)) or not m["test"](v):
+                raise ConfigError(f"{f.name} ({m['what']}) must be {'an integer ' if integer else ''}{m['range']}, "
+                                  f"got {v!r}")
+
+
+RIVAL_FIELDS = fields(Rivals)
+# each rival's parameters (CSDConfig fields): the command line's options and the benchmark's sweep keys
+RIVAL_PARAMS = {m: tuple(f.name for f in RIVAL_FIELDS if f.metadata["method"] == m) for m in RIVALS}
+PARAM_METHOD = {f.name: f.metadata["method"] for f in RIVAL_FIELDS}
+
+
+@dataclass(frozen=True)
+class CSDConfig(Rivals):
+    """A run's parameters; the rivals' (``Rivals``, greedy) come first."""
     method: str = "csd"          # one of METHODS
     gamma: int | str = 6         # draft block length (paper default 6), or "auto" (csd.policy.AutoGamma)
     gamma_max: int = 16          # the longest block "auto" may draft
@@ -73,14 +129,6 @@ class CSDConfig:
     explain_top_k: int = 5       # how many target candidates an explained event carries
     lookup: int = 0              # propose up to this many tokens copied from the context when they pay (0: off)
     lookup_ngram: int = 3        # the shortest recurring suffix (in tokens) that the lookup copies after (1..4)
-    # the rivals (greedy; docs/rivals.md): each field is read by its method only
-    tau_lossy: float = 0.6       # lossy: keep x~ when p(x~) >= tau_lossy * p(top-1), in (0, 1] (CSD's baseline: 0.6)
-    topk: int = 15               # topk: x~ among the target's top k, >= 1 (TensorRT-LLM's example 15; its default 1)
-    delta: float = 0.5           # topk: and p(x~) >= p(top-1) - delta, >= 0 (the example 0.5; the default 0)
-    posterior_threshold: float = 0.09  # typical: keep x~ when p(x~) > min(this, alpha exp(-H)), in (0, 1] (vLLM: 0.09)
-    posterior_alpha: float = 0.3  # typical: alpha, > 0 (vLLM and Medusa: 0.3)
-    win_len: int = 6             # fly: a mismatch is forgiven iff the next win_len - 1 draft tokens match, 2..32 (6)
-    entropy_thre: float = 0.3    # fly: and the target's top-3 entropy there is >= this, >= 0 (<= 0.01: no gate) (0.3)
     score_all: bool = False      # compute every rival's scores on each block so the what-if can replay any rule (app)
 
     @property
@@ -102,10 +150,7 @@ class CSDConfig:
     @property
     def relax(self) -> Relax | None:
         """The rival's relaxed rule of this method, None for ar, sd, csd and the ablations."""
-        if self.method not in RIVALS:
-            return None
-        return Relax(self.method, log_tau(self.tau_lossy), self.topk, self.delta, self.posterior_threshold,
-                     self.posterior_alpha, self.win_len, self.entropy_thre)
+        return self.relaxed(self.method) if self.method in RIVALS else None
 
     def rule(self, special=()) -> Rescue:
         """The run's rule for ``csd.rule.decide``: CSD's modules, or the rival's relaxed rule."""
@@ -155,28 +200,11 @@ class CSDConfig:
             raise ConfigError(f"lookup_ngram must be an integer in 1..{LOOKUP_NGRAM_MAX}, got {self.lookup_ngram!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        self._validate_rivals()
-        return self
-
-    def _validate_rivals(self) -> None:
-        if not _finite(self.tau_lossy) or not 0 < self.tau_lossy <= 1:
-            raise ConfigError(f"tau_lossy (the lossy rule's tau) must be in (0, 1], got {self.tau_lossy!r}")
-        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
-            raise ConfigError(f"topk (the topk rule's k) must be an integer >= 1, got {self.topk!r}")
-        if not _finite(self.delta) or self.delta < 0:
-            raise ConfigError(f"delta (the topk rule's probability gap) must be >= 0, got {self.delta!r}")
-        if not _finite(self.posterior_threshold) or not 0 < self.posterior_threshold <= 1:
-            raise ConfigError(f"posterior_threshold (the typical rule's) must be in (0, 1], got {self.posterior_threshold!r}")
-        if not _finite(self.posterior_alpha) or self.posterior_alpha <= 0:
-            raise ConfigError(f"posterior_alpha (the typical rule's alpha) must be > 0, got {self.posterior_alpha!r}")
-        if isinstance(self.win_len, bool) or not isinstance(self.win_len, int) \
-                or not 2 <= self.win_len <= GAMMA_RANGE[1]:
-            raise ConfigError(f"win_len (FLy's window) must be an integer in 2..{GAMMA_RANGE[1]}, got {self.win_len!r}")
-        if not _finite(self.entropy_thre) or self.entropy_thre < 0:
-            raise ConfigError(f"entropy_thre (FLy's entropy gate) must be >= 0, got {self.entropy_thre!r}")
+        self.check_rivals()
         if self.method in RIVALS and self.temperature > 0:
             raise ConfigError(f"{self.method} is a greedy rule here (as TensorRT-LLM's relaxed acceptance and the "
                               f"rivals' published settings): use temperature 0, or sd / csd to sample")
+        return self
 
     def run_fields(self) -> dict:
         """The parameters a stored run records (gamma "auto" is stored as 0)."""

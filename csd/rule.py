@@ -132,15 +132,16 @@ def fly_keeps(index, block_len, after, top3_entropy, win_len: int, entropy_thre:
 
 @dataclass(frozen=True)
 class Relax:
-    """A rival's relaxed acceptance rule and its parameters (greedy: ``csd.config`` refuses sampling)."""
-    method: str                       # one of RIVALS
-    log_tau: float = math.log(0.6)    # lossy: log tau_lossy
-    k: int = 15                       # topk: the target's top k
-    delta: float = 0.5                # topk: the probability gap to the top-1
-    threshold: float = 0.09           # typical: posterior_threshold
-    alpha: float = 0.3                # typical: posterior_alpha
-    win_len: int = 6                  # fly: the deferred window
-    entropy_thre: float = 0.3         # fly: the top-3 entropy gate
+    """A rival's relaxed acceptance rule and its parameters (greedy: ``csd.config`` refuses sampling); built by
+    ``csd.config.Rivals.relaxed``, which holds the defaults and the ranges."""
+    method: str           # one of RIVALS
+    log_tau: float        # lossy: log tau_lossy
+    k: int                # topk: the target's top k
+    delta: float          # topk: the probability gap to the top-1
+    threshold: float      # typical: posterior_threshold
+    alpha: float          # typical: posterior_alpha
+    win_len: int          # fly: the deferred window
+    entropy_thre: float   # fly: the top-3 entropy gate
 
     @property
     def needs(self) -> frozenset[str]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from csd.config import ConfigError, CSDConfig
+from csd.config import ConfigError, CSDConfig, Rivals
 from csd.events import (
     ACCEPTED,
     REJECTED,
@@ -26,7 +26,6 @@ from csd.rule import (
     ENTROPY,
     RANK,
     TOP3_ENTROPY,
-    Relax,
     Rescue,
     fly_keeps,
     lossy_keeps,
@@ -226,7 +225,7 @@ def test_score_block_carries_only_what_the_rule_reads():
 
 
 def test_keeps_logged_is_the_rule_on_arrays():
-    lossy = Rescue.of(False, False, 6, 0.01, relax=Relax("lossy", math.log(0.6)))
+    lossy = Rescue.of(False, False, 6, 0.01, relax=Rivals().relaxed("lossy"))
     gap = np.array([-0.1, -1.0, np.nan])
     assert lossy.keeps_logged(gap=gap).tolist() == [True, False, False]
     assert lossy.keeps_logged(gap=None) is False                 # not logged: never kept
