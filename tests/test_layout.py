@@ -1,6 +1,7 @@
 """The one-way layers: ui -> cli -> (csd, db, bench); the engine never loads the store, the UI or the
 plotting stack, the store never loads torch. Checked in fresh interpreters (what an import really
-pulls in) and on the sources (what a lazy import inside a function would pull in later)."""
+pulls in) and on the sources (what a lazy import inside a function would pull in later). Every
+import uses the installed names (``csd.db``, ``csd.ui``, ...): the wheel has no top-level ``db``."""
 import ast
 import json
 import re
@@ -11,11 +12,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the installed packages and the checkout folder each lives in (csd/__init__.py joins them in a checkout)
+PACKAGES = {"csd": "csd", "csd.db": "db", "csd.ui": "ui", "csd.cli": "cli", "csd.bench": "bench",
+            "csd.evaluation": "evaluation"}
+BARE = {"ui", "db", "cli", "bench", "evaluation", "tools"}     # checkout folders, never top-level imports
+SKIP = {".git", ".venv", "node_modules"}
 
+# walks the package's own folder only: in a checkout csd.__path__ also holds the repository root
 PROBE = """
 import importlib, json, pkgutil, sys
 pkg = importlib.import_module({pkg!r})
-for m in pkgutil.walk_packages(pkg.__path__, {pkg!r} + "."):
+for m in pkgutil.walk_packages(pkg.__path__[:1], {pkg!r} + "."):
     if m.name.split(".")[-1] != "__main__" and ".migrations" not in m.name:
         importlib.import_module(m.name)
 print(json.dumps(sorted(n for n in {forbidden!r} if n in sys.modules)))
@@ -31,42 +38,84 @@ def loaded(pkg: str, forbidden: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.slow            # fresh interpreters importing torch: about 6 s each
 def test_importing_the_engine_loads_no_store_ui_or_plotting():
-    assert loaded("csd", ("sqlalchemy", "alembic", "gradio", "plotly", "ui", "db", "bench", "cli")) == []
+    assert loaded("csd", ("sqlalchemy", "alembic", "gradio", "plotly", "csd.ui", "csd.db", "csd.bench",
+                          "csd.cli", *BARE)) == []
 
 
 @pytest.mark.slow
 def test_importing_the_store_loads_no_torch_and_no_ui():
-    assert loaded("db", ("torch", "transformers", "gradio", "plotly", "ui", "bench", "cli")) == []
+    assert loaded("csd.db", ("torch", "transformers", "gradio", "plotly", "csd.ui", "csd.bench", "csd.cli",
+                             *BARE)) == []
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level names of every import in a file, the ones inside functions included."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names of every absolute import in a file, the ones inside functions included
+    (``from a.b import c`` gives ``a.b`` and ``a.b.c``: c may be a module)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
+            names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
-@pytest.mark.parametrize("package, never", [
-    ("csd", {"db", "ui", "bench", "cli", "sqlalchemy", "alembic", "gradio", "plotly"}),
-    ("db", {"ui", "bench", "cli", "torch", "transformers", "gradio", "plotly"}),
-    ("bench", {"ui", "cli", "gradio"}),
-])
-def test_no_source_file_imports_against_the_layers(package, never):
+def hits(names: set[str], never: set[str]) -> list[str]:
+    """The names that are, or lie inside, one of ``never``."""
+    return sorted(n for n in names if any(n == x or n.startswith(x + ".") for x in never))
+
+
+def offenders(files, never: set[str]) -> dict:
+    found = {str(p.relative_to(ROOT)): hits(imported_modules(p), never) for p in files}
+    return {k: v for k, v in found.items() if v}
+
+
+def package_files(package: str) -> list[Path]:
     # csd/__main__.py is the `python -m csd` entry point: it hands over to the command line, and no
     # engine module imports it
-    offenders = {str(p.relative_to(ROOT)): sorted(imported_packages(p) & never)
-                 for p in (ROOT / package).rglob("*.py") if p.relative_to(ROOT) != Path("csd/__main__.py")}
-    assert {k: v for k, v in offenders.items() if v} == {}
+    return [p for p in (ROOT / PACKAGES[package]).rglob("*.py") if p.relative_to(ROOT) != Path("csd/__main__.py")]
+
+
+def installed_files() -> list[Path]:
+    return [p for pkg in PACKAGES for p in (ROOT / PACKAGES[pkg]).rglob("*.py")] + [ROOT / "csd_app.py"]
+
+
+@pytest.mark.parametrize("package, never", [
+    ("csd", {"csd.db", "csd.ui", "csd.bench", "csd.cli", "sqlalchemy", "alembic", "gradio", "plotly"}),
+    ("csd.db", {"csd.ui", "csd.bench", "csd.cli", "torch", "transformers", "gradio", "plotly"}),
+    ("csd.bench", {"csd.ui", "csd.cli", "gradio"}),
+])
+def test_no_source_file_imports_against_the_layers(package, never):
+    assert offenders(package_files(package), never) == {}
+
+
+def test_nothing_imports_a_checkout_folder_by_its_bare_name():
+    """``import ui`` / ``from db...`` work only in a checkout; the wheel installs them inside csd. Only the
+    tests (and the one-off scripts beside them) may import ``tools``, which is never installed."""
+    files = [p for p in ROOT.rglob("*.py") if not SKIP & set(p.relative_to(ROOT).parts)]
+    script = {"tests", "tools", "docs"}          # checkout-only code: runs from the repository root
+    assert offenders((p for p in files if p.relative_to(ROOT).parts[0] in script), BARE - {"tools"}) == {}
+    assert offenders((p for p in files if p.relative_to(ROOT).parts[0] not in script), BARE) == {}
+
+
+def test_installed_packages_never_import_tools():
+    assert offenders(installed_files(), {"tools"}) == {}
+
+
+def test_the_source_checks_can_fail(tmp_path):
+    """The checks above see a bare import, a lazy one inside a function, and a ``from csd import ui``."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    import ui.app\n    from db.store import Store\nfrom csd import ui\n",
+                   encoding="utf-8")
+    assert hits(imported_modules(bad), BARE) == ["db.store", "db.store.Store", "ui.app"]
+    assert hits(imported_modules(bad), {"csd.ui"}) == ["csd.ui"]
 
 
 @pytest.mark.slow
 def test_the_probe_can_fail():
     """The fresh-interpreter probe sees what a package pulls in (here: the UI loads gradio)."""
-    assert "gradio" in loaded("ui", ("gradio",))
+    assert "gradio" in loaded("csd.ui", ("gradio",))
 
 
 def test_no_file_over_500_lines_and_a_short_readme():
