@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# Run.status values.
+# RunRow.status values.
 RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"
 RUN_STATUSES = (RUNNING, FINISHED, CANCELLED, FAILED)
 
@@ -38,7 +38,8 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), dict: JSON, float: Float(53)}
 
 
-class Run(Base):
+class RunRow(Base):
+    """One stored run (a generation, a calibration, a benchmark item); ``csd.decode.Run`` is the live one."""
     __tablename__ = "runs"
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -68,7 +69,10 @@ class Run(Base):
     draft_repr: Mapped[str | None] = mapped_column(String(32))
 
     def __repr__(self) -> str:
-        return f"Run(id={self.id}, kind={self.kind!r}, method={self.method!r}, status={self.status!r})"
+        return f"RunRow(id={self.id}, kind={self.kind!r}, method={self.method!r}, status={self.status!r})"
+
+
+Run = RunRow     # the old name, still imported by tools/ and tests/test_bench.py
 
 
 class TokenEventRow(Base):

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, insert, make_url, select, update
+from sqlalchemy import Engine, create_engine, event, insert, make_url, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from csd.db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, Run, TokenEventRow, utcnow
+from csd.db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, RunRow, TokenEventRow, utcnow
 from csd.events import OUTPUT_STATUSES, STOP_CANCELLED, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 
@@ -33,11 +33,18 @@ ENV_URL = "CSD_DB_URL"
 MIGRATIONS = Path(__file__).with_name("migrations")
 CONTEXT_CHARS = 40            # output text kept before each token as its context
 SQLITE_BUSY_MS = 30_000       # how long a SQLite writer waits for the write lock
-_RUN_FIELDS = frozenset(Run.__table__.columns.keys()) - {"id"}
+_RUN_FIELDS = frozenset(RunRow.__table__.columns.keys()) - {"id"}
 
 
 class StoreError(RuntimeError):
     """The store could not write what it was given (the message says what is lost)."""
+
+
+def run_fields(pair, cfg=None, **fields) -> dict:
+    """The columns of a stored run of ``pair`` (a ``csd.pair.ModelPair``): the models and their
+    representations, then ``cfg``'s parameters (a ``csd.config.CSDConfig``, if given), then ``fields``."""
+    return {**pair.run_fields(), "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype or None,
+            **(cfg.run_fields() if cfg is not None else {}), **fields}
 
 
 def default_url() -> str:
@@ -177,13 +184,13 @@ class Store:
 
     # -- runs ------------------------------------------------------------------------------
     def start_run(self, **fields) -> int:
-        """Record a new run (status running); ``fields`` are Run columns. Returns its id."""
+        """Record a new run (status running); ``fields`` are RunRow columns (``run_fields``). Returns its id."""
         unknown = set(fields) - _RUN_FIELDS
         if unknown:
             raise TypeError(f"unknown run fields: {sorted(unknown)}")
         values = {k: _clean(v) if isinstance(v, str) else v for k, v in fields.items()}
         with self._write_engine.begin() as conn:
-            return conn.execute(insert(Run).values(**values)).inserted_primary_key[0]
+            return conn.execute(insert(RunRow).values(**values)).inserted_primary_key[0]
 
     def finish_run(self, run_id: int, output_text: str | None = None, metrics=None,
                    status: str = FINISHED, error: str | None = None) -> None:
@@ -193,20 +200,20 @@ class Store:
         if metrics is not None:   # the database border: typed metrics become JSON here
             values["metrics"] = metrics.to_dict() if isinstance(metrics, RunMetrics) else dict(metrics)
         with self._write_engine.begin() as conn:
-            conn.execute(update(Run).where(Run.id == run_id).values(**values))
+            conn.execute(update(RunRow).where(RunRow.id == run_id).values(**values))
 
-    def get_run(self, run_id: int) -> Run | None:
+    def get_run(self, run_id: int) -> RunRow | None:
         with self.session() as s:
-            return s.get(Run, run_id)
+            return s.get(RunRow, run_id)
 
     def recorder(self, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
                  on_commit: Callable[[int], None] | None = None) -> RunRecorder:
         return RunRecorder(self, run_id, batch_size, flush_interval, on_commit)
 
     def record(self, **fields) -> RunRecorder:
-        """Start a run (``fields``: Run columns) and return its recorder, meant for a ``with`` block::
+        """Start a run (``fields``: RunRow columns) and return its recorder, meant for a ``with`` block::
 
-            with store.record(kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=p) as rec:
+            with store.record(**run_fields(pair, cfg, kind="generate", prompt=p)) as rec:
                 for ev in run:
                     rec.add(ev)
                 rec.result(run.text, run.metrics)
@@ -222,20 +229,6 @@ class Store:
             return conn.execute(insert(MemorySnapshot).values(
                 run_id=run_id, pair_id=_clean(memory.pair_id), label=_clean(label), n_patterns=len(memory),
                 total=memory.total, counts=memory.to_dict())).inserted_primary_key[0]
-
-    def load_memory(self, snapshot_id: int, expected_pair: str | None = None) -> CorrectionMemory:
-        with self.session() as s:
-            counts = s.scalar(select(MemorySnapshot.counts).where(MemorySnapshot.id == snapshot_id))
-        if counts is None:
-            raise KeyError(f"no memory snapshot {snapshot_id}")
-        return CorrectionMemory.from_dict(counts, expected_pair)
-
-    def memory_snapshots(self, pair_id: str | None = None) -> list[MemorySnapshot]:
-        q = select(MemorySnapshot).order_by(MemorySnapshot.id.desc())
-        if pair_id is not None:
-            q = q.where(MemorySnapshot.pair_id == pair_id)
-        with self.session() as s:
-            return list(s.scalars(q))
 
 
 class RunRecorder:
@@ -311,13 +304,12 @@ class RunRecorder:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._finished:
             return False
+        text, metrics, status = self._result or (None, None, FINISHED)
         if exc_type is None:
-            self.finish(*(self._result or (None, None, FINISHED)))
+            self.finish(text, metrics, status)
         elif issubclass(exc_type, (GeneratorExit, KeyboardInterrupt)):
-            text, metrics, _ = self._result or (None, None, None)
             self.finish(text, metrics, status=CANCELLED)
         else:
-            text, metrics, _ = self._result or (None, None, None)
             self.finish(text, metrics, status=FAILED,
                         error="".join(traceback.format_exception_only(exc_type, exc)).strip())
         return False

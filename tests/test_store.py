@@ -14,14 +14,16 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import make_url
 from store_fixtures import ev, record, stored
 
+from csd.config import CSDConfig
 from csd.db import analytics as A
-from csd.db.models import CANCELLED, FAILED, FINISHED, RUNNING
-from csd.db.store import CONTEXT_CHARS, Store
+from csd.db.models import CANCELLED, FAILED, FINISHED, RUNNING, MemorySnapshot
+from csd.db.store import CONTEXT_CHARS, Store, run_fields
 from csd.events import ACCEPTED, CORRECTED, REJECTED, RESCUED, RULE_MATCH, RULE_RESCUE, RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 
@@ -216,13 +218,23 @@ def test_memory_snapshot_round_trip(store):
     mem = CorrectionMemory("draft->target", {(1, 2): 7, (3, 4): 2}, {"note": "é"})
     run_id = store.start_run(kind="calibrate", pair_id=mem.pair_id)
     snap = store.save_memory(mem, run_id=run_id, label="calibration")
-    back = store.load_memory(snap)
+    with store.session() as s:
+        row = s.get(MemorySnapshot, snap)
+    back = CorrectionMemory.from_dict(row.counts, mem.pair_id)
     assert back.to_dict() == mem.to_dict()
     assert back.pair_id == mem.pair_id and back.count(1, 2) == 7
-    [s] = store.memory_snapshots(mem.pair_id)
-    assert (s.n_patterns, s.total, s.run_id, s.label) == (2, 9, run_id, "calibration")
-    with pytest.raises(KeyError):
-        store.load_memory(snap + 1)
+    assert (row.pair_id, row.n_patterns, row.total, row.run_id, row.label) == (mem.pair_id, 2, 9, run_id, "calibration")
+
+
+def test_run_fields_are_the_pair_then_the_config_then_the_caller(store):
+    pair = SimpleNamespace(run_fields=lambda: {"pair_id": "d->t", "draft_name": "d", "target_name": "t"},
+                           target_repr="int8", draft_dtype="")
+    fields = run_fields(pair, CSDConfig(method="csd", gamma=4, lam=3.0), kind="generate", prompt="p", tau=0.5)
+    run = store.get_run(store.start_run(**fields))
+    assert (run.kind, run.pair_id, run.draft_name, run.target_name, run.target_repr, run.draft_repr) == \
+        ("generate", "d->t", "d", "t", "int8", None)                      # no draft: no draft representation
+    assert (run.method, run.gamma, run.lam, run.tau, run.prompt) == ("csd", 4, 3.0, 0.5, "p")
+    assert run_fields(pair)["target_repr"] == "int8" and "method" not in run_fields(pair)   # no config: no parameters
 
 
 def test_start_run_refuses_unknown_fields(store):

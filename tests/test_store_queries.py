@@ -19,7 +19,7 @@ from store_fixtures import ev, record, stored
 from csd.db import analytics as A
 from csd.db.analytics import Filter
 from csd.db.cli import add_runs_parser
-from csd.db.models import Base, Run, TokenEventRow
+from csd.db.models import Base, MemorySnapshot, RunRow, TokenEventRow
 from csd.db.store import ENV_URL, Store, alembic_config, resolve_url
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_RESCUE, TokenEvent
 from csd.memory import CorrectionMemory
@@ -315,7 +315,8 @@ def test_deleting_a_run_deletes_its_events(store):
     run_id = record(store, [ev(i) for i in range(5)])
     snap = store.save_memory(CorrectionMemory("p"), run_id=run_id)
     with store.write_session() as s, s.begin():
-        s.delete(s.get(Run, run_id))
+        s.delete(s.get(RunRow, run_id))
     with store.session() as s:
         assert s.scalar(select(TokenEventRow.id).where(TokenEventRow.run_id == run_id)) is None
-    assert store.load_memory(snap).pair_id == "p"
+        row = s.get(MemorySnapshot, snap)
+    assert (row.pair_id, row.run_id) == ("p", None)          # the snapshot outlives its run
