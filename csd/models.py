@@ -1,6 +1,6 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair.
 
-``load_pair`` puts the pieces together: the shipped pair made loadable (``csd.embedded``), an int8
+``load_pair`` puts the pieces together, as a ``LoadOptions`` record says: the shipped pair made loadable (``csd.embedded``), an int8
 model converted once and mapped from the cache (``csd.convert``), a float one loaded by transformers
 and built (``csd.quant``), the decode paths (``csd.lm``), and the result, a ``csd.pair.ModelPair``.
 It imports them; none of them imports it.
@@ -8,8 +8,9 @@ It imports them; none of them imports it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -248,206 +249,265 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
     data = read_json(DRAFT_VOCAB_FILE)
     ids = [int(i) for i in data["ids"]]
     n = data.get("default", len(ids)) if choice == "auto" else int(choice)
-    if not 1 <= n:
-        raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {choice!r}")
     keep = list(dict.fromkeys(ids[:n] + sorted(special_ids)))
     return torch.tensor(sorted(i for i in keep if i < vocab_size), dtype=torch.long)
 
 
-def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, dtype: str | torch.dtype | None = "auto",
-              device: str | None = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
-              progress: Progress | None = None, load_draft: bool = True, draft_dtype: str = "auto",
-              draft_impl: str = "auto", draft_vocab: str | int = "auto", target_impl: str = "auto",
-              int8_smoothing: bool = True, int8_activations: str = INT8_ACTIVATIONS_DEFAULT,
-              check=None, engine: str = "auto", static_capacity: int = DEFAULT_CAPACITY) -> ModelPair:
-    """Load a draft/target pair sharing one tokenizer. ``draft=None`` loads the target alone (AR only).
+SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"
 
-    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or ``auto``: int8 on the CPU (the
-    fastest of torch's representations on every CPU measured, by 3-6x a verify pass: docs/models.md),
-    bfloat16 (or float16) on CUDA. ``draft_dtype``: "same", a float dtype, "int8" (CPU), or "auto" (int8 on
-    the CPU, the target's dtype elsewhere). ``draft_impl``: "lean" (``csd.lm.LeanLM``, Llama-family
-    drafts), "hf", or "auto" (lean where it can). ``draft_vocab``: see ``draft_vocab_ids``. The draft only
-    proposes, so in SD its dtype, path and vocabulary change the speed, never the output.
 
-    ``target_impl``: the target's forward pass in the decode loop: "hf" (transformers' own code),
-    "lean" (``csd.lm.LeanLM``), or "auto": lean for an int8 target that it can run (or the static
-    engine), transformers otherwise.
+@dataclass(frozen=True)
+class LoadOptions:
+    """How ``load_pair`` loads a pair: the model flags of the command line and the app.
 
-    An int8 model on the lean path is converted once (``csd.convert``: int8 rows and scales, smoothed
-    first for a target with ``int8_smoothing``, a draft's reduced output layer) and later mapped from the
-    cache: no float copy and no transformers model is held. Its transformers model, which calibration
-    and transformers' assisted generation call, is built when they first ask for it
-    (``ModelPair.hf_target``). ``int8_activations``: an int8 target scales its activations per token
-    ("row": greedy SD writes AR's answer) or per pass ("pass"); both run on the same weights and the
-    pair switches between them in place.
+    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or "auto": int8 on the CPU (the
+    fastest there, by 3-6x a verify pass: docs/models.md), bfloat16 (or float16) on CUDA.
+    ``draft_dtype``: "same", a float dtype, "int8" (CPU) or "auto" (int8 on the CPU, the target's
+    elsewhere). ``draft_impl``, ``target_impl``: "lean" (``csd.lm.LeanLM``, Llama-family), "hf"
+    (transformers) or "auto": lean where it can (for the target: where it is int8 or the engine static).
+    ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes: its dtype, path and vocabulary
+    change SD's speed, never its output. ``int8_smoothing``: SmoothQuant an int8 target first;
+    ``int8_activations``: its activation scales per token ("row": greedy SD writes AR's answer) or per
+    pass ("pass"), switched in place. ``engine``: "static" runs both lean models at fixed shapes on KV
+    caches of ``static_capacity`` tokens, a CUDA graph per pass shape captured at load (``csd.static``);
+    "compiled" the same after torch.compile; "eager"; or "auto": static on CUDA (eager where it fails),
+    eager on the CPU."""
+    dtype: str | torch.dtype | None = "auto"
+    device: str | torch.device | None = "auto"
+    device_map: str | dict | None = None
+    trust_remote_code: bool = False
+    load_draft: bool = True
+    draft_dtype: str = "auto"
+    draft_impl: str = "auto"
+    draft_vocab: str | int = "auto"
+    target_impl: str = "auto"
+    int8_smoothing: bool = True
+    int8_activations: str = INT8_ACTIVATIONS_DEFAULT
+    engine: str = "auto"
+    static_capacity: int = DEFAULT_CAPACITY
+    fallback: bool = False      # set by ``validated``: the engine is auto's choice, eager where it fails
 
-    ``check(tokenizer, context_limit)``: called once the tokenizers are loaded and before any model
-    is, so that a request the pair cannot serve (a prompt over the context) is refused in seconds,
-    not after the load; it raises to refuse.
+    @property
+    def static(self) -> bool:
+        return self.engine in STATIC_ENGINES
 
-    ``engine``: "static" runs both lean models at fixed shapes on KV caches of ``static_capacity``
-    tokens, with one CUDA graph per pass shape captured here at load on CUDA (``csd.static``);
-    "eager" the paths above; "auto": static on CUDA, eager on the CPU."""
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return torch.float32 if self.dtype == "int8" else DTYPES[self.dtype]
+
+    def validated(self) -> LoadOptions:
+        """These options checked before anything loads (ModelLoadError names the first that cannot run),
+        with the device, engine, dtype and draft dtype resolved."""
+        dev = resolve_device(self.device)
+        if self.engine not in ENGINES:
+            raise ModelLoadError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
+        engine = auto_engine(dev, self.device_map) if self.engine == "auto" else self.engine
+        if engine in STATIC_ENGINES and (self.device_map is not None or int(self.static_capacity) < 64):
+            raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
+                                 if self.device_map is None else "the static engine runs on one device (no --device-map)")
+        if self.dtype in (None, "auto"):
+            dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" else "int8"
+        else:
+            dtype = check_repr(self.dtype, dev)
+        for value, choices, what in ((self.draft_dtype, DRAFT_DTYPES, "draft dtype"),
+                                     (self.draft_impl, DRAFT_IMPLS, "draft implementation"),
+                                     (self.target_impl, TARGET_IMPLS, "target implementation")):
+            if value not in choices:
+                raise ModelLoadError(f"unknown {what} {value!r}; choose {', '.join(choices)}")
+        if not (self.draft_vocab in ("auto", "full") or (str(self.draft_vocab).isdigit() and int(self.draft_vocab) > 0)):
+            raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {self.draft_vocab!r}")
+        if self.int8_activations not in INT8_ACTIVATIONS:
+            raise ModelLoadError(f"int8 activations {self.int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
+        draft_dtype = ("int8" if dev.type == "cpu" else "same") if self.draft_dtype == "auto" else self.draft_dtype
+        if draft_dtype == "int8" and dev.type != "cpu":
+            raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
+        return replace(self, device=dev, engine=engine, dtype=dtype, draft_dtype=draft_dtype,
+                       fallback=self.fallback or self.engine == "auto")
+
+    def for_target(self, name: str, config) -> LoadOptions:
+        """With ``target_impl`` resolved for the target's config; ModelLoadError where the options ask
+        for a path that cannot run it."""
+        why = lean_supported(config) or (self.device_map is not None and "a device_map (the lean path runs on one device)")
+        if self.target_impl == "lean" and why:
+            raise ModelLoadError(f"--target-impl lean cannot run {name!r}: {why}")
+        if self.static and why:
+            raise ModelLoadError(f"the static engine cannot run {name!r}: {why} (use --engine eager)")
+        impl = self.target_impl
+        if impl == "auto":
+            impl = "lean" if (self.dtype == "int8" or self.static) and not why else "hf"
+        if self.static and impl != "lean":
+            raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
+        if self.int8_activations == "row" and self.dtype == "int8" and impl != "lean":
+            raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
+        return replace(self, target_impl=impl)
+
+
+@dataclass
+class Loaded:
+    """One model as loaded: the decode loop's path (``lm``), its transformers model (None where
+    ``loader`` builds it when first asked), its representation and how it was smoothed."""
+    lm: object = None
+    model: torch.nn.Module | None = None
+    loader: Callable[[], torch.nn.Module] | None = None
+    repr: str = ""
+    smoothing: str = ""
+
+
+def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, options: LoadOptions | None = None,
+              progress: Progress | None = None, check=None, **fields) -> ModelPair:
+    """Load a draft/target pair sharing one tokenizer (``draft=None``: the target alone, AR only) as
+    ``options`` say, or the ``LoadOptions`` fields given as keywords.
+
+    An int8 model on the lean path is converted once (``csd.convert``) and later mapped from the cache:
+    no float copy and no transformers model is held; ``ModelPair.hf_target`` builds that when
+    calibration or transformers' assisted generation first asks. ``check(tokenizer, context_limit)``
+    runs once the tokenizers are loaded and before any model is, so that a request the pair cannot
+    serve (a prompt over the context) is refused in seconds; it raises to refuse."""
+    o = (options or LoadOptions(**fields)).validated()
+    t_ref = resolve(target, "target", progress, o.trust_remote_code)
+    d_ref = resolve(draft, "draft", progress, o.trust_remote_code) if draft is not None and o.load_draft else None
+    tok = load_tokenizer(t_ref, d_ref, o.trust_remote_code)
+    t_config = t_ref.config()
+    if check is not None:
+        check(tok, context_limit(t_config))
+    o = o.for_target(t_ref.disp, t_config)
+    eos_ids = end_tokens(tok, t_ref.path)
+    special = special_token_ids(tok, eos_ids)
+    embedded = t_ref.disp == EMBEDDED["target"].name and (d_ref is None or d_ref.disp == EMBEDDED["draft"].name)
+    pair_id = EMBEDDED_PAIR_ID if embedded else f"{d_ref.disp if d_ref else None}->{t_ref.disp}"
+    t = load_target(t_ref, t_config, tok, o, progress)
+    d = load_draft(d_ref, t_config, tok, (pair_id, special), o, progress) if d_ref is not None else Loaded()
+    release_memory()            # the float weights that quantising replaced
+    if o.static:
+        t.lm, d.lm = static_engine(t.lm, d.lm, d_ref, o, progress)
+    mem = memory_gib(o.device)
+    if progress:
+        progress(f"models ready: {mem} GiB {'on the GPU' if o.device.type == 'cuda' else 'resident'}", 1.0)
+    return ModelPair(d.model, t.model, tok, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
+                     t.lm.device if o.device_map is None else o.device, o.act_dtype, eos_ids,
+                     context_limit(t_config), draft_dtype=d.repr, target_repr=o.dtype, special_ids=special,
+                     target_lm=t.lm, draft_lm=d.lm, target_smoothing=t.smoothing,
+                     int8_activations=o.int8_activations if o.dtype == "int8" else "", memory_gib=mem,
+                     target_loader=t.loader, draft_loader=d.loader)
+
+
+def load_tokenizer(t_ref: ModelRef, d_ref: ModelRef | None, trust_remote_code: bool):
+    """The target's tokenizer, refused where the draft's maps text to other ids."""
     from transformers import AutoTokenizer
-
-    dev = resolve_device(device)
-    if engine not in ENGINES:
-        raise ModelLoadError(f"unknown engine {engine!r}; choose {', '.join(ENGINES)}")
-    auto = engine == "auto"
-    if auto:
-        engine = auto_engine(dev, device_map)
-    if engine in STATIC_ENGINES and (device_map is not None or int(static_capacity) < 64):
-        raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
-                             if device_map is None else "the static engine runs on one device (no --device-map)")
-    if dtype in (None, "auto"):
-        target_repr = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" else "int8"
-    else:
-        target_repr = check_repr(dtype, dev)
-    if draft_dtype not in DRAFT_DTYPES:
-        raise ModelLoadError(f"unknown draft dtype {draft_dtype!r}; choose {', '.join(DRAFT_DTYPES)}")
-    if draft_impl not in DRAFT_IMPLS:
-        raise ModelLoadError(f"unknown draft implementation {draft_impl!r}; choose {', '.join(DRAFT_IMPLS)}")
-    if target_impl not in TARGET_IMPLS:
-        raise ModelLoadError(f"unknown target implementation {target_impl!r}; choose {', '.join(TARGET_IMPLS)}")
-    if not (draft_vocab in ("auto", "full") or (str(draft_vocab).isdigit() and int(draft_vocab) > 0)):
-        raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {draft_vocab!r}")
-    if int8_activations not in INT8_ACTIVATIONS:       # refused before any load, as the options above
-        raise ModelLoadError(f"int8 activations {int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
-    if draft_dtype == "auto":
-        draft_dtype = "int8" if dev.type == "cpu" else "same"
-    if draft_dtype == "int8" and dev.type != "cpu":
-        raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
-    t_ref = resolve(target, "target", progress, trust_remote_code)
-    d_ref = resolve(draft, "draft", progress, trust_remote_code) if (draft is not None and load_draft) else None
-
     try:
         tok_t = AutoTokenizer.from_pretrained(t_ref.path, trust_remote_code=trust_remote_code)
         tok_d = None if d_ref is None or (d_ref.embedded and t_ref.embedded) else \
             AutoTokenizer.from_pretrained(d_ref.path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load tokenizer: {str(e).splitlines()[0]}") from None
-    if tok_d is not None:       # the shipped pair's two files hold one tokenizer (checked when prepared)
-        diff = compare_tokenizers(tok_d, tok_t)
-        if diff:
-            raise ModelLoadError(f"draft {d_ref.disp!r} and target {t_ref.disp!r} do not share a tokenizer: {diff}")
-    t_config = t_ref.config()
-    if check is not None:
-        check(tok_t, context_limit(t_config))
+    diff = tok_d is not None and compare_tokenizers(tok_d, tok_t)   # the shipped pair's files hold one tokenizer
+    if diff:
+        raise ModelLoadError(f"draft {d_ref.disp!r} and target {t_ref.disp!r} do not share a tokenizer: {diff}")
+    return tok_t
 
-    why_t = lean_supported(t_config) or (device_map is not None and "a device_map (the lean path runs on one device)")
-    if target_impl == "lean" and why_t:
-        raise ModelLoadError(f"--target-impl lean cannot run {t_ref.disp!r}: {why_t}")
-    if engine in STATIC_ENGINES and why_t:
-        raise ModelLoadError(f"the static engine cannot run {t_ref.disp!r}: {why_t} (use --engine eager)")
-    if target_impl == "auto":   # lean for an int8 target (where it is faster) or the static engine, else transformers
-        target_impl = "lean" if (target_repr == "int8" or engine in STATIC_ENGINES) and not why_t else "hf"
-    if engine in STATIC_ENGINES and target_impl != "lean":
-        raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
-    if int8_activations == "row" and target_repr == "int8" and target_impl != "lean":
-        raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
-    act_dtype = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
-    gen_cfg = _generation_config(t_ref.path)
-    eos = getattr(gen_cfg, "eos_token_id", None) or tok_t.eos_token_id
+
+def end_tokens(tok, path: str) -> tuple[int, ...]:
+    """The ids that end an answer: the generation config's, and the tokenizer's own end token."""
+    from transformers import GenerationConfig
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id or tok.eos_token_id
+    except (OSError, ValueError):
+        eos = tok.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-    if tok_t.eos_token_id is not None and tok_t.eos_token_id not in eos_ids:
-        eos_ids = eos_ids + (tok_t.eos_token_id,)
-    special = special_token_ids(tok_t, eos_ids)
-    pair_id = EMBEDDED_PAIR_ID if (t_ref.disp == EMBEDDED["target"].name and
-                                   (d_ref is None or d_ref.disp == EMBEDDED["draft"].name)) \
-        else f"{d_ref.disp if d_ref else None}->{t_ref.disp}"
+    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
+        eos_ids = eos_ids + (tok.eos_token_id,)
+    return eos_ids
 
-    target_model, target_loader, smoothed = None, None, ""
-    if target_repr == "int8" and target_impl == "lean":
-        prompts = smoothing_prompts(tok_t, t_config, t_ref.disp) if int8_smoothing else None
-        key = {"format": FORMAT, "source": t_ref.identity(), "role": "target",
+
+def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
+    """The target: an int8 lean one mapped from the cache (converted first where missing), else the
+    float model, quantised to int8 where asked."""
+    dev = o.device
+    if o.dtype == "int8" and o.target_impl == "lean":
+        prompts = smoothing_prompts(tok, config, ref.disp) if o.int8_smoothing else None
+        key = {"format": FORMAT, "source": ref.identity(), "role": "target",
                "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
-        shipped = shipped_maxima(t_ref.identity(), prompts) if prompts and t_ref.embedded else None
-        target_lm = cached_lean(t_ref.int8_dir(), key, lambda: t_ref.source(progress), t_config,
-                                rows=int8_activations == "row",
-                                name=t_ref.disp, smooth_prompts=prompts, maxima=shipped, progress=progress)
-        smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if prompts else ""
-        maxima = load_maxima(t_ref.int8_dir())
-        target_loader = lambda: to_repr(t_ref.float_model(torch.float32, dev), "int8", maxima=maxima)  # noqa: E731
+        shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
+        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=o.int8_activations == "row",
+                         name=ref.disp, progress=progress, smooth_prompts=prompts, maxima=shipped)
+        maxima = load_maxima(ref.int8_dir())
+        t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, dev), "int8", maxima=maxima),
+                   smoothing=SMOOTHED if prompts else "")
     else:
-        target_model = t_ref.float_model(torch.float32 if target_repr == "int8" else DTYPES[target_repr], dev,
-                                         device_map, progress)
-        if target_repr == "int8":
-            maxima = maxima_for(target_model, t_ref.disp, lambda p: encode_prompt(tok_t, p)) if int8_smoothing \
-                else None
-            smoothed = f"SmoothQuant alpha {smoothing.ALPHA}" if maxima is not None else ""
-            target_model = to_repr(target_model, "int8", maxima=maxima)
-        target_lm = LeanLM(target_model) if target_impl == "lean" else HFLM(target_model)
-    acts = ""
-    if target_repr == "int8":
-        if int8_activations == "row":
-            target_lm.int8_per_row()
-        acts = int8_activations
+        model = ref.float_model(o.act_dtype, dev, o.device_map, progress)
+        maxima = None
+        if o.dtype == "int8":
+            if o.int8_smoothing:
+                maxima = maxima_for(model, ref.disp, lambda p: encode_prompt(tok, p))
+            model = to_repr(model, "int8", maxima=maxima)
+        t = Loaded(LeanLM(model) if o.target_impl == "lean" else HFLM(model), model,
+                   smoothing=SMOOTHED if maxima is not None else "")
+    if o.dtype == "int8" and o.int8_activations == "row":
+        t.lm.int8_per_row()
+    return t
 
-    draft_model, draft_lm, draft_loader, draft_repr = None, None, None, ""
-    if d_ref is not None:
-        d_config = d_ref.config()
-        vd, vt = d_config.vocab_size, t_config.vocab_size
-        rows = shared_rows(vd, vt, len(tok_t))
-        int8 = draft_dtype == "int8"
-        d_dt = act_dtype if draft_dtype == "same" else (torch.float32 if int8 else DTYPES[draft_dtype])
-        draft_repr = "int8" if int8 else str(d_dt).removeprefix("torch.")
-        why = lean_supported(d_config)
-        if draft_impl == "lean" and why:
-            raise ModelLoadError(f"--draft-impl lean cannot run {d_ref.disp!r}: {why}")
-        vocab_ids = draft_vocab_ids(pair_id, tok_t, special, vd, draft_vocab)
-        if rows is not None:        # the draft proposes among the rows both have (its logits map back to ids)
-            vocab_ids = torch.arange(rows) if vocab_ids is None else vocab_ids[vocab_ids < rows]
-            if why or draft_impl == "hf":
-                raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows): only the "
-                                     "lean draft path can propose among the rows they share")
-        lean = draft_impl in ("auto", "lean") and not why
-        if not lean and vocab_ids is not None and draft_vocab != "auto":
-            raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
-        if draft_impl == "auto" and why:
-            log.info("draft %s runs through transformers: %s", d_ref.disp, why)
-        if lean and int8 and dev.type == "cpu":
-            key = {"format": FORMAT, "source": d_ref.identity(), "role": "draft",
-                   "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None}
-            draft_lm = cached_lean(d_ref.int8_dir(), key, lambda: d_ref.source(progress), d_config, rows=False,
-                                   name=d_ref.disp, vocab_ids=vocab_ids, progress=progress)
-            draft_loader = lambda: quantize_int8(d_ref.float_model(torch.float32, dev))  # noqa: E731
-        else:
-            draft_model = d_ref.float_model(d_dt, dev, progress=progress)
-            if progress and lean:
-                progress("building the lean draft path", 0.5)
-            draft_lm = LeanLM(draft_model, vocab_ids=vocab_ids, int8=int8) if lean else None
-            if int8:
-                draft_model = quantize_int8(draft_model)   # for transformers' assisted generation and the hf path
-            if draft_lm is None:
-                draft_lm = HFLM(draft_model)
 
-    release_memory()            # the float weights that quantising replaced
-    if engine in STATIC_ENGINES:
-        if draft_lm is not None and not isinstance(draft_lm, LeanLM):
-            raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
-                                 "use --engine eager)")
-        try:
-            target_lm, draft_lm = static_pair(target_lm, draft_lm, static_capacity, engine == "compiled", progress)
-        except Exception as e:      # noqa: BLE001 - auto falls back to eager on any failure; a chosen engine says why
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            if not auto:
-                raise ModelLoadError(str(e) if isinstance(e, CompileError) else
-                                     f"the {engine} engine failed on {dev} ({type(e).__name__}: {first}); "
-                                     "use --engine eager") from e
-            log.warning("the %s engine (--engine auto's choice on %s) failed: %s: %s; running the eager engine "
-                        "instead (choose it with --engine eager to skip this attempt)", engine, dev, type(e).__name__,
-                        first)
-            if progress:
-                progress(f"the {engine} engine failed ({type(e).__name__}): running the eager engine", 0.95)
-            release_memory()
-    mem = memory_gib(dev if device_map is None else dev)
-    if progress:
-        progress(f"models ready: {mem} GiB {'on the GPU' if dev.type == 'cuda' else 'resident'}", 1.0)
-    return ModelPair(draft_model, target_model, tok_t, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
-                     target_lm.device if device_map is None else dev, act_dtype, eos_ids,
-                     context_limit(t_config), draft_dtype=draft_repr, target_repr=target_repr, special_ids=special,
-                     target_lm=target_lm, draft_lm=draft_lm, target_smoothing=smoothed, int8_activations=acts,
-                     memory_gib=mem, target_loader=target_loader, draft_loader=draft_loader)
+def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progress: Progress | None) -> Loaded:
+    """The draft, on the lean path where it can run (int8 on the CPU: mapped from the cache), proposing
+    among its vocabulary (``draft_vocab_ids``, cut to the rows the target's output layer shares).
+    ``pair``: the pair's id and special token ids."""
+    config = ref.config()
+    vd, vt = config.vocab_size, t_config.vocab_size
+    rows = shared_rows(vd, vt, len(tok))
+    int8 = o.draft_dtype == "int8"
+    dt = o.act_dtype if o.draft_dtype == "same" else (torch.float32 if int8 else DTYPES[o.draft_dtype])
+    why = lean_supported(config)
+    if o.draft_impl == "lean" and why:
+        raise ModelLoadError(f"--draft-impl lean cannot run {ref.disp!r}: {why}")
+    pair_id, special = pair
+    vocab_ids = draft_vocab_ids(pair_id, tok, special, vd, o.draft_vocab)
+    if rows is not None:        # the draft proposes among the rows both have (its logits map back to ids)
+        vocab_ids = torch.arange(rows) if vocab_ids is None else vocab_ids[vocab_ids < rows]
+        if why or o.draft_impl == "hf":
+            raise ModelLoadError(f"draft and target output layers differ in size ({vd} vs {vt} rows): only the "
+                                 "lean draft path can propose among the rows they share")
+    lean = o.draft_impl in ("auto", "lean") and not why
+    if not lean and vocab_ids is not None and o.draft_vocab != "auto":
+        raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
+    if o.draft_impl == "auto" and why:
+        log.info("draft %s runs through transformers: %s", ref.disp, why)
+    d_repr = "int8" if int8 else str(dt).removeprefix("torch.")
+    if lean and int8:           # int8 runs on the CPU only (LoadOptions.validated)
+        key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
+               "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None}
+        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=False, name=ref.disp,
+                         progress=progress, vocab_ids=vocab_ids)
+        return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
+    model = ref.float_model(dt, o.device, progress=progress)
+    if progress and lean:
+        progress("building the lean draft path", 0.5)
+    lm = LeanLM(model, vocab_ids=vocab_ids, int8=int8) if lean else None
+    if int8:
+        model = quantize_int8(model)   # for transformers' assisted generation and the hf path
+    return Loaded(lm if lm is not None else HFLM(model), model, repr=d_repr)
+
+
+def static_engine(target_lm, draft_lm, d_ref: ModelRef | None, o: LoadOptions, progress: Progress | None):
+    """Both lean models on the static engine (``static_pair``). Where that fails: the eager ones when
+    the engine was auto's choice (logged), else ModelLoadError with the reason."""
+    if draft_lm is not None and not isinstance(draft_lm, LeanLM):
+        raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
+                             "use --engine eager)")
+    try:
+        return static_pair(target_lm, draft_lm, o.static_capacity, o.engine == "compiled", progress)
+    except Exception as e:      # noqa: BLE001 - auto falls back to eager on any failure; a chosen engine says why
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        if not o.fallback:
+            raise ModelLoadError(str(e) if isinstance(e, CompileError) else
+                                 f"the {o.engine} engine failed on {o.device} ({type(e).__name__}: {first}); "
+                                 "use --engine eager") from e
+        log.warning("the %s engine (--engine auto's choice on %s) failed: %s: %s; running the eager engine "
+                    "instead (choose it with --engine eager to skip this attempt)", o.engine, o.device,
+                    type(e).__name__, first)
+        if progress:
+            progress(f"the {o.engine} engine failed ({type(e).__name__}): running the eager engine", 0.95)
+        release_memory()
+        return target_lm, draft_lm
 
 
 def smoothing_prompts(tok, config, name: str) -> list[list[int]] | None:
@@ -489,10 +549,3 @@ def check_replay(static, eager, ids=(9, 2, 11, 4)) -> None:
     if gap > 0.05 * float(b.abs().max()) + 1e-3:
         raise RuntimeError(f"its first pass differs from the eager engine's by {gap:.3g} in a logit")
 
-
-def _generation_config(path: str):
-    from transformers import GenerationConfig
-    try:
-        return GenerationConfig.from_pretrained(path)
-    except (OSError, ValueError):
-        return None
