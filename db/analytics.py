@@ -14,20 +14,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from csd.db.models import Run
+from csd.db.models import RunRow as Run
 from csd.db.models import TokenEventRow as E
 from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RELAXED, RESCUED, RULE_SPECIAL, TokenEvent
 from csd.rule import Rescue, log_tau, rescues
 from csd.rule import top_share as _top_share
 
-EVENT_FIELDS = [f.name for f in fields(TokenEvent)]
-ROW_FIELDS = ["run_id", "seq", *EVENT_FIELDS, "context"]   # one exported event
+ROW_FIELDS = ["run_id", "seq", *(f.name for f in fields(TokenEvent)), "context"]   # one exported event
 _COLUMNS = [c for c in ROW_FIELDS if c not in ("draft_top", "target_top")]
 
 
@@ -330,10 +328,6 @@ def _event_dict(row) -> dict:
     return {k: d[k] for k in ROW_FIELDS}
 
 
-def _events_query(f: Filter) -> Select:
-    return f.apply(select(E)).order_by(E.run_id, E.seq)
-
-
 @dataclass(frozen=True)
 class LoggedEvent:
     """A stored token event: the engine's own ``TokenEvent`` and where the store keeps it."""
@@ -345,17 +339,14 @@ class LoggedEvent:
 
 def logged_events(source, f: Filter = ANY, limit: int | None = 100, offset: int = 0) -> list[LoggedEvent]:
     """Events as typed records, in run and decision order (what the app draws and the figures use)."""
-    out = []
-    for d in events(source, f, limit, offset):
-        out.append(LoggedEvent(d["run_id"], d["seq"], d["context"], TokenEvent.from_dict(d)))
-    return out
+    return [LoggedEvent(d["run_id"], d["seq"], d["context"], TokenEvent.from_dict(d))
+            for d in events(source, f, limit, offset)]
 
 
 def events(source, f: Filter = ANY, limit: int | None = 100, offset: int = 0) -> list[dict]:
     """Events as flat dicts (the TokenEvent fields plus run_id, seq and context), in run and decision
     order: the shape of an exported row (CSV, JSON lines). ``logged_events`` gives typed records."""
-    with _session(source) as s:
-        return [_event_dict(r) for r in s.scalars(_events_query(f).limit(limit).offset(offset))]
+    return list(_iter_events(source, f, limit, offset))
 
 
 def count_events(source, f: Filter = ANY) -> int:
@@ -363,44 +354,40 @@ def count_events(source, f: Filter = ANY) -> int:
         return s.scalar(f.apply(select(func.count()).select_from(E)))
 
 
-def _iter_events(source, f: Filter, chunk: int = 2000) -> Iterator[dict]:
+def _iter_events(source, f: Filter, limit: int | None = None, offset: int = 0) -> Iterator[dict]:
+    q = f.apply(select(E)).order_by(E.run_id, E.seq).limit(limit).offset(offset)
     with _session(source) as s:
-        for r in s.scalars(_events_query(f).execution_options(yield_per=chunk)):
+        for r in s.scalars(q.execution_options(yield_per=2000)):
             yield _event_dict(r)
 
 
-@contextmanager
-def _text_out(file) -> Iterator[IO[str]]:
-    if isinstance(file, (str, Path)):
-        with open(file, "w", newline="", encoding="utf-8") as fh:
-            yield fh
-    else:
-        yield file
+def _export(source, f: Filter, file, as_csv: bool) -> int:
+    """The filter's events to a path or an open text file, as CSV or JSON lines; returns how many."""
+    n = 0
+    opened = open(file, "w", newline="", encoding="utf-8") if isinstance(file, (str, Path)) else nullcontext(file)
+    with opened as fh:
+        w = csv.DictWriter(fh, ROW_FIELDS) if as_csv else None
+        if w is not None:
+            w.writeheader()
+        for d in _iter_events(source, f):
+            n += 1
+            if w is None:
+                fh.write(json.dumps(d, ensure_ascii=False) + "\n")
+            else:   # the top-k lists as JSON in their cells
+                w.writerow(d | {k: "" if d[k] is None else json.dumps(d[k], ensure_ascii=False)
+                                for k in ("draft_top", "target_top")})
+    return n
 
 
 def export_csv(source, f: Filter, file) -> int:
     """Write the filter's events as CSV (draft_top / target_top as JSON) to a path or text file.
     Returns the number of events written."""
-    n = 0
-    with _text_out(file) as fh:
-        w = csv.DictWriter(fh, ROW_FIELDS)
-        w.writeheader()
-        for d in _iter_events(source, f):
-            for k in ("draft_top", "target_top"):
-                d[k] = "" if d[k] is None else json.dumps(d[k], ensure_ascii=False)
-            w.writerow(d)
-            n += 1
-    return n
+    return _export(source, f, file, as_csv=True)
 
 
 def export_jsonl(source, f: Filter, file) -> int:
     """Write the filter's events as JSON lines to a path or text file; returns the number written."""
-    n = 0
-    with _text_out(file) as fh:
-        for d in _iter_events(source, f):
-            fh.write(json.dumps(d, ensure_ascii=False) + "\n")
-            n += 1
-    return n
+    return _export(source, f, file, as_csv=False)
 
 
 def runs_list(source, limit: int | None = 50, session_id: str | None = None) -> list[dict]:
