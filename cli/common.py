@@ -72,17 +72,23 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--no-db", action="store_true", help="do not record to the store")
 
 
+def load_options(args):
+    """The ``csd.models.LoadOptions`` the model flags (``add_model_args``) name."""
+    from csd.models import LoadOptions
+    return LoadOptions(dtype=args.dtype, device=args.device, device_map=args.device_map,
+                       trust_remote_code=args.trust_remote_code, draft_dtype=args.draft_dtype,
+                       draft_impl=args.draft_impl, draft_vocab=args.draft_vocab, target_impl=args.target_impl,
+                       int8_smoothing=args.int8_smoothing == "on", int8_activations=args.int8_activations,
+                       engine=getattr(args, "engine", "auto"),
+                       static_capacity=getattr(args, "static_capacity", DEFAULT_CAPACITY))
+
+
 def load_from_args(args, need_draft: bool = True, check=None, progress=None):
     """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load;
     ``progress``: a (message, fraction) callback (default: tqdm bars on stderr)."""
     from csd.models import load_pair
-    pair = load_pair(args.draft if need_draft else None, args.target, dtype=args.dtype, device=args.device,
-                     device_map=args.device_map, trust_remote_code=args.trust_remote_code,
-                     progress=progress or tqdm_progress(),
-                     draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, draft_vocab=args.draft_vocab,
-                     target_impl=args.target_impl, int8_smoothing=args.int8_smoothing == "on",
-                     int8_activations=args.int8_activations, check=check,
-                     engine=getattr(args, "engine", "auto"), static_capacity=getattr(args, "static_capacity", DEFAULT_CAPACITY))
+    pair = load_pair(args.draft if need_draft else None, args.target, options=load_options(args),
+                     progress=progress or tqdm_progress(), check=check)
     d = pair.describe()
     where = "on the GPU" if pair.device.type == "cuda" else "resident"
     graphs = sum(s["graphs"] for s in d["static"].values())

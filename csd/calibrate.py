@@ -23,6 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -75,16 +76,35 @@ def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], speci
     return n
 
 
-def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | None = None, *,
-              chunk_tokens: int = 256, batch_size: int = 4, skip_first: int = 4,
-              max_positions: int | None = None, progress: Progress | None = None, corpus_name: str = "") -> CorrectionMemory:
+@dataclass(frozen=True)
+class TextOptions:
+    """A text calibration: ``chunk_tokens`` a chunk, ``batch_size`` chunks a pass, the first
+    ``skip_first`` of each masked, stopping after ``max_positions`` counted (None: the whole corpus)."""
+    chunk_tokens: int = 256
+    batch_size: int = 4
+    skip_first: int = 4
+    max_positions: int | None = None
+    corpus_name: str = ""
+
+
+def _memory_for(pair: ModelPair, memory: CorrectionMemory | None) -> CorrectionMemory:
     if pair.draft_lm is None:
         raise ValueError("calibration needs both models")
-    if chunk_tokens <= skip_first + 1:
-        raise ValueError(f"chunk_tokens must exceed skip_first + 1 ({skip_first + 1})")
     memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
     if memory.pair_id != pair.pair_id:
         raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to {pair.pair_id!r}")
+    return memory
+
+
+def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | None = None, *,
+              progress: Progress | None = None, **options) -> CorrectionMemory:
+    """Count the divergences of both models reading ``texts`` into ``memory`` (``TextOptions`` fields as
+    keywords); a progress callback that raises ``Stop`` ends it, the counts so far kept."""
+    o = TextOptions(**options)
+    chunk_tokens, skip_first, max_positions = o.chunk_tokens, o.skip_first, o.max_positions
+    memory = _memory_for(pair, memory)
+    if chunk_tokens <= skip_first + 1:
+        raise ValueError(f"chunk_tokens must exceed skip_first + 1 ({skip_first + 1})")
     prefix = chat_prefix(pair)
     per_chunk = chunk_tokens - skip_first
     max_chunks = None if max_positions is None else max(1, -(-max_positions // per_chunk))
@@ -112,7 +132,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     try:
         for chunk in chunks:
             batch.append(chunk)
-            if len(batch) == batch_size:
+            if len(batch) == o.batch_size:
                 flush()
         if batch:
             flush()
@@ -123,7 +143,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     if positions == 0:
         raise ValueError(f"the corpus is too short: every text has fewer than {chunk_tokens} tokens")
     prev = memory.meta.get("calibration", [])
-    memory.meta["calibration"] = prev + [{"mode": "text", "corpus": corpus_name, "positions": positions,
+    memory.meta["calibration"] = prev + [{"mode": "text", "corpus": o.corpus_name, "positions": positions,
                                            "divergences": divergences, "agreement": 1 - divergences / positions,
                                            "chunk_tokens": chunk_tokens, "skip_first": skip_first,
                                            "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
@@ -206,72 +226,93 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
     return {"positions": positions, "divergences": sum(patterns.values()), "patterns": patterns}
 
 
+@dataclass(frozen=True)
+class PromptOptions:
+    """A prompt calibration: answers of up to ``max_new_tokens``, ``batch_size`` prompts a batch, in the
+    chat template (``chat``); ``heldout`` prompts measure how the memory's patterns at ``lam`` cover
+    divergences it never counted; ``token_freq``, if given, counts the answers' tokens (the draft's
+    reduced vocabulary is ranked by them); ``source`` names the prompts in the record."""
+    max_new_tokens: int = 320
+    batch_size: int = 8
+    chat: bool = True
+    heldout: Sequence[dict | str] = ()
+    lam: float = 6
+    source: str = ""
+    token_freq: Counter | None = None
+
+
 def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: CorrectionMemory | None = None, *,
-                      max_new_tokens: int = 320, batch_size: int = 8, chat: bool = True,
-                      heldout: Sequence[dict | str] = (), lam: float = 6, progress: Progress | None = None,
-                      source: str = "", token_freq: Counter | None = None) -> CorrectionMemory:
-    """Calibrate on the target's own answers to ``prompts``; with ``heldout`` prompts, also measure
-    how the memory's patterns cover divergences it never counted. Everything measured goes into
-    ``memory.meta["calibration"]``; ``token_freq``, if given, counts the answers' tokens (the draft's
-    reduced vocabulary is ranked by them). Work goes batch by batch: a progress callback that raises
-    ``Stop`` ends it with the counts so far kept and recorded (``"stopped": true``), then re-raises."""
-    if pair.draft_lm is None:
-        raise ValueError("calibration needs both models")
-    memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
-    if memory.pair_id != pair.pair_id:
-        raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to {pair.pair_id!r}")
+                      progress: Progress | None = None, **options) -> CorrectionMemory:
+    """Calibrate on the target's own answers to ``prompts`` (``PromptOptions`` fields as keywords).
+    Everything measured goes into ``memory.meta["calibration"]``. Work goes batch by batch: a progress
+    callback that raises ``Stop`` ends it with the counts so far kept and recorded
+    (``"stopped": true``), then re-raises."""
+    o = PromptOptions(**options)
+    memory = _memory_for(pair, memory)
     rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
     if not rows:
         raise ValueError("no prompts to calibrate on")
     t0, c0 = time.perf_counter(), time.process_time()
-    ids = [pair.encode_prompt(r["prompt"], chat) for r in rows]
+    ids = [pair.encode_prompt(r["prompt"], o.chat) for r in rows]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))       # similar lengths share a batch
-    eos = set(pair.eos_ids)
     patterns: Counter = Counter()
-    freq = token_freq if token_freq is not None else Counter()
-    info = {"mode": "prompts", "source": source, "prompts": 0, "kinds": {}, "answer_tokens": 0, "answers_ended": 0,
-            "max_new_tokens": max_new_tokens, "positions": 0, "divergences": 0,
+    info = {"mode": "prompts", "source": o.source, "prompts": 0, "kinds": {}, "answer_tokens": 0,
+            "answers_ended": 0, "max_new_tokens": o.max_new_tokens, "positions": 0, "divergences": 0,
             "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
 
     def record(stopped: bool) -> None:
         info.update(agreement=1 - info["divergences"] / max(1, info["positions"]), patterns=len(patterns),
                     top20_share=top_share(patterns.values()), memory_patterns=len(memory),
-                    memory_at_lambda=memory.n_candidates(lam), memory_top20_share=memory.top_share(0.2), **{
-                        "lambda": lam, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
+                    memory_at_lambda=memory.n_candidates(o.lam), memory_top20_share=memory.top_share(0.2), **{
+                        "lambda": o.lam, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
         if stopped:
             info["stopped"] = True
         memory.meta["calibration"] = list(memory.meta.get("calibration", [])) + [info]
 
     try:
-        for b in range(0, len(order), batch_size):
-            idx = order[b:b + batch_size]
-            answers = answer_prompts(pair, [ids[i] for i in idx], max_new_tokens, len(idx))
-            stats = count_answers(pair, [ids[i] for i in idx], answers, memory)
-            patterns.update(stats["patterns"])
-            for i, a in zip(idx, answers):
-                info["prompts"] += 1
-                kind = rows[i].get("kind", "?")
-                info["kinds"][kind] = info["kinds"].get(kind, 0) + 1
-                info["answer_tokens"] += len(a)
-                info["answers_ended"] += bool(a and a[-1] in eos)
-                freq.update(str(t) for t in a)
-            info["positions"] += stats["positions"]
-            info["divergences"] += stats["divergences"]
+        for b in range(0, len(order), o.batch_size):
+            idx = order[b:b + o.batch_size]
+            _count_batch(pair, memory, [(rows[i], ids[i]) for i in idx], o, info, patterns)
             if progress:
                 progress(f"calibrating: {info['prompts']}/{len(rows)} prompts, {info['answer_tokens']} answer tokens, "
                          f"{info['divergences']} divergences", info["prompts"] / len(rows))
-        if heldout:
-            h_rows = [{"prompt": p} if isinstance(p, str) else p for p in heldout]
-            h_ids = [pair.encode_prompt(r["prompt"], chat) for r in h_rows]
-            h_answers = answer_prompts(pair, h_ids, max_new_tokens, batch_size, progress, label="held-out answers")
-            h = count_answers(pair, h_ids, h_answers, None, progress)
-            covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= lam)
-            info["heldout"] = {"prompts": len(h_rows), "answer_tokens": sum(map(len, h_answers)),
-                               "positions": h["positions"], "divergences": h["divergences"],
-                               "patterns": len(h["patterns"]), "top20_share": top_share(h["patterns"].values()),
-                               "covered_at_lambda": covered / max(1, h["divergences"])}
+        if o.heldout:
+            info["heldout"] = heldout_coverage(pair, memory, o, progress)
     except Stop:
         record(stopped=True)
         raise
     record(stopped=False)
     return memory
+
+
+def _count_batch(pair: ModelPair, memory: CorrectionMemory, batch: list[tuple[dict, list[int]]], o: PromptOptions,
+                 info: dict, patterns: Counter) -> None:
+    """Answer one batch of (row, prompt ids), count its divergences into ``memory``, ``patterns`` and ``info``."""
+    answers = answer_prompts(pair, [i for _r, i in batch], o.max_new_tokens, len(batch))
+    stats = count_answers(pair, [i for _r, i in batch], answers, memory)
+    patterns.update(stats["patterns"])
+    eos = set(pair.eos_ids)
+    for (row, _ids), a in zip(batch, answers):
+        info["prompts"] += 1
+        kind = row.get("kind", "?")
+        info["kinds"][kind] = info["kinds"].get(kind, 0) + 1
+        info["answer_tokens"] += len(a)
+        info["answers_ended"] += bool(a and a[-1] in eos)
+        if o.token_freq is not None:
+            o.token_freq.update(str(t) for t in a)
+    info["positions"] += stats["positions"]
+    info["divergences"] += stats["divergences"]
+
+
+def heldout_coverage(pair: ModelPair, memory: CorrectionMemory, o: PromptOptions,
+                     progress: Progress | None = None) -> dict:
+    """How the memory's patterns at ``o.lam`` cover the divergences of the target's answers to the held-out
+    prompts (never counted into it)."""
+    rows = [{"prompt": p} if isinstance(p, str) else p for p in o.heldout]
+    ids = [pair.encode_prompt(r["prompt"], o.chat) for r in rows]
+    answers = answer_prompts(pair, ids, o.max_new_tokens, o.batch_size, progress, label="held-out answers")
+    h = count_answers(pair, ids, answers, None, progress)
+    covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= o.lam)
+    return {"prompts": len(rows), "answer_tokens": sum(map(len, answers)), "positions": h["positions"],
+            "divergences": h["divergences"], "patterns": len(h["patterns"]),
+            "top20_share": top_share(h["patterns"].values()), "covered_at_lambda": covered / max(1, h["divergences"])}

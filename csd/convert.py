@@ -437,11 +437,10 @@ def _building(final: Path):
 
 
 def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name: str,
-                smooth_prompts: list[list[int]] | None = None, maxima: dict[str, torch.Tensor] | None = None,
-                vocab_ids: torch.Tensor | None = None, progress: Progress | None = None) -> LeanLM:
+                progress: Progress | None = None, **how) -> LeanLM:
     """The lean int8 model cached at ``path`` for ``key``, converted first where the cache is missing or
     does not match (said with the reason). ``open_source()``: a context manager giving the float
-    source; entered only to convert."""
+    source; entered only to convert. ``how``: ``convert``'s smooth_prompts, maxima and vocab_ids."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -457,8 +456,7 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name:
                 progress(f"converting {name} to int8 ({e}; once)", 0.0)
             try:
                 with _building(path) as tmp, open_source() as source:
-                    convert(source, config, tmp, smooth_prompts=smooth_prompts, maxima=maxima, vocab_ids=vocab_ids,
-                            key=key, progress=progress)
+                    convert(source, config, tmp, key=key, progress=progress, **how)
             except OSError as e:
                 from .pair import ModelLoadError
                 raise ModelLoadError(f"cannot write the int8 cache of {name} in {path.parent} ({e}); nothing "
