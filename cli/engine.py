@@ -52,7 +52,23 @@ def add_parsers(sub) -> None:
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, events, metrics)")
     add_model_args(g)
     g.set_defaults(func=cmd_generate)
+    add_calibrate_parser(sub)
+    sub.add_parser("prepare", help="assemble, verify and convert the embedded models (done once, cached)") \
+        .set_defaults(func=cmd_prepare)
+    pf = sub.add_parser("profile", help="measure the target's verify time by block length and the draft's time per "
+                                        "token on this machine; print the speed-up bound",
+                        description="Measured once and cached per machine, torch version, pair, representations "
+                                    "and engine code (--refresh measures again). Writes a Plotly chart with --chart.")
+    pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
+    pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
+    pf.add_argument("--json", action="store_true", help="print the profile as JSON")
+    pf.add_argument("--drafts", action="store_true",
+                    help="also time each way to run the draft (transformers / lean, float32 / int8, vocabulary)")
+    add_model_args(pf)
+    pf.set_defaults(func=cmd_profile)
 
+
+def add_calibrate_parser(sub) -> None:
     c = sub.add_parser("calibrate", help="calibrate a correction memory on the target's own answers or on a corpus",
                        description="Prompt mode (default): the target answers prompts greedily and the draft is "
                                    "teacher-forced over the answers. Text mode (--corpus, or --mode text): both "
@@ -81,21 +97,6 @@ def add_parsers(sub) -> None:
                    help="prompt mode: also write the answers' token frequencies (a draft vocabulary list) here")
     add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
-
-    pr = sub.add_parser("prepare", help="assemble, verify and convert the embedded models (done once, cached)")
-    pr.set_defaults(func=cmd_prepare)
-
-    pf = sub.add_parser("profile", help="measure the target's verify time by block length and the draft's time per "
-                                        "token on this machine; print the speed-up bound",
-                        description="Measured once and cached per machine, torch version, pair, representations "
-                                    "and engine code (--refresh measures again). Writes a Plotly chart with --chart.")
-    pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
-    pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
-    pf.add_argument("--json", action="store_true", help="print the profile as JSON")
-    pf.add_argument("--drafts", action="store_true",
-                    help="also time each way to run the draft (transformers / lean, float32 / int8, vocabulary)")
-    add_model_args(pf)
-    pf.set_defaults(func=cmd_profile)
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -177,6 +178,12 @@ def cmd_generate(args) -> int:
         store.close()
     if args.save_memory:
         memory.save(args.save_memory)
+    print_run(args, cfg, pair, run)
+    return 130 if cancelled else 0
+
+
+def print_run(args, cfg: CSDConfig, pair, run) -> None:
+    """A generation's result: one JSON object (``--json``), else its metrics on stderr after the text."""
     if args.json:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
                           "pair": pair.pair_id, "dtype": pair.target_repr, "models": pair.describe(),
@@ -194,15 +201,12 @@ def cmd_generate(args) -> int:
               f"accepted {m.accepted_share:.1%} and {kept[0]} {n_kept:.1%} of {m.drafted} draft tokens "
               f"({kept[1]} {kept[0]}){copies}; target {pair.target_repr}, draft {pair.draft_dtype or '-'}",
               file=sys.stderr)
-    return 130 if cancelled else 0
 
 
 def cmd_prepare(args) -> int:
     """Make the embedded pair ready once: its config and tokenizer, the int8 conversion of both models,
     and this machine's costs for gamma auto (both int8 activation scalings), so that the first
     generation pays for none of them."""
-    import time
-
     from csd.fileio import cache_dir
     from csd.models import load_pair
     from csd.profile import cached_costs
@@ -220,22 +224,9 @@ def cmd_prepare(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from csd.calibrate import calibrate, calibrate_prompts
-    from csd.config import CSDConfig
-    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
     from csd.memory import CorrectionMemory
 
-    mode = args.mode or ("text" if args.corpus else "prompts")
-    if mode == "prompts" and args.corpus:
-        raise ValueError("--corpus is for text mode; use --prompts in prompt mode")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError("--limit must be >= 1")
-    if mode == "prompts":
-        prompts = balanced(read_prompts(args.prompts or PROMPTS_FILE, split="calibration"), args.per_kind,
-                           args.skip_per_kind)[:args.limit]
-        heldout = balanced(read_prompts(PROMPTS_FILE, split="heldout"), -(-args.heldout // 3))[:args.heldout] \
-            if args.heldout > 0 else []
-    else:
-        texts = read_corpus(args.corpus) if args.corpus else default_corpus()
+    mode, data, heldout = calibration_input(args)
     store = open_store(args)
     pair = load_from_args(args)
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
@@ -244,7 +235,7 @@ def cmd_calibrate(args) -> int:
     if mode == "prompts":
         from collections import Counter
         freq: Counter = Counter()
-        memory = calibrate_prompts(pair, prompts, memory, max_new_tokens=args.answer_tokens,
+        memory = calibrate_prompts(pair, data, memory, max_new_tokens=args.answer_tokens,
                                    batch_size=args.batch_size or 8, heldout=heldout, lam=lam,
                                    progress=tqdm_progress(), source=str(args.prompts or "shipped prompt set"),
                                    token_freq=freq)
@@ -254,7 +245,7 @@ def cmd_calibrate(args) -> int:
             write_json(args.vocab_out, {"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
                                         "ids": [int(k) for k in freq], "counts": list(freq.values())})
     else:
-        memory = calibrate(pair, texts, memory, chunk_tokens=args.chunk_tokens, batch_size=args.batch_size or 4,
+        memory = calibrate(pair, data, memory, chunk_tokens=args.chunk_tokens, batch_size=args.batch_size or 4,
                            max_positions=args.max_positions, progress=tqdm_progress(),
                            corpus_name=args.corpus or "default")
     memory.save(args.out)
@@ -266,6 +257,30 @@ def cmd_calibrate(args) -> int:
         store.save_memory(memory, run_id=run_id, label=f"calibration ({mode}) {args.prompts or args.corpus or 'default'}")
         store.finish_run(run_id, "", info)
         store.close()
+    print(calibration_summary(mode, info, memory, lam) + f"; target {pair.target_repr}, draft {pair.draft_dtype}; "
+          f"{time.perf_counter() - t0:.0f} s; written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def calibration_input(args) -> tuple[str, list, list]:
+    """The mode the flags ask for, its prompts or texts, and the held-out prompts (prompt mode)."""
+    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
+    mode = args.mode or ("text" if args.corpus else "prompts")
+    if mode == "prompts" and args.corpus:
+        raise ValueError("--corpus is for text mode; use --prompts in prompt mode")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be >= 1")
+    if mode == "text":
+        return mode, read_corpus(args.corpus) if args.corpus else default_corpus(), []
+    prompts = balanced(read_prompts(args.prompts or PROMPTS_FILE, split="calibration"), args.per_kind,
+                       args.skip_per_kind)[:args.limit]
+    heldout = balanced(read_prompts(PROMPTS_FILE, split="heldout"), -(-args.heldout // 3))[:args.heldout] \
+        if args.heldout > 0 else []
+    return mode, prompts, heldout
+
+
+def calibration_summary(mode: str, info: dict, memory, lam: float) -> str:
+    """What a calibration counted and what the memory holds after it."""
     lines = [f"{mode} calibration: {info['positions']} positions, {info['divergences']} divergences "
              f"(agreement {info['agreement']:.1%})"]
     if mode == "prompts":
@@ -277,10 +292,8 @@ def cmd_calibrate(args) -> int:
                          f"cover {h['top20_share']:.1%}; {h['covered_at_lambda']:.1%} of them have a pattern at "
                          f"lambda={lam:g} in the memory")
     lines.append(f"memory: {len(memory)} patterns, {memory.n_candidates(lam)} reach lambda={lam:g}, top 20% of "
-                 f"patterns cover {memory.top_share(0.2):.1%}; target {pair.target_repr}, draft {pair.draft_dtype}; "
-                 f"{time.perf_counter() - t0:.0f} s; written to {args.out}")
-    print("\n".join(lines), file=sys.stderr)
-    return 0
+                 f"patterns cover {memory.top_share(0.2):.1%}")
+    return "\n".join(lines)
 
 
 def balanced(prompts: list[dict], per_kind: int | None, skip: int = 0) -> list[dict]:
