@@ -23,12 +23,11 @@ the marked tables in place.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
-from .io import DASH, fmt, pct, ratio, ratio_text
+from .io import DASH, fmt, pct, ratio, ratio_text, read_results_json
 from .methods import HF_ASSISTED
 from .report import _acc, _vs
 from .results import ResultsError, by_item, overall, resummarize
@@ -95,7 +94,7 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
     target pass and host syncs per block (a synthetic one)."""
     f = run / "results.json" if run.is_dir() else run
     try:
-        raw = json.loads(f.read_text(encoding="utf-8"))
+        f, raw = read_results_json(run)
     except (OSError, ValueError) as e:
         raise ResultsError(f"{f}: cannot be read ({e})") from None
     if isinstance(raw, dict) and raw.get("kind") == "synthetic":

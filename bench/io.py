@@ -3,6 +3,7 @@ text (a dash where it was not measured), the time stamp, the command line as typ
 signature of a progress callback."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shlex
@@ -20,6 +21,16 @@ def write_json(path: str | os.PathLike, data) -> Path:
     """``data`` as indented UTF-8 JSON, atomically: a killed process leaves the previous file or the
     new one, never half of one."""
     return atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))
+
+
+def read_results_json(path: Path):
+    """A run's ``results.json`` from its directory or the file; a committed run (docs/bench) may hold it
+    gzipped as ``results.json.gz``, read the same way."""
+    if path.is_dir():
+        path = path / "results.json" if (path / "results.json").exists() or not (path / "results.json.gz").exists() \
+            else path / "results.json.gz"
+    raw = path.read_bytes()
+    return path, json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
 
 
 def fmt(x, spec: str = ".2f", suffix: str = "", none: str = DASH) -> str:

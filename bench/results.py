@@ -10,7 +10,6 @@ rest): ``{"meta", "status", "items", "summary", "targets", "frontier", "divergen
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from csd.events import common_prefix
 
+from .io import read_results_json
 from .methods import HF_AR, HF_ASSISTED, HF_FIXED
 from .stats import paired_accuracy, pareto, speedup, wilson
 
@@ -329,10 +329,10 @@ def load_results(path: Path) -> dict:
     """A benchmark run's results.json, from its output directory or the file; ResultsError says what is wrong."""
     f = path / "results.json" if path.is_dir() else path
     try:
-        data = json.loads(f.read_text(encoding="utf-8"))
+        f, data = read_results_json(path)
     except FileNotFoundError:
         raise ResultsError(f"{f}: no such file (give a benchmark output directory or its results.json)") from None
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise ResultsError(f"{f}: not JSON ({e})") from None
     if not isinstance(data, dict) or "frontier" not in data or "items" not in data:
         raise ResultsError(f"{f}: not a benchmark results.json (no items or frontier)")

@@ -2,12 +2,12 @@
 a figure that drifts from its measurement fails here, in CI."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from csd.bench.figures import derive, main, table
+from csd.bench.io import read_results_json
 from csd.bench.results import ResultsError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_a_figure_that_drifts_is_caught_and_rewritten(tmp_path, capsys):
 
 def test_the_table_is_a_ratio_of_tokens_per_second_with_its_interval():
     run = ROOT / "docs/bench/epyc-defaults24-smoothed"
-    items = json.loads((run / "results.json").read_text())["items"]
+    items = read_results_json(run)[1]["items"]   # committed gzipped (results.json.gz)
     tps = {m: sum(i["new_tokens"] for i in items if i["method"] == m) / sum(i["wall_s"] for i in items
                                                                              if i["method"] == m)
            for m in ("ar", "csd")}
@@ -74,7 +74,7 @@ def test_columns_add_named_figures_and_speed_ups_over_any_method_on_one_dataset(
     assert cells[-3].startswith(f"{summary['all']['csd']['n_correct']}/{summary['all']['csd']['n_graded']} (")
     assert cells[-2] == ratio(summary["humaneval"]["csd"], "speedup_over_sd")    # the summary's own per-dataset figure
     assert cells[-1] == "1.00x" and _cells(body, "ar")[-4] == "–"
-    items = json.loads((run / "results.json").read_text())["items"]
+    items = read_results_json(run)[1]["items"]   # committed gzipped (results.json.gz)
     tps = {m: sum(i["new_tokens"] for i in items if i["method"] == m) / sum(i["wall_s"] for i in items if i["method"] == m)
            for m in ("sd", "csd")}
     assert _cells(body, "sd")[-1].startswith(f"{tps['sd'] / tps['csd']:.2f}x (")   # over a method that is no reference
