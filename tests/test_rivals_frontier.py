@@ -96,3 +96,21 @@ def test_a_column_setting_names_what_its_rule_reads():
     assert setting({**base, "method": "topk"}) == "γ auto, copies 16, topk 15, delta 0.5"
     assert setting({**base, "method": "fly", "gamma": 15}) == "γ 15, copies 16, win_len 6, entropy_thre 0.3"
     assert setting({**base, "method": "sd"}) == "γ auto, copies 16" and setting(None) == ""
+
+
+def test_the_app_reads_the_committed_frontiers_shipped_with_the_package():
+    """csd.bench.frontier: the Analyse tab's two frontiers are package data (an installed wheel has no
+    docs/), the same data as the runs committed under docs/bench."""
+    import json
+    from pathlib import Path
+
+    from csd.bench import frontier as shipped
+    from csd.ui import figures
+    from csd.ui.state import Settings
+    root = Path(__file__).resolve().parents[1]
+    for load, path, committed in ((shipped.load_frontier, Settings.frontier_file, "docs/bench/frontier/frontier.json"),
+                                  (shipped.load_rivals, Settings.rivals_file, "docs/bench/rivals/rivals.json")):
+        data = load()
+        assert data == figures.load_frontier(path) == json.loads((root / committed).read_text()) and data["points"]
+    assert "csd" in figures.frontier_table(shipped.load_frontier())
+    assert len(figures.make_rivals_figure(shipped.load_rivals()).data) >= 4

@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from csd.bench import frontier
 from csd.events import RunMetrics
 from csd.rule import log_tau, rescues, top_share
 
@@ -192,50 +193,33 @@ def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
 
 
 def load_frontier(path: str) -> dict | None:
-    """The speed/quality frontier a benchmark run wrote (``frontier.json``), or None if absent or unreadable."""
-    import json
-    from pathlib import Path
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        log.warning("cannot read the frontier file %s", path, exc_info=True)
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
+    """A frontier file's data (``csd.bench.frontier.load``), or None if absent or unreadable."""
+    return frontier.load(path)
 
 
 def make_frontier_figure(data: dict | None) -> go.Figure:
     """One point per setting of the benchmark's lambda/tau sweep: tokens per second against accuracy."""
     if not data or not data.get("points"):
         return empty_figure("No frontier yet: run python -m csd bench ... --sweep 'lam=L,tau=T;...' and copy its "
-                            "frontier.json to docs/bench/frontier/.", "Speed / quality frontier")
-    from csd.bench.report import frontier_figure
-    fig = frontier_figure(data["points"], data.get("meta"))
+                            "frontier.json to bench/data/.", "Speed / quality frontier")
+    fig = frontier.frontier_figure(data)
     fig.update_layout(height=420)
     return fig
 
 
 def frontier_table(data: dict | None) -> str:
-    """The frontier's figures as a Markdown table (csd.bench.report's, with the data's text HTML-escaped)."""
-    if not data or not data.get("points"):
-        return ""
-    from csd.bench.report import frontier_markdown
-    return frontier_markdown(data["points"], data.get("meta"), escape=html.escape)
+    """The frontier's figures as a Markdown table, the data's text HTML-escaped."""
+    return frontier.frontier_table(data, escape=html.escape) if data and data.get("points") else ""
 
 
 def make_rivals_figure(data: dict | None) -> go.Figure:
     """Every acceptance rule's speed-up over AR against its graded accuracy, beside the paper's table."""
     if not data or not data.get("points"):
-        return empty_figure("No rivals' frontier yet: python -m csd.bench.rivals RUN_DIR ... --out docs/bench/rivals",
-                            "Acceptance rules: speed against quality")
-    from csd.bench.rivals import figure
-    return figure(data)
+        return empty_figure("No rivals' frontier yet: python -m csd.bench.rivals RUN_DIR ... --out DIR and copy its "
+                            "rivals.json to bench/data/.", "Acceptance rules: speed against quality")
+    return frontier.rivals_figure(data)
 
 
 def rivals_table(data: dict | None) -> str:
-    """The rivals' frontier as Markdown (csd.bench.rivals'), the data's text HTML-escaped."""
-    if not data or not data.get("points"):
-        return ""
-    from csd.bench.rivals import markdown
-    return markdown(data, escape=html.escape)
+    """The rivals' frontier as Markdown, the data's text HTML-escaped."""
+    return frontier.rivals_table(data, escape=html.escape) if data and data.get("points") else ""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from csd.bench import frontier
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.events import RunMetrics, TokenEvent
@@ -36,8 +36,8 @@ class Settings:
     calibrate_answer_tokens: int = 64  # answer tokens per prompt of a prompt calibration
     events_limit: int = 500           # rows shown in the events table
     status_interval_s: float = 1.0    # how often a waiting or running page refreshes its status line
-    frontier_file: str = str(Path(__file__).resolve().parents[1] / "docs" / "bench" / "frontier" / "frontier.json")
-    rivals_file: str = str(Path(__file__).resolve().parents[1] / "docs" / "bench" / "rivals" / "rivals.json")
+    frontier_file: str = str(frontier.FRONTIER_FILE)        # the committed frontiers the Analyse tab shows
+    rivals_file: str = str(frontier.RIVALS_FILE)
 
 
 @dataclass

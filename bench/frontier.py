@@ -1,0 +1,61 @@
+"""The committed frontiers the app's Analyse tab shows, as data and as figures: the lambda / tau
+frontier (``frontier.json``, written by ``python -m csd bench --sweep ...``) and every acceptance
+rule's (``rivals.json``, by ``python -m csd.bench.rivals``), shipped as package data in
+``csd/bench/data/`` so that an installed wheel has them. The app calls only this module."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+FRONTIER_FILE = DATA / "frontier.json"
+RIVALS_FILE = DATA / "rivals.json"
+
+log = logging.getLogger(__name__)
+
+
+def load(path: str | Path) -> dict | None:
+    """A frontier file's data (a dict with a list of ``points``), or None if absent or unreadable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("cannot read the frontier file %s", path, exc_info=True)
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
+
+
+def load_frontier(path: str | Path = FRONTIER_FILE) -> dict | None:
+    """The committed lambda / tau frontier (or the one at ``path``)."""
+    return load(path)
+
+
+def load_rivals(path: str | Path = RIVALS_FILE) -> dict | None:
+    """The committed acceptance rules' frontier (or the one at ``path``)."""
+    return load(path)
+
+
+def frontier_figure(data: dict):
+    """One point per setting of the sweep: tokens per second against accuracy (a Plotly figure)."""
+    from .report import frontier_figure as figure
+    return figure(data["points"], data.get("meta"))
+
+
+def frontier_table(data: dict, escape=str) -> str:
+    """The frontier's figures as a Markdown table, the data's text passed through ``escape``."""
+    from .report import frontier_markdown
+    return frontier_markdown(data["points"], data.get("meta"), escape=escape)
+
+
+def rivals_figure(data: dict):
+    """Every acceptance rule's speed-up over AR against its graded accuracy, beside the paper's table."""
+    from .rivals import figure
+    return figure(data)
+
+
+def rivals_table(data: dict, escape=str) -> str:
+    """The rivals' frontier as Markdown, the data's text passed through ``escape``."""
+    from .rivals import markdown
+    return markdown(data, escape=escape)
