@@ -47,13 +47,12 @@ def run_fields(pair, cfg=None, **fields) -> dict:
             **(cfg.run_fields() if cfg is not None else {}), **fields}
 
 
-def default_url() -> str:
+def resolve_url(url: str | None = None) -> str:
+    """``url``, else $CSD_DB_URL, else a SQLite file in the user's data directory."""
+    if url or os.environ.get(ENV_URL):
+        return url or os.environ[ENV_URL]
     from platformdirs import user_data_dir
     return f"sqlite:///{Path(user_data_dir('csd-explorer')) / 'csd.sqlite3'}"
-
-
-def resolve_url(url: str | None = None) -> str:
-    return url or os.environ.get(ENV_URL) or default_url()
 
 
 def alembic_config(url: str | None = None, connection=None) -> Config:
