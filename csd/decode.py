@@ -27,7 +27,7 @@ from .lm import ids_tensor
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
 from .pair import ModelPair
-from .policy import AutoGamma, FixedGamma
+from .policy import AutoGamma, FixedGamma, Policy
 from .rule import Rescue, decide
 from .static import check_room
 from .text import Detokenizer
@@ -106,12 +106,29 @@ class Decoder:
         return run
 
 
+class _Lap:
+    """``with _Lap(metrics, "draft_s") as lap:`` adds the seconds of the ``with`` block to that metric
+    (not when it raises) and keeps them in ``lap.s``."""
+
+    def __init__(self, metrics: RunMetrics, name: str):
+        self.metrics, self.name, self.s = metrics, name, 0.0
+
+    def __enter__(self) -> _Lap:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.s = time.perf_counter() - self.t0
+            setattr(self.metrics, self.name, getattr(self.metrics, self.name) + self.s)
+
+
 class Run:
     """Iterate to get the events; afterwards ``token_ids``, ``text`` and ``metrics`` hold the
     result. Stopping the iteration early (``close()``) cancels the run and keeps what it made."""
 
     def __init__(self, pair: ModelPair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
-                 policy, should_stop: Callable[[], bool] | None):
+                 policy: Policy | None, should_stop: Callable[[], bool] | None):
         self.pair, self.cfg, self.memory, self.policy = pair, cfg, memory, policy
         self.prompt_ids = prompt_ids
         self.should_stop = should_stop or (lambda: False)
@@ -121,8 +138,7 @@ class Run:
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
         self.rescue = cfg.rule(pair.special_ids)     # CSD's modules, or a rival's relaxed rule (csd.rule)
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
-        costs = policy.costs if isinstance(policy, AutoGamma) else None
-        self.lookup = Lookup(cfg.lookup, costs, cfg.lookup_ngram) if cfg.lookup and cfg.uses_draft else None
+        self.lookup = Lookup(cfg.lookup, policy.costs, cfg.lookup_ngram) if cfg.lookup and policy else None
         self._observers = [p for p in (policy, self.lookup) if p is not None]   # they learn from every block
         self.eos = frozenset(pair.eos_ids)
         self.gen = None
@@ -135,9 +151,19 @@ class Run:
         self.tcache = pair.target_lm.new_cache()
         self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
         self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
+        # the modes: greedy with a fixed block, or with gamma auto on a GPU, drafts on the device with one host
+        # transfer per block (auto then plans the block from its position rates, without the draft's confidences)
+        self._on_device = (policy is not None and cfg.temperature == 0 and not cfg.explain
+                           and (not policy.reads_confidence
+                                or pair.draft_lm.device.type in SYNC_FREE_AUTO_DEVICES))
+        self._need_conf = (policy is not None and policy.reads_confidence and not self._on_device) or cfg.explain
+        self._vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
+        self._step = self._speculate if policy is not None else self._autoregress
+        # the loop's state: the committed sequence, the block number, the clock (set when the loop starts)
         self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
+        self._t0: float | None = None
         self._it = self._loop()
 
     def __iter__(self) -> Iterator[TokenEvent]:
@@ -163,9 +189,10 @@ class Run:
             m.wall_s = time.perf_counter() - self._t0
         return m
 
-    _t0: float | None = None
-
     # -- small steps ---------------------------------------------------------------------------
+    def _lap(self, name: str) -> _Lap:
+        return _Lap(self.metrics, name)
+
     def _check_stop(self) -> None:
         if self.should_stop():
             raise Cancelled
@@ -180,15 +207,12 @@ class Run:
     def _prefill(self) -> None:
         """Feed all prompt tokens but the last to both models, in chunks; the last one is fed
         with the first block so that its logits come from the first verify pass."""
-        t0 = time.perf_counter()
         body = self._seq[:-1]
-        for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
-            if cache is None:
-                continue
-            for a, b in prefill_spans(len(body)):
-                self._check_stop()
-                lm.forward(cache, body[a:b], 1)
-        self.metrics.prefill_s = time.perf_counter() - t0
+        with self._lap("prefill_s"):
+            for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
+                for a, b in prefill_spans(len(body)) if cache is not None else ():
+                    self._check_stop()
+                    lm.forward(cache, body[a:b], 1)
 
     def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
         """(token, its probability under the draft, the draft's full-vocabulary distribution when
@@ -214,27 +238,24 @@ class Run:
     def _draft(self) -> Block:
         """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS).
         On the sync-free path (greedy, fixed gamma) the block stays on the device as a tensor."""
-        m, lm = self.metrics, self.pair.draft_lm
+        lm = self.pair.draft_lm
         block = Block(self._block, DRAFT, start=len(self._seq))
         room = self._room()
         feed = self._seq[lm.length(self.dcache):]
-        tp = time.perf_counter()
         if self._on_device:
-            g = self.policy.plan(room)
-            m.policy_s += time.perf_counter() - tp
+            with self._lap("policy_s"):
+                g = self.policy.plan(room)
             block.proposed = self._draft_on_device(g, feed)
             return block
-        self.policy.start()
-        go = room > 0 and self.policy.more(0, 1.0)
-        m.policy_s += time.perf_counter() - tp
+        with self._lap("policy_s"):
+            self.policy.start()
+            go = room > 0 and self.policy.more(0, 1.0)
         block.draft_s = 0.0
         while go:
-            t0 = time.perf_counter()
-            logits = lm.forward(self.dcache, feed, 1)[-1]                  # (V,) or (|vocab subset|,)
-            dt = time.perf_counter() - t0
-            m.draft_s += dt
-            block.draft_s += dt
-            m.draft_forwards += 1
+            with self._lap("draft_s") as lap:
+                logits = lm.forward(self.dcache, feed, 1)[-1]                  # (V,) or (|vocab subset|,)
+            block.draft_s += lap.s
+            self.metrics.draft_forwards += 1
             x, conf, q = self._draft_logits_to_token(logits)
             block.proposed.append(x)
             block.confidences.append(conf)
@@ -245,44 +266,39 @@ class Run:
             feed = [x]
             if x in self.eos or block.size >= room:
                 break
-            tp = time.perf_counter()
-            go = self.policy.more(block.size, conf)
-            m.policy_s += time.perf_counter() - tp
+            with self._lap("policy_s"):
+                go = self.policy.more(block.size, conf)
         return block
 
     def _draft_on_device(self, g: int, feed: list[int]) -> torch.Tensor:
         """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor."""
-        lm, m = self.pair.draft_lm, self.metrics
-        ids = lm.vocab_ids
+        lm = self.pair.draft_lm
         xs = []
-        t0 = time.perf_counter()
-        for _ in range(g):
-            x = lm.forward(self.dcache, feed, 1)[-1].argmax()              # 0-dim, on the device
-            if ids is not None:
-                x = ids[x]
-            xs.append(x)
-            feed = x.view(1)
-        m.draft_forwards += g
-        m.draft_s += time.perf_counter() - t0
+        with self._lap("draft_s"):
+            for _ in range(g):
+                x = lm.forward(self.dcache, feed, 1)[-1].argmax()              # 0-dim, on the device
+                if lm.vocab_ids is not None:
+                    x = lm.vocab_ids[x]
+                xs.append(x)
+                feed = x.view(1)
+            self.metrics.draft_forwards += g
         dev = lm.device if xs else self.pair.target_lm.device
         return torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)
 
     def _verify(self, block: Block) -> torch.Tensor:
         """Step 2: one target pass over what its cache lacks plus the block: (block.size + 1, V). On the
         CPU the block records the pass's time (on a GPU the call returns before the pass ends)."""
-        t0 = time.perf_counter()
         lm, drafts = self.pair.target_lm, block.proposed
-        pending = self._seq[lm.length(self.tcache):]
-        if torch.is_tensor(drafts):
-            ids = torch.cat([ids_tensor(pending, drafts.device), drafts])
-        else:
-            ids = pending + drafts
-        logits = lm.forward(self.tcache, ids, len(drafts) + 1)
-        dt = time.perf_counter() - t0
-        self.metrics.verify_s += dt
+        with self._lap("verify_s") as lap:
+            pending = self._seq[lm.length(self.tcache):]
+            if torch.is_tensor(drafts):
+                ids = torch.cat([ids_tensor(pending, drafts.device), drafts])
+            else:
+                ids = pending + drafts
+            logits = lm.forward(self.tcache, ids, len(drafts) + 1)
         self.metrics.target_forwards += 1
         block.pass_tokens, timed = len(ids), lm.device.type == "cpu"    # elsewhere: launch times, not costs
-        block.verify_s, block.draft_s = (dt, block.draft_s) if timed else (None, None)
+        block.verify_s, block.draft_s = (lap.s, block.draft_s) if timed else (None, None)
         return logits
 
     def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:
@@ -290,28 +306,25 @@ class Run:
         Greedy: one host transfer for the whole block (``score_block``); the block's proposals become
         a host list, cut after an end token. ``rule``: the run's (copied tokens use the exact one);
         ``learn``: whether the memory counts the block's divergences (not for copies)."""
-        cfg, m, tl = self.cfg, self.metrics, block.logits
-        m.host_syncs += 1
+        cfg, tl = self.cfg, block.logits
+        self.metrics.host_syncs += 1
         if cfg.temperature == 0:
-            tt = time.perf_counter()
-            drafts, scores = score_block(block.proposed, tl, rule.scores)   # the argmax work SD needs anyway
-            m.transfer_s += time.perf_counter() - tt
+            with self._lap("transfer_s"):
+                drafts, scores = score_block(block.proposed, tl, rule.scores)   # the argmax work SD needs anyway
             cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
             if cut < len(drafts):        # nothing after an end token can be kept
                 drafts, scores = drafts[:cut], scores.head(cut)
             block.proposed, block.scores = drafts, scores
-            tb = time.perf_counter()
-            block.decision = decide(drafts, scores, self.memory.count, rule)
-            block.probs = torch.softmax(tl.float(), -1) if cfg.explain else None
-        else:
-            tb = time.perf_counter()
-            p = torch.softmax(tl / cfg.temperature, -1)
-            q = torch.stack(block.q_rows).to(p.device) if block.q_rows else p[:0]
-            block.decision = verify_sampling(block.proposed, q, p, tl, self.memory.count, rule, self.gen)
-            block.probs = p
-        for x_t, t_t in block.decision.observed if learn else ():
-            self.memory.observe(x_t, t_t)
-        m.bookkeeping_s += time.perf_counter() - tb
+        with self._lap("bookkeeping_s"):
+            if cfg.temperature == 0:
+                block.decision = decide(block.proposed, block.scores, self.memory.count, rule)
+                block.probs = torch.softmax(tl.float(), -1) if cfg.explain else None
+            else:
+                block.probs = p = torch.softmax(tl / cfg.temperature, -1)
+                q = torch.stack(block.q_rows).to(p.device) if block.q_rows else p[:0]
+                block.decision = verify_sampling(block.proposed, q, p, tl, self.memory.count, rule, self.gen)
+            for x_t, t_t in block.decision.observed if learn else ():
+                self.memory.observe(x_t, t_t)
 
     def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
         top = torch.topk(probs, min(self.cfg.explain_top_k, probs.numel()))
@@ -380,9 +393,9 @@ class Run:
                 m.keep(v.status)
             self._seq.append(v.x_tilde)
             m.new_tokens += 1
-            if v.x_tilde in self.eos:
+            if v.x_tilde in self.eos:       # the end of the text: the pass ends here
                 yield replace(ev, pass_end=True)
-                raise _EndOfText
+                return
             yield ev
         row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
         nxt = d.next_token
@@ -401,8 +414,6 @@ class Run:
                         special=nxt in self.pair.special_ids, **explain)
         self._rollback()          # step 6, before the pass's last event: a viewer sees the state it describes
         yield ev
-        if nxt in self.eos:
-            raise _EndOfText
 
     def _rollback(self) -> None:
         """Step 6: both caches back to the kept prefix (the newest token is fed with the next block)."""
@@ -427,27 +438,23 @@ class Run:
         try:
             yield from self._emit(block)
         finally:
-            tp = time.perf_counter()
-            for p in self._observers:                  # step 7
-                p.observe(block)
-            self.metrics.policy_s += time.perf_counter() - tp
+            with self._lap("policy_s"):
+                for p in self._observers:              # step 7
+                    p.observe(block)
             self._block += 1
 
     def _lookup_proposals(self) -> list[int]:
         """Tokens that followed the sequence's suffix earlier in the context, when a block of them is
         expected to pay more than the draft model (``csd.lookup``); [] otherwise."""
-        tp = time.perf_counter()
-        copied = self.lookup.choose(self.lookup.continuation(self._seq)[:max(self._room(), 0)])
-        self.metrics.policy_s += time.perf_counter() - tp
-        return copied
+        with self._lap("policy_s"):
+            return self.lookup.choose(self.lookup.continuation(self._seq)[:max(self._room(), 0)])
 
     def _autoregress(self) -> Iterator[TokenEvent]:
         """AR: one target pass, one token."""
         logits = self._verify(Block(self._block, DRAFT, start=len(self._seq)))[-1]
         self.metrics.host_syncs += 1
-        tt = time.perf_counter()
-        top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
-        self.metrics.transfer_s += time.perf_counter() - tt
+        with self._lap("transfer_s"):
+            top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
         t_top = int(top)
         tok = t_top if self.cfg.temperature == 0 else \
             sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
@@ -457,38 +464,26 @@ class Run:
                          target_id=t_top, target_text=self._piece(t_top), target_logit=z_top,
                          pass_end=True, special=tok in self.pair.special_ids)
         self._block += 1
-        if tok in self.eos:
-            raise _EndOfText
 
     @torch.inference_mode()
     def _loop(self) -> Iterator[TokenEvent]:
-        m = self.metrics
-        # greedy with a fixed block, or with gamma auto on a GPU: draft on the device, one host transfer
-        # per block (auto then plans the block from its position rates, without the draft's confidences)
-        self._on_device = (self.cfg.uses_draft and self.cfg.temperature == 0 and not self.cfg.explain
-                           and (isinstance(self.policy, FixedGamma)
-                                or self.pair.draft_lm.device.type in SYNC_FREE_AUTO_DEVICES))
-        self._need_conf = (isinstance(self.policy, AutoGamma) and not self._on_device) or self.cfg.explain
-        self._vocab = self.pair.target_lm.vocab_size if self.cfg.temperature > 0 else 0
+        """Prefill, then one block (or one AR token) at a time until an end token, the token budget or a
+        stop request; ``metrics.stopped_by`` says which."""
+        m, budget = self.metrics, len(self.prompt_ids) + self.cfg.max_new_tokens
         self._t0 = time.perf_counter()
         m.stopped_by = ""
-        step = self._speculate if self.cfg.uses_draft else self._autoregress
         stopped = STOP_CANCELLED
         try:
             self._prefill()
-            while len(self._seq) - len(self.prompt_ids) < self.cfg.max_new_tokens:
+            ended = False
+            while not ended and len(self._seq) < budget:
                 self._check_stop()
-                yield from step()
-            stopped = STOP_MAX
-        except _EndOfText:
-            stopped = STOP_EOS
+                yield from self._step()
+                ended = self._seq[-1] in self.eos     # every step commits at least one token
+            stopped = STOP_EOS if ended else STOP_MAX
         except Cancelled:
-            stopped = STOP_CANCELLED
+            pass
         finally:
             self.token_ids = self._seq[len(self.prompt_ids):]
             m.wall_s = time.perf_counter() - self._t0
             m.stopped_by = stopped
-
-
-class _EndOfText(Exception):
-    """An end-of-sequence token entered the output."""

@@ -57,6 +57,8 @@ COST_WEIGHT = 0.2    # weight of the newest block in the run's own cost estimate
 class Policy(Protocol):
     """What the decode loop asks of a draft-length policy (``csd.lookup.Lookup`` observes blocks too)."""
     max_len: int
+    costs: CostModel | None    # the machine's cost model it plans with (the lookup weighs copies with it too)
+    reads_confidence: bool     # ``more`` reads the draft's top-1 probability (a host sync a token; see decode)
 
     def start(self) -> None:
         """A new block: nothing drafted yet."""
@@ -73,6 +75,7 @@ class Policy(Protocol):
 
 class FixedGamma:
     """The paper's policy: always draft gamma tokens."""
+    costs, reads_confidence = None, False
 
     def __init__(self, gamma: int):
         self.gamma = gamma
@@ -92,6 +95,8 @@ class FixedGamma:
 
 
 class AutoGamma:
+    reads_confidence = True
+
     def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE,
                  online: bool = False):
         self.costs = costs
