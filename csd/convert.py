@@ -1,25 +1,17 @@
 """Convert once, then map: a model's weights as the CPU runs them, written to the cache and read back.
 
-An int8 model on the CPU runs the lean path (``csd.lm.LeanLM``) on int8 rows with one scale per row.
-``convert`` writes exactly that, a decoder layer at a time, from a float source: the shipped GGUF
-file (``GGUFSource``, dequantised a tensor at a time) or a transformers model (``ModuleSource``):
+``convert`` writes the int8 lean model (``csd.lm.LeanLM``: int8 rows, one scale a row) a decoder layer
+at a time from a float source, the shipped GGUF file (``GGUFSource``) or a transformers model
+(``ModuleSource``): ``layer-NNN.safetensors`` (norms; fused q/k/v, o, gate/up and down rows, scales,
+biases; a target smoothed first with activation maxima measured layer by layer, ``csd.smoothing``),
+``head.safetensors`` (final norm, output layer: for a draft only its vocabulary's rows),
+``embed.safetensors`` (the input embedding as the source holds it: GGUF rows are dequantised only
+when looked up), ``maxima.safetensors``, ``config.json`` and, last, ``manifest.json``.
 
-- ``layer-NNN.safetensors``: the two norm weights, and for the fused q/k/v, o, fused gate/up and
-  down projections their int8 rows, float32 row scales and biases; for a target smoothed first
-  (``csd.smoothing``, with activation maxima measured here, layer by layer, on float32 passes over
-  the calibration prompts: never a whole float32 model in memory);
-- ``head.safetensors``: the final norm and the output layer (int8 rows, scales; for a draft only the
-  rows of its reduced vocabulary, and their token ids);
-- ``embed.safetensors``: the input embedding as the source holds it: the GGUF file's quantised rows
-  (dequantised a row at a time when looked up) or the float matrix;
-- ``maxima.safetensors`` (smoothed targets), ``config.json``, and ``manifest.json``, written last.
-
-Later starts map the files (``load``): safetensors tensors are views of the file, the int8 rows are
-packed for torch's int8 kernels a layer at a time, and the embedding stays a mapping of which only the
-rows looked up are read. A cache is used only when its manifest names this format, this source and
-these options and every file has its recorded size; otherwise it is rebuilt with a message. It is
-written to a temporary directory and renamed into place, under a lock, so a killed process or a full
-disk leaves the old cache or none, and two processes never write the same one.
+``load`` maps the files back: tensors are views of the file, packed for torch's int8 kernels a layer
+at a time. A cache is used only when its manifest names this format, source and options and every
+file has its recorded size; else it is rebuilt. It is written to a temporary directory and renamed
+into place under a lock: a killed process or a full disk leaves the old cache or none.
 """
 from __future__ import annotations
 
@@ -121,10 +113,6 @@ def layer_tensors(source, i: int) -> dict[str, torch.Tensor]:
         if layer_name(i, k, True) in source:
             w[f"{k}_b"] = source.tensor(layer_name(i, k, True))
     return w
-
-
-def head_name(source) -> str:
-    return "lm_head.weight" if "lm_head.weight" in source else "model.embed_tokens.weight"
 
 
 # -- embeddings ---------------------------------------------------------------------------------------
@@ -269,15 +257,12 @@ def _int8(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
 def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[str, torch.Tensor]:
     """The output layer's int8 rows and scales (only ``vocab_ids``' rows where given), made ``chunk`` rows at
     a time: per-row scales make that exact, and the float matrix is never whole in memory."""
-    name = head_name(source)
-    ids = np.arange(_rows(source, name)) if vocab_ids is None else vocab_ids.numpy()
+    name = "lm_head.weight" if "lm_head.weight" in source else "model.embed_tokens.weight"
+    rows = source.file.tensors[source.names[name]].shape[0] if isinstance(source, GGUFSource) \
+        else source.state[name].shape[0]
+    ids = np.arange(rows) if vocab_ids is None else vocab_ids.numpy()
     parts = [_int8(source.tensor(name, ids[i:i + chunk]), "head") for i in range(0, len(ids), chunk)]
     return {k: torch.cat([p[k] for p in parts]) for k in ("head.w", "head.s")}
-
-
-def _rows(source, name: str) -> int:
-    return source.file.tensors[source.names[name]].shape[0] if isinstance(source, GGUFSource) \
-        else source.state[name].shape[0]
 
 
 def _convert_layer(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

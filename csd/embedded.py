@@ -94,8 +94,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:     # alive, someone else's
+        pass
     return True
 
 
@@ -130,12 +130,11 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
 
     model = EMBEDDED[role]
     out = model_dir(role)
-    marker = out / MARKER
-    if _prepared(marker, model):
+    if _prepared(out, model):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out.parent / f"{model.name}.lock")):
-        if _prepared(marker, model):  # another process finished while we waited
+        if _prepared(out, model):  # another process finished while we waited
             return out
         for old in [*out.glob("model*.safetensors*"), *out.glob("csd-converted.json"),
                     *(cache_dir() / "profiles").glob("repr-*.json")]:
@@ -155,7 +154,7 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
             template = f.fields.get("tokenizer.chat_template")
             tok_digest = f.digest("tokenizer.", skip=("tokenizer.chat_template",))
             other = model_dir("target" if role == "draft" else "draft")
-            if _same_tokenizer(other, tok_digest):      # the pair's files hold one vocabulary: convert it once
+            if _marker(other).get("tokenizer") == tok_digest:      # the pair's files hold one vocabulary: convert it once
                 for p in other.iterdir():
                     if p.name.startswith(("tokenizer", "special_tokens", "chat_template")):
                         shutil.copy2(p, out / p.name)
@@ -165,26 +164,24 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
                 if progress:
                     progress(f"converting the tokenizer of {model.name} (once)", 0.5)
                 AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
-        atomic_write(marker, json.dumps({"source": model.name, "sha256": model.sha256, "version": MARKER_VERSION,
+        atomic_write(out / MARKER, json.dumps({"source": model.name, "sha256": model.sha256, "version": MARKER_VERSION,
                                          "tokenizer": tok_digest}).encode())
         if progress:
             progress(f"{model.name} ready", 1.0)
     return out
 
 
-def _prepared(marker: Path, model: EmbeddedModel) -> bool:
+def _marker(d: Path) -> dict:
+    """What ``prepare_embedded`` recorded in ``d`` ({} where nothing readable)."""
     try:
-        m = json.loads(marker.read_text())
+        return json.loads((d / MARKER).read_text())
     except (OSError, ValueError):
-        return False
+        return {}
+
+
+def _prepared(d: Path, model: EmbeddedModel) -> bool:
+    m = _marker(d)
     return m.get("sha256") == model.sha256 and m.get("version") == MARKER_VERSION
-
-
-def _same_tokenizer(other: Path, digest: str) -> bool:
-    try:
-        return json.loads((other / MARKER).read_text()).get("tokenizer") == digest
-    except (OSError, ValueError):
-        return False
 
 
 def float_model(role: str, dtype: torch.dtype, progress: Progress | None = None) -> torch.nn.Module:

@@ -1,9 +1,9 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair.
 
-``load_pair`` puts the pieces together, as a ``LoadOptions`` record says: the shipped pair made loadable (``csd.embedded``), an int8
-model converted once and mapped from the cache (``csd.convert``), a float one loaded by transformers
-and built (``csd.quant``), the decode paths (``csd.lm``), and the result, a ``csd.pair.ModelPair``.
-It imports them; none of them imports it.
+``load_pair`` puts the pieces together as a ``LoadOptions`` record says: the shipped pair made loadable
+(``csd.embedded``), an int8 model converted once and mapped from the cache (``csd.convert``), a float
+one loaded by transformers and built (``csd.quant``), the decode paths (``csd.lm``), and the result,
+a ``csd.pair.ModelPair``. It imports them; none of them imports it.
 """
 from __future__ import annotations
 
@@ -258,20 +258,13 @@ SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How ``load_pair`` loads a pair: the model flags of the command line and the app.
-
-    ``dtype``: the target's representation, one of ``TARGET_REPRS`` or "auto": int8 on the CPU (the
-    fastest there, by 3-6x a verify pass: docs/models.md), bfloat16 (or float16) on CUDA.
-    ``draft_dtype``: "same", a float dtype, "int8" (CPU) or "auto" (int8 on the CPU, the target's
-    elsewhere). ``draft_impl``, ``target_impl``: "lean" (``csd.lm.LeanLM``, Llama-family), "hf"
-    (transformers) or "auto": lean where it can (for the target: where it is int8 or the engine static).
-    ``draft_vocab``: see ``draft_vocab_ids``. The draft only proposes: its dtype, path and vocabulary
-    change SD's speed, never its output. ``int8_smoothing``: SmoothQuant an int8 target first;
-    ``int8_activations``: its activation scales per token ("row": greedy SD writes AR's answer) or per
-    pass ("pass"), switched in place. ``engine``: "static" runs both lean models at fixed shapes on KV
-    caches of ``static_capacity`` tokens, a CUDA graph per pass shape captured at load (``csd.static``);
-    "compiled" the same after torch.compile; "eager"; or "auto": static on CUDA (eager where it fails),
-    eager on the CPU."""
+    """How ``load_pair`` loads a pair (the model flags of the command line and the app; their help says
+    more). ``dtype``: the target's representation or "auto" (int8 on the CPU, the fastest there:
+    docs/models.md; bfloat16 or float16 on CUDA); ``draft_dtype`` "auto": int8 on the CPU, the target's
+    elsewhere. ``*_impl`` "auto": the lean path (``csd.lm.LeanLM``) where it can run (for the target: where
+    it is int8 or the engine static), else transformers. The draft only proposes: its options change
+    SD's speed, never its output. ``engine`` "auto": static on CUDA (eager where that fails), eager on
+    the CPU (``csd.static``)."""
     dtype: str | torch.dtype | None = "auto"
     device: str | torch.device | None = "auto"
     device_map: str | dict | None = None
@@ -356,13 +349,10 @@ class Loaded:
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, options: LoadOptions | None = None,
               progress: Progress | None = None, check=None, **fields) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer (``draft=None``: the target alone, AR only) as
-    ``options`` say, or the ``LoadOptions`` fields given as keywords.
-
-    An int8 model on the lean path is converted once (``csd.convert``) and later mapped from the cache:
-    no float copy and no transformers model is held; ``ModelPair.hf_target`` builds that when
-    calibration or transformers' assisted generation first asks. ``check(tokenizer, context_limit)``
-    runs once the tokenizers are loaded and before any model is, so that a request the pair cannot
-    serve (a prompt over the context) is refused in seconds; it raises to refuse."""
+    ``options`` say, or the ``LoadOptions`` fields given as keywords. An int8 model on the lean path is
+    converted once (``csd.convert``), then mapped from the cache; ``ModelPair.hf_target`` builds its
+    transformers model when first asked. ``check(tokenizer, context_limit)`` runs before any model
+    loads, so that a request the pair cannot serve is refused in seconds; it raises to refuse."""
     o = (options or LoadOptions(**fields)).validated()
     t_ref = resolve(target, "target", progress, o.trust_remote_code)
     d_ref = resolve(draft, "draft", progress, o.trust_remote_code) if draft is not None and o.load_draft else None
