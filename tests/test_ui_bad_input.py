@@ -15,6 +15,7 @@ import pytest
 from ui_fixtures import tiny_services
 
 from csd.ui import build_demo
+from csd.ui.state import RunSettings
 from csd.ui.tabs import common, generate, jobs
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
@@ -106,8 +107,8 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog
     for ask, words in ((lambda: jobs.request_job(services, "generate", None, "   ", True), "the prompt is empty"),
                        (lambda: jobs.request_job(services, "generate", None, "the cat " * 2000, True),
                         "this app takes prompts of at most 2,048 tokens"),
-                       (lambda: list(generate.generate(services, PROMPT, True, "csd", 4, False, 6, 0.5, 0, 8, 0, False,
-                                                       False, False, None)), "tau must be in (0, 1]")):
+                       (lambda: list(generate.generate(services, PROMPT, RunSettings(gamma=4, lam=6, log10_tau=0.5, max_new_tokens=8,
+                                                                               seed=0), None)), "tau must be in (0, 1]")):
         caplog.clear()
         with pytest.raises(gr.Error) as err:
             ask()
@@ -124,14 +125,15 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog
 
 def test_a_refused_request_keeps_the_session(services):
     sess = None
-    for _ in generate.generate(services, PROMPT, True, "csd", 4, False, 0, -0.5, 0, 12, 0, False, False, False, sess):
+    for _ in generate.generate(services, PROMPT, RunSettings(gamma=4, lam=0, log10_tau=-0.5, max_new_tokens=12, seed=0), sess):
         pass
     sess = _[-1]
     last, memory, total = sess.last, sess.memory, sess.memory.total
     assert last is not None and last.done and total > 0
     jobs.request_job(services, "generate", sess, PROMPT, True)      # the click; the handler then refuses
     with pytest.raises(gr.Error, match="tau must be in"):
-        list(generate.generate(services, PROMPT, True, "csd", 4, False, 0, 0.5, 0, 12, 0, False, False, False, sess))
+        list(generate.generate(services, PROMPT, RunSettings(gamma=4, lam=0, log10_tau=0.5, max_new_tokens=12, seed=0),
+                               sess))
     assert sess.last is last and sess.memory is memory and sess.memory.total == total
     assert sess.jobs["generate"].summary.startswith("Not run: tau must be in") and not sess.pending["generate"]
     assert len(services.lane) == 0

@@ -178,7 +178,7 @@ def test_out_of_range_settings_are_refused_with_the_range_and_the_session_is_kep
     naming the range; the server logs one line for each and no traceback; the caller's session (its
     last answer, its memory) is what it was before."""
     gate.arm(None)
-    caplog.set_level(logging.INFO, logger="ui")
+    caplog.set_level(logging.INFO, logger="csd.ui")
     own = Client(app_url, verbose=False)
     *_, metrics, _, status = own.predict(*gen_args(max_new=12, lam=0), api_name="/generate")
     assert "Done: 12 tokens" in status

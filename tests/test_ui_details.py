@@ -12,6 +12,7 @@ import re
 import pytest
 
 from csd import rule
+from csd.config import CSDConfig
 from csd.events import (
     ACCEPTED,
     CORRECTED,
@@ -122,11 +123,11 @@ def test_unknown_thresholds_fall_back_on_the_logged_rule():
 
 def test_the_details_reach_the_page_escaped_with_the_run_method():
     ev = div(REJECTED, RULE_MEMORY_RARE, 2, -5.2, draft='<b>"x"</b>')
-    out = render.render_tokens([ev], lam=LAM, tau=TAU, method="csd")
+    out = render.render_tokens([ev], cfg=CSDConfig(method="csd", lam=LAM, tau=TAU))
     detail = html.unescape(re.search(r'data-detail="([^"]*)"', out).group(1))
     assert "<b>" not in out.split("data-detail=")[1].split('">')[0]
     assert "fewer than λ = 6 and the target found" in detail
-    assert render.render_tokens([ev], lam=LAM, tau=TAU, method="ocm-only").count("too unlikely") == 0
+    assert render.render_tokens([ev], cfg=CSDConfig(method="ocm-only", lam=LAM, tau=TAU)).count("too unlikely") == 0
 
 
 def test_teach_names_both_failures_too():
@@ -149,12 +150,12 @@ def test_a_one_token_iteration_says_one_token():
                         target_id=8, target_text=" dog", block_len=1),
              div(REJECTED, RULE_NO_RESCUE, None, -1.0)]
     block = [block[1], block[0]]
-    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", lam=LAM, tau=TAU, method="sd")
+    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
     assert "1 token emitted" in out and "1 tokens" not in out
     acc = TokenEvent(position=0, token_id=1, text=" a", status=ACCEPTED, block=0, index_in_block=0, draft_id=1,
                      draft_text=" a", target_id=1, target_text=" a", block_len=1)
     assert "the draft proposed 1 token," in teach.render_teach_step([acc], step=0, n_steps=1, text_before="",
-                                                                    lam=LAM, tau=TAU, method="sd")
+                                                                    cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
 
 
 def test_no_plural_is_made_by_hand_in_the_app():
@@ -183,7 +184,7 @@ def test_teach_table_carries_its_scroll_hint():
     """The hint is in the page's HTML; the script shows it only where the table is wider than its box."""
     acc = TokenEvent(position=0, token_id=1, text=" a", status=ACCEPTED, block=0, index_in_block=0, draft_id=1,
                      draft_text=" a", target_id=1, target_text=" a", block_len=1)
-    out = teach.render_teach_step([acc], step=0, n_steps=1, text_before="", lam=LAM, tau=TAU, method="sd")
+    out = teach.render_teach_step([acc], step=0, n_steps=1, text_before="", cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
     assert re.search(r'<div class="csd-scroll-box"><div class="csd-scroll-hint">[^<]*scroll[^<]*→</div>'
                      r'<div class="csd-scroll"><table>', out)
     css = render.CSS

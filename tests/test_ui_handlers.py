@@ -24,6 +24,7 @@ from csd.events import (
     STATUSES,
     RunMetrics,
 )
+from csd.ui.state import RunSettings
 from csd.ui.tabs import analyse, common, compare, explore, generate, jobs
 
 ui_store, ui_gate, ui_services = ui_fixtures.ui_store, ui_fixtures.ui_gate, ui_fixtures.ui_services  # fixtures
@@ -192,12 +193,12 @@ def test_show_speculation_keeps_drafting_where_auto_would_not(services, monkeypa
     blocks = [e.block_len for e in view.events if e.pass_end]
     assert all(n >= 3 for n in blocks[:-1]) and view.metrics.drafted >= 3 * (len(blocks) - 1)
     assert "(Show speculation asks for at least 3)" in html.unescape(on[-2]) or "γ auto drafted" not in on[-2]
-    assert common.make_config("ar", 6, 6, -2, 0, 8, auto_gamma=False, show_speculation=True).gamma_min == 0
+    assert common.make_config(RunSettings(method="ar", gamma=6, max_new_tokens=8, show_spec=True)).gamma_min == 0
 
 
 def test_the_done_sentence_counts_in_words():
     from csd.events import RunMetrics
-    view = jobs.RunView(None, "p", True, common.make_config("sd", 4, 6, -2, 0, 8),
+    view = jobs.RunView(None, "p", True, common.make_config(RunSettings(method="sd", gamma=4, max_new_tokens=8)),
                         metrics=RunMetrics(new_tokens=1, target_forwards=1, wall_s=0.5))
     assert jobs.done_sentence(view) == "Done: 1 token in 1 verify pass, 0.5 s."
     view.metrics = RunMetrics(new_tokens=5, target_forwards=2, wall_s=1.0)
@@ -250,10 +251,10 @@ def test_recolour_changes_classes_without_running_a_model(services, csd_run, gat
 
 def test_analyse_heading_mentions_outlines_only_when_something_changed(services, csd_run):
     sess = csd_run[-1][-1]
-    pareto, gaps, pos, heat, summary, heading, tokens, _ = analyse.analyse(services, common.SCOPE_RUN, 6, -0.5, False, sess)
+    pareto, gaps, pos, heat, summary, heading, tokens, _ = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=6, log10_tau=-0.5), sess)
     assert all(isinstance(f, go.Figure) for f in (pareto, gaps, pos, heat))
     assert "divergences logged" in summary and "no decision changes" in heading and "outlined" not in heading
-    heading = analyse.analyse(services, common.SCOPE_RUN, 0, 0.0, False, sess)[5]
+    heading = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=0, log10_tau=0.0), sess)[5]
     assert "changed decision" in heading and "outlined" in heading
 
 
@@ -305,7 +306,7 @@ def test_export_of_the_coloured_answer(services, csd_run):
 
 def test_compare_leads_with_target_passes_saved(services):
     sess = common.ensure_session(services, None)
-    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, False, sess))
+    outs = list(compare.compare(services, "the cat sat", RunSettings(gamma=4, lam=6, log10_tau=-0.5, max_new_tokens=12), sess))
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd

@@ -17,7 +17,7 @@ from csd.events import (
 )
 from csd.memory import CorrectionMemory
 from csd.ui import figures
-from csd.ui.state import Session
+from csd.ui.state import RunSettings, Session
 from csd.ui.tabs import common, compare, explore, generate, jobs, teach
 
 ui_store, ui_gate, ui_services = ui_fixtures.ui_store, ui_fixtures.ui_gate, ui_fixtures.ui_services  # fixtures
@@ -86,7 +86,8 @@ def test_download_reset_and_clear(services):
 
 def test_calibration_counts_exactly_the_positions_asked_for(services):
     sess = common.ensure_session(services, None)
-    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=8, answer_tokens=16,
+                                                    max_positions=300)
     assert sess.memory.meta["calibration"][-1]["positions"] == 300
     assert "shipped corpus: 300 positions" in md and "Calibrated on shipped corpus (300 positions)" in status
 
@@ -95,18 +96,22 @@ def test_prompt_calibration_from_an_upload(services, tmp_path):
     sess = common.ensure_session(services, None)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("the cat", "a dog ran", "we saw")))
-    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(prompts), 2, 8, 0, 6, sess)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(prompts), n_prompts=2, answer_tokens=8,
+                                                    max_positions=0)
     cal = sess.memory.meta["calibration"][-1]
     assert cal["mode"] == "prompts" and cal["prompts"] == 2 and cal["source"] == "mine.jsonl"
     assert "mine.jsonl: 2 prompts" in md
     with pytest.raises(gr.Error, match="Upload"):
-        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None, 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None, n_prompts=2, answer_tokens=8,
+                                                    max_positions=0)
     with pytest.raises(gr.Error, match="positions must be"):
-        explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=2, answer_tokens=8,
+                                                    max_positions=0)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json")
     with pytest.raises(gr.Error, match="bad.jsonl:1: not valid JSON") as err:
-        explore.calibrate_memory(services, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad), 2, 8, 0, 6, sess)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad), n_prompts=2, answer_tokens=8,
+                                                    max_positions=0)
     assert str(tmp_path) not in err.value.message
 
 
@@ -122,14 +127,15 @@ def test_calibration_stop_keeps_text_counts(services, monkeypatch):
         progress("calibrating", 0.5)
         raise AssertionError("the callback should have stopped the calibration")
     monkeypatch.setattr(explore, "calibrate", fake)
-    md, rows, status, sess = explore.calibrate_memory(services, explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, sess)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=8, answer_tokens=16,
+                                                    max_positions=300)
     assert "Stopped early: the counts so far are kept" in status and sess.memory.total == before + 5
 
 
 # -- teach ---------------------------------------------------------------------------------------------
 def test_teach_steps_plays_and_shows_discarded_tokens(services):
     sess = common.ensure_session(services, None)
-    *_, (view, status, sess) = teach.teach_run(services, PROMPT, "sd", 4, 6, -2, 24, sess)
+    *_, (view, status, sess) = teach.teach_run(services, PROMPT, RunSettings(method="sd", gamma=4, max_new_tokens=24), sess)
     blocks = teach._blocks(sess.teach.events)
     assert f"Iteration 1 of {len(blocks)}" in view and "draft top 5" in view and "Done:" in status
     assert sess.teach.cfg.gamma == 4
@@ -145,7 +151,7 @@ def test_teach_steps_plays_and_shows_discarded_tokens(services):
         view, timer, sess = teach.teach_tick(services, sess)
     assert f"Iteration {len(blocks)} of {len(blocks)}" in view and timer.active is False
     with pytest.raises(gr.Error, match="speculative"):
-        list(teach.teach_run(services, PROMPT, "ar", 4, 6, -2, 12, sess))
+        list(teach.teach_run(services, PROMPT, RunSettings(method="ar", gamma=4, max_new_tokens=12), sess))
 
 
 def test_status_poll_stops_when_nothing_is_left(services):
@@ -156,7 +162,7 @@ def test_status_poll_stops_when_nothing_is_left(services):
     *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is True and 'data-state="waiting"' in lines[1]
     jobs.stop(services, "compare", sess)
-    list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, False, sess))
+    list(compare.compare(services, "the cat", RunSettings(gamma=4, max_new_tokens=4), sess))
     *lines, timer = jobs.poll_status(services, sess)
     assert timer.active is False and "Stopped before it started" in lines[1]
 

@@ -16,7 +16,7 @@ import pytest
 from ui_fixtures import XSS, spans
 
 from csd import rule
-from csd.config import ConfigError
+from csd.config import ConfigError, CSDConfig
 from csd.events import (
     ACCEPTED,
     BONUS,
@@ -33,8 +33,9 @@ from csd.events import (
     RunMetrics,
     TokenEvent,
 )
-from csd.ui import export, figures, render
+from csd.ui import export, figures, render, rules
 from csd.ui.lane import Lane
+from csd.ui.state import RunSettings
 from csd.ui.tabs import common, compare, explore, teach
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def ev(status, text="x", pos=0, count=None, gap=None, **kw) -> TokenEvent:
 # -- escaping, colours, marks ----------------------------------------------------------------------
 def test_token_text_details_and_prompt_are_escaped():
     e = ev(REJECTED, text=XSS, count=3, gap=-1.0, draft_text='"><script>alert(2)</script>')
-    out = render.render_tokens([e], lam=6, tau=0.01, prompt=XSS)
+    out = render.render_tokens([e], cfg=CSDConfig(lam=6, tau=0.01), prompt=XSS)
     assert "<img" not in out and "<script" not in out
     assert "&lt;img src=x onerror=alert(1)&gt;" in out
     # the details are an attribute: its quotes are escaped, so it cannot close the attribute
@@ -67,7 +68,7 @@ def test_token_text_details_and_prompt_are_escaped():
                                         (REJECTED, "tok-rejected"), (CORRECTED, "tok-corrected"),
                                         (BONUS, "tok-bonus"), (TARGET, "tok-target")])
 def test_each_status_has_its_class_and_a_legend_sentence(status, cls):
-    out = render.render_tokens([ev(status, count=1, gap=-1.0)], lam=6, tau=0.01)
+    out = render.render_tokens([ev(status, count=1, gap=-1.0)], cfg=CSDConfig(lam=6, tau=0.01))
     assert spans(out)[0].split()[1] == cls
     assert f".{cls} {{" in render.CSS
     legend = render.render_legend()
@@ -150,11 +151,11 @@ def test_what_if_is_csd_rule_rescues():
     for lam in (0, 3, 6, 11):
         for tau in (1e-4, 0.01, 0.5, 1.0):
             want = rule.rescues(counts, gaps, lam, rule.log_tau(tau))
-            got = [render.would_rescue(ev(REJECTED, count=int(c), gap=float(g)), lam, tau) for c, g in zip(counts, gaps)]
+            got = [rules.would_keep(ev(REJECTED, count=int(c), gap=float(g)), (lam, tau)) for c, g in zip(counts, gaps)]
             assert got == list(want)
-    assert render.would_rescue(ev(ACCEPTED), 0, 1e-4) is None
-    assert render.would_rescue(ev(REJECTED, count=None, gap=-1.0), 0, 1e-4) is None
-    assert render.would_rescue(ev(REJECTED, count=50, gap=0.0, rule=RULE_SPECIAL), 0, 1e-4) is None
+    assert rules.would_keep(ev(ACCEPTED), (0, 1e-4)) is None
+    assert rules.would_keep(ev(REJECTED, count=None, gap=-1.0), (0, 1e-4)) is None
+    assert rules.would_keep(ev(REJECTED, count=50, gap=0.0, rule=RULE_SPECIAL), (0, 1e-4)) is None
     for module in (render, teach):       # the Teach view explains the rule: it uses it too
         assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(module.__file__).read_text())
     assert not re.search(r"math\.log\(tau|def log_tau|c >= lam", Path(figures.__file__).read_text())
@@ -201,7 +202,7 @@ def test_long_prompts_are_folded():
 def test_teach_shows_discarded_draft_tokens_and_scrolls():
     block = [ev(ACCEPTED, pos=0, block_len=4),
              ev(REJECTED, pos=1, count=0, gap=-2.0, discarded=[7, 8], block_len=4), ev(CORRECTED, pos=1, block_len=4)]
-    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", lam=6, tau=0.01, method="csd",
+    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", cfg=CSDConfig(lam=6, tau=0.01),
                                   discarded_texts=[" ran", " to"])
     assert out.count("tok-discarded") == 4            # two chips in the drafted block, two table rows
     assert 'class="discarded"' in out and "Never checked" in out
@@ -260,14 +261,17 @@ def test_compare_figure_leads_with_target_passes():
 
 # -- inputs --------------------------------------------------------------------------------------
 def test_make_config_converts_and_validates():
-    cfg = common.make_config("csd", 6.0, 3.0, -2.0, 0.0, 16.0, 0.0)
+    def make_config(method, gamma, lam, log10_tau, temperature, max_new, seed=None, **kw):
+        return common.make_config(RunSettings(method=method, gamma=gamma, lam=lam, log10_tau=log10_tau,
+                                              temperature=temperature, max_new_tokens=max_new, seed=seed, **kw))
+    cfg = make_config("csd", 6.0, 3.0, -2.0, 0.0, 16.0, 0.0)
     assert (cfg.gamma, cfg.lam, cfg.max_new_tokens, cfg.seed) == (6, 3.0, 16, 0)
-    assert common.make_config("csd", 6, 6, -2, 0, 16, auto_gamma=True).gamma == "auto"
+    assert make_config("csd", 6, 6, -2, 0, 16, auto_gamma=True).gamma == "auto"
     for args, msg in [(("csd", 40, 6, -2, 0, 16), "gamma"), (("csd", 6, 6, 0.5, 0, 16), "tau"),
                       (("csd", 2.5, 6, -2, 0, 16), "whole number"), (("fast", 6, 6, -2, 0, 16), "method"),
                       (("csd", 6, -1, -2, 0, 16), "lambda")]:
         with pytest.raises(ConfigError, match=msg):
-            common.make_config(*args)
+            make_config(*args)
 
 
 def test_pattern_parsing_and_escaped_errors():
@@ -284,7 +288,6 @@ def test_departures_mark_replaced_and_inserted_positions():
 
 
 def test_compare_caption_says_where_csd_leaves_sd():
-    from csd.config import CSDConfig
     from csd.events import ACCEPTED, BONUS, RESCUED
     from csd.ui.state import RunView
 
@@ -316,5 +319,3 @@ def test_lane_orders_requests_and_forgets_abandoned_ones():
     assert lane.ahead(c) == [a]
     lane.finish(a, "done")
     assert lane.ahead(c) == [] and a.summary == "done" and a.finished
-    lane.drop_session("s3")
-    assert c.cancel and len(lane) == 1

@@ -15,6 +15,7 @@ from ui_fixtures import Gate, tiny_services
 from csd.db import analytics as A
 from csd.events import ACCEPTED, REJECTED, RELAXED, RESCUED, RULE_NOT_RELAXED, RULE_RELAXED, STATUSES, TokenEvent
 from csd.ui import render, rules
+from csd.ui.state import RunSettings
 from csd.ui.tabs import analyse, common, compare, explore, generate, teach
 
 PROMPT = "Write about the cat on the mat and the dog in the park."
@@ -39,8 +40,9 @@ def services(store, gate):
 
 
 def gen(services, method, sess=None, max_new=24, temperature=0, **rivals):
-    out = list(generate.generate(services, PROMPT, True, method, 4, False, 6, -0.5, temperature, max_new, 0, False,
-                                 False, False, sess, **rivals))
+    s = RunSettings(method=method, gamma=4, lam=6, log10_tau=-0.5, temperature=temperature, max_new_tokens=max_new,
+                    seed=0, rivals=rivals)
+    out = list(generate.generate(services, PROMPT, s, sess))
     return out[-1]
 
 
@@ -100,7 +102,8 @@ def test_whatif_under_a_rival_matches_the_store_and_changes_no_model(services, l
     changed = render.changed_decisions(view.events, strict)
     n_relaxed = sum(e.status == RELAXED for e in view.events)
     assert changed == n_relaxed > 0                               # tau 1 keeps no divergence
-    out = analyse.analyse(services, common.SCOPE_RUN, 6, -0.5, False, sess, "lossy", tau_lossy=1.0)
+    out = analyse.analyse(services, common.SCOPE_RUN, RunSettings(method="lossy", lam=6, log10_tau=-0.5,
+                                                                     rivals={"tau_lossy": 1.0}), sess)
     heading, tokens, summary = out[5], out[6], out[4]
     assert "Last answer under lossy SD at τ = 1" in heading and tokens.count("wi-reject") == n_relaxed
     assert "Under **lossy SD at τ = 1**" in summary and "would keep **0**" in summary
@@ -113,22 +116,25 @@ def test_whatif_under_a_rival_matches_the_store_and_changes_no_model(services, l
         assert got.rescued == want and got.total == sum(e.is_divergence for e in view.events), method
         assert A.unscored(store, r, A.Filter(run_ids=(view.run_id,))) == 0
     # the CSD what-if of the sliders on a rival's answer: relaxed tokens CSD would refuse are outlined
-    csd_tokens = analyse.analyse(services, common.SCOPE_RUN, 64, -2, False, sess)[6]
+    csd_tokens = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=64), sess)[6]
     assert csd_tokens.count("wi-reject") == n_relaxed             # lambda 64: no pattern is known that often
+
+
+def cmp_settings(panes, **rivals):
+    return RunSettings(gamma=4, lam=6, log10_tau=-0.5, max_new_tokens=12, panes=panes, rivals=rivals)
 
 
 def test_compare_shows_any_two_or_three_methods(services):
     sess = common.ensure_session(services, None)
-    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, False, sess,
-                                "sd", "lossy", compare.NONE, tau_lossy=0.01))
+    outs = list(compare.compare(services, "the cat sat", cmp_settings(("sd", "lossy", compare.NONE), tau_lossy=0.01),
+                                sess))
     *panes, cap1, cap2, cap3, fig, note, status, sess = outs[-1]
     assert cap1.startswith("**SD**:") and cap2.startswith("**LOSSY**:") and cap3 == "*(no method)*"
     assert "same tokens as SD" in cap2 or "departs from SD" in cap2       # compared with the first pane
     assert "no method picked" in panes[2] and 'data-csd-view="pane-csd"' in panes[2]
     assert list(fig.data[0].x) == ["sd", "lossy"] and "Done: 2 of 2 methods ran" in status
     assert sess.last.cfg.method == "lossy"
-    outs = list(compare.compare(services, "the cat sat", True, 4, False, 6, -0.5, 12, False, sess,
-                                "ar", "typical", "fly", win_len=2))
+    outs = list(compare.compare(services, "the cat sat", cmp_settings(("ar", "typical", "fly"), win_len=2), sess))
     *panes, cap1, cap2, cap3, fig, note, status, sess = outs[-1]
     assert [c.split(":")[0] for c in (cap1, cap2, cap3)] == ["**AR**", "**TYPICAL**", "**FLY**"]
     assert "**TYPICAL** used" in note and "Done: 3 of 3 methods ran" in status
@@ -136,12 +142,13 @@ def test_compare_shows_any_two_or_three_methods(services):
                            (("csd", compare.NONE, compare.NONE), "Pick two or three methods"),
                            (("csd", "fast", "sd"), "unknown method 'fast'")):
         with pytest.raises(gr.Error, match=needle):
-            list(compare.compare(services, "the cat", True, 4, False, 6, -2, 4, False, sess, *picked))
+            list(compare.compare(services, "the cat", RunSettings(gamma=4, max_new_tokens=4, panes=picked), sess))
 
 
 def test_teach_steps_through_a_rivals_decisions(services):
     sess = common.ensure_session(services, None)
-    *_, (view, status, sess) = teach.teach_run(services, PROMPT, "topk", 4, 6, -2, 24, sess, topk=20, delta=0.9)
+    *_, (view, status, sess) = teach.teach_run(services, PROMPT, RunSettings(method="topk", gamma=4, max_new_tokens=24,
+                                                                      rivals={"topk": 20, "delta": 0.9}), sess)
     assert "Done:" in status and "top-k at k = 20, δ = 0.9" in view and sess.teach.cfg.relax.k == 20
     events = sess.teach.events
     decided = [e for e in events if e.rule in (RULE_RELAXED, RULE_NOT_RELAXED)]

@@ -200,6 +200,7 @@ def spans(html_text: str) -> list[str]:
 def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, lam=6, log10_tau=-0.5, max_new=24,
         lookup=False, temperature=0, show_spec=False):
     """The Generate handler's stream on the tiny pair (a fixed block of ``gamma`` unless ``auto``)."""
+    from csd.ui.state import RunSettings
     from csd.ui.tabs import generate
-    return generate.generate(services, prompt, True, method, gamma, auto, lam, log10_tau, temperature, max_new, 0, False,
-                             lookup, show_spec, sess)
+    return generate.generate(services, prompt, RunSettings(method, True, gamma, auto, show_spec, lam, log10_tau, temperature,
+                                                           max_new, 0, lookup), sess)

@@ -6,8 +6,9 @@ import json
 import math
 from collections.abc import Sequence
 
+from csd.config import CSDConfig
 from csd.events import RunMetrics, TokenEvent
-from csd.rule import RIVALS, Relax
+from csd.rule import RIVALS
 
 from .render import CSS, PAPER_URL, STATUS_STYLE, _prompt_html, esc, render_legend, token_detail, token_text_html
 
@@ -53,16 +54,17 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
 
 
 # -- export ------------------------------------------------------------------------------------
-def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict, lam: float,
-                       tau: float, metrics: RunMetrics | None, method: str, relax: Relax | None = None) -> str:
-    """A self-contained HTML page of a coloured answer (styles inline, details as hover titles,
-    no script, nothing fetched)."""
+def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict,
+                       metrics: RunMetrics | None, cfg: CSDConfig) -> str:
+    """A self-contained HTML page of a coloured answer of a run under ``cfg`` (styles inline, details as
+    hover titles, no script, nothing fetched)."""
+    method = cfg.method
     spans = []
     for ev in events:
         cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
         text, extra = token_text_html(ev)
         spans.append(f'<span class="{" ".join(cls + extra)}" '
-                     f'title="{esc(token_detail(ev, lam, tau, method=method, relax=relax))}">{text}</span>')
+                     f'title="{esc(token_detail(ev, cfg.lam, cfg.tau, method=method, relax=cfg.relax))}">{text}</span>')
     fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"

@@ -97,15 +97,6 @@ class Lane:
         with self._lock:
             return [j for j in self._jobs.values() if j.running]
 
-    def drop_session(self, session_id: str) -> None:
-        """A closed page: its jobs are cancelled and no longer counted."""
-        with self._lock:
-            for t, j in list(self._jobs.items()):
-                if j.session_id == session_id:
-                    j.cancel = True
-                    if j.waiting:
-                        del self._jobs[t]
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._jobs)

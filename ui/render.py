@@ -12,7 +12,6 @@ re-implements a rule.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -64,6 +63,7 @@ WHATIF_STYLE = {
 }
 SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a marker, never part of the text."
 DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
+EMPTY_ANSWER = "The answer appears here, one verify pass at a time."
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
 STATIC = Path(__file__).resolve().parent / "static"   # package data: app.css and app.js
@@ -125,20 +125,6 @@ def special_label(text: str | None) -> str:
     return f"⟨{t.strip('<|>') or 'special'}⟩"
 
 
-def _fmt(x: float | None, nd: int = 2) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and math.isinf(x):
-        return "−∞" if x < 0 else "∞"
-    return f"{x:.{nd}f}".replace("-", "−")
-
-
-def would_rescue(ev: TokenEvent, lam: float, tau: float) -> bool | None:
-    """The CSD rule (``csd.rule.rescues``) replayed on a logged divergence; None for events that
-    are not divergences, lack the logged values, or involve a special token (never rescued)."""
-    return rules.would_keep(ev, (lam, tau))
-
-
 def whatif_class(ev: TokenEvent, lam, tau: float | None = None) -> str | None:
     """``wi-rescue`` for a rejected token the rule would keep, ``wi-reject`` for a kept (rescued or
     relaxed) token it would not; None when the decision would not change. The rule: CSD's (lam, tau),
@@ -192,14 +178,14 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
         mem_ok = False if ev.rule == RULE_MEMORY_RARE else mem_ok
         gate_ok = False if ev.rule == RULE_GAP_LOW else gate_ok
     lam_s = f"λ = {lam:g}" if lam is not None else "λ"
-    lt_s = f"log τ = {_fmt(lt)}" if lt is not None else "log τ"
+    lt_s = f"log τ = {rules.num(lt)}" if lt is not None else "log τ"
     seen = "had never seen this swap" if c == 0 else f"had seen this swap {plural(c or 0, 'time')}"
     if mem_ok is False:
         mem = f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
     else:
         mem = f"the memory {seen} (at least {lam_s})"
-    gate_no = f"the target found {x} too unlikely (logit gap {_fmt(gap)}, below {lt_s})"
-    gate_yes = f"the target found {x} close enough (logit gap {_fmt(gap)}, at or above {lt_s})"
+    gate_no = f"the target found {x} too unlikely (logit gap {rules.num(gap)}, below {lt_s})"
+    gate_yes = f"the target found {x} close enough (logit gap {rules.num(gap)}, at or above {lt_s})"
     if ev.status == RESCUED:
         if use_mem and use_gate:
             return f"{mem} and {gate_yes}"
@@ -209,7 +195,7 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
         return f"of the rule {ev.rule or 'none'}"
     why = " and ".join(failed)
     if mem_ok is False and gate_ok and use_gate:
-        why += f", although the gate would have let it through (logit gap {_fmt(gap)}, at or above {lt_s})"
+        why += f", although the gate would have let it through (logit gap {rules.num(gap)}, at or above {lt_s})"
     elif gate_ok is False and mem_ok and use_mem:
         why += f", although the memory knew the swap ({plural(c, 'time')}, {lam_s})"
     return why
@@ -272,8 +258,8 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
         lt = log_tau(tau) if tau and relax is None else None
         ok = lt is not None and rescues(None, ev.gap, 0, lt, use_ocm=False)
-        lines.append(f"gate: logit gap z(x~) − z(t*) = {_fmt(ev.gap)}"
-                     + (f" vs log τ = {_fmt(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
+        lines.append(f"gate: logit gap z(x~) − z(t*) = {rules.num(ev.gap)}"
+                     + (f" vs log τ = {rules.num(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
                      + ("" if use_gate or relax is not None else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
         show = lam is not None and relax is None
@@ -320,52 +306,54 @@ def _prompt_html(prompt: str | None) -> str:
             f"{esc(head)}…</summary>{esc(prompt)}</details>")
 
 
-def render_tokens(events: Iterable[TokenEvent], *, lam: float | None = None, tau: float | None = None,
-                  hide_rejected: bool = False, whatif=None, relax: Relax | None = None,
-                  diff_positions: set[int] | None = None, prompt: str | None = None, latest_block: int | None = None,
-                  view: str = "tokens", panel: str | None = None, nav: bool = True, method: str | None = None,
-                  empty: str = "The answer appears here, one verify pass at a time.") -> str:
+def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tuple) -> str:
+    """One token of the answer: its classes (status, what-if, marks) and its details in ``data-detail``;
+    ``marks``: (departures, the latest pass)."""
+    if not isinstance(ev, TokenEvent):
+        raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
+    diff_positions, latest_block = marks
+    text, extra = token_text_html(ev)
+    cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
+           *filter(None, [whatif_class(ev, whatif) if whatif is not None else None])]
+    if diff_positions and ev.in_output and ev.position in diff_positions:
+        cls.append("diff")
+    if latest_block is not None and ev.block == latest_block:
+        cls.append("latest")
+    if ev.source == "lookup":
+        cls.append("copied")
+    attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
+             + (' data-pass-end="1"' if ev.pass_end else ""))
+    run = (cfg.lam, cfg.tau, whatif, cfg.method, cfg.relax) if cfg is not None else (None, None, whatif)
+    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>'
+
+
+def _nav_bar(n: dict) -> str:
+    """Next rescued / rejected (/ relaxed) and the counts above an answer."""
+    return (f'<div class="csd-nav"><button type="button" data-nav="rescued"{"" if n[RESCUED] else " disabled"}>'
+            f'Next rescued ▸</button><button type="button" data-nav="rejected"'
+            f'{"" if n[REJECTED] else " disabled"}>Next rejected ▸</button>'
+            + ('<button type="button" data-nav="relaxed">Next relaxed ▸</button>' if n[RELAXED] else "")
+            + f'<span>{n[RESCUED]} rescued · ' + (f"{n[RELAXED]} relaxed · " if n[RELAXED] else "")
+            + f'{n[REJECTED]} rejected · click any token for its details</span></div>')
+
+
+def render_tokens(events: Iterable[TokenEvent], *, cfg: CSDConfig | None = None, whatif=None,
+                  hide_rejected: bool = False, diff_positions: set[int] | None = None, prompt: str | None = None,
+                  latest_block: int | None = None, **frame) -> str:
     """The coloured answer: one escaped ``<span>`` per event, its details in ``data-detail``.
 
-    lam/tau: the thresholds the run used; whatif: other (lam, tau), or any rule (``csd.rule.Rescue``),
-    under which changed decisions are outlined; relax: the run's rival rule, if any; diff_positions: output positions to mark as departures; latest_block: the pass
-    that just arrived (marked while streaming); view: this answer's name on the page; panel: the id
-    prefix of the details panel a click fills (default: the view's own); method: the run's method
-    (its rescue modules, for the details)."""
-    parts = []
-    n = {RESCUED: 0, RELAXED: 0, REJECTED: 0}
-    for i, ev in enumerate(events):
-        if not isinstance(ev, TokenEvent):
-            raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
-        cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
-        text, extra = token_text_html(ev)
-        cls += extra
-        if whatif is not None:
-            w = whatif_class(ev, whatif)
-            if w:
-                cls.append(w)
-        if diff_positions and ev.in_output and ev.position in diff_positions:
-            cls.append("diff")
-        if latest_block is not None and ev.block == latest_block:
-            cls.append("latest")
-        if ev.source == "lookup":
-            cls.append("copied")
-        if ev.status in n:
-            n[ev.status] += 1
-        attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
-                 + (' data-pass-end="1"' if ev.pass_end else ""))
-        parts.append(f'<span class="{" ".join(cls)}" {attrs} '
-                     f'data-detail="{esc(token_detail(ev, lam, tau, whatif, method, relax))}">{text}</span>')
-    body = "".join(parts) or f'<span class="csd-note">{esc(empty)}</span>'
+    cfg: the run's config (its λ, τ, method and rival rule, for the details); whatif: other (lam, tau),
+    or any rule (``csd.rule.Rescue``), under which changed decisions are outlined; diff_positions: output
+    positions to mark as departures; latest_block: the pass that just arrived (marked while streaming);
+    ``frame``: view (this answer's name on the page), panel (the id prefix of the details panel a click
+    fills; default: the view's own), nav (the bar of counts) and empty (the text of an empty answer)."""
+    view, panel = frame.get("view", "tokens"), frame.get("panel")
+    events = list(events)
+    parts = [_token_span(i, ev, cfg, whatif, (diff_positions, latest_block)) for i, ev in enumerate(events)]
+    n = {st: sum(1 for e in events if e.status == st) for st in (RESCUED, RELAXED, REJECTED)}
+    body = "".join(parts) or f'<span class="csd-note">{esc(frame.get("empty") or EMPTY_ANSWER)}</span>'
     wrap = "csd-tokens csd-hide-rejected" if hide_rejected else "csd-tokens"
-    bar = ""
-    if nav and parts:
-        bar = (f'<div class="csd-nav"><button type="button" data-nav="rescued"{"" if n[RESCUED] else " disabled"}>'
-               f'Next rescued ▸</button><button type="button" data-nav="rejected"'
-               f'{"" if n[REJECTED] else " disabled"}>Next rejected ▸</button>'
-               + ('<button type="button" data-nav="relaxed">Next relaxed ▸</button>' if n[RELAXED] else "")
-               + f'<span>{n[RESCUED]} rescued · ' + (f"{n[RELAXED]} relaxed · " if n[RELAXED] else "")
-               + f'{n[REJECTED]} rejected · click any token for its details</span></div>')
+    bar = _nav_bar(n) if frame.get("nav", True) and parts else ""
     return (f'<div data-csd-view="{esc(view)}" data-csd-panel="{esc(panel or view)}">{_prompt_html(prompt)}{bar}'
             f'<div class="{wrap}">{body}</div></div>')
 
@@ -411,7 +399,7 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
     changed = changed_decisions(div, rule)
     if tau is not None:
         ran = "the run's relaxed rule kept" if any(e.status == RELAXED for e in div) else "the run rescued"
-        line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {_fmt(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
+        line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {rules.num(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
                 f"the last answer would be rescued; {ran} {now}.")
     else:
         unknown = sum(1 for e in div if e.rule != RULE_SPECIAL and rules.would_keep(e, rule) is None)

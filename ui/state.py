@@ -19,6 +19,7 @@ from csd.memory import CorrectionMemory
 from csd.pair import ModelPair
 
 from .lane import KINDS, Job, Lane
+from .rules import RIVAL_FIELDS
 
 
 @dataclass
@@ -38,6 +39,37 @@ class Settings:
     status_interval_s: float = 1.0    # how often a waiting or running page refreshes its status line
     frontier_file: str = str(frontier.FRONTIER_FILE)        # the committed frontiers the Analyse tab shows
     rivals_file: str = str(frontier.RIVALS_FILE)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The settings of a run as the page holds them (raw component values, which ``common.make_config``
+    checks): the bar above the tabs (γ, λ, τ and the rivals' parameters) and the tab's own (its method,
+    length, ...). A handler reads (services, prompt or scope, settings, session)."""
+    method: str = "csd"
+    chat: bool = True
+    gamma: object = 6
+    auto_gamma: bool = False
+    show_spec: bool = False           # gamma auto drafts at least common.SHOW_SPECULATION tokens a block
+    lam: object = 6
+    log10_tau: object = -2
+    temperature: object = 0
+    max_new_tokens: object = 64
+    seed: object = None
+    lookup: bool = False
+    hide_rejected: bool = False
+    panes: tuple = ("ar", "sd", "csd")   # Compare's methods
+    rivals: dict = field(default_factory=dict)   # the rivals' parameters by name (``rules.RIVAL_FIELDS``)
+
+    @classmethod
+    def from_inputs(cls, **values) -> RunSettings:
+        """The settings from component values by name: the rivals' go into ``rivals``, Compare's
+        ``method_1``.. into ``panes``."""
+        if "whatif_method" in values:      # Analyse's name for its rule
+            values["method"] = values.pop("whatif_method")
+        rivals = {f: values.pop(f) for f in RIVAL_FIELDS if f in values}
+        panes = tuple(values.pop(k) for k in sorted(values) if k.startswith("method_"))
+        return cls(**values, **({"panes": panes} if panes else {}), rivals=rivals)
 
 
 @dataclass

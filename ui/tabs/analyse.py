@@ -6,16 +6,15 @@ Nothing here runs the model.
 from __future__ import annotations
 
 import logging
-from functools import partial
 
 import gradio as gr
 import numpy as np
 
-from csd.config import METHOD_SHORT, ConfigError, CSDConfig
+from csd.config import METHOD_SHORT, ConfigError
 from csd.db import analytics as A
 
 from .. import figures, render, rules
-from ..state import Services, Session
+from ..state import RunSettings, Services, Session
 from .common import (
     NO_STORE,
     SCOPE_SESSION,
@@ -33,32 +32,21 @@ log = logging.getLogger(__name__)
 
 WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
-D = CSDConfig()   # the rivals' defaults: analyse's last, optional values
 
 
-def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool, sess: Session | None,
-            whatif_method: str = "csd", tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
-            posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
-            entropy_thre=D.entropy_thre):
+def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None):
     """The four charts for a scope and thresholds, from the store (no model runs), and the last answer
-    recoloured under the what-if rule (``whatif_method`` at the λ/τ sliders and the rivals' parameters).
+    recoloured under the what-if rule (``s.method`` at the λ/τ sliders and the rivals' parameters).
     -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, session)."""
     sess = ensure_session(services, sess)
-    lam, tau = float(lam), tau_from_log10(log10_tau)
+    lam, tau = float(s.lam), tau_from_log10(s.log10_tau)
     try:
-        rule = rules.whatif_rule(whatif_method or "csd", lam, tau, rival_params(
-            tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
+        rule = rules.whatif_rule(s.method or "csd", lam, tau, rival_params(s.rivals))
     except ConfigError as e:
         raise error(str(e)) from None
-    csd = whatif_method in (None, "", "csd")
-    tokens = tokens_html(sess.last, lam, tau, hide_rejected, view_id="analyse-tokens", whatif=None if csd else rule)
-    changed = render.changed_decisions(sess.last.events, rule) if sess.last else 0
-    heading = ("**Last answer under the λ/τ sliders**" if csd else f"**Last answer under {rules.describe(rule)}**") \
-        + (f": {render.plural(changed, 'changed decision')} outlined (dashed: would be "
-           f"{'rescued' if csd else 'kept'}, double: would be rejected)" if changed
-           else (": no decision changes" if sess.last else ""))
-    if sess.last and not csd:      # the count, and what the rule lacks (the outline sentence is above)
-        heading += "  \n" + render.esc_md(render.whatif_summary(sess.last.events, rule, outline=False))
+    csd = s.method in (None, "", "csd")
+    tokens = tokens_html(sess.last, (lam, tau) if csd else rule, s.hide_rejected, view="analyse-tokens")
+    heading = _heading(sess, rule, csd)
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
         return e, e, e, e, NO_STORE, heading, tokens, sess
@@ -94,11 +82,24 @@ def analyse(services: Services, scope: str, lam, log10_tau, hide_rejected: bool,
             summary, heading, tokens, sess)
 
 
+def _heading(sess: Session, rule, csd: bool) -> str:
+    """The heading of the recoloured answer: the rule, and how many of its decisions it changes."""
+    changed = render.changed_decisions(sess.last.events, rule) if sess.last else 0
+    heading = ("**Last answer under the λ/τ sliders**" if csd else f"**Last answer under {rules.describe(rule)}**") \
+        + (f": {render.plural(changed, 'changed decision')} outlined (dashed: would be "
+           f"{'rescued' if csd else 'kept'}, double: would be rejected)" if changed
+           else (": no decision changes" if sess.last else ""))
+    if sess.last and not csd:      # the count, and what the rule lacks (the outline sentence is above)
+        heading += "  \n" + render.esc_md(render.whatif_summary(sess.last.events, rule, outline=False))
+    return heading
+
+
 def refresh_after(page: Page, dep) -> None:
     """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
     refreshed once it is done."""
-    dep.then(partial(analyse, page.services), *page.analyse_io, api_visibility="private", show_progress="hidden",
-             **page.light)
+    named, outputs = page.analyse_io
+    dep.then(page.handler(analyse, "scope"), [page.sess], outputs, inputs_kwargs=named, api_visibility="private",
+             show_progress="hidden", **page.light)
 
 
 # -- the tab -----------------------------------------------------------------------------------
@@ -137,12 +138,14 @@ def build(page: Page):
         a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
         gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
     assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
-    analyse_inputs = [scope, page.lam, page.log10_tau, page.hide_rejected, sess, a_rule, *page.rivals]
-    analyse_outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
-    page.analyse_io = (analyse_inputs, analyse_outputs)
+    named = page.named(("scope", "lam", "log10_tau", "hide_rejected", "whatif_method"), scope=scope,
+                       hide_rejected=page.hide_rejected, whatif_method=a_rule)
+    outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
+    page.analyse_io = (named, outputs)
 
     def wire():
-        a_refresh.click(partial(analyse, services), analyse_inputs, analyse_outputs, api_name="analyse", **light)
+        run = page.handler(analyse, "scope")
+        a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
         for trigger in (scope.change, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
-            trigger(partial(analyse, services), analyse_inputs, analyse_outputs, api_visibility="private", **light)
+            trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)
     return wire

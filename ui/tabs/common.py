@@ -18,7 +18,7 @@ from csd.db import analytics as A
 from csd.rule import log_tau
 
 from .. import render, rules
-from ..state import RunView, Services, Session, new_session
+from ..state import RunSettings, RunView, Services, Session, new_session
 
 log = logging.getLogger(__name__)
 
@@ -117,42 +117,39 @@ def as_int(name: str, v) -> int:
     return int(v)
 
 
-def rival_params(*values) -> dict:
-    """The rivals' parameters from the bar's inputs, in ``csd.ui.rules.RIVAL_FIELDS`` order (numbers from the
-    page; k and the window made whole numbers, or refused)."""
+def rival_params(values: dict) -> dict:
+    """The rivals' parameters from the bar's inputs by name (numbers from the page; k and the window made
+    whole numbers, or refused)."""
     out = {}
-    for name, v in zip(rules.RIVAL_FIELDS, values):
+    for name, v in values.items():
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
             raise ConfigError(f"{name} is missing")
         out[name] = as_int(name, v) if name in rules.INT_FIELDS else float(v)
     return out
 
 
-def make_config(method: str, gamma, lam, log10_tau, temperature, max_new_tokens, seed=None,
-                explain: bool = False, auto_gamma: bool = False, lookup: bool = False,
-                show_speculation: bool = False, rivals=None, score_all: bool = False) -> CSDConfig:
-    """The engine's config from slider values (floats from the page), validated by the engine.
-    ``auto_gamma``: the block length is chosen per block from the machine's measured costs, at least
-    ``SHOW_SPECULATION`` tokens with ``show_speculation``;
-    ``lookup``: copies from the context (up to ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd
-    and the ablations; the switch means nothing to ar); ``rivals``: the rivals' parameters (a dict, or
-    the bar's values in ``csd.ui.rules.RIVAL_FIELDS`` order); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) -> CSDConfig:
+    """The engine's config from the page's settings (floats from the page), validated by the engine.
+    ``s.auto_gamma``: the block length is chosen per block from the machine's measured costs, at least
+    ``SHOW_SPECULATION`` tokens with ``s.show_spec``; ``s.lookup``: copies from the context (up to
+    ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd and the ablations; the switch means nothing
+    to ar); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+    method = s.method
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    seed = None if seed is None or seed == "" else as_int("seed", seed)
-    cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if auto_gamma else as_int("gamma", gamma), lam=float(lam),
-                    tau=tau_from_log10(log10_tau), temperature=float(temperature),
-                    max_new_tokens=as_int("max new tokens", max_new_tokens), seed=seed, explain=explain,
-                    lookup=default_lookup(method) if lookup else 0,   # ar drafts nothing to copy into
-                    gamma_min=SHOW_SPECULATION if auto_gamma and show_speculation and method != "ar" else 0,
-                    score_all=score_all and method != "ar",
-                    **(rival_params(*rivals) if isinstance(rivals, (list, tuple)) else rivals or {}))
+    seed = None if s.seed is None or s.seed == "" else as_int("seed", s.seed)
+    cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_int("gamma", s.gamma), lam=float(s.lam),
+                    tau=tau_from_log10(s.log10_tau), temperature=float(s.temperature),
+                    max_new_tokens=as_int("max new tokens", s.max_new_tokens), seed=seed, explain=explain,
+                    lookup=default_lookup(method) if s.lookup else 0,   # ar drafts nothing to copy into
+                    gamma_min=SHOW_SPECULATION if s.auto_gamma and s.show_spec and method != "ar" else 0,
+                    score_all=score_all and method != "ar", **rival_params(s.rivals))
     return cfg.validated()
 
 
-def page_config(*args, **kw) -> CSDConfig:
+def page_config(s: RunSettings, **kw) -> CSDConfig:
     try:
-        return make_config(*args, **kw)
+        return make_config(s, **kw)
     except ConfigError as e:
         raise error(str(e)) from None
 
@@ -178,21 +175,16 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
 
 
 # -- answers -----------------------------------------------------------------------------------
-def tokens_html(view: RunView | None, lam: float, tau: float, hide_rejected: bool,
-                diff_positions: set[int] | None = None, view_id: str = "tokens", prompt: bool = True,
-                empty: str | None = None, panel: str | None = None, whatif=None) -> str:
-    """The coloured answer of ``view``, its changed decisions outlined under CSD's (lam, tau) or the
-    rule ``whatif`` (a ``csd.rule.Rescue``)."""
-    kw = dict(empty=empty) if empty else {}
-    kw["panel"] = panel
-    if view is None:
-        return render.render_tokens([], hide_rejected=hide_rejected, view=view_id, **kw)
-    latest = view.events[-1].block if (view.events and not view.done) else None
-    return render.render_tokens(view.events, lam=view.cfg.lam, tau=view.cfg.tau, hide_rejected=hide_rejected,
-                                whatif=(lam, tau) if whatif is None else whatif, relax=view.cfg.relax,
-                                diff_positions=diff_positions,
-                                prompt=view.prompt if prompt else None, latest_block=latest, view=view_id,
-                                method=view.cfg.method, **kw)
+def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True,
+                **frame) -> str:
+    """The coloured answer of ``run``, its changed decisions outlined under ``whatif``: CSD's (lam, tau) or
+    a rule (a ``csd.rule.Rescue``). ``frame``: ``render.render_tokens``' marks and frame (view, panel, empty,
+    diff_positions)."""
+    if run is None:
+        return render.render_tokens([], hide_rejected=hide_rejected, **frame)
+    latest = run.events[-1].block if (run.events and not run.done) else None
+    return render.render_tokens(run.events, cfg=run.cfg, hide_rejected=hide_rejected, whatif=whatif,
+                                prompt=run.prompt if show_prompt else None, latest_block=latest, **frame)
 
 
 def remember_ar(sess: Session, view: RunView | None) -> None:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import difflib
 import html
 import time
+from dataclasses import replace
 from functools import partial
 
 import gradio as gr
 
-from csd.config import METHOD_SHORT, METHODS, CSDConfig
+from csd.config import METHOD_SHORT, METHODS
 from csd.events import KEPT_DIVERGENCES, REJECTED, RELAXED, common_prefix
 
 from .. import figures, render
 from ..render import plural
-from ..state import RunView, Services, Session
+from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import (
     EXACT_MODE_LABEL,
@@ -36,7 +37,6 @@ from .page import EXAMPLES, Page
 
 COMPARE_METHODS = ("ar", "sd", "csd")   # the default panes; their names are also the panes' element ids
 NONE = "none"                            # a pane left empty (two methods side by side)
-D = CSDConfig()                          # the rivals' defaults: compare's last, optional values
 
 
 def chosen_methods(*picked: str | None) -> tuple[list[str], str | None]:
@@ -155,56 +155,57 @@ def compare_note(views: dict[str, RunView | None]) -> str:
     return "\n\n".join(lines + [verdict, why])
 
 
-def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool, lam, log10_tau, max_new_tokens,
-            show_spec: bool, sess: Session | None, method_1: str = "ar", method_2: str = "sd", method_3: str = "csd",
-            tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta, posterior_threshold=D.posterior_threshold,
-            posterior_alpha=D.posterior_alpha, win_len=D.win_len, entropy_thre=D.entropy_thre):
-    """Run two or three methods (AR, SD and CSD by default; ``NONE`` leaves the third pane empty) on one
-    prompt, one after another (greedy), one burst per verify pass; the rivals' parameters come last.
+def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool = False) -> tuple:
+    """The panes (each marked where it departs from the ``ref`` pane), their captions, and, once ``final``,
+    the chart and the explanation."""
+    base = views[ref]
+    diffs = {m: (departures(base.token_ids, v.token_ids) if (base and base.done and v and v.done and m != ref)
+                 else None) for m, v in views.items()}
+    panes = [tokens_html(views[m], whatif, show_prompt=False, diff_positions=diffs[m], view=f"pane-{slot}",
+                         panel="compare")
+             if m and views[m] else render.render_tokens([], empty="waiting…" if m else "no method picked",
+                                                         view=f"pane-{slot}", panel="compare")
+             for slot, m in zip(COMPARE_METHODS, slots)]
+    caps = [_compare_caption(m, views[m], base, diffs[m], views.get("sd"), ref) if m else "*(no method)*"
+            for m in slots]
+    if not final:
+        return (*panes, *caps, gr.skip(), gr.skip())
+    fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics})
+    return (*panes, *caps, fig, compare_note(views))
+
+
+def compare(services: Services, prompt: str, s: RunSettings, sess: Session | None):
+    """Run two or three methods (``s.panes``: AR, SD and CSD by default; ``NONE`` leaves the third pane
+    empty) on one prompt, one after another (greedy), one burst per verify pass.
     Yields the three panes, their captions, the chart, the explanation, the status line, the session."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "compare")
-    picked, problem = chosen_methods(method_1, method_2, method_3)
+    picked, problem = chosen_methods(*s.panes)
     if problem:
         services.lane.finish(job, "Not run: pick two or three different methods.")
         raise error(problem)
     views: dict[str, RunView | None] = dict.fromkeys(picked)
     slots = [picked[i] if i < len(picked) else None for i in range(len(COMPARE_METHODS))]
     ref = "ar" if "ar" in views else picked[0]        # the answer the others are compared with
-    tau = tau_from_log10(log10_tau)
-    rivals = (tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre)
 
     def out(final: bool = False):
-        base = views[ref]
-        diffs = {m: (departures(base.token_ids, v.token_ids) if (base and base.done and v and v.done and m != ref)
-                     else None) for m, v in views.items()}
-        panes = [tokens_html(views[m], float(lam), tau, False, diffs[m], view_id=f"pane-{slot}", prompt=False,
-                             panel="compare")
-                 if m and views[m] else render.render_tokens([], empty="waiting…" if m else "no method picked",
-                                                             view=f"pane-{slot}", panel="compare")
-                 for slot, m in zip(COMPARE_METHODS, slots)]
-        caps = [_compare_caption(m, views[m], base, diffs[m], views.get("sd"), ref) if m else "*(no method)*"
-                for m in slots]
-        fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics}) \
-            if final else gr.skip()
-        note = compare_note(views) if final else gr.skip()
-        return (*panes, *caps, fig, note, status_line(services, sess, "compare"), sess)
+        return (*_compare_out(views, slots, ref, (float(s.lam), tau_from_log10(s.log10_tau)), final),
+                status_line(services, sess, "compare"), sess)
 
     if job.cancel:
         services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield (*[gr.skip()] * 8, status_line(services, sess, "compare"), sess)
         return
     with in_lane(services, job):
-        cfgs = {m: page_config(m, gamma, lam, log10_tau, 0.0, max_new_tokens, auto_gamma=auto_gamma and m != "ar",
-                               show_speculation=bool(show_spec), rivals=rivals)
-                for m in picked}
+        cfgs = {m: page_config(replace(s, method=m, temperature=0.0, seed=None, lookup=False,
+                                       auto_gamma=s.auto_gamma and m != "ar")) for m in picked}
         for m in picked:
             if job.cancel:
                 break
             # the others get a throwaway copy of the memory, so that CSD does not learn from their runs of this prompt
             memory = sess.memory if m == "csd" else sess.memory.copy()
             t0 = time.perf_counter()
-            run, views[m] = start_run(services, sess, job, prompt, chat, cfgs[m], memory, label=m.upper())
+            run, views[m] = start_run(services, sess, job, prompt, s.chat, cfgs[m], memory, label=m.upper())
             yield out()
             with recorded(services, sess, prompt, cfgs[m], "compare") as rec:
                 for _ in follow_run(run, rec, views[m], t0):
@@ -213,20 +214,51 @@ def compare(services: Services, prompt: str, chat: bool, gamma, auto_gamma: bool
         last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None), None)
         if last is not None:
             sess.last = last
-        done = [v for v in views.values() if v is not None and v.done]
-        job.summary = ("Stopped" if job.cancel else "Done") + \
-            f": {len(done)} of {len(picked)} methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
-        if views.get("csd") is not None and views["csd"].done:
-            note = speculation_sentence(views["csd"], gamma, services.decoder.costs)
-            job.summary += f" CSD: {note}" if note else ""
+        job.summary = _compare_summary(job, views, s.gamma, services.decoder.costs)
     yield out(final=True)
 
 
+def _compare_summary(job, views: dict, gamma, costs) -> str:
+    done = [v for v in views.values() if v is not None and v.done]
+    out = ("Stopped" if job.cancel else "Done") + \
+        f": {len(done)} of {len(views)} methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
+    if views.get("csd") is not None and views["csd"].done:
+        note = speculation_sentence(views["csd"], gamma, costs)
+        out += f" CSD: {note}" if note else ""
+    return out
+
+
 # -- the tab -----------------------------------------------------------------------------------
+# the /compare API's values by position; the rivals' parameters follow
+API_ORDER = ("prompt", "chat", "gamma", "auto_gamma", "lam", "log10_tau", "max_new_tokens", "show_spec",
+             "method_1", "method_2", "method_3")
+
+
+def _prompt_row(s):
+    """The prompt, the buttons and the status line; Compare's own settings by name."""
+    with gr.Row():
+        with gr.Column(scale=3):
+            c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                  value=EXAMPLES[1], elem_id="c-prompt")
+            with gr.Row(equal_height=False):
+                c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0, min_width=120)
+                c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
+                with gr.Column(scale=3, min_width=220):
+                    c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
+        with gr.Column(scale=1):
+            choices = [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS]
+            own = {f"method_{i + 1}": gr.Dropdown(choices + ([("— none —", NONE)] if i == 2 else []), value=m,
+                                                  label=f"Pane {i + 1}", elem_id=f"c-method-{i + 1}")
+                   for i, m in enumerate(COMPARE_METHODS)}
+            own["chat"] = gr.Checkbox(True, label="Chat template")
+            own["max_new_tokens"] = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                                           value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
+    return c_prompt, c_btn, c_stop, c_status, own
+
+
 def build(page: Page):
     """Lay out the Compare tab; returns the function that wires its events."""
     services, s, sess = page.services, page.settings, page.sess
-    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
     with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
         gr.Markdown("The same prompt with two or three methods, one after another (greedy, γ/λ/τ and the rivals' "
                     "parameters from the bar above): AR, SD and CSD unless you pick others, an ablation or a rival. "
@@ -241,24 +273,7 @@ def build(page: Page):
                             visible=can_switch_exactness(services.pair), interactive=one_at_a_time,
                             info=None if one_at_a_time else "fixed while several generations may run at once "
                                                             "(--concurrency > 1): it applies to every user's runs")
-        with gr.Row():
-            with gr.Column(scale=3):
-                c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
-                                      value=EXAMPLES[1], elem_id="c-prompt")
-                with gr.Row(equal_height=False):
-                    c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0,
-                                      min_width=120)
-                    c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
-                    with gr.Column(scale=3, min_width=220):
-                        c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
-            with gr.Column(scale=1):
-                choices = [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS]
-                c_methods = [gr.Dropdown(choices + ([("— none —", NONE)] if i == 2 else []), value=m,
-                                         label=f"Pane {i + 1}", elem_id=f"c-method-{i + 1}")
-                             for i, m in enumerate(COMPARE_METHODS)]
-                c_chat = gr.Checkbox(True, label="Chat template")
-                c_max = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
-                               value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
+        c_prompt, c_btn, c_stop, c_status, own = _prompt_row(s)
         with gr.Row(equal_height=False):
             panes, caps = [], []
             for m in COMPARE_METHODS:
@@ -274,11 +289,10 @@ def build(page: Page):
     page.status["compare"] = c_status
 
     def wire():
-        cmp = page.model_job(c_btn, "compare", partial(compare, services),
-                             [c_prompt, c_chat, gamma, auto_gamma, lam, log10_tau, c_max, page.show_spec, sess,
-                              *c_methods, *page.rivals],
-                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare", prompt_in=(c_prompt, c_chat),
-                             check_in=(gamma, lam, log10_tau, c_max))
+        cmp = page.model_job(c_btn, "compare", page.handler(compare),
+                             page.named(API_ORDER, prompt=c_prompt, **own),
+                             [*panes, *caps, c_fig, c_note, c_status, sess], "compare",
+                             check_in=(page.gamma, page.lam, page.log10_tau, own["max_new_tokens"]))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
         exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), exact,

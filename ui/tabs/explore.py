@@ -155,11 +155,62 @@ def memory_view(services: Services, lam, sess: Session | None):
     return md, rows, sess
 
 
-def calibrate_memory(services: Services, mode: str, source: str, upload, n_prompts, answer_tokens, max_positions,
-                     lam, sess: Session | None):
+def _sizes(prompts_mode: bool, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
+    """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
+    n_prompts = as_int("prompts", n_prompts)
+    tokens = as_int("answer tokens", answer_tokens)
+    n = as_int("positions", max_positions)
+    if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
+        raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
+                          f"got {n_prompts} and {tokens}")
+    if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
+        raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
+    return n_prompts, tokens, n
+
+
+def _read_source(services: Services, job, prompts_mode: bool, source: str, upload) -> tuple[str, list]:
+    """(its name, the prompts or texts) of a calibration's source; a refusal ends the job."""
+    if source == SRC_UPLOAD and not upload:
+        services.lane.finish(job, "Not run: no file uploaded.")
+        raise error("Upload a prompts or text file first (.jsonl, .txt), or choose the shipped set.")
+    name = Path(upload).name if source == SRC_UPLOAD else ("shipped prompts" if prompts_mode else "shipped corpus")
+    try:
+        if prompts_mode:
+            return name, read_prompts(upload) if source == SRC_UPLOAD else read_prompts()
+        return name, read_corpus(upload) if source == SRC_UPLOAD else default_corpus()
+    except ValueError as e:
+        services.lane.finish(job, "Not run: the file could not be read.")
+        raise error(str(e).replace(str(upload), name) if upload else str(e)) from None
+
+
+def _run_calibration(services: Services, job, run) -> str:
+    """``run(progress)`` on the model, stoppable; -> a note when it stopped early."""
+    def cb(msg: str, frac: float) -> None:
+        if job.cancel:
+            raise CalibrationStop
+        job.progress = f"{msg} ({100 * frac:.0f}%)"
+
+    job.progress = "starting the calibration"
+    try:
+        run(cb)
+    except CalibrationStop:
+        return " Stopped early: the counts so far are kept."
+    except ValueError as e:
+        job.summary = f"Not run: {e}"
+        raise error(str(e)) from None
+    except Exception as e:
+        log.exception("calibration failed")
+        job.summary = "Failed."
+        raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
+    finally:
+        services.pair.drop_hf()      # the transformers models calibration built: their memory goes back
+    return ""
+
+
+def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
     """Calibrate the session's memory: on the target's own answers to prompts (shipped or uploaded,
     JSONL or one prompt per line), or teacher-forced over a text (shipped corpus or upload).
-    -> (summary, rows, status line, session)."""
+    ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "calibrate")
     if job.cancel:
@@ -167,65 +218,24 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts = as_int("prompts", n_prompts)
-        tokens = as_int("answer tokens", answer_tokens)
-        n = as_int("positions", max_positions)
-        if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
-            raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
-                              f"got {n_prompts} and {tokens}")
-        if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
-            raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
+        n_prompts, tokens, n = _sizes(prompts_mode, sizes.get("n_prompts"), sizes.get("answer_tokens"),
+                                      sizes.get("max_positions"))
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
-    if source == SRC_UPLOAD and not upload:
-        services.lane.finish(job, "Not run: no file uploaded.")
-        raise error("Upload a prompts or text file first (.jsonl, .txt), or choose the shipped set.")
-    name = Path(upload).name if source == SRC_UPLOAD else ("shipped prompts" if prompts_mode else "shipped corpus")
-    try:
-        if prompts_mode:
-            prompts = read_prompts(upload) if source == SRC_UPLOAD else read_prompts()
-            prompts = prompts[:n_prompts]
-        else:
-            texts = read_corpus(upload) if source == SRC_UPLOAD else default_corpus()
-    except ValueError as e:
-        services.lane.finish(job, "Not run: the file could not be read.")
-        raise error(str(e).replace(str(upload), name) if upload else str(e)) from None
-
-    def cb(msg: str, frac: float) -> None:
-        if job.cancel:
-            raise CalibrationStop
-        job.progress = f"{msg} ({100 * frac:.0f}%)"
-
-    before = sess.memory.total
-    work = sess.memory.copy()
-    note = ""
+    name, data = _read_source(services, job, prompts_mode, source, upload)
+    before, work = sess.memory.total, sess.memory.copy()
     with in_lane(services, job):
-        job.progress = "starting the calibration"
-        try:
-            if prompts_mode:
-                calibrate_prompts(services.pair, prompts, work, max_new_tokens=tokens, batch_size=min(8, len(prompts)),
-                                  lam=float(lam), progress=cb, source=name)
-            else:
-                calibrate(services.pair, texts, work, max_positions=n, progress=cb, corpus_name=name)
-        except CalibrationStop:
-            note = " Stopped early: the counts so far are kept."
-        except ValueError as e:
-            job.summary = f"Not run: {e}"
-            raise error(str(e)) from None
-        except Exception as e:
-            log.exception("calibration failed")
-            job.summary = "Failed."
-            raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
-        finally:
-            services.pair.drop_hf()      # the transformers models calibration built: their memory goes back
+        if prompts_mode:
+            prompts = data[:n_prompts]
+            note = _run_calibration(services, job, lambda cb: calibrate_prompts(
+                services.pair, prompts, work, max_new_tokens=tokens, batch_size=min(8, len(prompts)), lam=float(lam),
+                progress=cb, source=name))
+        else:
+            note = _run_calibration(services, job, lambda cb: calibrate(
+                services.pair, data, work, max_positions=n, progress=cb, corpus_name=name))
         sess.memory = work
-        if services.store is not None and work.total != before:
-            try:
-                services.store.save_memory(work, label=f"ui calibration: {name}")
-            except Exception as e:
-                log.exception("could not save the calibrated memory")
-                warn(f"The calibrated memory is in your session but not saved in the store: {e}")
+        _save_calibrated(services, work, before, name)
         last = (work.meta.get("calibration") or [{}])[-1]
         what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
@@ -233,6 +243,15 @@ def calibrate_memory(services: Services, mode: str, source: str, upload, n_promp
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
+
+
+def _save_calibrated(services: Services, work: CorrectionMemory, before: int, name: str) -> None:
+    if services.store is not None and work.total != before:
+        try:
+            services.store.save_memory(work, label=f"ui calibration: {name}")
+        except Exception as e:
+            log.exception("could not save the calibrated memory")
+            warn(f"The calibrated memory is in your session but not saved in the store: {e}")
 
 
 def memory_reset(services: Services, to: str, lam, sess: Session | None):
@@ -357,7 +376,8 @@ def build(page: Page):
         explore_tab.select(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
                            api_visibility="private", **light)
         page.model_job(m_cal, "calibrate", partial(calibrate_memory, services),
-                       [m_mode, m_source, m_corpus, m_prompts, m_answer, m_positions, lam, sess],
+                       dict(mode=m_mode, source=m_source, upload=m_corpus, n_prompts=m_prompts, answer_tokens=m_answer,
+                            max_positions=m_positions, lam=lam),
                        [m_summary, m_table, m_status, sess], "calibrate", check_in=(m_prompts, m_answer, m_positions))
         m_stop.click(partial(stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
         m_reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS, CSDConfig
+from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS
 from csd.events import RunMetrics
 
 from .. import export, render
-from ..state import RunView, Services, Session
+from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
 from .inputs import dropdown, number, slider
@@ -32,7 +32,6 @@ from .jobs import (
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
-D = CSDConfig()                  # the rivals' defaults: the handlers' last, optional values (after the session)
 
 
 def _pass_sentence(view: RunView) -> str:
@@ -60,14 +59,10 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
     return None if m is None else m.to_dict()
 
 
-def generate(services: Services, prompt: str, chat: bool, method: str, gamma, auto_gamma: bool, lam, log10_tau,
-             temperature, max_new_tokens, seed, hide_rejected: bool, lookup: bool, show_spec: bool,
-             sess: Session | None, tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
-             posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
-             entropy_thre=D.entropy_thre):
+def generate(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
-    metrics html, metrics json, what-if line, status line, session). The rivals' parameters come last
-    (the bar's folded panel); every rule's scores are logged, so Analyse can replay any rule on the answer."""
+    metrics html, metrics json, what-if line, status line, session). Every rule's scores are logged,
+    so Analyse can replay any rule on the answer."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "generate")
     if job.cancel:
@@ -75,29 +70,25 @@ def generate(services: Services, prompt: str, chat: bool, method: str, gamma, au
         yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
         return
     with in_lane(services, job):
-        cfg = page_config(method, gamma, lam, log10_tau, temperature, max_new_tokens, seed, auto_gamma=auto_gamma,
-                          lookup=bool(lookup), show_speculation=bool(show_spec), score_all=True,
-                          rivals=(tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
+        cfg = page_config(s, score_all=True)
+        rule, hide = (cfg.lam, cfg.tau), s.hide_rejected
         t0 = time.perf_counter()
-        run, view = start_run(services, sess, job, prompt, chat, cfg, sess.memory)
+        run, view = start_run(services, sess, job, prompt, s.chat, cfg, sess.memory)
         sess.last = view
-        yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected,
-                           empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), then the first draft "
-                                 f"block and its verify pass…"),
+        yield (tokens_html(view, rule, hide, empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), "
+                                                  f"then the first draft block and its verify pass…"),
                "", export.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
         with recorded(services, sess, prompt, cfg, "generate") as rec:
             for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
                 if view.done:
                     break
-                yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected), render.run_summary(view.events),
-                       _metrics_html(sess, view), gr.skip(), render.esc_md(_pass_sentence(view)),
-                       status_line(services, sess, "generate"), sess)
+                yield (tokens_html(view, rule, hide), render.run_summary(view.events), _metrics_html(sess, view),
+                       gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
         job.summary = " ".join(filter(None, (done_sentence(view),
-                                             speculation_sentence(view, gamma, services.decoder.costs))))
-    yield (tokens_html(view, cfg.lam, cfg.tau, hide_rejected), render.run_summary(view.events),
-           _metrics_html(sess, view), _metrics_json(view.metrics),
-           render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
+                                             speculation_sentence(view, s.gamma, services.decoder.costs))))
+    yield (tokens_html(view, rule, hide), render.run_summary(view.events), _metrics_html(sess, view),
+           _metrics_json(view.metrics), render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
            status_line(services, sess, "generate"), sess)
 
 
@@ -108,7 +99,7 @@ def recolour(services: Services, lam, log10_tau, hide_rejected: bool, sess: Sess
     view = sess.last
     if view is None:
         return render.render_tokens([], hide_rejected=hide_rejected), "", sess
-    return (tokens_html(view, float(lam), tau, hide_rejected),
+    return (tokens_html(view, (float(lam), tau), hide_rejected),
             render.esc_md(render.whatif_summary(view.events, float(lam), tau)), sess)
 
 
@@ -125,8 +116,7 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
     facts.update(view.cfg.rule_params() or {})
     page = export.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
-                                     lam=view.cfg.lam, tau=view.cfg.tau, metrics=view.metrics, method=view.cfg.method,
-                                     relax=view.cfg.relax)
+                                     metrics=view.metrics, cfg=view.cfg)
     (out / "csd-answer.html").write_text(page, encoding="utf-8")
     (out / "csd-answer.json").write_text(export.export_json(
         view.events, prompt=view.prompt, chat=view.chat, text=view.text, config=vars(view.cfg), pair=d,
@@ -135,10 +125,32 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
 
 
 # -- the tab -----------------------------------------------------------------------------------
+# the /generate API's values by position (scripts written before a switch existed leave it out: the later
+# values have defaults); the rivals' parameters follow
+API_ORDER = ("prompt", "chat", "method", "gamma", "auto_gamma", "lam", "log10_tau", "temperature", "max_new_tokens",
+             "seed", "hide_rejected", "lookup", "show_spec")
+
+
+def _settings_column(s) -> dict:
+    """Generate's own settings (beside the prompt), by ``RunSettings`` field."""
+    return dict(
+        method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd", label="Method",
+                        elem_id="method"),
+        chat=gr.Checkbox(True, label="Chat template (instruct models)"),
+        temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
+                           label="Temperature (0 = greedy)", elem_id="temperature"),
+        max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                              value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
+        seed=number("Seed", value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
+        lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens that "
+                           "followed the last few earlier, where the costs say it pays (sd and csd; underlined)",
+                           elem_id="lookup"))
+
+
 def build(page: Page):
     """Lay out the Generate tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
-    gamma, auto_gamma, lam, log10_tau = page.gamma, page.auto_gamma, page.lam, page.log10_tau
+    lam, log10_tau = page.lam, page.log10_tau
     with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
         with gr.Row():
             with gr.Column(scale=2):      # the prompt, the buttons and the answer right under them: in view
@@ -155,17 +167,7 @@ def build(page: Page):
                 summary = gr.HTML("", elem_id="summary")
                 whatif_md = gr.Markdown(elem_id="whatif-line")
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
-                method = dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
-                                  label="Method", elem_id="method")
-                chat = gr.Checkbox(True, label="Chat template (instruct models)")
-                temperature = slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
-                                     label="Temperature (0 = greedy)", elem_id="temperature")
-                max_new = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
-                                 value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new")
-                seed = number("Seed", value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed")
-                lookup = gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} "
-                                     "tokens that followed the last few earlier, where the costs say it "
-                                     "pays (sd and csd; underlined)", elem_id="lookup")
+                own = _settings_column(s)
         gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
                     elem_id="examples")
         gr.HTML(render.render_legend(), elem_id="legend")
@@ -180,12 +182,11 @@ def build(page: Page):
     page.status["generate"], page.hide_rejected = gen_status, hide_rejected
 
     def wire():
-        gen = page.model_job(gen_btn, "generate", partial(generate, services),
-                             [prompt, chat, method, gamma, auto_gamma, lam, log10_tau, temperature, max_new, seed,
-                              hide_rejected, lookup, page.show_spec, sess, *page.rivals],
+        run_in = page.named(API_ORDER, prompt=prompt, hide_rejected=hide_rejected, **own)
+        gen = page.model_job(gen_btn, "generate", page.handler(generate), run_in,
                              [tokens, summary, metrics, metrics_json, whatif_md, gen_status, sess], "generate",
-                             prompt_in=(prompt, chat), check_in=(gamma, lam, log10_tau, temperature, max_new, seed,
-                                                                 method))
+                             check_in=(page.gamma, lam, log10_tau, *(own[k] for k in ("temperature", "max_new_tokens",
+                                                                                       "seed", "method"))))
         analyse.refresh_after(page, gen)
         stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
 

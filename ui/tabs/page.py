@@ -9,13 +9,15 @@ Stop can cancel it before it starts. The chart and table handlers run beside the
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from functools import partial
 
 import gradio as gr
 
 from ..lane import KINDS
-from ..state import Services, Settings
+from ..rules import RIVAL_FIELDS
+from ..state import RunSettings, Services, Settings
 from .jobs import poll_status, request_job
 
 EXAMPLES = [
@@ -52,7 +54,7 @@ class Page:
     rivals: list = field(default_factory=list)   # the rivals' parameters (csd.ui.rules.RIVAL_FIELDS order)
     status: dict[str, gr.HTML] = field(default_factory=dict)   # job kind -> the status line beside its button
     hide_rejected: gr.Checkbox | None = None   # Generate's switch; Analyse's recoloured answer follows it too
-    analyse_io: tuple[list, list] | None = None   # Analyse's inputs and outputs, refreshed after runs
+    analyse_io: tuple[dict, list] | None = None   # Analyse's named inputs and outputs, refreshed after runs
     exactness: list = field(default_factory=list)   # (component, fn() -> its text): redrawn by the exact-mode switch
 
     @property
@@ -73,12 +75,37 @@ class Page:
         """``poll_status``'s inputs and outputs: every status line, in its order, and the timer."""
         return [self.sess], [*(self.status[k] for k in KINDS), self.status_timer]
 
-    def model_job(self, btn, kind: str, fn, inputs, outputs, api_name: str, prompt_in=(), check_in=()):
+    def named(self, order: tuple[str, ...], **own) -> dict:
+        """A handler's inputs by name (``RunSettings``' fields): the tab's ``own`` components and the bar's, in
+        the ``order`` of its API's values (scripts pass them by position: the order stays as it was), then the
+        rivals' parameters."""
+        comps = {"gamma": self.gamma, "auto_gamma": self.auto_gamma, "show_spec": self.show_spec, "lam": self.lam,
+                 "log10_tau": self.log10_tau, **dict(zip(RIVAL_FIELDS, self.rivals)), **own}
+        return {k: comps[k] for k in (*order, *RIVAL_FIELDS)}
+
+    def handler(self, fn, head: str = "prompt"):
+        """``fn(services, head, settings, sess)`` as gradio calls it with ``inputs_kwargs``: the session by
+        position, the prompt (or ``head``) and every setting by name (the names are the API's keywords),
+        made into one ``RunSettings``."""
+        services = self.services
+        if inspect.isgeneratorfunction(fn):
+            def stream(sess, **values):
+                yield from fn(services, values.pop(head), RunSettings.from_inputs(**values), sess)
+            return stream
+
+        def call(sess, **values):
+            return fn(services, values.pop(head), RunSettings.from_inputs(**values), sess)
+        return call
+
+    def model_job(self, btn, kind: str, fn, named: dict, outputs, api_name: str, check_in=()):
         """A click: the request is checked and joins the lane at once (in the light group, which
         no model work holds up; a refusal is a toast), then, if it was not refused, the model's
-        queued handler runs. ``check_in``: settings whose components refuse a value out of their
+        queued handler ``fn(sess, **named values)`` runs. The prompt and chat (when ``named`` has them)
+        go with the request; ``check_in``: settings whose components refuse a value out of their
         range (``csd.ui.tabs.inputs``) at the click, before the request joins the lane."""
-        services, sess, n = self.services, self.sess, len(prompt_in)
+        services, sess = self.services, self.sess
+        prompt_in = [named[k] for k in ("prompt", "chat") if k in named]
+        n = len(prompt_in)
 
         def ask_for(sess, *values):     # the prompt (and chat), then the checked settings
             return request_job(services, kind, sess, *values[:n])
@@ -86,7 +113,8 @@ class Page:
         ask = btn.click(ask_for, [sess, *prompt_in, *check_in],
                         [sess, self.status[kind], self.status_timer], show_progress="hidden",
                         api_visibility="private", **self.light)
-        run = ask.success(fn, inputs, outputs, api_name=api_name, show_progress="hidden", **self.model)
+        run = ask.success(fn, [sess], outputs, inputs_kwargs=named, api_name=api_name, show_progress="hidden",
+                          **self.model)
         # the last word on the status lines: a timer tick computed just before the run ended can land
         # after the run's last update and show it still running; this poll is sent after the run ends
         run.then(partial(poll_status, services), *self.status_io, queue=False, show_progress="hidden",

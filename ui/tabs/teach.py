@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 import gradio as gr
@@ -30,14 +31,12 @@ from csd.events import (
 from csd.rule import Relax, Rescue, log_tau, rescues
 
 from .. import render, rules
-from ..render import STATUS_STYLE, _fmt, esc, plural, rescue_modules, show_token, token_text_html
-from ..state import Services, Session
+from ..render import STATUS_STYLE, esc, plural, rescue_modules, show_token, token_text_html
+from ..state import RunSettings, Services, Session
 from .common import ensure_session, error, exactness_note, page_config
 from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
-
-D = CSDConfig()   # the rivals' defaults: teach_run's last, optional values (after the session)
 
 
 # -- the view of one iteration -----------------------------------------------------------------
@@ -71,17 +70,17 @@ def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None 
     if ev.rule == RULE_NO_RESCUE:
         return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
     if ev.rule == RULE_MEMORY_RARE:
-        gate = (f" and gap {_fmt(g)} < log τ = {_fmt(lt)}: the target also finds {x} too unlikely"
+        gate = (f" and gap {rules.num(g)} < log τ = {rules.num(lt)}: the target also finds {x} too unlikely"
                 if gate_fails else "")
         return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern{gate}; "
                 f"rejected, {t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
     if ev.rule == RULE_GAP_LOW:
         known = f"count {c} ≥ λ = {lam:g} but " if use_mem else ""
-        return (f"x~ = {x} ≠ t* = {t}; {known}gap {_fmt(g)} < log τ = {_fmt(lt)}: the target finds "
+        return (f"x~ = {x} ≠ t* = {t}; {known}gap {rules.num(g)} < log τ = {rules.num(lt)}: the target finds "
                 f"{x} too unlikely, rejected.")
     if ev.rule == RULE_RESCUE:
         known = f"count {c} ≥ λ = {lam:g}" if use_mem else ""
-        gate = f"gap {_fmt(g)} ≥ log τ = {_fmt(lt)}" if use_gate else ""
+        gate = f"gap {rules.num(g)} ≥ log τ = {rules.num(lt)}" if use_gate else ""
         return (f"x~ = {x} ≠ t* = {t}; {' and '.join(filter(None, (known, gate)))}: rescued, {x} is kept "
                 f"and verification goes on with the next draft position.")
     return f"{ev.status} ({ev.rule or 'no rule'})"
@@ -97,10 +96,11 @@ def _chip(text: str, cls: str, title: str = "") -> str:
     return f'<span class="tok {cls}" title="{esc(title)}">{esc(show_token(text))}</span>'
 
 
-def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, lam: float,
-                      tau: float, method: str, discarded_texts: Sequence[str] = (), relax: Relax | None = None) -> str:
-    """One speculative iteration: every token the draft proposed (kept, rejected, and the ones
-    thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
+def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, text_before: str, cfg: CSDConfig,
+                      discarded_texts: Sequence[str] = ()) -> str:
+    """One speculative iteration of a run under ``cfg``: every token the draft proposed (kept, rejected, and
+    the ones thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
+    lam, tau, method, relax = cfg.lam, cfg.tau, cfg.method, cfg.relax
     evs = list(block)
     kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
                    for e in evs if e.in_output)
@@ -199,29 +199,26 @@ def teach_view(services: Services | None, sess: Session | None, step: int) -> st
     discarded = [e.discarded for e in block if e.status == REJECTED and e.discarded]
     decode = services.pair.tokenizer.decode if services is not None else (lambda ids: "?")
     texts = [decode([i]) for i in (discarded[0] if discarded else [])]
-    return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, lam=view.cfg.lam,
-                             tau=view.cfg.tau, method=view.cfg.method, discarded_texts=texts, relax=view.cfg.relax)
+    return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, cfg=view.cfg,
+                             discarded_texts=texts)
 
 
-def teach_run(services: Services, prompt: str, method: str, gamma, lam, log10_tau, max_new_tokens,
-              sess: Session | None, tau_lossy=D.tau_lossy, topk=D.topk, delta=D.delta,
-              posterior_threshold=D.posterior_threshold, posterior_alpha=D.posterior_alpha, win_len=D.win_len,
-              entropy_thre=D.entropy_thre):
+def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Run a short generation with explanations (draft and target top-k, a fixed gamma), then
-    show iteration 1. Yields (view, status line, session) as the passes arrive. The rivals'
-    parameters come last (the bar's folded panel)."""
+    show iteration 1. Yields (view, status line, session) as the passes arrive."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "teach")
     if job.cancel:
         services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield gr.skip(), status_line(services, sess, "teach"), sess
         return
-    if method == "ar":
+    if s.method == "ar":
         services.lane.finish(job, "Not run: Teach needs a speculative method.")
         raise error("Teach steps through speculative iterations: pick sd, csd, an ablation or a rival, not ar.")
     with in_lane(services, job):
-        cfg = page_config(method, gamma, lam, log10_tau, 0.0, max_new_tokens, explain=True, score_all=True,
-                          rivals=(tau_lossy, topk, delta, posterior_threshold, posterior_alpha, win_len, entropy_thre))
+        # greedy, in a chat, at the γ of the slider (Teach keeps the number even with γ = auto)
+        cfg = page_config(replace(s, chat=True, temperature=0.0, seed=None, lookup=False, auto_gamma=False),
+                          explain=True, score_all=True)
         t0 = time.perf_counter()
         run, view = start_run(services, sess, job, prompt, True, cfg, sess.memory)
         with recorded(services, sess, prompt, cfg, "teach") as rec:
@@ -264,7 +261,6 @@ def _teach_has_next(sess: Session | None) -> bool:
 def build(page: Page):
     """Lay out the Teach tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
-    gamma, lam, log10_tau = page.gamma, page.lam, page.log10_tau
     with gr.Tab("Teach", id="teach", elem_id="tab-teach"):
         with gr.Row():
             with gr.Column(scale=3):
@@ -293,9 +289,10 @@ def build(page: Page):
     page.status["teach"] = t_status
 
     def wire():
-        page.model_job(t_run, "teach", partial(teach_run, services),
-                       [t_prompt, t_method, gamma, lam, log10_tau, t_max, sess, *page.rivals], [t_view, t_status, sess],
-                       "teach_run", prompt_in=(t_prompt,), check_in=(t_method, gamma, lam, log10_tau, t_max))
+        page.model_job(t_run, "teach", page.handler(teach_run),
+                       page.named(("prompt", "method", "gamma", "lam", "log10_tau", "max_new_tokens"), prompt=t_prompt,
+                                  method=t_method, max_new_tokens=t_max), [t_view, t_status, sess],
+                       "teach_run", check_in=(t_method, page.gamma, page.lam, page.log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
         t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
