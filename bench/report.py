@@ -93,8 +93,9 @@ def _tok(text: str) -> str:
     return f"`` {t} ``" if "`" in t else f"`{t}`"
 
 
-def render_markdown(results: dict) -> str:
-    meta, summary = results["meta"], results.get("summary") or {}
+def _header_lines(results: dict) -> list[str]:
+    """The run's command, machine, pair, set-up and the reading of the table's columns."""
+    meta = results["meta"]
     cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
     prof = meta.get("profile") or {}
     lines = [
@@ -129,6 +130,12 @@ def render_markdown(results: dict) -> str:
         "| Rescued (per div.) | Ended (EOS) | Accuracy [95% CI] | Acc. vs SD | Same as SD |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    return lines
+
+
+def _summary_rows(summary: dict) -> list[str]:
+    """A table row per dataset and method."""
+    lines = []
     for ds, per_method in summary.items():
         for m, s in per_method.items():
             same = "–" if s.get("identical_to_sd") is None or m == "sd" else f"{s['identical_to_sd']}/{s['n']}"
@@ -141,7 +148,13 @@ def render_markdown(results: dict) -> str:
                 f"| {fmt(s.get('target_passes_per_token'), '.3f')} | {fmt(s['mean_accepted_length'], '.2f')} "
                 f"| {pct(s['acceptance_rate'])} | {resc} | {pct(s.get('eos_share'), 0)} | {_acc(s)} "
                 f"| {_vs(s.get('accuracy_vs_sd'))} | {same} |")
+    return lines
+
+
+def _goal_lines(results: dict) -> list[str]:
+    """Each goal over all items, its value and whether it was met."""
     targets = results.get("targets") or {}
+    lines = []
     if targets:
         lines += ["", "## Goals (over all items, the `csd` column)", ""]
         names = {"csd_over_ar": ("CSD speed-up over AR", ">=", "x"), "csd_over_hf": ("CSD over hf-assisted (defaults)", ">=", "x"),
@@ -175,6 +188,12 @@ def render_markdown(results: dict) -> str:
             if a and a.get("n"):
                 lines.append(f"- CSD accuracy against {ref.upper()}: {a['gained']} items gained, {a['lost']} lost of "
                              f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
+    return lines
+
+
+def render_markdown(results: dict) -> str:
+    meta, summary = results["meta"], results.get("summary") or {}
+    lines = _header_lines(results) + _summary_rows(summary) + _goal_lines(results)
     if len(results.get("frontier") or []) > 1:
         lines += ["", "## Frontier (all items)", "", frontier_markdown(results["frontier"], meta)]
     for m, st in overall(summary).items():
@@ -192,12 +211,10 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_charts(results: dict, out: Path) -> list[Path]:
-    """speedup.html and divergences.html, plotly.js inline so that they open offline."""
+def _speedup_figure(results: dict):
+    """Each method's speed-up over AR per dataset, with its interval."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    paths = []
     summary = results.get("summary") or {}
     dtype = results["meta"]["dtype"]
     fig = go.Figure()
@@ -220,9 +237,12 @@ def write_charts(results: dict, out: Path) -> list[Path]:
                             f"{results['meta']['config']['max_new_tokens']} new tokens)",
                       barmode="group", yaxis_title="speed-up over AR (ratio of tok/s, 95% interval)",
                       xaxis_title="dataset", template="plotly_white")
-    p = out / "speedup.html"
-    fig.write_html(p, include_plotlyjs="directory", full_html=True)
-    paths.append(p)
+    return fig
+
+
+def _divergence_figure(results: dict):
+    """How much of the divergences the top patterns cover, and the most frequent patterns."""
+    from plotly.subplots import make_subplots
 
     div = results.get("divergences") or {}
     m = "csd" if "csd" in div else next(iter(div), None)
@@ -251,13 +271,17 @@ def write_charts(results: dict, out: Path) -> list[Path]:
     fig.update_yaxes(title_text="share of divergences", tickformat=".0%", range=[0, 1.02], row=1, col=1)
     fig.update_yaxes(title_text="count", row=2, col=1)
     fig.update_layout(title=title, template="plotly_white", showlegend=False, height=800)
-    p = out / "divergences.html"
-    fig.write_html(p, include_plotlyjs="directory", full_html=True)
-    paths.append(p)
+    return fig
+
+
+def write_charts(results: dict, out: Path) -> list[Path]:
+    """speedup.html, divergences.html and (with a frontier) frontier.html, plotly.js beside them."""
+    figs = {"speedup": _speedup_figure(results), "divergences": _divergence_figure(results)}
     if results.get("frontier"):
-        p = out / "frontier.html"
-        frontier_figure(results["frontier"], results["meta"]).write_html(p, include_plotlyjs="directory", full_html=True)
-        paths.append(p)
+        figs["frontier"] = frontier_figure(results["frontier"], results["meta"])
+    paths = [out / f"{name}.html" for name in figs]
+    for fig, p in zip(figs.values(), paths):
+        fig.write_html(p, include_plotlyjs="directory", full_html=True)
     return paths
 
 

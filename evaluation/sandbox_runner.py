@@ -197,13 +197,19 @@ def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int
     ``quit()`` refused; faulthandler off. Reading files, imports and computing (math, re,
     itertools, collections, hashlib ...) are untouched. Not a security boundary (see
     ``csd.evaluation.sandbox``): a determined program gets around it with ``ctypes``."""
+    _set_limits(cpu_s, mem_bytes, fsize_bytes)
+    sys.modules["resource"] = None    # the limits stay as set (a root process could raise them)
+    _refuse_calls()
+    _confine_writes(workdir)
+
+
+def _refuse_calls() -> None:
+    """faulthandler, exit and quit, the os calls of ``_OS_DISABLED``, shutil's deletions and moves, new
+    processes and sockets that connect or listen, each replaced by a call that raises PermissionError."""
     import builtins
     import faulthandler
     import posix
     import socket
-
-    _set_limits(cpu_s, mem_bytes, fsize_bytes)
-    sys.modules["resource"] = None    # the limits stay as set (a root process could raise them)
 
     faulthandler.disable()
     for name in ("enable", "dump_traceback_later", "register"):
@@ -225,6 +231,12 @@ def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int
         setattr(socket.socket, name, _refuse(f"socket.{name}"))
     socket.create_connection = _refuse("socket.create_connection")
     socket.create_server = _refuse("socket.create_server")
+
+
+def _confine_writes(workdir: str) -> None:
+    """open, os.open and os.mkdir write only under ``workdir`` (or to os.devnull)."""
+    import builtins
+    import posix
 
     root = os.path.realpath(workdir)
     realpath, fspath, fsdecode = os.path.realpath, os.fspath, os.fsdecode

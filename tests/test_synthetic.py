@@ -45,7 +45,7 @@ def result(tmp_path_factory):
 def tiny_pair():
     d, t = (ARCHS[a] for a in PAIRS["tiny"])
     dev = torch.device("cpu")
-    return make_pair("tiny", build_model(d, dev, 0), build_model(t, dev, 1), dev, "float32", "float32", "auto")
+    return make_pair("tiny", build_model(d, dev, 0), build_model(t, dev, 1), dev, ("float32", "float32"), "auto")
 
 
 def run_to_end(pair, prompt, cfg, memory=None):
@@ -196,9 +196,9 @@ def test_a_run_that_leaves_its_script_is_rerun_until_it_follows_it(tiny_pair):
     want = want[:p] + [(t + 1) % 384 for t in want[p:]]
     cfg = CSDConfig(method="sd", gamma=4, max_new_tokens=30)
     coins = _coins(200, 0.9, 3)
-    *_, attempts, fixed, own = scripted_run(tiny_pair, decoder, prompt, cfg, None, (path, want), coins, 0)
+    *_, attempts, fixed, own = scripted_run(decoder, prompt, cfg, None, (path, want), coins, 0)
     assert attempts == 1 and not fixed
-    run, _, _, _, attempts, fixed, own = scripted_run(tiny_pair, decoder, prompt, cfg, None, (path, want), coins, 3)
+    run, _, _, _, attempts, fixed, own = scripted_run(decoder, prompt, cfg, None, (path, want), coins, 3)
     assert attempts == 2 and fixed and run.token_ids == ar.token_ids and own == _script_of(prompt, ar)
     tiny_pair.draft_lm.script(None)
 

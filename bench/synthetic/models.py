@@ -192,12 +192,14 @@ class ScriptedDraft(LM):
         return logits.scatter_add(1, self._idx[rows, None], add[:, None])
 
 
-def make_pair(name: str, draft_model, target_model, device: torch.device, target_repr: str, draft_repr: str,
-              draft_impl: str, engine: str = "eager", capacity: int = 0):
-    """A ``ModelPair`` of the two models in their representations (converted in place, as
-    ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf) draft path.
-    ``engine`` "static" (or "compiled": through ``torch.compile`` first): both lean, at fixed shapes on caches
-    of ``capacity`` tokens, with their CUDA graphs captured here (``csd.static``), as ``load_pair`` builds them."""
+def make_pair(name: str, draft_model, target_model, device: torch.device, reprs: tuple[str, str] = ("float32", "float32"),
+              draft_impl: str = "auto", static: tuple[str, int] = ("eager", 0)):
+    """A ``ModelPair`` of the two models in their representations (``reprs``: the target's, the draft's;
+    converted in place, as ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf)
+    draft path. ``static`` is (engine, capacity): engine "static" (or "compiled": through ``torch.compile``
+    first) runs both lean, at fixed shapes on caches of ``capacity`` tokens, with their CUDA graphs captured
+    here (``csd.static``), as ``load_pair`` builds them."""
+    (target_repr, draft_repr), (engine, capacity) = reprs, static
     from csd.config import GAMMA_RANGE
     from csd.lm import HFLM, LeanLM
     from csd.pair import ModelPair

@@ -145,11 +145,12 @@ def _fastest(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, run, wall
     return wall
 
 
-def scripted_run(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, script, coins, rehearsals: int,
+def scripted_run(decoder, prompt: list[int], cfg: CSDConfig, memory, script, coins, rehearsals: int,
                  repeats: int = 1):
-    """Run until the run follows its script (see the module docstring): returns the counted run, its
-    wall time (the fastest of ``repeats`` runs) and peak, the memory it leaves, the number of
-    attempts, whether it is a fixed point and its own script."""
+    """Run ``decoder``'s pair until the run follows its script (see the module docstring): returns the
+    counted run, its wall time (the fastest of ``repeats`` runs) and peak, the memory it leaves, the
+    number of attempts, whether it is a fixed point and its own script."""
+    pair = decoder.pair
     for attempt in range(1, rehearsals + 2):
         pair.draft_lm.script(*script, coins)
         mem = memory.copy() if memory is not None else None
@@ -235,6 +236,22 @@ def run_synthetic(cfg: SyntheticConfig, out_dir: str | os.PathLike | None = "ben
         torch.set_num_threads(before)
 
 
+def _check_in_float32(cfg: SyntheticConfig, models: tuple, device: torch.device, static: tuple[str, int],
+                      prompts: list[list[int]]) -> dict:
+    """Greedy SD == AR on the first prompts, the two models (draft, target) in float32 before their conversion."""
+    engine, room = static
+    ref_engine = "static" if engine == "compiled" else engine      # one compile per model is enough
+    ref = make_pair(cfg.pair, *models, device, ("float32", "float32"), cfg.draft_impl, (ref_engine, room))
+    check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
+                               _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
+    check["engine"] = ref_engine
+    del ref
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return check
+
+
 def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log) -> dict:
     """The benchmark in numbered steps: 1. build the random models; 2. check SD == AR in float32 and
     convert them to their representations; 3. time the target's passes; 4. run every method on every
@@ -261,17 +278,8 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     check = None
     if target_repr != "float32" and cfg.check_prompts > 0:                                       # 2.
         say("checking greedy SD == AR in float32")
-        ref_engine = "static" if engine == "compiled" else engine      # one compile per model is enough
-        ref = make_pair(cfg.pair, draft_model, target_model, device, "float32", "float32", cfg.draft_impl, ref_engine,
-                        room)
-        check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
-                                   _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
-        check["engine"] = ref_engine
-        del ref
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    pair = make_pair(cfg.pair, draft_model, target_model, device, target_repr, draft_repr, cfg.draft_impl, *static)
+        check = _check_in_float32(cfg, (draft_model, target_model), device, static, prompts)
+    pair = make_pair(cfg.pair, draft_model, target_model, device, (target_repr, draft_repr), cfg.draft_impl, static)
     del draft_model, target_model
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -323,7 +331,7 @@ def bench_prompts(pair, decoder, cfg: SyntheticConfig, prompts: list[list[int]],
         # the next ones (the allocator and the kernels meet each longer cache for the first time)
         ar, _, _ = _timed(pair, decoder, warm, configs["ar"], None)
         for m in METHODS[1:]:
-            scripted_run(pair, decoder, warm, configs[m], start_memory.copy(),
+            scripted_run(decoder, warm, configs[m], start_memory.copy(),
                          _script_of(warm, ar), _coins(room, cfg.acceptance, cfg.seed + 99), 0)
     records: list[Measured] = []
     for k, prompt in enumerate(prompts):
@@ -338,7 +346,7 @@ def bench_prompts(pair, decoder, cfg: SyntheticConfig, prompts: list[list[int]],
         for m in (METHODS[1:] if k % 2 == 0 else METHODS[:0:-1]):
             online = m == "csd" and cfg.memory_mode == "online"
             run, wall, peak, mem_after, attempts, fixed, own = scripted_run(
-                pair, decoder, prompt, configs[m], memory if online else start_memory.copy(), script, coins,
+                decoder, prompt, configs[m], memory if online else start_memory.copy(), script, coins,
                 cfg.rehearsals, cfg.repeats)
             if online:
                 memory = mem_after
