@@ -64,8 +64,3 @@ def now() -> str:
 def command_line(module: str) -> str:
     """The command as typed, for the record: ``python -m MODULE ARGS``."""
     return f"python -m {module} {shlex.join(sys.argv[1:])}".strip()
-
-
-def print_progress(message: str, fraction: float = 0.0) -> None:
-    """A ``Progress`` for the command line: each message on its own line on stderr."""
-    print(message, file=sys.stderr, flush=True)
