@@ -1,2 +1,2 @@
-"""One-off measurement scripts, run from a checkout (``python -m tools.NAME``); not installed.
-Each wrote figures that docs/ cites; they stay to measure again on another machine."""
+"""Measurement scripts, run from a checkout (``python -m tools.NAME``); not installed. Those whose
+figures are committed under docs/bench were removed; ``git show cbc7ebb:tools/NAME.py`` has them."""
