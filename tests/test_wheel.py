@@ -2,13 +2,16 @@
 ``csd`` and ``csd_app`` into site-packages and, installed into a fresh virtual environment, runs
 ``csd`` from a directory outside the repository.
 
-Nothing is downloaded: the wheel is built without build isolation (the machine's setuptools) and
-installed with ``--no-index``; the environment sees the packages of the interpreter running the tests
-(torch, transformers and the embedded weights' part packages), and pip checks the wheel's
-dependencies against them rather than fetching any. ``--system-site-packages`` shows it the base
-interpreter's; when the tests themselves run in a virtual environment, a ``.pth`` file adds that
-environment's site-packages too. The real pair must be prepared in the user cache (``python -m csd
-prepare``), as for the other real-model tests."""
+Nothing is downloaded: the wheel is built without build isolation and installed with ``--no-index``.
+The build needs the setuptools that pyproject.toml requires: a new venv of Python 3.11 carries an
+older one, so inside a venv that lacks it the base interpreter builds the wheel. The environment the
+wheel goes into sees the packages of the interpreter running the tests (torch, transformers and the
+embedded weights' part packages): ``--system-site-packages`` shows it the base interpreter's, and when
+the tests run in a virtual environment, a ``.pth`` file adds that environment's site-packages too. The
+wheel goes in with ``--no-deps`` and the test checks its own requirements (Requires-Dist) against what
+the environment sees, fetching nothing: pip's resolver would also judge the other packages' needs (a
+venv's own older setuptools fails torch's), which is the environment's business, not the wheel's. The real pair must
+be prepared in the user cache (``python -m csd prepare``), as for the other real-model tests."""
 from __future__ import annotations
 
 import json
@@ -26,6 +29,23 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "csd_app.py", "csd", "db", "ui", "bench", "cli", "evaluation")
 PARTS = ("csd.db", "csd.ui", "csd.cli", "csd.bench", "csd.evaluation")   # the folders the wheel moves into csd
 BARE = ("db", "ui", "cli", "bench", "evaluation", "tools")                # names a checkout has, an install must not
+# run in the new venv outside the repository: where the packages come from, which bare names it
+# offers, and which of the wheel's requirements it does not meet
+PROBE = """
+import importlib, importlib.metadata as meta, importlib.util, json, sys
+from packaging.requirements import Requirement
+unmet = []
+for r in map(Requirement, meta.requires("csd-explorer") or []):
+    if r.marker is None or r.marker.evaluate({"extra": ""}):
+        try:
+            have = meta.version(r.name)
+        except meta.PackageNotFoundError:
+            have = None
+        if have is None or not r.specifier.contains(have, prereleases=True):
+            unmet.append(f"{r} (found {have})")
+print(json.dumps({"files": [importlib.import_module(m).__file__ for m in sys.argv[1].split(",")],
+                  "bare": [n for n in sys.argv[2].split(",") if importlib.util.find_spec(n)], "unmet": unmet}))
+"""
 
 
 def run(cmd: list, cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -49,10 +69,15 @@ def build_wheel(tmp: Path, env: dict) -> Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(ROOT / name, src / name)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", src,
-         "-w", tmp / "dist"], tmp, env)
-    wheel, = (tmp / "dist").glob("csd_explorer-*.whl")
-    return wheel
+    # pip checks build-system.requires against the interpreter's packages: the first that has them builds
+    for py in dict.fromkeys((sys.executable, getattr(sys, "_base_executable", sys.executable))):
+        cmd = [py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--check-build-dependencies",
+               "--no-index", "-q", src, "-w", tmp / "dist"]
+        out = subprocess.run([str(c) for c in cmd], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+        if out.returncode == 0:
+            wheel, = (tmp / "dist").glob("csd_explorer-*.whl")
+            return wheel
+    raise AssertionError(f"the wheel did not build (the last try: {py}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
 
 
 def make_venv(venv: Path, env: dict) -> Path:
@@ -61,7 +86,8 @@ def make_venv(venv: Path, env: dict) -> Path:
     py = venv / "bin" / "python"
     if sys.prefix != sys.base_prefix:
         # the tests run in a venv: --system-site-packages shows the new one the base interpreter's
-        # packages only, so list this venv's site-packages in a .pth file of the new one
+        # packages only, so list this venv's site-packages in a .pth file of the new one (as plain paths:
+        # the .pth files there do not run, so an editable install of this checkout cannot shadow the wheel)
         inner = run([py, "-c", "import site; print(site.getsitepackages()[0])"], venv.parent, env).stdout.strip()
         Path(inner, "outer_site.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
     return py
@@ -87,16 +113,14 @@ def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
     wheel = build_wheel(tmp_path, env)
     py = make_venv(tmp_path / "venv", env)
     bindir = py.parent
-    run([py, "-m", "pip", "install", "--no-index", "-q", wheel], tmp_path, env)
+    run([py, "-m", "pip", "install", "--no-index", "--no-deps", "-q", wheel], tmp_path, env)
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-    probe = (f"import importlib, importlib.util, json\n"
-             f"mods = [importlib.import_module(m) for m in ('csd', 'csd_app', *{PARTS!r})]\n"
-             f"print(json.dumps({{'files': [m.__file__ for m in mods], "
-             f"'bare': [n for n in {BARE!r} if importlib.util.find_spec(n) is not None]}}))")
-    found = json.loads(run([py, "-c", probe], outside, env).stdout.strip().splitlines()[-1])
+    found = json.loads(run([py, "-c", PROBE, ",".join(("csd", "csd_app", *PARTS)), ",".join(BARE)], outside,
+                           env).stdout.strip().splitlines()[-1])
+    assert found["unmet"] == [], f"the environment lacks what the wheel requires: {found['unmet']}"
     venv = tmp_path / "venv"
     assert [f for f in found["files"] if not Path(f).is_relative_to(venv)] == [], "imported from outside the wheel"
     assert found["bare"] == [], f"the install (or its path) offers bare top-level names: {found['bare']}"
