@@ -128,62 +128,33 @@ class RunMetrics:
         else:
             self.accepted += 1
 
-    @property
-    def acceptance_rate(self) -> float:
-        """Kept (accepted + rescued + relaxed) over proposed draft tokens."""
-        return (self.accepted + self.rescued + self.relaxed) / self.drafted if self.drafted else 0.0
-
-    @property
-    def accepted_share(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def rescued_share(self) -> float:
-        return self.rescued / self.drafted if self.drafted else 0.0
-
-    @property
-    def relaxed_share(self) -> float:
-        return self.relaxed / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per target pass (vLLM's mean acceptance length)."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def mean_block_len(self) -> float:
-        """Draft tokens proposed per target pass (the gamma actually used, on average)."""
-        return self.drafted / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def per_position_acceptance(self) -> list:
-        return [k / d if d else 0.0 for k, d in zip(self.per_position_kept, self.per_position_drafted)]
-
-    @property
-    def bookkeeping_share(self) -> float:
-        return self.bookkeeping_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def policy_share(self) -> float:
-        return self.policy_s / self.wall_s if self.wall_s > 0 else 0.0
+    # derived: kept (accepted + rescued + relaxed) over proposed draft tokens, each way's share of them, tokens
+    # per target pass (vLLM's mean acceptance length), draft tokens per target pass (the gamma actually used)
+    acceptance_rate = property(lambda m: _share(m.accepted + m.rescued + m.relaxed, m.drafted))
+    accepted_share = property(lambda m: _share(m.accepted, m.drafted))
+    rescued_share = property(lambda m: _share(m.rescued, m.drafted))
+    relaxed_share = property(lambda m: _share(m.relaxed, m.drafted))
+    mean_accepted_length = property(lambda m: _share(m.new_tokens, m.target_forwards))
+    mean_block_len = property(lambda m: _share(m.drafted, m.target_forwards))
+    tokens_per_s = property(lambda m: _share(m.new_tokens, m.wall_s))
+    per_position_acceptance = property(lambda m: [_share(k, d) for k, d in zip(m.per_position_kept,
+                                                                              m.per_position_drafted)])
+    bookkeeping_share = property(lambda m: _share(m.bookkeeping_s, m.wall_s))
+    policy_share = property(lambda m: _share(m.policy_s, m.wall_s))
+    DERIVED = ("acceptance_rate", "accepted_share", "rescued_share", "relaxed_share", "mean_accepted_length",
+               "mean_block_len", "tokens_per_s", "per_position_acceptance", "bookkeeping_share", "policy_share")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(acceptance_rate=self.acceptance_rate, accepted_share=self.accepted_share,
-                 rescued_share=self.rescued_share, relaxed_share=self.relaxed_share, mean_accepted_length=self.mean_accepted_length,
-                 mean_block_len=self.mean_block_len, tokens_per_s=self.tokens_per_s,
-                 per_position_acceptance=self.per_position_acceptance, bookkeeping_share=self.bookkeeping_share,
-                 policy_share=self.policy_share)
-        return d
+        return {**asdict(self), **{k: getattr(self, k) for k in self.DERIVED}}
 
     @classmethod
     def from_dict(cls, d: dict) -> RunMetrics:
         names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _share(n: float, d: float) -> float:
+    return n / d if d > 0 else 0.0
 
 
 _FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in (TokenEvent, RunMetrics)}

@@ -62,11 +62,6 @@ def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def verify_greedy(x_tilde: list[int], target_logits: torch.Tensor, count: CountFn, rescue: Rescue) -> Decision:
-    """Greedy verification of a draft block (x~: the draft tokens; count: the memory lookup)."""
-    return decide(x_tilde, score_block(x_tilde, target_logits, rescue.scores)[1], count, rescue)
-
-
 def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
                     count: CountFn, rescue: Rescue, generator: torch.Generator | None) -> Decision:
     """Rejection-sampling verification with CSD rescue of rejections.

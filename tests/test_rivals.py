@@ -33,7 +33,8 @@ from csd.rule import (
     topk_keeps,
     typical_keeps,
 )
-from csd.verify import score_block, verify_greedy
+from csd.rule import decide as rule_decide
+from csd.verify import score_block
 
 V = 8
 NEG = -math.inf
@@ -58,8 +59,13 @@ def rule(method, special=(), **params):
     return CSDConfig(method=method, **params).validated().rule(special)
 
 
+def greedy(drafts, lg, count, r):
+    """Greedy verification as the decode loop does it: the block's scores in one transfer, then the rule."""
+    return rule_decide(drafts, score_block(drafts, lg, r.scores)[1], count, r)
+
+
 def decide(drafts, lg, r):
-    return verify_greedy(drafts, lg, counts(), r)
+    return greedy(drafts, lg, counts(), r)
 
 
 def statuses(d):
@@ -97,11 +103,11 @@ def test_no_rival_ever_relaxes_a_special_token():
                "fly": dict(win_len=2, entropy_thre=0.0)}
     for method, params in loosest.items():
         for special in ({5}, {4}):                             # t* special, then x~ special
-            d = verify_greedy([4, 2, 2, 2], lg, counts({(4, 5): 100}), rule(method, special, **params))
+            d = greedy([4, 2, 2, 2], lg, counts({(4, 5): 100}), rule(method, special, **params))
             v = d.verdicts[0]
             assert (v.status, v.rule, v.count) == (REJECTED, RULE_SPECIAL, None), (method, special)
             assert d.observed == () and d.next_token == 5
-        plain = verify_greedy([4, 2, 2, 2], lg, counts(), rule(method, **params))
+        plain = greedy([4, 2, 2, 2], lg, counts(), rule(method, **params))
         assert plain.verdicts[0].status == RELAXED, method       # the same token, not special: kept
 
 

@@ -16,8 +16,8 @@ from csd.events import (
     RULE_RESCUE,
     RULE_SPECIAL,
 )
-from csd.rule import NO_RESCUE, Rescue, rescues
-from csd.verify import verify_greedy, verify_sampling
+from csd.rule import NO_RESCUE, Rescue, decide, rescues
+from csd.verify import score_block, verify_sampling
 
 V = 8
 LOG_TAU = math.log(0.01)
@@ -37,8 +37,13 @@ def counts(table):
     return lambda x, t: table.get((x, t), 0)
 
 
+def greedy(drafts, lg, count, rescue):
+    """Greedy verification as the decode loop does it: the block's scores in one transfer, then the rule."""
+    return decide(drafts, score_block(drafts, lg, rescue.scores)[1], count, rescue)
+
+
 def test_all_match_gives_bonus():
-    d = verify_greedy([1, 2], logits({1: 10}, {2: 10}, {3: 10}), counts({}), CSD)
+    d = greedy([1, 2], logits({1: 10}, {2: 10}, {3: 10}), counts({}), CSD)
     assert [v.status for v in d.verdicts] == [ACCEPTED, ACCEPTED]
     assert [v.rule for v in d.verdicts] == [RULE_MATCH, RULE_MATCH]
     assert d.n_kept == 2 and d.bonus and d.next_token == 3 and d.observed == ()
@@ -46,7 +51,7 @@ def test_all_match_gives_bonus():
 
 def test_rescue_when_memory_and_gate_pass_and_verification_goes_on():
     # position 0: draft 4, target prefers 5 by a gap of 1 (>= log 0.01); pattern seen 6 times
-    d = verify_greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 6}), CSD)
+    d = greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 6}), CSD)
     assert [v.status for v in d.verdicts] == [RESCUED, ACCEPTED]
     assert d.verdicts[0].rule == RULE_RESCUE and d.verdicts[0].count == 6
     assert d.verdicts[0].gap == pytest.approx(-1.0)
@@ -55,7 +60,7 @@ def test_rescue_when_memory_and_gate_pass_and_verification_goes_on():
 
 
 def test_memory_too_rare_rejects_and_emits_target_token():
-    d = verify_greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 5}), CSD)
+    d = greedy([4, 2], logits({5: 10, 4: 9}, {2: 10}, {7: 10}), counts({(4, 5): 5}), CSD)
     assert [v.status for v in d.verdicts] == [REJECTED]
     assert d.verdicts[0].rule == RULE_MEMORY_RARE
     assert d.n_kept == 0 and not d.bonus and d.next_token == 5 and d.observed == ((4, 5),)
@@ -63,32 +68,32 @@ def test_memory_too_rare_rejects_and_emits_target_token():
 
 def test_gap_below_log_tau_rejects():
     # gap = -5 < log(0.01) = -4.6
-    d = verify_greedy([4], logits({5: 10, 4: 5}, {7: 10}), counts({(4, 5): 100}), CSD)
+    d = greedy([4], logits({5: 10, 4: 5}, {7: 10}), counts({(4, 5): 100}), CSD)
     assert d.verdicts[0].status == REJECTED and d.verdicts[0].rule == RULE_GAP_LOW
     assert d.next_token == 5
 
 
 def test_sd_never_rescues_and_ablations_switch_one_module_off():
     lg = logits({5: 10, 4: 5}, {7: 10})
-    assert verify_greedy([4], lg, counts({(4, 5): 100}), NO_RESCUE).verdicts[0].rule == RULE_NO_RESCUE
+    assert greedy([4], lg, counts({(4, 5): 100}), NO_RESCUE).verdicts[0].rule == RULE_NO_RESCUE
     ocm_only = Rescue(use_ocm=True, use_scg=False, lam=6, log_tau=LOG_TAU)
-    assert verify_greedy([4], lg, counts({(4, 5): 6}), ocm_only).verdicts[0].status == RESCUED  # gap ignored
+    assert greedy([4], lg, counts({(4, 5): 6}), ocm_only).verdicts[0].status == RESCUED  # gap ignored
     scg_only = Rescue(use_ocm=False, use_scg=True, lam=6, log_tau=LOG_TAU)
-    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({}), scg_only).verdicts[0].status == RESCUED
-    assert verify_greedy([4], lg, counts({}), scg_only).verdicts[0].rule == RULE_GAP_LOW
+    assert greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({}), scg_only).verdicts[0].status == RESCUED
+    assert greedy([4], lg, counts({}), scg_only).verdicts[0].rule == RULE_GAP_LOW
 
 
 def test_divergence_counts_after_its_own_decision_within_a_block():
     # the same pattern twice in one block; memory holds 5, lambda 6: the first is rejected...
     lg = logits({5: 10, 4: 9}, {5: 10, 4: 9}, {7: 10})
-    d = verify_greedy([4, 4], lg, counts({(4, 5): 5}), CSD)
+    d = greedy([4, 4], lg, counts({(4, 5): 5}), CSD)
     assert [v.status for v in d.verdicts] == [REJECTED]
     # ...with lambda 6 and count 6 the first is rescued, and the second sees 6 + 1
-    d = verify_greedy([4, 4], lg, counts({(4, 5): 6}), CSD)
+    d = greedy([4, 4], lg, counts({(4, 5): 6}), CSD)
     assert [v.count for v in d.verdicts] == [6, 7]
     assert d.observed == ((4, 5), (4, 5))
     # with lambda 7, count 6: first rejected (no self-vouching) even though it would make 7
-    d = verify_greedy([4, 4], lg, counts({(4, 5): 6}), Rescue(True, True, 7, LOG_TAU))
+    d = greedy([4, 4], lg, counts({(4, 5): 6}), Rescue(True, True, 7, LOG_TAU))
     assert [v.status for v in d.verdicts] == [REJECTED]
 
 
@@ -126,19 +131,19 @@ def test_gate_at_exact_equality_rescues():
     tau = math.exp(-1.0)
     assert math.log(tau) == -1.0
     at = Rescue.of(True, True, lam=6, tau=tau)
-    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), at).verdicts[0].status == RESCUED
+    assert greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), at).verdicts[0].status == RESCUED
     above = Rescue.of(True, True, lam=6, tau=math.nextafter(tau, 1.0))
-    assert verify_greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), above).verdicts[0].rule == RULE_GAP_LOW
+    assert greedy([4], logits({5: 10, 4: 9}, {7: 10}), counts({(4, 5): 6}), above).verdicts[0].rule == RULE_GAP_LOW
     # the memory at exact equality too: count == lambda passes, count == lambda - 1 does not
     assert rescues(6, -1.0, 6, -2.0) and not rescues(5, -1.0, 6, -2.0)
 
 
 def test_special_tokens_are_refused_and_not_observed():
     special = Rescue.of(True, True, lam=0, tau=1e-9, special={5})
-    d = verify_greedy([4, 2], logits({5: 10, 4: 9.9}, {2: 10}, {7: 10}), counts({(4, 5): 100}), special)
+    d = greedy([4, 2], logits({5: 10, 4: 9.9}, {2: 10}, {7: 10}), counts({(4, 5): 100}), special)
     assert d.verdicts[0].status == REJECTED and d.verdicts[0].rule == RULE_SPECIAL
     assert d.verdicts[0].count is None and d.observed == () and d.next_token == 5
-    d = verify_greedy([5], logits({4: 10, 5: 9.9}, {7: 10}), counts({(5, 4): 100}), special)   # x~ special
+    d = greedy([5], logits({4: 10, 5: 9.9}, {7: 10}), counts({(5, 4): 100}), special)   # x~ special
     assert d.verdicts[0].rule == RULE_SPECIAL and d.observed == ()
 
 
