@@ -102,7 +102,7 @@ class Rivals:
         """Raise ConfigError naming the first parameter out of its range."""
         for f in RIVAL_FIELDS:
             v, m, integer = getattr(self, f.name), f.metadata, isinstance(f.default, int)
-            if not ((isinstance(v, int) and not isinstance(v, bool)) if integer else _finite(v)) or not m["test"](v):
+            if not (_is_int(v) if integer else _finite(v)) or not m["test"](v):
                 raise ConfigError(f"{f.name} ({m['what']}) must be {'an integer ' if integer else ''}{m['range']}, "
                                   f"got {v!r}")
 
@@ -165,40 +165,28 @@ class CSDConfig(Rivals):
         """Return self if every field is in range, else raise ConfigError with a clear message."""
         if self.method not in METHODS:
             raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.gamma != GAMMA_AUTO and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
-                                         or not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]):
-            raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]} or 'auto', "
-                              f"got {self.gamma!r}")
-        if isinstance(self.gamma_max, bool) or not isinstance(self.gamma_max, int) \
-                or not GAMMA_RANGE[0] <= self.gamma_max <= GAMMA_RANGE[1]:
-            raise ConfigError(f"gamma_max must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]}, "
-                              f"got {self.gamma_max!r}")
-        if isinstance(self.gamma_min, bool) or not isinstance(self.gamma_min, int) \
-                or not 0 <= self.gamma_min <= self.gamma_max:
-            raise ConfigError(f"gamma_min must be an integer in 0..{self.gamma_max} (gamma_max), "
-                              f"got {self.gamma_min!r}")
+        lo, hi = GAMMA_RANGE
+        if self.gamma != GAMMA_AUTO:
+            _integer("gamma", self.gamma, lo, hi, " or 'auto'")
+        _integer("gamma_max", self.gamma_max, lo, hi)
+        _integer("gamma_min", self.gamma_min, 0, self.gamma_max, " (gamma_max)")
         if not _finite(self.lam) or self.lam < 0:
             raise ConfigError(f"lambda must be a count >= 0, got {self.lam!r}")
         if not _finite(self.tau) or not 0 < self.tau <= 1:
             raise ConfigError(f"tau must be in (0, 1], got {self.tau!r}")
         if not _finite(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        _integer("max_new_tokens", self.max_new_tokens, 1)
         if context_limit is not None and prompt_tokens + self.max_new_tokens > context_limit:
             raise ConfigError(
                 f"prompt ({prompt_tokens} tokens) + max_new_tokens ({self.max_new_tokens}) exceeds the "
                 f"model's context of {context_limit} tokens")
-        if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) \
-                or not 0 <= self.lookup <= GAMMA_RANGE[1]:
-            raise ConfigError(f"lookup must be an integer in 0..{GAMMA_RANGE[1]} (0 turns it off), got {self.lookup!r}")
+        _integer("lookup", self.lookup, 0, hi, " (0 turns it off)")
         if self.lookup and not self.uses_draft:
             raise ConfigError("lookup proposals are verified like draft tokens: use them with sd, csd or an "
                               "ablation, not ar")
-        if isinstance(self.lookup_ngram, bool) or not isinstance(self.lookup_ngram, int) \
-                or not 1 <= self.lookup_ngram <= LOOKUP_NGRAM_MAX:
-            raise ConfigError(f"lookup_ngram must be an integer in 1..{LOOKUP_NGRAM_MAX}, got {self.lookup_ngram!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+        _integer("lookup_ngram", self.lookup_ngram, 1, LOOKUP_NGRAM_MAX)
+        if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         self.check_rivals()
         if self.method in RIVALS and self.temperature > 0:
@@ -222,6 +210,17 @@ def parse_gamma(value: str | int) -> int | str:
     except ValueError:
         raise ConfigError(f"gamma must be an integer in {GAMMA_RANGE[0]}..{GAMMA_RANGE[1]} or 'auto', "
                           f"got {value!r}") from None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _integer(name: str, x, lo: int, hi: int | None = None, note: str = "") -> None:
+    """Raise ConfigError unless ``x`` is an integer in lo..hi (``hi`` None: no upper bound)."""
+    if not _is_int(x) or x < lo or (hi is not None and x > hi):
+        raise ConfigError(f"{name} must be an integer {f'>= {lo}' if hi is None else f'in {lo}..{hi}'}{note}, "
+                          f"got {x!r}")
 
 
 def _finite(x) -> bool:
