@@ -131,10 +131,16 @@ def test_the_details_reach_the_page_escaped_with_the_run_method():
 
 
 def test_teach_names_both_failures_too():
-    why = teach.explain_decision(div(REJECTED, RULE_MEMORY_RARE, 2, -5.2), LAM, TAU, "csd")
-    assert "count(␣cat → ␣dog) = 2 < λ = 6" in why and "gap −5.20 < log τ = −4.61" in why
-    assert "gap" not in teach.explain_decision(div(REJECTED, RULE_MEMORY_RARE, 2, -1.0), LAM, TAU, "csd")
-    assert "count" not in teach.explain_decision(div(REJECTED, RULE_GAP_LOW, 2, -5.2), LAM, TAU, "scg-only")
+    """Teach's why column is the first line of the token's details in Generate: one explanation."""
+    def why(ev, method):
+        out = teach.render_teach_step([ev], step=0, n_steps=1, text_before="", cfg=CSDConfig(method=method, lam=LAM,
+                                                                                              tau=TAU))
+        return html.unescape(re.search(r'<td class="why">([^<]*)</td>', out).group(1))
+    both = div(REJECTED, RULE_MEMORY_RARE, 2, -5.2)
+    assert why(both, "csd") == first_line(both, "csd")
+    assert "2 times, fewer than λ = 6 and the target found" in why(both, "csd") and "below log τ = −4.61" in why(both, "csd")
+    assert "too unlikely" not in why(div(REJECTED, RULE_MEMORY_RARE, 2, -1.0), "csd")
+    assert "memory" not in why(div(REJECTED, RULE_GAP_LOW, 2, -5.2), "scg-only")
 
 
 # -- counts in words ---------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_teach_steps_plays_and_shows_discarded_tokens(services):
     view, timer, sess = teach.teach_play(services, sess)
     assert "Iteration 2 of" in view and timer.active == (len(blocks) > 2)
     for _ in range(len(blocks)):
-        view, timer, sess = teach.teach_tick(services, sess)
+        view, timer, sess = teach.teach_play(services, sess)
     assert f"Iteration {len(blocks)} of {len(blocks)}" in view and timer.active is False
     with pytest.raises(gr.Error, match="speculative"):
         list(teach.teach_run(services, PROMPT, RunSettings(method="ar", gamma=4, max_new_tokens=12), sess))

@@ -154,8 +154,10 @@ def test_teach_steps_through_a_rivals_decisions(services):
     decided = [e for e in events if e.rule in (RULE_RELAXED, RULE_NOT_RELAXED)]
     assert decided
     for e in decided:
-        why = teach.explain_decision(e, 6, 0.01, "topk", relax=sess.teach.cfg.relax)
-        assert "top-k: x~ is the target's #" in why and ("relaxed" in why or "refuses" in why)
+        why = render.plain_sentence(e, 6, 0.01, method="topk", relax=sess.teach.cfg.relax)
+        assert "top-k: x~ is the target's #" in why and ("relaxed rule" in why)
+    steps = [html.unescape(teach.teach_view(services, sess, i)) for i in range(len(teach._blocks(events)))]
+    assert any("relaxed rule" in v and "top-k: x~ is the target's #" in v for v in steps)   # Teach's why column
 
 
 def test_explore_filters_and_exports_relaxed_events(services, lossy_run):

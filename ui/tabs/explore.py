@@ -7,6 +7,7 @@ import logging
 import tempfile
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 
@@ -74,8 +75,7 @@ def _event_row(le: A.LoggedEvent) -> list:
 def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, sess: Session | None):
     """The filtered events table. -> (rows, caption, pattern dropdown update, download button, session).
     The download button is hidden: a file prepared for other filters must not be offered."""
-    sess = ensure_session(services, sess)
-    hidden = gr.update(visible=False, value=None)
+    sess, hidden = ensure_session(services, sess), hide_download()
     if services.store is None:
         return [], NO_STORE, gr.update(), hidden, sess
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text)
@@ -301,91 +301,98 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
 
 
 # -- the tab -----------------------------------------------------------------------------------
+def _events_panel(s, scope_choices) -> SimpleNamespace:
+    gr.Markdown("### Divergence events")
+    with gr.Row():
+        scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
+                         info="'all runs' is shared: it shows every user's answers" if s.shared_scope else None)
+        run = number("Run id", value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
+        status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
+                                  elem_id="e-status")
+    with gr.Row():
+        pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)", allow_custom_value=True)
+        text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text", elem_id="e-text")
+        with gr.Column(scale=0, min_width=160):
+            btn = gr.Button("Show events", variant="primary", elem_id="events-btn")
+            csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
+    caption = gr.Markdown(elem_id="events-caption")
+    csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
+    table = gr.Dataframe(headers=EVENT_COLUMNS, interactive=False, wrap=True, max_height=420, elem_id="events-table")
+    return SimpleNamespace(filters=[scope, run, status, pattern, text], pattern=pattern, btn=btn, csv_btn=csv_btn,
+                           caption=caption, csv=csv, table=table)
+
+
+def _calibration_inputs(s) -> dict:
+    """The calibration's settings, by ``calibrate_memory``'s names."""
+    mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on", elem_id="cal-mode")
+    source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From", elem_id="cal-source")
+    upload = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or text (.txt, .jsonl "
+                     "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
+    with gr.Row():
+        sizes = dict(n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
+                                      maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
+                     answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
+                                          minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
+                                          elem_id="cal-answer"),
+                     max_positions=number("Text positions", value=s.calibrate_positions, precision=0, minimum=1,
+                                          maximum=MAX_POSITIONS, label="Text positions", elem_id="cal-positions"))
+    return dict(mode=mode, source=source, upload=upload, **sizes)
+
+
+def _memory_panel(s) -> SimpleNamespace:
+    gr.Markdown("### Correction memory (this session's copy)")
+    m = SimpleNamespace(summary=gr.Markdown(elem_id="memory-summary"))
+    with gr.Row():
+        with gr.Column(scale=2):
+            m.table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360, elem_id="memory-table")
+        with gr.Column(scale=1):
+            m.cal_in = _calibration_inputs(s)
+            with gr.Row(equal_height=True):
+                m.cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0, min_width=110)
+                m.stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
+            m.status = gr.HTML(render.render_status("Ready."), elem_id="calibrate-status")
+            with gr.Row():
+                m.reset = gr.Button("Reset to default")
+                m.clear = gr.Button("Clear")
+            m.dl_btn = gr.Button("Save memory to a file")
+            m.upload = gr.UploadButton("Upload memory file (.json / .json.gz)", type="filepath",
+                                       file_types=[".json", ".gz"], elem_id="memory-upload")
+            m.file = gr.DownloadButton("Download csd-memory.json.gz", visible=False)
+            m.error = gr.HTML(elem_id="memory-error")
+    return m
+
+
+def _wire_events(services: Services, e: SimpleNamespace, tab, sess, light: dict) -> None:
+    ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.csv, sess]
+    e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
+    e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
+    for ctl in e.filters:   # a prepared file must match the filters
+        ctl.change(hide_download, None, e.csv, queue=False, show_progress="hidden", api_visibility="private")
+    tab.select(partial(explore_events, services), ev_inputs, ev_out, api_visibility="private", **light)
+
+
 def build(page: Page):
     """Lay out the Explore & memory tab; returns the function that wires its events."""
-    services, s, sess, light, lam = page.services, page.settings, page.sess, page.light, page.lam
-    scope_choices = scopes(services)
+    services, sess, light, lam = page.services, page.sess, page.light, page.lam
     with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
-        gr.Markdown("### Divergence events")
-        with gr.Row():
-            e_scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
-                               info="'all runs' is shared: it shows every user's answers" if s.shared_scope
-                               else None)
-            e_run = number("Run id", value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
-            e_status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
-                                        elem_id="e-status")
-        with gr.Row():
-            e_pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)",
-                                    allow_custom_value=True)
-            e_text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text",
-                                elem_id="e-text")
-            with gr.Column(scale=0, min_width=160):
-                e_btn = gr.Button("Show events", variant="primary", elem_id="events-btn")
-                e_csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
-        e_caption = gr.Markdown(elem_id="events-caption")
-        e_csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
-        e_table = gr.Dataframe(headers=EVENT_COLUMNS, interactive=False, wrap=True, max_height=420,
-                               elem_id="events-table")
-
-        gr.Markdown("### Correction memory (this session's copy)")
-        m_summary = gr.Markdown(elem_id="memory-summary")
-        with gr.Row():
-            with gr.Column(scale=2):
-                m_table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360,
-                                       elem_id="memory-table")
-            with gr.Column(scale=1):
-                m_mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on",
-                                  elem_id="cal-mode")
-                m_source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From",
-                                    elem_id="cal-source")
-                m_corpus = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or "
-                                   "text (.txt, .jsonl 'text')", file_types=[".txt", ".jsonl", ".md", ".py"],
-                                   type="filepath")
-                with gr.Row():
-                    m_prompts = number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
-                                       maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts")
-                    m_answer = number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0, minimum=1,
-                                      maximum=MAX_ANSWER_TOKENS, label="Answer tokens each", elem_id="cal-answer")
-                    m_positions = number("Text positions", value=s.calibrate_positions, precision=0, minimum=1,
-                                         maximum=MAX_POSITIONS, label="Text positions", elem_id="cal-positions")
-                with gr.Row(equal_height=True):
-                    m_cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0,
-                                      min_width=110)
-                    m_stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
-                m_status = gr.HTML(render.render_status("Ready."), elem_id="calibrate-status")
-                with gr.Row():
-                    m_reset = gr.Button("Reset to default")
-                    m_clear = gr.Button("Clear")
-                m_dl_btn = gr.Button("Save memory to a file")
-                m_upload = gr.UploadButton("Upload memory file (.json / .json.gz)", type="filepath",
-                                           file_types=[".json", ".gz"], elem_id="memory-upload")
-                m_file = gr.DownloadButton("Download csd-memory.json.gz", visible=False)
-                m_error = gr.HTML(elem_id="memory-error")
-    page.status["calibrate"] = m_status
+        e = _events_panel(page.settings, scopes(services))
+        m = _memory_panel(page.settings)
+    page.status["calibrate"] = m.status
 
     def wire():
-        ev_inputs = [e_scope, e_run, e_status, e_pattern, e_text, sess]
-        e_btn.click(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
-                    api_name="explore_events", **light)
-        e_csv_btn.click(partial(export_events_csv, services), ev_inputs, [e_csv, sess], api_name="export_csv",
-                        **light)
-        for ctl in (e_scope, e_run, e_status, e_pattern, e_text):   # a prepared file must match the filters
-            ctl.change(hide_download, None, e_csv, queue=False, show_progress="hidden", api_visibility="private")
-        mem_out = [m_summary, m_table, sess]
+        mem_out = [m.summary, m.table, sess]
         explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
-        explore_tab.select(partial(explore_events, services), ev_inputs, [e_table, e_caption, e_pattern, e_csv, sess],
-                           api_visibility="private", **light)
-        page.model_job(m_cal, "calibrate", partial(calibrate_memory, services),
-                       dict(mode=m_mode, source=m_source, upload=m_corpus, n_prompts=m_prompts, answer_tokens=m_answer,
-                            max_positions=m_positions, lam=lam),
-                       [m_summary, m_table, m_status, sess], "calibrate", check_in=(m_prompts, m_answer, m_positions))
-        m_stop.click(partial(stop, services, "calibrate"), sess, m_status, queue=False, api_name="stop_calibrate")
-        m_reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
+        _wire_events(services, e, explore_tab, sess, light)
+        sizes = [m.cal_in[k] for k in ("n_prompts", "answer_tokens", "max_positions")]
+        page.model_job(m.cal, "calibrate", partial(calibrate_memory, services), dict(**m.cal_in, lam=lam),
+                       [m.summary, m.table, m.status, sess], "calibrate", check_in=sizes)
+        m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False, api_name="stop_calibrate")
+        m.reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
                       **light)
-        m_clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
+        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
                       **light)
-        m_dl_btn.click(partial(memory_download, services), [sess], [m_file, sess], api_name="memory_download",
+        m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download",
                        **light)
-        m_upload.upload(partial(memory_upload, services), [m_upload, lam, sess], [m_summary, m_table, m_error, sess],
+        m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],
                         api_name="memory_upload", **light)
     return wire

@@ -12,26 +12,11 @@ from functools import partial
 import gradio as gr
 
 from csd.config import METHODS, CSDConfig
-from csd.events import (
-    BONUS,
-    CORRECTED,
-    REJECTED,
-    RULE_GAP_LOW,
-    RULE_MATCH,
-    RULE_MEMORY_RARE,
-    RULE_NO_RESCUE,
-    RULE_NOT_RELAXED,
-    RULE_RELAXED,
-    RULE_RESCUE,
-    RULE_SAMPLED,
-    RULE_SPECIAL,
-    TARGET,
-    TokenEvent,
-)
-from csd.rule import Relax, Rescue, log_tau, rescues
+from csd.events import REJECTED, TokenEvent
+from csd.rule import Rescue
 
 from .. import render, rules
-from ..render import STATUS_STYLE, esc, plural, rescue_modules, show_token, token_text_html
+from ..render import STATUS_STYLE, esc, plural, show_token, token_detail, token_text_html
 from ..state import RunSettings, Services, Session
 from .common import ensure_session, error, exactness_note, page_config
 from .inputs import dropdown, slider
@@ -40,52 +25,6 @@ from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
 # -- the view of one iteration -----------------------------------------------------------------
-def explain_decision(ev: TokenEvent, lam: float, tau: float, method: str | None = None,
-                     relax: Relax | None = None) -> str:
-    """A sentence saying why this position was decided as it was (plain text): for a rejection,
-    every half of the rule that failed (``method``'s modules; None: CSD's two); ``relax``: the run's
-    rival rule, if any."""
-    x, t = show_token(ev.draft_text), show_token(ev.target_text)
-    c, g, lt = ev.memory_count, ev.gap, log_tau(tau)
-    use_mem, use_gate = rescue_modules(method)
-    gate_fails = use_gate and g is not None and not rescues(None, g, 0, lt, use_ocm=False)
-    if ev.status == CORRECTED:
-        return f"The draft was rejected here, so the target's own top-1 {show_token(ev.text)} is emitted; this target pass ends."
-    if ev.status == BONUS:
-        return f"Every draft token was kept, so the target's prediction after the block, {show_token(ev.text)}, comes free."
-    if ev.status == TARGET:
-        return "Autoregressive: one target pass per token."
-    if ev.rule == RULE_MATCH:
-        return f"x~ = t* = {x}: the target agrees, accepted."
-    if ev.rule == RULE_SAMPLED:
-        return f"Rejection sampling accepted {x} (u ≤ p(x~)/q(x~))."
-    if ev.rule == RULE_SPECIAL:
-        return f"x~ = {x} ≠ t* = {t}, and a special token is never rescued nor relaxed: rejected, {t} is emitted."
-    if ev.rule == RULE_RELAXED:
-        return (f"x~ = {x} ≠ t* = {t}; {rules.relax_sentence(ev, relax)}: relaxed, {x} is kept (no memory involved) "
-                f"and verification goes on with the next draft position.")
-    if ev.rule == RULE_NOT_RELAXED:
-        return (f"x~ = {x} ≠ t* = {t}; {rules.relax_sentence(ev, relax)}: the rule refuses it, rejected; {t} is "
-                f"emitted and the rest of the block is discarded.")
-    if ev.rule == RULE_NO_RESCUE:
-        return f"x~ = {x} ≠ t* = {t} and this method has no rescue: rejected, {t} is emitted, the rest of the block is discarded."
-    if ev.rule == RULE_MEMORY_RARE:
-        gate = (f" and gap {rules.num(g)} < log τ = {rules.num(lt)}: the target also finds {x} too unlikely"
-                if gate_fails else "")
-        return (f"x~ = {x} ≠ t* = {t}; memory count({x} → {t}) = {c} < λ = {lam:g}: not a known pattern{gate}; "
-                f"rejected, {t} is emitted and the rest of the block is discarded. The pattern's count goes up by one.")
-    if ev.rule == RULE_GAP_LOW:
-        known = f"count {c} ≥ λ = {lam:g} but " if use_mem else ""
-        return (f"x~ = {x} ≠ t* = {t}; {known}gap {rules.num(g)} < log τ = {rules.num(lt)}: the target finds "
-                f"{x} too unlikely, rejected.")
-    if ev.rule == RULE_RESCUE:
-        known = f"count {c} ≥ λ = {lam:g}" if use_mem else ""
-        gate = f"gap {rules.num(g)} ≥ log τ = {rules.num(lt)}" if use_gate else ""
-        return (f"x~ = {x} ≠ t* = {t}; {' and '.join(filter(None, (known, gate)))}: rescued, {x} is kept "
-                f"and verification goes on with the next draft position.")
-    return f"{ev.status} ({ev.rule or 'no rule'})"
-
-
 def _top_list(top: list | None) -> str:
     if not top:
         return "–"
@@ -101,6 +40,10 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
     """One speculative iteration of a run under ``cfg``: every token the draft proposed (kept, rejected, and
     the ones thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
     lam, tau, method, relax = cfg.lam, cfg.tau, cfg.method, cfg.relax
+
+    def why(e: TokenEvent) -> str:      # the first line of the token's details in Generate: one explanation
+        return token_detail(e, lam, tau, method=method, relax=relax).splitlines()[0]
+
     evs = list(block)
     kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
                    for e in evs if e.in_output)
@@ -125,7 +68,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(explain_decision(e, lam, tau, method, relax))}</td></tr>')
+            f'<td class="why">{esc(why(e))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             first = e.index_in_block + 2
             for k, t in enumerate(discarded_texts):
@@ -237,13 +180,8 @@ def teach_step(services: Services, delta: int, sess: Session | None):
 
 
 def teach_play(services: Services, sess: Session | None):
-    """Play: step once now and let the autoplay timer go on. -> (view, timer, session)."""
-    view, sess = teach_step(services, 1, sess)
-    return view, gr.Timer(active=_teach_has_next(sess)), sess
-
-
-def teach_tick(services: Services, sess: Session | None):
-    """The autoplay timer: one iteration further; it stops itself at the last one."""
+    """Play, and each tick of the autoplay timer: one iteration further; the timer goes on until the last
+    one. -> (view, timer, session)."""
     view, sess = teach_step(services, 1, sess)
     return view, gr.Timer(active=_teach_has_next(sess)), sess
 
@@ -297,7 +235,7 @@ def build(page: Page):
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
         t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
                      **light)
-        teach_timer.tick(partial(teach_tick, services), [sess], [t_view, teach_timer, sess],
+        teach_timer.tick(partial(teach_play, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
         t_stop.click(teach_pause, None, teach_timer, queue=False, api_visibility="private")
         t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
