@@ -34,7 +34,7 @@ class Method:
 
 SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram", *PARAM_METHOD)
 ACTS_KEY = "int8_activations"   # a column's representation, not a rule's setting: row or pass (int8 target)
-INT_KEYS = ("lookup", "lookup_ngram", "topk", "win_len")
+INT_KEYS = ("lookup", "lookup_ngram", *(k for k in PARAM_METHOD if isinstance(getattr(CSDConfig, k), int)))
 
 
 def setting_name(setting: dict, base: CSDConfig) -> str:
@@ -107,10 +107,8 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
     for m in dict.fromkeys(names):
         if m not in BENCH_METHODS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(BENCH_METHODS)}")
-        if m in HF_METHODS:
-            out.append(Method(m, replace(plain, method="ar"), HF_KIND[m]))
-        elif m == "ar":
-            out.append(Method(m, replace(plain, method="ar")))
+        if m in HF_METHODS or m == "ar":
+            out.append(Method(m, replace(plain, method="ar"), HF_KIND.get(m)))
         elif m == CSD_PAPER:
             out.append(Method(m, replace(base, **PRESETS["paper"])))
         else:
