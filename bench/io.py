@@ -19,8 +19,9 @@ DASH = "–"                                # a figure that was not measured
 
 def write_json(path: str | os.PathLike, data) -> Path:
     """``data`` as indented UTF-8 JSON, atomically: a killed process leaves the previous file or the
-    new one, never half of one."""
-    return atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8"))
+    new one, never half of one. A path ending in .gz is written gzipped (a committed run re-rendered)."""
+    raw = json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8")
+    return atomic_write(path, gzip.compress(raw, mtime=0) if str(path).endswith(".gz") else raw)
 
 
 def read_results_json(path: Path):

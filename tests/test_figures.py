@@ -92,3 +92,23 @@ def test_columns_in_a_marker_and_method_names_with_commas():
         derive("<!-- figures: docs/bench/lookup-ar columns=all:nope -->\n<!-- /figures -->")
     with pytest.raises(ResultsError, match="synthetic"):
         derive("<!-- figures: docs/bench/gpu-h200/run5/s15auto columns=rescued -->\n<!-- /figures -->")
+
+
+def test_a_committed_gzipped_run_is_read_and_re_rendered_gzipped(tmp_path):
+    """docs/bench keeps the figures' runs as results.json.gz: the report, the figures and load_results
+    read it as a results.json, and re-rendering one writes it back gzipped, never plain JSON in a .gz."""
+    import gzip
+    import json
+    import shutil
+
+    from csd.bench import report
+    from csd.bench.results import load_results
+    run = tmp_path / "speed"
+    shutil.copytree(ROOT / "docs/bench/speed", run)
+    before = read_results_json(run)[1]
+    assert report.main([str(run)]) == 0
+    assert not (run / "results.json").exists()
+    answers = lambda items: [(i["item_id"], i["method"], i["token_ids"], i["wall_s"]) for i in items]  # noqa: E731
+    assert answers(json.loads(gzip.decompress((run / "results.json.gz").read_bytes()))["items"]) == answers(before["items"])
+    assert answers(load_results(run)["items"]) == answers(before["items"])
+    assert table(run) == table(ROOT / "docs/bench/speed")
