@@ -7,7 +7,6 @@ Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of 
 from __future__ import annotations
 
 import html
-import logging
 import math
 from collections.abc import Mapping, Sequence
 
@@ -20,8 +19,6 @@ from csd.events import RunMetrics
 from csd.rule import log_tau, rescues, top_share
 
 from .render import plural, show_token
-
-log = logging.getLogger(__name__)
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd",
           "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
