@@ -1,21 +1,12 @@
-"""Calibration of the Online Correction Memory (CSD, arXiv 2604.13634).
+"""Calibration of the Online Correction Memory (CSD, arXiv 2604.13634): count the pairs (draft top-1 ->
+target top-1) wherever the two differ, never one with a special token on either side (``csd.rule``).
 
-Two regimes, both counting the pair (draft top-1 -> target top-1) wherever the two differ:
-
-- **prompts** (the default): the target answers unlabeled prompts greedily, in batches, and the
-  draft is teacher-forced over those answers. These are the divergences speculative decoding
-  meets: at inference the draft proposes continuations of the target's own answers. The target's
-  top-1 at an answer position is the token it generated there (greedy), so a second target pass
-  over the answers would only recompute it. The shipped prompt set (``csd/data/calibration_prompts.jsonl``,
-  built by ``python -m csd.evaluation.calibration_set``) mixes writing requests, coding tasks and math word
-  problems, none of them in any benchmark; its ``heldout`` split is kept out of the counts to
-  measure how well the memory generalises.
-- **text**: both models read human-written text in one teacher-forced pass each (the shipped corpus
-  is Python's own documentation topics and standard-library sources). Chat-template tokens and the
-  first ``skip_first`` tokens of every chunk are masked out.
-
-In both regimes a pattern with a special token on either side (end of turn, chat template) is
-never counted (``csd.rule``). The prompts and texts themselves are read by ``csd.corpus``.
+- **prompts** (the default): the target answers unlabeled prompts greedily, in batches, and the draft
+  is teacher-forced over the answers: the divergences SD meets, as the draft proposes continuations of
+  the target's own answers (whose token at each position is the target's top-1). The shipped prompt
+  set (``csd.corpus``) keeps a ``heldout`` split out of the counts, to measure how the memory generalises.
+- **text**: both models read human-written text in one teacher-forced pass each; chat-template tokens
+  and the first ``skip_first`` tokens of every chunk are masked out.
 """
 from __future__ import annotations
 

@@ -21,31 +21,39 @@ PROMPT_KINDS = ("prose", "code", "math")
 
 
 # -- prompts ---------------------------------------------------------------------------------------
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {e}") from None
+
+
+def _json_lines(path: Path, raw: str):
+    """(line number, object) of each non-blank line of a JSONL file."""
+    for n, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{n}: not valid JSON") from None
+
+
 def read_prompts(path: str | Path = PROMPTS_FILE, split: str | None = "calibration") -> list[dict]:
     """Prompts as dicts (``prompt``, optional ``id``, ``kind``, ``split``) from JSONL or a text file
     (one prompt per line). ``split``: keep only that split of a file that has one (None: all)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read prompts {str(path)!r}: {e}") from None
-    rows = []
-    for n, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix in (".jsonl", ".ndjson"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"{path}:{n}: not valid JSON") from None
+    raw = _read(path, "prompts")
+    if path.suffix not in (".jsonl", ".ndjson"):
+        rows = [{"prompt": line.strip()} for line in raw.splitlines() if line.strip()]
+    else:
+        rows = []
+        for n, obj in _json_lines(path, raw):
             if isinstance(obj, str):
                 obj = {"prompt": obj}
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt") or obj.get("text"), str):
                 raise ValueError(f"{path}:{n}: expected an object with a 'prompt' string")
             obj.setdefault("prompt", obj.get("text"))
             rows.append(obj)
-        else:
-            rows.append({"prompt": line.strip()})
     if split is not None and any("split" in r for r in rows):
         rows = [r for r in rows if r.get("split") == split]
     if not rows:
@@ -89,19 +97,10 @@ def default_corpus() -> list[str]:
 def read_corpus(path: str | Path) -> list[str]:
     """A text file (one document) or JSONL (a "text" field, or the first string field, per line)."""
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read corpus {str(path)!r}: {e}") from None
+    raw = _read(path, "corpus")
     if path.suffix in (".jsonl", ".ndjson"):
         texts = []
-        for n, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise ValueError(f"{path}:{n}: not valid JSON") from None
+        for _n, obj in _json_lines(path, raw):
             text = obj.get("text") if isinstance(obj, dict) else obj
             if not isinstance(text, str) and isinstance(obj, dict):
                 text = next((v for v in obj.values() if isinstance(v, str)), None)
