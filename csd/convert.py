@@ -220,8 +220,8 @@ def write_shipped_maxima() -> Path:
     from safetensors.torch import save_file
 
     from .embedded import assembled, gguf_config
-    from .models import resolve
     from .pair import EMBEDDED, encode_prompt
+    from .refs import resolve
     from .smoothing import calibration_prompt_ids
     ref = resolve("embedded", "target", None)
     from transformers import AutoTokenizer
