@@ -380,12 +380,12 @@ def _safe(name: str) -> str:
 
 def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
+    from csd.db.store import run_fields
     from csd.events import RunMetrics
 
-    fields = dict(kind="bench", **pair.run_fields(), method=m.name[:32], temperature=0.0,
-                  max_new_tokens=m.cfg.max_new_tokens, prompt=item.prompt,
-                  label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200],
-                  target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None)
+    fields = run_fields(pair, kind="bench", method=m.name[:32], temperature=0.0,
+                        max_new_tokens=m.cfg.max_new_tokens, prompt=item.prompt,
+                        label=f"bench {bench_id} {item.dataset} {item.item_id}"[:200])
     if m.hf is None and m.cfg.uses_draft:
         fields.update({k: v for k, v in m.cfg.run_fields().items()
                        if k in ("gamma", "lam", "tau", "lookup", "rule_params")})

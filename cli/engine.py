@@ -136,7 +136,7 @@ def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
 
 
 def cmd_generate(args) -> int:
-    from csd.db.store import recording
+    from csd.db.store import recording, run_fields
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
 
@@ -162,8 +162,7 @@ def cmd_generate(args) -> int:
         warn_memory_mismatch(memory, pair)
     run = decoder.run(prompt_ids, cfg, memory)
     cancelled = False
-    with recording(store, kind="generate", **pair.run_fields(), **cfg.run_fields(), prompt=args.prompt,
-                   target_repr=pair.target_repr, draft_repr=pair.draft_dtype or None) as rec:
+    with recording(store, **run_fields(pair, cfg, kind="generate", prompt=args.prompt)) as rec:
         try:
             for ev in run:
                 rec.add(ev)
@@ -224,6 +223,7 @@ def cmd_prepare(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from csd.calibrate import calibrate, calibrate_prompts
+    from csd.db.store import run_fields
     from csd.memory import CorrectionMemory
 
     mode, data, heldout = calibration_input(args)
@@ -251,9 +251,8 @@ def cmd_calibrate(args) -> int:
     memory.save(args.out)
     info = memory.meta["calibration"][-1]
     if store is not None:
-        run_id = store.start_run(kind="calibrate", **pair.run_fields(), method="calibrate",
-                                 prompt=str(args.prompts or args.corpus or f"default {mode}"),
-                                 target_repr=pair.target_repr, draft_repr=pair.draft_dtype)
+        run_id = store.start_run(**run_fields(pair, kind="calibrate", method="calibrate",
+                                              prompt=str(args.prompts or args.corpus or f"default {mode}")))
         store.save_memory(memory, run_id=run_id, label=f"calibration ({mode}) {args.prompts or args.corpus or 'default'}")
         store.finish_run(run_id, "", info)
         store.close()

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import gradio as gr
 
 from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
-from csd.db.store import NullRecorder, recording
+from csd.db.store import NullRecorder, recording, run_fields
 
 from .. import render
 from ..lane import Job
@@ -184,9 +184,7 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
     """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
     costs a warning (logged with its traceback), never the run."""
-    p = services.pair
-    fields = dict(kind="generate", **p.run_fields(), **cfg.run_fields(), prompt=prompt, session_id=sess.session_id,
-                  label=label, target_repr=p.target_repr, draft_repr=p.draft_dtype or None)
+    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
     try:
         rec = recording(services.store, **fields)
     except Exception as e:   # the database is down or full: generate anyway
