@@ -218,15 +218,14 @@ class Run:
         """(token, its probability under the draft, the draft's full-vocabulary distribution when
         sampling). A reduced-vocabulary draft maps its rows back to token ids. One host sync."""
         cfg, ids = self.cfg, self.pair.draft_lm.vocab_ids
+        token = int if ids is None else (lambda i: int(ids[int(i)]))
         self.metrics.host_syncs += 1
         if cfg.temperature == 0:
             if not self._need_conf:
-                i = int(logits.argmax())
-                return (int(ids[i]) if ids is not None else i), 1.0, None
+                return token(logits.argmax()), 1.0, None
             q = torch.softmax(logits.float(), -1)
-            conf, i = (float(v) for v in torch.stack([q.max(), q.argmax().float()]).tolist())
-            i = int(i)
-            return (int(ids[i]) if ids is not None else i), conf, None
+            conf, i = torch.stack([q.max(), q.argmax().float()]).tolist()
+            return token(i), conf, None
         q_small = torch.softmax(logits / cfg.temperature, -1)
         i = int(torch.multinomial(q_small.cpu(), 1, generator=self.gen))
         if ids is None:
