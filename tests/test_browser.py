@@ -397,3 +397,19 @@ def test_memory_upload_errors_are_sentences(page, tmp_path):
                                timeout=WAIT_MS)
         text = page.locator("#memory-error").inner_text()
         assert text.startswith("Memory not loaded:") and text.strip() != "Error"
+
+
+@pytest.mark.parametrize("elem_id,typed,words", [("lam", -1, "must be a whole number from 0 to 64; got -1"),
+                                                 ("gamma", 1000, "must be a whole number from 1 to 32; got 1000"),
+                                                 ("max-new", 100000, "from 1 to 512 (this app's limit); got 100000")])
+def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, typed, words):
+    """A value typed beyond a slider's range is refused with its range named; the run does not start."""
+    page.locator("#auto-gamma input[type=checkbox]").uncheck()
+    set_number(page, elem_id, typed)
+    page.wait_for_timeout(300)
+    page.click("#generate-btn")
+    page.wait_for_function("w => [...document.querySelectorAll('.toast-body')].some(t => t.textContent.includes(w))",
+                           arg=words, timeout=WAIT_MS)
+    page.wait_for_timeout(500)
+    assert page.locator(f"#{elem_id} input[type=number]").input_value() == str(typed)   # shown as typed
+    assert gate.calls == 0 and "Starting" not in status(page)
