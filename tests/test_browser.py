@@ -412,4 +412,5 @@ def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, 
                            arg=words, timeout=WAIT_MS)
     page.wait_for_timeout(500)
     assert page.locator(f"#{elem_id} input[type=number]").input_value() == str(typed)   # shown as typed
+    wait_status(page, "Not run")                # the status line says so: no stale "Starting…"
     assert gate.calls == 0 and "Starting" not in status(page)

@@ -166,3 +166,18 @@ def test_a_click_checks_the_settings_before_it_joins_the_lane(demo, button, chec
     ids = {b._id for b in first[0].inputs}
     for elem_id in checked:
         assert component(demo, elem_id)._id in ids, elem_id
+
+
+
+def test_a_request_refused_before_its_run_leaves_no_stale_status(services, demo):
+    """A click whose run gradio refused after its request joined the lane: the request is withdrawn (no
+    "Starting…", nothing ahead of the next one) and the status line says it was not run; a click refused
+    before it joined says so too. Both steps of a click wire this on failure."""
+    sess, line, _ = jobs.request_job(services, "generate", None)
+    assert "Starting" in line and len(services.lane) == 1
+    line = jobs.refused(services, "generate", sess)
+    assert "Not run" in line and "Starting" not in line and len(services.lane) == 0
+    assert "Not run" in jobs.status_line(services, sess, "generate")
+    assert "Not run" in jobs.refused(services, "generate", None)
+    wired = [fn for fn in demo.fns.values() if getattr(fn.fn, "func", None) is jobs.refused]
+    assert len(wired) == 8     # generate, compare, teach, calibrate: the request and the run

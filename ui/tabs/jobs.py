@@ -66,6 +66,25 @@ def stop(services: Services, kind: str | None, sess: Session | None):
     return status_line(services, sess, kind or "generate")
 
 
+REFUSED = "Not run: the request was refused (the message says why)."
+
+
+def refused(services: Services, kind: str, sess: Session | None):
+    """A click whose request or run gradio refused before the handler ran (a setting out of its range):
+    the request it left waiting in the lane, if any, is withdrawn (else it would show "Starting…" and
+    stand ahead of the next request), and the status line says it was not run, unless an earlier job of
+    ``kind`` is still going or the handler itself wrote why it did not run. -> the status line."""
+    if not isinstance(sess, Session):
+        return render.render_status(REFUSED, "stopped")
+    q = sess.pending[kind]
+    if q and q[-1].waiting:
+        services.lane.finish(q.pop(), REFUSED)
+    job = sess.jobs.get(kind)
+    if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
+        return status_line(services, sess, kind)
+    return render.render_status(REFUSED, "stopped")
+
+
 def _ago(s: float) -> str:
     return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
 

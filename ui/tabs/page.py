@@ -18,7 +18,7 @@ import gradio as gr
 from ..lane import KINDS
 from ..rules import RIVAL_FIELDS
 from ..state import RunSettings, Services, Settings
-from .jobs import poll_status, request_job
+from .jobs import poll_status, refused, request_job
 
 EXAMPLES = [
     # GSM8K test set, item 1
@@ -115,6 +115,9 @@ class Page:
                         api_visibility="private", **self.light)
         run = ask.success(fn, [sess], outputs, inputs_kwargs=named, api_name=api_name, show_progress="hidden",
                           **self.model)
+        for step in (ask, run):      # refused before its handler ran: the status line says so, nothing waits
+            step.failure(partial(refused, services, kind), [sess], [self.status[kind]], show_progress="hidden",
+                         api_visibility="private", **self.light)
         # the last word on the status lines: a timer tick computed just before the run ended can land
         # after the run's last update and show it still running; this poll is sent after the run ends
         run.then(partial(poll_status, services), *self.status_io, queue=False, show_progress="hidden",
