@@ -181,3 +181,14 @@ def test_a_request_refused_before_its_run_leaves_no_stale_status(services, demo)
     assert "Not run" in jobs.refused(services, "generate", None)
     wired = [fn for fn in demo.fns.values() if getattr(fn.fn, "func", None) is jobs.refused]
     assert len(wired) == 8     # generate, compare, teach, calibrate: the request and the run
+
+
+def test_the_queue_holds_a_class_and_light_work_does_not_wait_for_the_model(demo):
+    """A class of 20 at once, each with a model request and a light event queued, is not refused; the
+    sliders' recolouring, the Teach steps and the charts run in the light group, never the model's."""
+    assert demo._queue.max_size >= 40
+    model = [fn for fn in demo.fns.values() if fn.concurrency_id == "model"]
+    assert {fn.api_name for fn in model} >= {"generate", "compare", "teach_run", "calibrate"}
+    light = {fn.api_name for fn in demo.fns.values() if fn.concurrency_id == "light"}
+    assert {"recolour", "teach_next", "teach_prev", "teach_play", "analyse", "export_answer"} <= light
+    assert not {fn.api_name for fn in model} & light

@@ -24,7 +24,11 @@ from .rules import RIVAL_FIELDS
 
 @dataclass
 class Settings:
-    queue_size: int = 16              # events waiting in gradio's queue at most
+    # events waiting in gradio's queue at most: a class of 20 clicking at once must not be refused ("Queue is
+    # full"; 20 clients got 3 refusals at 16). Each user can hold a model request and a light event (a slider's
+    # recolouring, a Teach step) in the queue at once, so a class of 20 needs 40; 64 leaves room for 32 users
+    # waiting on the model alone. A waiting event costs a few kB; the wait is what the status line shows.
+    queue_size: int = 64
     concurrency: int = 1              # generations (model work) running at once
     max_prompt_tokens: int = 2048     # longer prompts are refused: their prefill would hold the model for everyone
     shared_scope: bool = True         # offer the "all runs" scope (every user's runs) in Analyse and Explore
