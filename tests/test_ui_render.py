@@ -319,3 +319,12 @@ def test_lane_orders_requests_and_forgets_abandoned_ones():
     assert lane.ahead(c) == [a]
     lane.finish(a, "done")
     assert lane.ahead(c) == [] and a.summary == "done" and a.finished
+
+
+def test_a_rejected_newline_is_a_marker_not_a_line_break():
+    """A token outside the answer (rejected) holding newlines is drawn with ⏎, so it adds no blank lines that
+    the answer does not have; the answer's own newlines stay line breaks."""
+    html = render.render_tokens([ev(ACCEPTED, "a\n", pos=0), ev(REJECTED, "\n\n<b>", pos=1)])
+    rejected = re.search(r'<span class="tok tok-rejected[^>]*>([^<]*)</span>', html).group(1)
+    assert rejected == "⏎⏎&lt;b&gt;"
+    assert re.search(r'<span class="tok tok-accepted[^>]*>a\n</span>', html)

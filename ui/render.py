@@ -291,9 +291,12 @@ def token_text_html(ev: TokenEvent) -> tuple[str, list[str]]:
         return esc(special_label(ev.text)), ["tok-special"]
     if ev.text == "":
         return "", ["partial"]
-    if "\ufffd" in ev.text:
-        return esc(ev.text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>'), []
-    return esc(ev.text), []
+    # a token not in the answer (rejected, unused) draws its newlines as ⏎: as real line breaks they would
+    # add blank lines that the answer does not have, and panes with the same answer would look different
+    text = ev.text if ev.in_output else ev.text.replace("\r", "").replace("\n", "⏎")
+    if "\ufffd" in text:
+        return esc(text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>'), []
+    return esc(text), []
 
 
 def _prompt_html(prompt: str | None) -> str:
