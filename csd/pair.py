@@ -130,9 +130,18 @@ class ModelPair:
             lm.int8_rows(False)
         self.int8_activations = mode
 
+    @property
+    def repr_label(self) -> str:
+        """The target's representation as a stored run records it: an int8 target's activation scales with it
+        ("int8, activations per token" / "... per pass"), since greedy SD writes AR's answer in one and not in
+        the other; at most 32 characters (the store's column)."""
+        scales = {"row": "token", "pass": "pass"}.get(self.int8_activations) if self.target_repr == "int8" else None
+        return f"int8, activations per {scales}" if scales else self.target_repr
+
     def run_fields(self) -> dict:
-        """The model identity a stored run records."""
-        return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name)
+        """The model identity a stored run records, and the target's representation (``repr_label``)."""
+        return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name,
+                    target_repr=self.repr_label)
 
     def describe(self) -> dict:
         """How the pair runs here, for every result: representations, draft path, device."""

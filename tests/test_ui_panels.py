@@ -233,16 +233,20 @@ def test_what_the_app_says_of_exactness_follows_the_representation():
         assert "equals the target's alone" not in text and "lossless" not in text
 
 
-def test_the_exact_mode_switch_flips_the_int8_activations_between_runs(store):
-    """Compare's exact-mode switch: shown for an int8 target on the lean path (not for float32), and
-    flipping it changes how the target scales its activations and every text that states the exactness."""
+def test_the_exact_mode_switch_is_each_users_own(store):
+    """Compare's exact-mode switch: shown for an int8 target on the lean path (not for float32). It is the
+    user's own: user A turning it off changes A's texts and A's runs, never B's (B's runs still scale per
+    token and B's page still says so); the model takes each user's mode at the start of their run, and
+    every stored run records the activation scales it ran with."""
     import copy
     from dataclasses import replace
 
+    from csd.config import CSDConfig
     from csd.lm import LeanLM
     from csd.quant import quantize_int8
     from csd.ui import build_demo, make_services
-    from csd.ui.tabs import common
+    from csd.ui.state import new_session
+    from csd.ui.tabs import common, jobs
 
     def switch(demo):
         return next(b for b in demo.config["components"] if b.get("props", {}).get("elem_id") == "exact-mode")["props"]
@@ -257,14 +261,26 @@ def test_the_exact_mode_switch_flips_the_int8_activations_between_runs(store):
     services = make_services(pair, store, costs=float_services.decoder.costs)
     props = switch(build_demo(services))
     assert props["visible"] is True and props["value"] is True and props["interactive"] is not False
-    def note() -> str:
-        return common.exactness_note(pair.target_repr, pair.int8_activations)
 
+    def note(mode: str) -> str:
+        return common.exactness_note(pair.target_repr, mode)
+
+    a, b = new_session(services), new_session(services)
     first = services.decoder
-    off = common.set_exact_mode(services, [note], False)
-    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is not first
+    *off, a = common.set_exact_mode(services, [note], False, a)
     assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
-    on = common.set_exact_mode(services, [note], True)
-    assert pair.int8_activations == "row" and pair.target_lm.per_row and "scaled on their own" in on[0]
+    assert pair.int8_activations == "row" and services.decoder is first      # B's model is untouched
+    assert common.session_activations(services, b) == "row"
+    services.lane.finish(jobs.take_job(services, a, "generate"))               # A's run takes A's mode
+    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is not first
+    services.lane.finish(jobs.take_job(services, b, "generate"))               # B's run: B's mode and decoder
+    assert pair.int8_activations == "row" and pair.target_lm.per_row and services.decoder is first
+    for sess, scales in ((a, "pass"), (b, "token")):                          # what each run records
+        services.lane.finish(jobs.take_job(services, sess, "generate"))
+        with jobs.recorded(services, sess, PROMPT, CSDConfig(), "") as rec:
+            pass
+        assert store.get_run(rec.run_id).target_repr == f"int8, activations per {scales}"
+    *on, a = common.set_exact_mode(services, [note], True, a)
+    assert "scaled on their own" in on[0]
     busy = make_services(pair, store, replace(services.settings, concurrency=2), costs=first.costs)
     assert switch(build_demo(busy))["interactive"] is False            # several runs at once: fixed

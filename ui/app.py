@@ -36,9 +36,10 @@ def launch_kwargs() -> dict:
                 run_history=False, footer_links=["api", "settings"], max_file_size="64mb")
 
 
-def header(services: Services) -> str:
-    """The models and how they run here (``pair.describe()``), and the paper."""
-    d = services.pair.describe()
+def header(services: Services, mode: str = "") -> str:
+    """The models and how they run here (``pair.describe()``; ``mode``: this user's int8 activation scales,
+    default: the app's), and the paper."""
+    d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
     md = render.esc_md
     return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
             + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
@@ -103,7 +104,7 @@ def build_demo(services: Services) -> gr.Blocks:
                 rivals = rival_controls()          # folded: it adds no height to the bar until opened
 
         page = Page(services, sess, status_timer, gamma, auto_gamma, show_spec, lam, log10_tau, rivals=rivals)
-        page.exactness.append((head, partial(header, services)))       # it names the int8 activations
+        page.exactness.append((head, partial(header, services)))       # it names this user's int8 activations
         with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):    # a narrow screen wraps the tabs, in order
             wires = [tab.build(page) for tab in (generate, compare, analyse, explore, teach)]
 

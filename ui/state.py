@@ -84,6 +84,8 @@ class Services:
     settings: Settings = field(default_factory=Settings)
     base_memory: CorrectionMemory | None = None   # the default memory; each session gets a copy
     lane: Lane = field(default_factory=Lane)      # every user's requests for model work, in order
+    default_activations: str = ""     # an int8 target's activation scales a new session runs with ("row"/"pass")
+    decoders: dict = field(default_factory=dict)  # the decoder of each activation mode met so far
 
     def new_memory(self) -> CorrectionMemory:
         if self.base_memory is None:
@@ -94,7 +96,8 @@ class Services:
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:
     """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
     decoder = Decoder(pair, costs=costs)
-    return Services(pair, decoder, store, settings or Settings(), decoder.default_memory())
+    return Services(pair, decoder, store, settings or Settings(), decoder.default_memory(),
+                    default_activations=pair.int8_activations)
 
 
 @dataclass
@@ -128,6 +131,7 @@ class Session:
     teach_step: int = 0
     pending: dict[str, deque] = field(default_factory=lambda: {k: deque() for k in KINDS})  # asked, not started
     jobs: dict[str, Job] = field(default_factory=dict)   # the latest job of each kind (for the status line)
+    int8_activations: str = ""        # this user's exact-mode choice ("row"/"pass"); "": the app's default
 
     def all_jobs(self, kind: str | None = None) -> list[Job]:
         kinds = KINDS if kind is None else (kind,)

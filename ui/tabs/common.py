@@ -61,18 +61,36 @@ def can_switch_exactness(pair) -> bool:
     return pair.target_repr == "int8" and hasattr(pair.target_lm, "int8_per_row")
 
 
-def set_exact_mode(services: Services, redraw: list, on: bool) -> list[str]:
-    """The exact-mode switch: the target's int8 activations per token (on) or per pass (off), for every
-    user (one model), between runs (it queues behind model work); a new decoder reads the measured costs of
-    the new mode. -> the redrawn texts that state the exactness (``Page.exactness``)."""
+def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | None = None) -> list:
+    """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their
+    session; the shared model takes it at the start of each of their runs (``use_activations``), so one
+    user's choice never changes another's runs. -> the redrawn texts that state the exactness for this
+    user (``Page.exactness``: fn(mode) -> text), then the session."""
     if not can_switch_exactness(services.pair):
         raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.target_repr}.")
-    mode = "row" if on else "pass"
-    if services.pair.int8_activations != mode:
-        from csd.decode import Decoder
-        services.pair.set_int8_activations(mode)
-        services.decoder = Decoder(services.pair, online_costs=services.decoder.online_costs)
-    return [fn() for fn in redraw]
+    if services.settings.concurrency > 1:
+        raise error("Exact mode is fixed while several generations may run at once (--concurrency > 1).")
+    sess = ensure_session(services, sess)
+    sess.int8_activations = "row" if on else "pass"
+    return [*(fn(sess.int8_activations) for fn in redraw), sess]
+
+
+def session_activations(services: Services, sess: Session | None) -> str:
+    """The int8 activation scales this user's runs use: their choice, else the app's default."""
+    return (sess.int8_activations if isinstance(sess, Session) else "") or services.default_activations
+
+
+def use_activations(services: Services, sess: Session) -> None:
+    """Give the shared model this user's activation scales before their run; called where a run takes the
+    model (``jobs.take_job``, in the model group, one run at a time: the exact-mode switch is fixed when
+    several may run at once). A decoder is kept for each mode (its measured costs differ)."""
+    mode, pair = session_activations(services, sess), services.pair
+    if not mode or pair.int8_activations == mode or not can_switch_exactness(pair):
+        return
+    from csd.decode import Decoder
+    services.decoders[pair.int8_activations] = services.decoder
+    pair.set_int8_activations(mode)
+    services.decoder = services.decoders.get(mode) or Decoder(pair, online_costs=services.decoder.online_costs)
 
 
 def scopes(services: Services) -> list[str]:

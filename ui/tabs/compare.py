@@ -265,14 +265,14 @@ def build(page: Page):
                     "Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
-        note = gr.Markdown(exactness_note(services.pair.target_repr, services.pair.int8_activations),
+        note = gr.Markdown(exactness_note(services.pair.target_repr, services.default_activations),
                            elem_id="compare-exactness")
-        page.exactness.append((note, lambda: exactness_note(services.pair.target_repr, services.pair.int8_activations)))
+        page.exactness.append((note, partial(exactness_note, services.pair.target_repr)))
         one_at_a_time = s.concurrency == 1
-        exact = gr.Checkbox(services.pair.int8_activations == "row", label=EXACT_MODE_LABEL, elem_id="exact-mode",
+        exact = gr.Checkbox(services.default_activations == "row", label=EXACT_MODE_LABEL, elem_id="exact-mode",
                             visible=can_switch_exactness(services.pair), interactive=one_at_a_time,
                             info=None if one_at_a_time else "fixed while several generations may run at once "
-                                                            "(--concurrency > 1): it applies to every user's runs")
+                                                            "(--concurrency > 1)")
         c_prompt, c_btn, c_stop, c_status, own = _prompt_row(s)
         with gr.Row(equal_height=False):
             panes, caps = [], []
@@ -295,6 +295,7 @@ def build(page: Page):
                              check_in=(page.gamma, page.lam, page.log10_tau, own["max_new_tokens"]))
         analyse.refresh_after(page, cmp)
         c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
-        exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), exact,
-                     [c for c, _ in page.exactness], api_name="exact_mode", show_progress="minimal", **page.model)
+        exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), [exact, sess],
+                     [*(c for c, _ in page.exactness), sess], api_name="exact_mode", show_progress="minimal",
+                     **page.light)      # this user's choice only: the model takes it at their next run
     return wire

@@ -24,7 +24,7 @@ from .. import render
 from ..lane import Job
 from ..render import plural
 from ..state import RunView, Services, Session
-from .common import ensure_session, error, warn
+from .common import ensure_session, error, use_activations, warn
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
+    use_activations(services, sess)        # this user's exact mode, on the shared model, for this run
     return job
 
 
@@ -203,7 +204,8 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
     """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
     costs a warning (logged with its traceback), never the run."""
-    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
+    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label,
+                        target_repr=services.pair.repr_label)   # with an int8 target's activation scales
     try:
         rec = recording(services.store, **fields)
     except Exception as e:   # the database is down or full: generate anyway

@@ -219,9 +219,9 @@ def build(page: Page):
                 t_status = gr.HTML(render.render_status("Ready."), elem_id="teach-status")
                 t_view = gr.HTML(teach_view(services, None, 0), elem_id="teach-view")
             with gr.Column(scale=2, min_width=280):
-                def explanation() -> str:
-                    return TEACH_EXPLANATION.replace("{exactness}", exactness_note(services.pair.target_repr,
-                                                                                   services.pair.int8_activations))
+                def explanation(mode: str = "") -> str:
+                    return TEACH_EXPLANATION.replace("{exactness}", exactness_note(
+                        services.pair.target_repr, mode or services.default_activations))
                 page.exactness.append((gr.Markdown(explanation(), elem_id="teach-explanation"), explanation))
         teach_timer = gr.Timer(2.0, active=False)
     page.status["teach"] = t_status
