@@ -340,6 +340,6 @@ def test_the_loop_times_each_block_and_gamma_auto_plans_with_those_costs(close_p
     run = run_all(close_pair, CSDConfig(method="sd", gamma="auto", gamma_max=8, max_new_tokens=40), costs=stated,
                   online_costs=True)
     assert run.token_ids == ar_ids(close_pair, 40)
-    assert run.policy.verify_scale < 0.5 and run.policy.draft_ms < 5.0
+    assert run.policy.verify_scale < 1.0 and run.policy.draft_ms < 5.0     # moved below the stated costs
     fixed = run_all(close_pair, CSDConfig(method="sd", gamma="auto", gamma_max=8, max_new_tokens=40), costs=stated)
     assert fixed.policy.verify_scale == 1.0 and fixed.policy.draft_ms == 5.0      # stated costs alone

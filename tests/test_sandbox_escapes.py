@@ -210,7 +210,7 @@ def test_plain_loads_takes_plain_builtin_data_only():
         t0 = time.monotonic()
         with pytest.raises(NotPlain):
             plain_loads(data)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 30     # refused before walking the 2**60-leaf tree (no time bound of a CPU's)
     assert not os.path.exists("/tmp/csd-pwned")
 
 
