@@ -35,7 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     # except one: the app teaches what SD keeps of the target's answer, so its int8 target is the exact one
     # (activations per token: SD writes AR's tokens), at 7-17% more time a pass (docs/exactness.md)
     ap.set_defaults(int8_activations="row")
-    ap.add_argument("--queue-size", type=int, default=16, help="requests waiting in the queue at most (default 16)")
+    ap.add_argument("--queue-size", type=int, default=64,
+                    help="requests waiting in the queue at most (default 64: a class of 20, each with a run and a "
+                         "light event waiting)")
     ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
                     help="longest prompt accepted, in tokens (default 2048): a long prompt holds the model for "

@@ -42,8 +42,9 @@ class StoreError(RuntimeError):
 
 def run_fields(pair, cfg=None, **fields) -> dict:
     """The columns of a stored run of ``pair`` (a ``csd.pair.ModelPair``): the models and their
-    representations, then ``cfg``'s parameters (a ``csd.config.CSDConfig``, if given), then ``fields``."""
-    return {**pair.run_fields(), "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype or None,
+    representations (the target's with an int8 target's activation scales), then ``cfg``'s parameters (a
+    ``csd.config.CSDConfig``, if given), then ``fields``."""
+    return {**pair.run_fields(), "draft_repr": pair.draft_dtype or None,
             **(cfg.run_fields() if cfg is not None else {}), **fields}
 
 

@@ -189,7 +189,7 @@ def test_command_line_options():
     args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
     assert (args.max_prompt_tokens, args.shared_scope, args.port, args.concurrency) == (100, False, 7000, 2)
     args = csd_app.parse_args([])
-    assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 16)
+    assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 64)
     with pytest.raises(SystemExit):
         csd_app.parse_args(["--max-prompt-tokens", "0"])
 

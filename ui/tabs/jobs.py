@@ -204,8 +204,7 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
     """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
     costs a warning (logged with its traceback), never the run."""
-    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label,
-                        target_repr=services.pair.repr_label)   # with an int8 target's activation scales
+    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
     try:
         rec = recording(services.store, **fields)
     except Exception as e:   # the database is down or full: generate anyway
