@@ -484,5 +484,6 @@ class Run:
             pass
         finally:
             self.token_ids = self._seq[len(self.prompt_ids):]
+            self.pair.target_lm.release(self.tcache)
             m.wall_s = time.perf_counter() - self._t0
             m.stopped_by = stopped

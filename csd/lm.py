@@ -59,6 +59,9 @@ class LM:
         """Drop everything after the first ``length`` tokens."""
         raise NotImplementedError
 
+    def release(self, cache) -> None:
+        """The run that made ``cache`` is over (a batched model stops waiting for it: ``csd.batch``)."""
+
     @property
     def device(self) -> torch.device:
         raise NotImplementedError
@@ -417,31 +420,54 @@ class LeanLM(LM):
         """float32 logits of the last ``keep`` positions of the blocks' output (1, T, hidden)."""
         return self.head(self._rms(x[0, -keep:], self.norm)).float()               # (keep, V or len(vocab_ids))
 
-    @torch.inference_mode()
     def forward(self, cache: LeanCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
-        ids = ids_tensor(ids, self._device)
-        t, start = ids.numel(), cache.n
+        return self.forward_many([cache], [ids], [keep])[0]
+
+    @torch.inference_mode()
+    def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
+        """``forward`` for several sequences in one pass (``csd.batch``): their tokens go through every
+        linear layer as the rows of one product, each sequence at its own positions and with its own
+        cache and attention. A row's result does not depend on the other rows where the layers are
+        per-row exact (int8 with per-token scales: ``int8_per_row``); a float layer may round a row
+        differently beside others. -> each sequence's logits of its last ``keep`` positions."""
+        ids = [ids_tensor(i, self._device) for i in ids]
+        lens = [i.numel() for i in ids]
+        starts = [c.n for c in caches]
+        for c, s, t in zip(caches, starts, lens):
+            self._grow(c, s + t)
+        x = self.embed[torch.cat(ids)][None]                                          # (1, T, hidden)
+        pos = [torch.arange(s, s + t, device=self._device) for s, t in zip(starts, lens)]
+        cos, sin = self._rope(torch.cat(pos))
+        offs = [sum(lens[:i]) for i in range(len(lens) + 1)]
+
+        def write(li, k, v):
+            for c, s, a, b in zip(caches, starts, offs, offs[1:]):
+                c.k[li, :, s:s + b - a] = k[:, a:b]
+                c.v[li, :, s:s + b - a] = v[:, a:b]
+
+        def attend(li, q):
+            parts = [self._attend(c.k[li:li + 1], c.v[li:li + 1], q[:, :, a:b], s)
+                     for c, s, a, b in zip(caches, starts, offs, offs[1:])]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+        x = self.layers_over(x, cos, sin, write, attend)
+        for c, s, t in zip(caches, starts, lens):
+            c.n = s + t
+        if len(caches) == 1:
+            return [self.logits(x, keeps[0])]
+        rows = torch.cat([torch.arange(b - k, b, device=self._device) for b, k in zip(offs[1:], keeps)])
+        return list(self.logits(x[:, rows], len(rows)).split(keeps))
+
+    def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
+        """The attention of one sequence's queries (1, H, t, D) over its cache, ``start`` tokens before them."""
+        t = q.shape[2]
         end = start + t
-        self._grow(cache, end)
-        x = self.embed[ids.view(-1)][None]                                             # (1, T, hidden)
-        cos, sin = self._rope(torch.arange(start, end, device=self._device))
+        if self.per_row and 1 < t <= PER_QUERY_MAX:     # each query as a 1-token step computes it
+            return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :start + i + 1],
+                                                             v[:, :, :start + i + 1], scale=self.scaling,
+                                                             enable_gqa=True) for i in range(t)], 2)
         mask = None
         if t > 1:   # causal within the new tokens, everything cached is visible
             mask = torch.ones(t, end, dtype=torch.bool, device=self._device).tril(start)
-
-        def write(li, k, v):
-            cache.k[li, :, start:end] = k
-            cache.v[li, :, start:end] = v
-
-        def attend(li, q):
-            k, v = cache.k[li:li + 1], cache.v[li:li + 1]
-            if self.per_row and 1 < t <= PER_QUERY_MAX:     # each query as a 1-token step computes it
-                return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :start + i + 1],
-                                                                 v[:, :, :start + i + 1], scale=self.scaling,
-                                                                 enable_gqa=True) for i in range(t)], 2)
-            return F.scaled_dot_product_attention(q, k[:, :, :end], v[:, :, :end], attn_mask=mask,
-                                                  scale=self.scaling, enable_gqa=True)
-
-        x = self.layers_over(x, cos, sin, write, attend)
-        cache.n = end
-        return self.logits(x, keep)
+        return F.scaled_dot_product_attention(q, k[:, :, :end], v[:, :, :end], attn_mask=mask,
+                                              scale=self.scaling, enable_gqa=True)

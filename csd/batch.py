@@ -1,0 +1,173 @@
+"""Several runs decoding together: one draft step and one verify pass serve every run that waits for
+that model at that moment.
+
+Each run keeps its own loop (``csd.decode.Run``), caches, rule, memory and events; only its model
+calls change hands. A run of a ``Batcher.view`` calls ``forward`` on a ``BatchedLM``, which hands the
+call to the batcher's one model thread and waits for its logits. That thread gathers the calls
+waiting for the same model (for up to ``window_s`` after the first, or until every joined run has
+one waiting) and makes them one ``LeanLM.forward_many`` pass: the sequences' tokens are the rows of
+each linear layer's product, each at its own positions, with its own cache and attention. On a CPU
+that reads the weights once for all of them, which is where a pass's time goes.
+
+What a run computes does not depend on who else is running, where the layers allow it: an int8
+target scaled per token (the app's exact mode) gives a row the same bits alone or in any batch, so
+each user's target logits, and greedy SD's tokens, are those of a run alone
+(``tests/test_batch.py``). A target scaled per pass would round a row with the other users' rows,
+so its passes are not merged; the float draft's rows may round differently beside others (the draft
+only proposes: SD's output cannot change, CSD's rescues may). The activation mode is applied by the
+model thread before each pass, so runs in either mode can go at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_TOKENS = 512      # a pass's rows at most (prefill chunks are up to 256 tokens)
+
+
+@dataclass(eq=False)
+class _Call:
+    lm: BatchedLM
+    cache: object
+    ids: object
+    keep: int
+    tokens: int
+    at: float = field(default_factory=time.monotonic)
+    done: Future = field(default_factory=Future)
+
+
+class BatchedLM:
+    """An ``LM`` whose forward passes go through a ``Batcher``; everything else is the model's own."""
+
+    def __init__(self, batcher: Batcher, lm, mode: str = "", member: bool = False):
+        self.batcher, self.lm, self.mode, self.member = batcher, lm, mode, member
+        self.vocab_ids, self.impl = lm.vocab_ids, lm.impl
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def new_cache(self):
+        return self.lm.new_cache()
+
+    def release(self, cache) -> None:
+        """The run is over: it no longer counts as one that may call soon."""
+        if self.member:
+            self.batcher.leave(id(cache))
+
+    def forward(self, cache, ids, keep: int) -> torch.Tensor:
+        if self.member:                 # a run's target cache stands for the run, from its first pass
+            self.batcher.join(id(cache))
+        n = ids.numel() if torch.is_tensor(ids) else len(ids)
+        return self.batcher.call(_Call(self, cache, ids, keep, n))
+
+    def length(self, cache) -> int:
+        return self.lm.length(cache)
+
+    def crop(self, cache, length: int) -> None:
+        self.lm.crop(cache, length)
+
+
+class Batcher:
+    """The one thread that runs a pair's model passes for every run of its views."""
+
+    def __init__(self, pair, window_s: float = 0.01):
+        if not hasattr(pair.target_lm, "forward_many") or (pair.draft_lm is not None
+                                                            and not hasattr(pair.draft_lm, "forward_many")):
+            raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
+        self.pair, self.window_s = pair, window_s
+        self._cond = threading.Condition()
+        self._pending: list[_Call] = []
+        self._members: set[int] = set()     # the runs in flight (their target caches' ids)
+        self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
+        threading.Thread(target=self._serve, name="csd-batcher", daemon=True).start()
+
+    def view(self, mode: str = ""):
+        """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales
+        for this view's runs ("row"/"pass"; "": the pair's as it is)."""
+        mode = mode or self.pair.int8_activations
+        draft = self.pair.draft_lm
+        return replace(self.pair, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
+                       draft_lm=None if draft is None else BatchedLM(self, draft), int8_activations=mode)
+
+    def join(self, run: int) -> None:
+        with self._cond:
+            self._members.add(run)
+
+    def leave(self, run: int) -> None:
+        with self._cond:
+            self._members.discard(run)
+            self._cond.notify_all()
+
+    def call(self, c: _Call) -> torch.Tensor:
+        with self._cond:
+            self._pending.append(c)
+            self._cond.notify_all()
+        return c.done.result()
+
+    # -- the model thread ----------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            self._run(self._gather())
+
+    def _gather(self) -> list[_Call]:
+        """Wait for calls; then for up to ``window_s`` while some joined run has none waiting; take the
+        oldest call and those that can share its pass."""
+        with self._cond:
+            while not self._pending:
+                self._cond.wait()
+            deadline = self._pending[0].at + self.window_s
+            while len(self._pending) < len(self._members) and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            first = self._pending[0]
+            alone = self._alone(first)
+            batch, tokens = [], 0
+            for c in list(self._pending):
+                if c.lm.lm is first.lm.lm and c.lm.mode == first.lm.mode and tokens + c.tokens <= MAX_BATCH_TOKENS \
+                        and not (alone and batch):
+                    batch.append(c)
+                    tokens += c.tokens
+                    self._pending.remove(c)
+            return batch
+
+    def _alone(self, c: _Call) -> bool:
+        """A target pass with one activation scale per pass is not merged with other runs' rows."""
+        return c.lm.member and c.lm.mode == "pass" and self.pair.target_repr == "int8"
+
+    def _run(self, batch: list[_Call]) -> None:
+        """One pass for the batch; if it fails, each call again alone, so that only a call that fails
+        by itself gets the failure (a failed pass has not moved any cache's length)."""
+        first = batch[0]
+        try:
+            if first.lm.member and first.lm.mode and first.lm.mode != self.pair.int8_activations:
+                self.pair.set_int8_activations(first.lm.mode)
+            out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch],
+                                           [c.keep for c in batch])
+        except Exception as e:
+            if len(batch) > 1:
+                for c in batch:
+                    self._run([c])
+                return
+            log.exception("a model pass failed")
+            first.done.set_exception(e)
+            return
+        self.sizes[("target" if first.lm.member else "draft", len(batch))] += 1
+        for c, logits in zip(batch, out):
+            c.done.set_result(logits)
+
+    def stats(self) -> dict:
+        """Passes made and calls served per model: calls / passes is how many runs a pass served."""
+        out = {}
+        for (role, n), k in self.sizes.items():
+            d = out.setdefault(role, dict(passes=0, calls=0, widest=0))
+            d["passes"] += k
+            d["calls"] += n * k
+            d["widest"] = max(d["widest"], n)
+        return out

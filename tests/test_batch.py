@@ -1,0 +1,143 @@
+"""Runs that decode together (csd.batch): one pass serves several runs, and what each run computes is
+what it computes alone where the layers are per-row exact (int8 scaled per token). Tiny in-process
+models; the real pair through the app is in tests/test_ui_panels.py."""
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import make_pair, perturbed, tiny_model
+from csd.batch import Batcher
+from csd.config import CSDConfig
+from csd.decode import Decoder
+from csd.lm import LeanLM
+from csd.memory import CorrectionMemory
+from csd.quant import quantize_int8
+
+PROMPTS = [[3, 7, 1, 4], [5, 2], [9, 9, 8, 1, 2, 6, 3], [11, 4, 4]]
+
+
+@pytest.fixture(scope="module")
+def int8_pair(qwen_tokenizer):
+    target = tiny_model(2, hidden=64)
+    int8 = quantize_int8(copy.deepcopy(target)).eval()
+    lean = LeanLM(int8)
+    lean.int8_per_row()
+    draft = perturbed(target, 0.3)
+    return replace(make_pair(qwen_tokenizer, int8, draft, pair_id="tiny-int8"), target_lm=lean,
+                   draft_lm=LeanLM(draft), target_repr="int8", int8_activations="row")
+
+
+def _prefilled(lm, prompts):
+    caches = [lm.new_cache() for _ in prompts]
+    for c, p in zip(caches, prompts):
+        lm.forward(c, p, 1)
+    return caches
+
+
+def test_a_batched_pass_gives_each_sequence_its_own_pass_bit_for_bit(int8_pair):
+    lm = int8_pair.target_lm
+    blocks, keeps = [[1, 2, 3], [4], [6, 7, 8, 9, 10], [12, 13]], [3, 1, 5, 1]
+    alone = [lm.forward(c, b, k) for c, b, k in zip(_prefilled(lm, PROMPTS), blocks, keeps)]
+    caches = _prefilled(lm, PROMPTS)
+    together = lm.forward_many(caches, blocks, keeps)
+    assert [t.shape[0] for t in together] == keeps
+    for a, t in zip(alone, together):
+        assert torch.equal(a, t)
+    assert [c.n for c in caches] == [len(p) + len(b) for p, b in zip(PROMPTS, blocks)]
+    # the caches hold what a pass alone wrote: the next step continues each sequence as it would alone
+    nxt = lm.forward_many(caches, [[5]] * 4, [1] * 4)
+    ref = _prefilled(lm, PROMPTS)
+    for c, b in zip(ref, blocks):
+        lm.forward(c, b, 1)
+    assert all(torch.equal(lm.forward(c, [5], 1), n) for c, n in zip(ref, nxt))
+
+
+def test_a_float_model_batched_is_the_same_function(int8_pair):
+    lm = int8_pair.draft_lm
+    alone = [lm.forward(c, [1, 2], 2) for c in _prefilled(lm, PROMPTS)]
+    together = lm.forward_many(_prefilled(lm, PROMPTS), [[1, 2]] * 4, [2] * 4)
+    for a, t in zip(alone, together):
+        torch.testing.assert_close(a, t, rtol=1e-4, atol=1e-4)
+
+
+def _runs_at_once(pair, decoder, method: str, prompts, **cfg) -> list:
+    runs = [decoder.run(p, CSDConfig(method=method, gamma=4, max_new_tokens=24, lookup=0, **cfg),
+                        CorrectionMemory(pair.pair_id)) for p in prompts]
+    errors = []
+
+    def go(run):
+        try:
+            list(run)
+        except Exception as e:        # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    return runs
+
+
+def test_runs_at_once_write_what_they_write_alone(int8_pair, one_thread):
+    batcher = Batcher(int8_pair, window_s=0.05)
+    view = batcher.view("row")
+    alone = {}
+    for method in ("ar", "sd"):
+        for p in PROMPTS:
+            run = Decoder(int8_pair).run(p, CSDConfig(method=method, gamma=4, max_new_tokens=24, lookup=0),
+                                         CorrectionMemory(int8_pair.pair_id))
+            list(run)
+            alone[method, tuple(p)] = run.token_ids
+    for method in ("ar", "sd"):
+        runs = _runs_at_once(view, Decoder(view), method, PROMPTS)
+        for p, run in zip(PROMPTS, runs):
+            assert run.token_ids == alone[method, tuple(p)] == alone["ar", tuple(p)]
+            assert run.metrics.stopped_by == "max_new_tokens"
+    stats = batcher.stats()
+    assert stats["target"]["widest"] > 1 and stats["target"]["calls"] > stats["target"]["passes"]
+    assert stats["draft"]["widest"] > 1
+    assert not batcher._members          # every run that ended left
+
+
+def test_per_pass_scales_are_never_merged_across_runs(int8_pair, one_thread):
+    batcher = Batcher(int8_pair, window_s=0.05)
+    view = batcher.view("pass")
+    runs = _runs_at_once(view, Decoder(view), "sd", PROMPTS[:3])
+    assert all(r.metrics.new_tokens == 24 for r in runs)
+    assert batcher.stats()["target"]["widest"] == 1
+    assert int8_pair.int8_activations == "pass"        # the model thread applied the view's mode
+    int8_pair.set_int8_activations("row")
+
+
+def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread):
+    batcher = Batcher(int8_pair, window_s=0.05)
+    lm = batcher.view("row").target_lm
+    good, bad = lm.new_cache(), lm.new_cache()
+    out = {}
+
+    def call(name, cache, ids):
+        try:
+            out[name] = lm.forward(cache, ids, 1)
+        except Exception as e:        # noqa: BLE001 - checked below
+            out[name] = e
+
+    threads = [threading.Thread(target=call, args=("good", good, [1, 2])),
+               threading.Thread(target=call, args=("bad", bad, [10_000]))]      # no such token
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert torch.is_tensor(out["good"]) and isinstance(out["bad"], IndexError)
+    assert lm.length(good) == 2 and lm.length(bad) == 0
+
+
+def test_only_the_lean_path_batches(tiny_pair):
+    with pytest.raises(ValueError, match="lean path"):
+        Batcher(tiny_pair)
