@@ -10,7 +10,7 @@ import json
 import gradio as gr
 import pytest
 import ui_fixtures
-from ui_fixtures import PROMPT, gen, tiny_services
+from ui_fixtures import FLAT_COSTS, PROMPT, gen, tiny_services
 
 from csd.events import (
     REJECTED,
@@ -242,7 +242,7 @@ def test_the_exact_mode_switch_is_each_users_own(store):
     from dataclasses import replace
 
     from csd.config import CSDConfig
-    from csd.lm import LeanLM
+    from csd.lm import HFLM, LeanLM
     from csd.quant import quantize_int8
     from csd.ui import build_demo, make_services
     from csd.ui.state import new_session
@@ -282,5 +282,62 @@ def test_the_exact_mode_switch_is_each_users_own(store):
         assert store.get_run(rec.run_id).target_repr == f"int8, activations per {scales}"
     *on, a = common.set_exact_mode(services, [note], True, a)
     assert "scaled on their own" in on[0]
+    assert isinstance(pair.draft_lm, HFLM)          # a transformers draft: runs cannot decode together
     busy = make_services(pair, store, replace(services.settings, concurrency=2), costs=first.costs)
-    assert switch(build_demo(busy))["interactive"] is False            # several runs at once: fixed
+    assert busy.batcher is None and switch(build_demo(busy))["interactive"] is False      # several at once: fixed
+    together = make_services(replace(pair, draft_lm=LeanLM(pair.draft)), store,
+                             replace(services.settings, concurrency=2), costs=first.costs)
+    assert together.batcher is not None and switch(build_demo(together))["interactive"] is not False
+
+
+def test_users_decoding_together_keep_their_own_scales_and_answers(store):
+    """Two users at once on runs that decode together (``--concurrency 2``): A per pass, B exact. Each
+    run records its own scales, B's SD writes B's AR answer, and each answer is the one its user gets
+    alone."""
+    import copy
+    import threading
+    from dataclasses import replace
+
+    from csd.config import CSDConfig
+    from csd.lm import LeanLM
+    from csd.quant import quantize_int8
+    from csd.ui import make_services
+    from csd.ui.state import new_session
+    from csd.ui.tabs import common, jobs
+
+    base = tiny_services(store).pair
+    int8 = quantize_int8(copy.deepcopy(base.target)).eval()
+    pair = replace(base, target=int8, target_lm=LeanLM(int8), draft_lm=LeanLM(base.draft), target_repr="int8",
+                   int8_activations="pass")
+    pair.set_int8_activations("row")
+
+    def answers(services, users, method):
+        out = {}
+
+        def go(name, sess):
+            job = jobs.take_job(services, sess, "generate")
+            with jobs.in_lane(services, job):
+                run, view = jobs.start_run(services, sess, job, PROMPT, True, CSDConfig(method=method, gamma=4,
+                                           max_new_tokens=20, lookup=0), sess.memory.copy())
+                with jobs.recorded(services, sess, PROMPT, view.cfg, "") as rec:
+                    list(jobs.follow_run(run, rec, view, 0.0))
+                out[name] = (view.token_ids, store.get_run(rec.run_id).target_repr)
+
+        threads = [threading.Thread(target=go, args=u) for u in users.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        return out
+
+    together = make_services(pair, store, replace(tiny_services(store).settings, concurrency=2), costs=FLAT_COSTS)
+    a, b = new_session(together), new_session(together)
+    common.set_exact_mode(together, [], False, a)
+    sd = answers(together, dict(a=a, b=b), "sd")
+    ar = answers(together, dict(b=b), "ar")
+    assert sd["a"][1] == "int8, activations per pass" and sd["b"][1] == "int8, activations per token"
+    assert sd["b"][0] == ar["b"][0] and len(sd["a"][0]) == 20
+    assert together.batcher.stats()["draft"]["widest"] == 2      # the two users' draft steps shared passes
+    alone = make_services(pair, store, costs=FLAT_COSTS)
+    b_alone = new_session(alone)
+    assert answers(alone, dict(b=b_alone), "sd")["b"][0] == sd["b"][0]

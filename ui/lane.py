@@ -28,6 +28,7 @@ class Job:
     finished_at: float | None = None
     cancel: bool = False              # set by Stop; the running loop polls it (``should_stop``)
     run: object | None = None         # the csd.decode.Run in progress, for its live metrics
+    decoder: object | None = None     # the csd.decode.Decoder it runs on (its user's activation scales)
     label: str = ""                   # which part of the job runs (Compare: "AR", "SD", "CSD")
     prompt_tokens: int = 0
     max_tokens: int = 0

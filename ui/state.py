@@ -29,7 +29,7 @@ class Settings:
     # recolouring, a Teach step) in the queue at once, so a class of 20 needs 40; 64 leaves room for 32 users
     # waiting on the model alone. A waiting event costs a few kB; the wait is what the status line shows.
     queue_size: int = 64
-    concurrency: int = 1              # generations (model work) running at once
+    concurrency: int = 1              # generations (model work) running at once; above 1 they decode together
     max_prompt_tokens: int = 2048     # longer prompts are refused: their prefill would hold the model for everyone
     shared_scope: bool = True         # offer the "all runs" scope (every user's runs) in Analyse and Explore
     max_new_tokens: int = 64          # default of the Generate slider
@@ -86,6 +86,7 @@ class Services:
     lane: Lane = field(default_factory=Lane)      # every user's requests for model work, in order
     default_activations: str = ""     # an int8 target's activation scales a new session runs with ("row"/"pass")
     decoders: dict = field(default_factory=dict)  # the decoder of each activation mode met so far
+    batcher: object | None = None     # csd.batch.Batcher: the runs in flight decode together (concurrency > 1)
 
     def new_memory(self) -> CorrectionMemory:
         if self.base_memory is None:
@@ -95,9 +96,19 @@ class Services:
 
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:
     """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
+    settings = settings or Settings()
     decoder = Decoder(pair, costs=costs)
-    return Services(pair, decoder, store, settings or Settings(), decoder.default_memory(),
-                    default_activations=pair.int8_activations)
+    batcher = None
+    if settings.concurrency > 1 and batches(pair):
+        from csd.batch import Batcher
+        batcher = Batcher(pair)
+    return Services(pair, decoder, store, settings, decoder.default_memory(),
+                    default_activations=pair.int8_activations, batcher=batcher)
+
+
+def batches(pair: ModelPair) -> bool:
+    """Whether runs of this pair can decode together (``csd.batch``: the lean path, eager)."""
+    return all(lm is None or hasattr(lm, "forward_many") for lm in (pair.target_lm, pair.draft_lm))
 
 
 @dataclass

@@ -63,12 +63,12 @@ def can_switch_exactness(pair) -> bool:
 
 def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | None = None) -> list:
     """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their
-    session; the shared model takes it at the start of each of their runs (``use_activations``), so one
+    session; the shared model takes it at the start of each of their runs (``decoder_for``), so one
     user's choice never changes another's runs. -> the redrawn texts that state the exactness for this
     user (``Page.exactness``: fn(mode) -> text), then the session."""
     if not can_switch_exactness(services.pair):
         raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.target_repr}.")
-    if services.settings.concurrency > 1:
+    if services.settings.concurrency > 1 and services.batcher is None:
         raise error("Exact mode is fixed while several generations may run at once (--concurrency > 1).")
     sess = ensure_session(services, sess)
     sess.int8_activations = "row" if on else "pass"
@@ -80,17 +80,28 @@ def session_activations(services: Services, sess: Session | None) -> str:
     return (sess.int8_activations if isinstance(sess, Session) else "") or services.default_activations
 
 
-def use_activations(services: Services, sess: Session) -> None:
-    """Give the shared model this user's activation scales before their run; called where a run takes the
-    model (``jobs.take_job``, in the model group, one run at a time: the exact-mode switch is fixed when
-    several may run at once). A decoder is kept for each mode (its measured costs differ)."""
+def decoder_for(services: Services, sess: Session):
+    """The decoder of this user's run, with their activation scales. Runs that decode together
+    (``services.batcher``) each take a view of the pair in their mode, applied by the model thread
+    before each pass; one at a time, the shared model is switched here, where a run takes it
+    (``jobs.take_job``, in the model group). A decoder is kept for each mode (its measured costs differ)."""
     mode, pair = session_activations(services, sess), services.pair
-    if not mode or pair.int8_activations == mode or not can_switch_exactness(pair):
-        return
+    if not can_switch_exactness(pair):
+        mode = ""
+    if services.batcher is not None:
+        if mode not in services.decoders:
+            from csd.decode import Decoder
+            costs = services.decoder._costs if mode == services.pair.int8_activations else None
+            services.decoders[mode] = Decoder(services.batcher.view(mode), costs=costs,
+                                              online_costs=services.decoder.online_costs)
+        return services.decoders[mode]
+    if not mode or pair.int8_activations == mode:
+        return services.decoder
     from csd.decode import Decoder
     services.decoders[pair.int8_activations] = services.decoder
     pair.set_int8_activations(mode)
     services.decoder = services.decoders.get(mode) or Decoder(pair, online_costs=services.decoder.online_costs)
+    return services.decoder
 
 
 def scopes(services: Services) -> list[str]:

@@ -214,7 +214,7 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
         last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None), None)
         if last is not None:
             sess.last = last
-        job.summary = _compare_summary(job, views, s.gamma, services.decoder.costs)
+        job.summary = _compare_summary(job, views, s.gamma, (job.decoder or services.decoder).costs)
     yield out(final=True)
 
 
@@ -268,7 +268,7 @@ def build(page: Page):
         note = gr.Markdown(exactness_note(services.pair.target_repr, services.default_activations),
                            elem_id="compare-exactness")
         page.exactness.append((note, partial(exactness_note, services.pair.target_repr)))
-        one_at_a_time = s.concurrency == 1
+        one_at_a_time = s.concurrency == 1 or services.batcher is not None
         exact = gr.Checkbox(services.default_activations == "row", label=EXACT_MODE_LABEL, elem_id="exact-mode",
                             visible=can_switch_exactness(services.pair), interactive=one_at_a_time,
                             info=None if one_at_a_time else "fixed while several generations may run at once "

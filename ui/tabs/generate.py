@@ -86,7 +86,7 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
                        gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
         job.summary = " ".join(filter(None, (done_sentence(view),
-                                             speculation_sentence(view, s.gamma, services.decoder.costs))))
+                                             speculation_sentence(view, s.gamma, (job.decoder or services.decoder).costs))))
     yield (tokens_html(view, rule, hide), render.run_summary(view.events), _metrics_html(sess, view),
            _metrics_json(view.metrics), render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
            status_line(services, sess, "generate"), sess)

@@ -24,7 +24,7 @@ from .. import render
 from ..lane import Job
 from ..render import plural
 from ..state import RunView, Services, Session
-from .common import ensure_session, error, use_activations, warn
+from .common import decoder_for, ensure_session, error, warn
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
-    use_activations(services, sess)        # this user's exact mode, on the shared model, for this run
+    job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
     return job
 
 
@@ -204,7 +204,8 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
     """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
     costs a warning (logged with its traceback), never the run."""
-    fields = run_fields(services.pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
+    pair = decoder_for(services, sess).pair       # the user's view: its activation scales go into the record
+    fields = run_fields(pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
     try:
         rec = recording(services.store, **fields)
     except Exception as e:   # the database is down or full: generate anyway
@@ -255,7 +256,7 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
               label: str = "") -> tuple[object, RunView]:
     ids = prompt_ids(services, prompt, chat, cfg)
     try:
-        run = services.decoder.run(ids, cfg, memory, should_stop=lambda: job.cancel)
+        run = (job.decoder or services.decoder).run(ids, cfg, memory, should_stop=lambda: job.cancel)
     except (ConfigError, ValueError) as e:
         raise error(str(e)) from None
     job.run, job.label, job.progress = run, label, ""
