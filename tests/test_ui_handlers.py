@@ -139,6 +139,25 @@ def test_a_waiting_request_sees_what_is_ahead(services, gate):
     assert len(list(gen(services, second))) == 1                  # it never ran
 
 
+def test_the_wait_estimate_comes_from_the_last_runs():
+    from csd.ui.lane import Lane
+    lane = Lane()
+    assert lane.estimate(3, 1) is None                           # nothing has run yet: no guess
+    for took in (4.0, 2.0, 30.0):
+        job = lane.request("s", "generate")
+        lane.start(job)
+        job.started_at -= took
+        lane.finish(job)
+    stopped = lane.request("s", "generate")
+    lane.start(stopped)
+    stopped.started_at -= 100.0
+    stopped.cancel = True
+    lane.finish(stopped)                                         # a stopped job says nothing about a run's length
+    est = {(ahead, slots): lane.estimate(ahead, slots) for ahead, slots in ((0, 1), (1, 1), (2, 1), (2, 8), (9, 8))}
+    assert all(n == 3 for _, n in est.values())                  # the median of 4, 2 and 30 s: 4 s a run
+    assert [round(s, 1) for s, _ in est.values()] == [0.0, 4.0, 8.0, 0.0, 4.0]
+
+
 def test_the_live_status_shows_passes_and_the_rate(services, gate):
     """While a run is in its third verify pass, its status names the pass and its tokens per second."""
     import re

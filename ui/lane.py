@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 KINDS = ("generate", "compare", "teach", "calibrate")
@@ -63,6 +64,7 @@ class Lane:
         self._lock = threading.Lock()
         self._tickets = itertools.count(1)
         self._jobs: dict[int, Job] = {}
+        self._took: deque[float] = deque(maxlen=20)     # how long the last jobs that ran to their end took
 
     def request(self, session_id: str, kind: str) -> Job:
         with self._lock:
@@ -81,6 +83,8 @@ class Lane:
                 job.summary = summary
             if job.finished_at is None:
                 job.finished_at = time.monotonic()
+                if job.started_at is not None and not job.cancel:
+                    self._took.append(job.finished_at - job.started_at)
             job.run = None
             self._jobs.pop(job.ticket, None)
 
@@ -93,6 +97,18 @@ class Lane:
         with self._lock:
             return [j for t, j in sorted(self._jobs.items()) if t < job.ticket and j is not job and
                     (j.running or now - j.seen_at < self.stale_s)]
+
+    def estimate(self, ahead: int, slots: int) -> tuple[float, int] | None:
+        """Seconds until a job with ``ahead`` jobs before it starts, ``slots`` running at once (the jobs
+        ahead finishing ``slots`` at a time, each taking the median of the last jobs' durations), and how
+        many jobs that median is of; None before any job has run to its end."""
+        with self._lock:
+            took = sorted(self._took)
+        if not took:
+            return None
+        slots = max(1, slots)
+        rounds = -(-(ahead - slots + 1) // slots) if ahead >= slots else 0
+        return took[len(took) // 2] * rounds, len(took)
 
     def running(self) -> list[Job]:
         with self._lock:

@@ -130,9 +130,11 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         running = [j for j in ahead if j.running]
         first = running[0] if running else None
         doing = f" The one running: {_run_progress(first, now)}." if first else ""
-        n = len(ahead)
+        n, slots = len(ahead), services.settings.concurrency
+        est = services.lane.estimate(n, slots)
+        more = f"; about {_ago(est[0])} more, from the last {plural(est[1], 'run')}" if est else ""
         return render.render_status(f"Waiting for the model: {plural(n, 'request')} ahead of yours "
-                                    f"(waited {_ago(now - job.queued_at)}).{doing}", "waiting")
+                                    f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
 
 
