@@ -186,6 +186,18 @@ def test_run_summary_lists_the_rescues_with_links():
     assert 'data-nav="rescued"' in nav and 'data-nav="rejected"' in nav and "1 rescued · 1 rejected" in nav
 
 
+def test_an_answer_without_rescues_says_why():
+    events = [ev(ACCEPTED), ev(REJECTED, pos=1, count=2, gap=-0.1), ev(REJECTED, pos=2, count=40, gap=-9.0),
+              ev(REJECTED, pos=3, count=0, gap=-1.0), ev(REJECTED, pos=4, count=90, gap=-3.0, special=True)]
+    out = render.run_summary(events, cfg=CSDConfig(lam=6, tau=0.01))
+    assert "0 rescued; 4 draft tokens rejected." in out
+    assert "2 of 3 rejected swaps had been seen fewer than λ = 6 times" in out and "1 passed λ" in out
+    assert "log τ = −4.61" in out or "log τ = -4.61" in out
+    assert "Why" not in render.run_summary(events) and "None rescued" not in render.run_summary(events)
+    sd = render.run_summary([ev(REJECTED, pos=1)], cfg=CSDConfig(method="sd"))
+    assert "None rescued" not in sd                       # SD rescues nothing by design: no reason to give
+
+
 def test_accepted_and_rescued_shares_are_shown_apart():
     m = RunMetrics(new_tokens=12, target_forwards=3, drafted=10, accepted=9, rescued=1, wall_s=2.0)
     out = export.render_metrics(m, method="csd")

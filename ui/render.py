@@ -420,9 +420,25 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
     return line
 
 
-def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int = 12) -> str:
+def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
+    """Why CSD rescued none of an answer's rejected draft tokens: how many swaps the memory had seen
+    fewer than lambda times, and how many it knew but whose logit gap failed the gate."""
+    div = [e for e in events if e.status == REJECTED and not e.special]
+    if not div:
+        return ""
+    known = [e for e in div if e.memory_count is not None]
+    if not known:
+        return " This method has no correction memory: it rescues nothing."
+    rare = sum(1 for e in known if e.memory_count < lam)
+    gated = len(known) - rare
+    return (f" None rescued because {rare} of {plural(len(div), 'rejected swap')} had been seen fewer than "
+            f"λ = {lam:g} times (the memory's count), and {gated} passed λ but fell below the gate "
+            f"(log τ = {rules.num(log_tau(tau))}); lower λ or τ in Analyse to see what they would rescue.")
+
+
+def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int = 12, cfg=None) -> str:
     """The rescues (and a rival's relaxed keeps) of an answer, listed (each a link to its token), or why
-    there are none."""
+    there are none (given the run's ``cfg``: CSD's lambda and tau)."""
     rejected = sum(1 for e in events if e.status == REJECTED)
     rej = f"{plural(rejected, 'draft token')} rejected"
     parts = []
@@ -436,6 +452,8 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
         parts.append(f"<b>{len(kept)} {status}:</b> " + "; ".join(links) + more)
     if not parts:
         body = "0 rescued" + (f"; {rej}." if rejected else ".")
+        if cfg is not None and cfg.method == "csd":
+            body += why_none(events, cfg.lam, cfg.tau)
     else:
         body = ". ".join(parts) + (f". {rej}." if rejected else ".")
     return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'

@@ -82,12 +82,12 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
             for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
                 if view.done:
                     break
-                yield (tokens_html(view, rule, hide), render.run_summary(view.events), _metrics_html(sess, view),
+                yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
                        gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
         job.summary = " ".join(filter(None, (done_sentence(view),
                                              speculation_sentence(view, s.gamma, (job.decoder or services.decoder).costs))))
-    yield (tokens_html(view, rule, hide), render.run_summary(view.events), _metrics_html(sess, view),
+    yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
            _metrics_json(view.metrics), render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
            status_line(services, sess, "generate"), sess)
 
