@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .io import DASH, fmt, pct, ratio, ratio_text, read_results_json
 from .methods import HF_ASSISTED
-from .report import _acc, _vs
+from .report import _acc, _rescued, _vs
 from .results import ResultsError, by_item, overall, resummarize
 from .stats import speedup
 
@@ -38,18 +38,12 @@ MARK = re.compile(r"<!-- figures: (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- /figur
 LIST = re.compile(r",(?![^\[]*\])")                  # a comma outside brackets: csd[lookup=16,lookup_ngram=2] is one name
 
 
-def _rescued(m: str, s: dict) -> str:
-    if not m.startswith("csd") or s.get("rescued") is None:
-        return DASH
-    return f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else f"{s['rescued']}"
-
-
 def _same(ref: str):
     return lambda m, s: DASH if m == ref or s.get(f"identical_to_{ref}") is None else f"{s[f'identical_to_{ref}']} of {s['n']}"
 
 
 EXTRA = {   # columns=NAME: (header, cell from the method and its figures)
-    "rescued": ("rescued (per divergence)", _rescued),
+    "rescued": ("rescued (per divergence)", lambda m, s: _rescued(s) if m.startswith("csd") else DASH),
     "accuracy": ("accuracy (graded) [95% CI]", lambda m, s: _acc(s)),
     "vs_sd": ("vs SD: gained / lost (exact McNemar p)", lambda m, s: _vs(s.get("accuracy_vs_sd"))),
     "eos": ("ended by EOS", lambda m, s: pct(s.get("eos_share"), 0)),

@@ -46,6 +46,13 @@ def _acc(s: dict) -> str:
     return f"{s['n_correct']}/{s['n_graded']} ({100 * s['accuracy']:.0f}%{band})"
 
 
+def _rescued(s: dict) -> str:
+    """Rescued tokens, and their share of the divergences where those were counted."""
+    if s.get("rescued") is None:
+        return "–"
+    return f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else f"{s['rescued']}"
+
+
 def _vs(p: dict | None) -> str:
     if not p or not p.get("n"):
         return "–"
@@ -139,14 +146,11 @@ def _summary_rows(summary: dict) -> list[str]:
     for ds, per_method in summary.items():
         for m, s in per_method.items():
             same = "–" if s.get("identical_to_sd") is None or m == "sd" else f"{s['identical_to_sd']}/{s['n']}"
-            resc = "–" if s.get("rescued") is None else (
-                f"{s['rescued']} ({pct(s.get('rescues_per_divergence'), 0)})" if s.get("divergences") else
-                f"{s['rescued']}")
             lines.append(
                 f"| {ds} | {m} | {s['n']} | {fmt(s['tokens_per_s'], '.2f')} | {ratio(s, 'speedup_over_ar')} "
                 f"| {ratio(s, 'speedup_over_sd')} | {ratio(s, 'speedup_over_hf')} "
                 f"| {fmt(s.get('target_passes_per_token'), '.3f')} | {fmt(s['mean_accepted_length'], '.2f')} "
-                f"| {pct(s['acceptance_rate'])} | {resc} | {pct(s.get('eos_share'), 0)} | {_acc(s)} "
+                f"| {pct(s['acceptance_rate'])} | {_rescued(s)} | {pct(s.get('eos_share'), 0)} | {_acc(s)} "
                 f"| {_vs(s.get('accuracy_vs_sd'))} | {same} |")
     return lines
 

@@ -85,11 +85,13 @@ class ItemResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def by_item(items: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """A run's stored items grouped as {(dataset, item_id): {method: item}}, in the run's order."""
-    out: dict[tuple, dict[str, dict]] = {}
+def by_item(items: list) -> dict[tuple, dict[str, dict]]:
+    """A run's items (stored dicts or ``ItemResult``) grouped as {(dataset, item_id): {method: item}},
+    in the run's order."""
+    out: dict[tuple, dict] = {}
     for it in items:
-        out.setdefault((it["dataset"], it["item_id"]), {})[it["method"]] = it
+        d = it if isinstance(it, dict) else vars(it)
+        out.setdefault((d["dataset"], d["item_id"]), {})[d["method"]] = it
     return out
 
 
@@ -127,11 +129,8 @@ def fill_leaves_sd_at(results: dict) -> None:
 
     decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
     records = [ItemResult.from_dict(it) for it in items]
-    by_item: dict[tuple, list[ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), []).append(r)
-    for group in by_item.values():         # the run's own pairing, one item at a time
-        mark_where_answers_leave_sd(group, decode)
+    for group in by_item(records).values():         # the run's own pairing, one item at a time
+        mark_where_answers_leave_sd(group.values(), decode)
     for it, r in zip(items, records):
         it["leaves_sd_at"] = r.leaves_sd_at
 
@@ -139,10 +138,7 @@ def fill_leaves_sd_at(results: dict) -> None:
 # -- the summary, the goals, the frontier -----------------------------------------------------------
 def summarize(records: list[ItemResult], methods: list[str]) -> dict:
     """Per dataset (and "all"), per method, over the items that every method finished."""
-    by_item: dict[tuple, dict[str, ItemResult]] = {}
-    for r in records:
-        by_item.setdefault((r.dataset, r.item_id), {})[r.method] = r
-    complete = {k: v for k, v in by_item.items() if all(m in v for m in methods)}
+    complete = {k: v for k, v in by_item(records).items() if all(m in v for m in methods)}
     datasets = list(dict.fromkeys(k[0] for k in complete))
     out = {}
     for ds in datasets + (["all"] if len(datasets) > 1 else []):
@@ -184,13 +180,13 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
         "n_graded": len(graded), "n_correct": n_correct,
         "accuracy": n_correct / len(graded) if graded else None,
         "accuracy_ci95": list(ci) if ci else None,
-        "bookkeeping_share": (sum(r.bookkeeping_s for r in rs) / wall
-                              if wall > 0 and all(r.bookkeeping_s is not None for r in rs) else None),
-        "policy_share": (sum(r.policy_s for r in rs) / wall
-                         if wall > 0 and all(r.policy_s is not None for r in rs) else None),
-        "identical_to_ar": sum(bool(r.identical_to_ar) for r in rs) if rs and rs[0].identical_to_ar is not None else None,
-        "identical_to_sd": sum(bool(r.identical_to_sd) for r in rs) if rs and rs[0].identical_to_sd is not None else None,
     }
+    for k in ("bookkeeping", "policy"):     # shares of the wall time (None where an item did not measure it)
+        times = [getattr(r, k + "_s") for r in rs]
+        s[k + "_share"] = sum(times) / wall if wall > 0 and None not in times else None
+    for ref in ("ar", "sd"):
+        same = [getattr(r, "identical_to_" + ref) for r in rs]
+        s["identical_to_" + ref] = sum(map(bool, same)) if rs and same[0] is not None else None
     if rs and all(r.lookup_blocks is not None for r in rs):
         blocks, proposed = sum(r.lookup_blocks for r in rs), sum(r.lookup_drafted for r in rs)
         copies_kept = sum(r.lookup_kept for r in rs)
@@ -216,20 +212,14 @@ def _method_stats(rows: list[dict[str, ItemResult]], m: str) -> dict:
     return s
 
 
+FRONTIER_FIELDS = ("tokens_per_s", "accuracy", "accuracy_ci95", "n_graded", "target_passes_per_token",
+                   "speedup_over_ar", "speedup_over_ar_ci95", "speedup_over_sd", "rescued", "rescues_per_divergence",
+                   "identical_to_sd", "n", "eos_share", "accuracy_vs_sd")
+
+
 def frontier(summary: dict) -> list[dict]:
     """The speed/quality frontier over all items: one point per SD/CSD setting (and the baselines)."""
-    stats = overall(summary)
-    points = []
-    for name, s in stats.items():
-        points.append({"method": name, "tokens_per_s": s.get("tokens_per_s"), "accuracy": s.get("accuracy"),
-                       "accuracy_ci95": s.get("accuracy_ci95"), "n_graded": s.get("n_graded"),
-                       "target_passes_per_token": s.get("target_passes_per_token"),
-                       "speedup_over_ar": s.get("speedup_over_ar"), "speedup_over_ar_ci95": s.get("speedup_over_ar_ci95"),
-                       "speedup_over_sd": s.get("speedup_over_sd"), "rescued": s.get("rescued"),
-                       "rescues_per_divergence": s.get("rescues_per_divergence"),
-                       "identical_to_sd": s.get("identical_to_sd"), "n": s.get("n"),
-                       "eos_share": s.get("eos_share"), "accuracy_vs_sd": s.get("accuracy_vs_sd")})
-    return points
+    return [{"method": name, **{k: s.get(k) for k in FRONTIER_FIELDS}} for name, s in overall(summary).items()]
 
 
 def overall(summary: dict) -> dict:
