@@ -1,13 +1,57 @@
 """The draft-length policy keeps exploring (issue: gamma auto gave up after a bad start and never
-learned again), replayed on hand-made answers with ``tools.policy_sim`` (no model: a trace says where
-the draft agrees with the target, a cost model says what each pass costs)."""
+learned again), replayed on hand-made answers (no model: a trace says where the draft agrees with the
+target, a cost model says what each pass costs). ``replay`` is the offline replay of the removed
+``tools/policy_sim.py`` (``git show c9a328b:tools/policy_sim.py``, which also recorded real traces)."""
 import random
+from dataclasses import dataclass
 
 import pytest
 
+from csd.block import DRAFT, Block
 from csd.costs import CostModel
 from csd.policy import AutoGamma, FixedGamma
-from tools.policy_sim import Trace, replay
+from csd.rule import NO_RESCUE, BlockScores, decide
+
+
+@dataclass
+class Trace:
+    """One answer: the target's tokens and, at each position, the draft's top-1 and its probability
+    after the target's tokens before it."""
+    dataset: str
+    item_id: str
+    target: list[int]
+    draft: list[int]
+    confidence: list[float]
+
+
+def replay(trace: Trace, policy, costs) -> dict:
+    """The blocks a policy drafts along one answer: tokens, draft tokens, verify passes and the
+    cost model's milliseconds."""
+    t, d, c = trace.target, trace.draft, trace.confidence
+    n, i = len(t), 0
+    ms, passes, drafted = 0.0, 0, 0
+    while i < n:
+        room = n - i - 1
+        policy.start()
+        m, confs = 0, []
+        go = room > 0 and policy.more(0, 1.0)
+        while go:
+            confs.append(c[i + m])
+            m += 1
+            if m >= room:
+                break
+            go = policy.more(m, c[i + m - 1])
+        proposed = d[i:i + m]
+        t_star = (t[i:i + m + 1] + [0])[:m + 1]
+        decision = decide(proposed, BlockScores(t_star, [0.0] * (m + 1), [0.0] * m), lambda x, y: 0, NO_RESCUE)
+        policy.observe(Block(passes, DRAFT, proposed, confs, decision=decision))
+        kept = decision.n_kept
+        ms += m * costs.draft_ms + costs.verify(m + 1)
+        passes += 1
+        drafted += m
+        i += kept + 1
+    return {"tokens": n, "ms": ms, "passes": passes, "drafted": drafted}
+
 
 # a CPU like the ones CI runs on: a draft token costs a third of a 1-token target pass, and a pass of
 # up to 12 tokens costs 1.4x a 1-token one
