@@ -83,6 +83,7 @@ class Batcher:
                                                             and not hasattr(pair.draft_lm, "forward_many")):
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
         self.pair, self.window_s = pair, window_s
+        self.draft_first = True
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
         self._members: set[int] = set()     # the runs in flight (their target caches' ids)
@@ -126,7 +127,10 @@ class Batcher:
             deadline = self._pending[0].at + self.window_s
             while len(self._pending) < len(self._members) and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            first = self._pending[0]
+            # drafts first: a run whose block is drafted waits for the others' blocks, so that the verify
+            # passes gather every run (runs fall into step instead of each pass serving a few)
+            drafts = [c for c in self._pending if not c.lm.member] if self.draft_first else []
+            first = drafts[0] if drafts else self._pending[0]
             alone = self._alone(first)
             batch, tokens = [], 0
             for c in list(self._pending):
