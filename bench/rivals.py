@@ -22,7 +22,7 @@ from pathlib import Path
 from csd.config import RIVAL_PARAMS, CSDConfig
 from csd.events import common_prefix
 
-from .io import write_json
+from .io import fmt, write_json
 from .results import ResultsError, by_item, load_results
 from .stats import paired_accuracy, speedup, wilson
 
@@ -38,12 +38,8 @@ PAPER_SOURCE = "the CSD paper's comparison table as one summary quotes it (PAPER
 
 
 def _speed(run: dict, method: str, ref: str) -> tuple[float | None, list | None]:
-    rows = []
-    for (_, _), r in by_item(run["items"]).items():
-        a, b = r.get(method), r.get(ref)
-        if a and b:
-            rows.append((a["new_tokens"], a["wall_s"], b["new_tokens"], b["wall_s"]))
-    return speedup(rows)
+    return speedup((r[method]["new_tokens"], r[method]["wall_s"], r[ref]["new_tokens"], r[ref]["wall_s"])
+                   for r in by_item(run["items"]).values() if r.get(method) and r.get(ref))
 
 
 def setting(s: dict | None) -> str:
@@ -129,10 +125,6 @@ def frontier(runs: list[dict]) -> dict:
     return {"meta": meta, "points": points, "paper": PAPER, "paper_source": PAPER_SOURCE}
 
 
-def _f(x, spec=".2f", suffix="") -> str:
-    return "–" if x is None else f"{x:{spec}}{suffix}"
-
-
 def markdown(data: dict, escape=str) -> str:
     """The frontier as a Markdown table, then the paper's table beside it (marked as the paper's).
     ``escape`` is applied to every text taken from the data (the app passes ``html.escape``)."""
@@ -142,20 +134,20 @@ def markdown(data: dict, escape=str) -> str:
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in data["points"]:
         ci = p.get("speedup_ci95")
-        speed = _f(p["speedup_over_ar"], ".2f", "x") + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") \
+        speed = fmt(p["speedup_over_ar"], ".2f", "x") + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") \
             + ("" if p["speed_from"] == "same run" else " †")
         acc, aci = p.get("accuracy"), p.get("accuracy_ci95")
         acc_s = "–" if acc is None else f"{100 * acc:.0f}% [{100 * aci[0]:.0f}, {100 * aci[1]:.0f}] of {p['n_graded']}"
         vs = p.get("vs_ar") or {}
         pr = p.get("prose") or {}
         rows.append(f"| {escape(str(p['method']))} | {escape(p.get('setting') or '–')} | {speed} | {acc_s} | +{vs.get('gained', 0)} / -{vs.get('lost', 0)} | "
-                    f"{pr.get('identical', '–')} of {pr.get('n', '–')} | {_f(pr.get('prefix_share'), '.0%')} | "
-                    f"{_f(pr.get('length_ratio'), '.2f')} |")
+                    f"{pr.get('identical', '–')} of {pr.get('n', '–')} | {fmt(pr.get('prefix_share'), '.0%')} | "
+                    f"{fmt(pr.get('length_ratio'), '.2f')} |")
     runs = "; ".join(f"run {i}: `{escape(str(r['command']))}`" for i, r in enumerate(m["runs"], 1))
     head = (f"Measured on {escape(str(m['machine']))} (target {escape(str(m['dtype']))}), {m['items']} items ({runs}). x AR: tokens per second "
             "over AR's on the same items; † chained through SD (x SD in its run times SD's x AR in the AR run).")
     paper = ["| method (the paper's) | speed-up | accuracy |", "|---|---:|---:|"] + [
-        f"| {p['method']} | {p['speedup']:.2f}x | {_f(p['accuracy'], '.1f')} |" for p in data["paper"]]
+        f"| {p['method']} | {p['speedup']:.2f}x | {fmt(p['accuracy'], '.1f')} |" for p in data["paper"]]
     return "\n".join([head, "", *rows, "", f"The paper's figures, not ours ({data['paper_source']}):", "", *paper])
 
 

@@ -129,10 +129,9 @@ def compare_note(views: dict[str, RunView | None]) -> str:
     a = done["ar"]
     step = a.verify_s / a.target_forwards if a.target_forwards else 0.0
     lines = []
-    for k in done:
+    for k, m in done.items():
         if k == "ar":
             continue
-        m = done[k]
         saved = a.target_forwards - m.target_forwards
         per = m.verify_s / m.target_forwards if m.target_forwards else 0.0
         ratio = per / step if step else 0.0

@@ -257,10 +257,7 @@ def _save_calibrated(services: Services, work: CorrectionMemory, before: int, na
 def memory_reset(services: Services, to: str, lam, sess: Session | None):
     """Reset the session's memory to the default one, or clear it."""
     sess = ensure_session(services, sess)
-    if to == "clear":
-        sess.memory = CorrectionMemory(services.pair.pair_id)
-    else:
-        sess.memory = services.new_memory()
+    sess.memory = CorrectionMemory(services.pair.pair_id) if to == "clear" else services.new_memory()
     return memory_view(services, lam, sess)
 
 
