@@ -18,6 +18,10 @@ import logging
 import sys
 import time
 
+# generations at once where runs decode together: 8 users at once gave 1.7-3.8x one user's tokens per
+# second in a quick check (docs/users.md has the benchmark through the app)
+BATCHED_CONCURRENCY = 8
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     prog = "csd-app" if os.path.basename(sys.argv[0]) == "csd-app" else "python app.py"
@@ -38,7 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--queue-size", type=int, default=64,
                     help="requests waiting in the queue at most (default 64: a class of 20, each with a run and a "
                          "light event waiting)")
-    ap.add_argument("--concurrency", type=int, default=1, help="generations running at once (default 1)")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="generations running at once; above 1 they decode together, one draft step and one verify "
+                         f"pass serving several users (docs/users.md). Default {BATCHED_CONCURRENCY} where runs can "
+                         "decode together (the lean path, eager), else 1")
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, metavar="N",
                     help="longest prompt accepted, in tokens (default 2048): a long prompt holds the model for "
                          "everyone while it is read")
@@ -51,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.shared_scope = False        # a public demo: strangers do not see each other's prompts
     if not 1 <= args.port <= 65535:
         ap.error("--port must be in 1..65535")
-    if args.queue_size < 1 or args.concurrency < 1:
+    if args.queue_size < 1 or (args.concurrency is not None and args.concurrency < 1):
         ap.error("--queue-size and --concurrency must be at least 1")
     if args.max_prompt_tokens < 1:
         ap.error("--max-prompt-tokens must be at least 1")
@@ -70,6 +77,16 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("csd").setLevel(logging.INFO)     # the engine, csd.ui and csd.db
+
+
+def concurrency_for(requested: int | None, pair) -> int:
+    """The generations at once: as asked, else ``BATCHED_CONCURRENCY`` where runs of this pair decode
+    together (the lean path, eager) and 1 where they cannot (a static engine, a transformers model)."""
+    if requested is not None:
+        return requested
+    from csd.static import STATIC_ENGINES
+    from csd.ui.state import batches
+    return BATCHED_CONCURRENCY if batches(pair) and pair.describe()["engine"] not in STATIC_ENGINES else 1
 
 
 class ConsoleProgress:
@@ -100,7 +117,9 @@ def main(argv=None) -> int:
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if pair.describe()["engine"] in STATIC_ENGINES and args.concurrency > 1:
+    static = pair.describe()["engine"] in STATIC_ENGINES
+    args.concurrency = concurrency_for(args.concurrency, pair)
+    if static and args.concurrency > 1:
         print("error: the static engine (the default on a GPU) holds one KV cache per model and serves one "
               "generation at a time (the others wait in the queue): use --concurrency 1, or --engine eager",
               file=sys.stderr)

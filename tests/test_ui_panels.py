@@ -192,6 +192,21 @@ def test_command_line_options():
     assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 64)
     with pytest.raises(SystemExit):
         csd_app.parse_args(["--max-prompt-tokens", "0"])
+    with pytest.raises(SystemExit):
+        csd_app.parse_args(["--concurrency", "0"])
+
+
+def test_runs_decode_together_by_default_where_they_can():
+    from dataclasses import replace
+
+    import csd_app
+    from csd.lm import LeanLM
+    pair = tiny_services().pair                                   # a transformers draft and target
+    lean = replace(pair, target_lm=LeanLM(pair.target), draft_lm=LeanLM(pair.draft))
+    assert csd_app.parse_args([]).concurrency is None
+    assert csd_app.concurrency_for(None, pair) == 1
+    assert csd_app.concurrency_for(None, lean) == csd_app.BATCHED_CONCURRENCY > 1
+    assert csd_app.concurrency_for(3, pair) == 3
 
 
 def test_session_objects_are_per_user(services):
