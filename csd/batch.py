@@ -13,9 +13,12 @@ What a run computes does not depend on who else is running, where the layers all
 target scaled per token (the app's exact mode) gives a row the same bits alone or in any batch, so
 each user's target logits, and greedy SD's tokens, are those of a run alone
 (``tests/test_batch.py``). A target scaled per pass would round a row with the other users' rows,
-so its passes are not merged; the float draft's rows may round differently beside others (the draft
-only proposes: SD's output cannot change, CSD's rescues may). The activation mode is applied by the
-model thread before each pass, so runs in either mode can go at once.
+so its passes are not merged. An int8 draft is switched to per-token scales when the batcher is made,
+so its rows do not depend on the batch either, and with a fixed gamma a CSD run's proposals, rescues
+and answer are those of the run alone (gamma auto plans blocks from measured times, which other runs
+change, and CSD's answer depends on where blocks end; SD's cannot); a float draft's rows may round differently beside others (it only proposes: SD's
+output cannot change, CSD's rescues may). The activation mode is applied by the model thread before
+each pass, so runs in either mode can go at once.
 """
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ class Batcher:
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
         self.pair, self.window_s = pair, window_s
         self.draft_first = True
+        if pair.draft_lm is not None and hasattr(pair.draft_lm, "int8_per_row"):
+            pair.draft_lm.int8_per_row()    # an int8 draft's rows scaled on their own: a batch cannot change them
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
         self._members: set[int] = set()     # the runs in flight (their target caches' ids)
