@@ -208,6 +208,37 @@ def test_the_answer_streams_in_view_and_teach_fits_a_projector(browser, tiny_url
         pg.context.close()
 
 
+def test_teach_and_analyse_keep_what_they_change_in_view(browser, tiny_url, shots):
+    """1280x720 without presentation mode: Teach's Run and Next bring the drawn iteration into view with
+    its buttons (it starts below the fold); 1440x900: Analyse's answer sits near the λ/τ sliders that
+    recolour it, above the charts."""
+    pg = new_page(browser, tiny_url, 1280, 720)
+    try:
+        open_tab(pg, "Teach")
+        pg.click("#teach-run")
+        pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
+        for step in range(2):
+            pg.wait_for_function("() => { const b = document.querySelector('#teach-view .csd-block');"
+                                 " const r = b && b.getBoundingClientRect(); return r && r.top >= 0 && r.bottom <= 720; }",
+                                 timeout=WAIT_MS)
+            nxt = pg.locator("#teach-next").bounding_box()
+            assert 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= 720, f"step {step}: Next at {nxt}"
+            pg.evaluate("() => window.scrollTo(0, 0)")
+            pg.click("#teach-next")
+        pg.screenshot(path=str(shots / "teach-1280x720.png"))
+    finally:
+        pg.context.close()
+    pg = new_page(browser, tiny_url, 1440, 900)
+    try:
+        open_tab(pg, "Analyse")
+        pg.wait_for_selector("#analyse-tokens", state="visible", timeout=WAIT_MS)
+        lam, answer = pg.locator("#lam").bounding_box(), pg.locator("#analyse-tokens").bounding_box()
+        assert answer["y"] - (lam["y"] + lam["height"]) < 700, f"λ at {lam}, the answer at {answer}"
+        assert answer["y"] < pg.locator("#pareto-plot").bounding_box()["y"]
+    finally:
+        pg.context.close()
+
+
 def test_phone_layout(browser, tiny_url, shots):
     """390x844: nothing wider than the screen; the tab row wraps but keeps its order, whichever tab is
     open; Teach's table scrolls sideways and says so (a label, and a fade while columns are off to the

@@ -103,8 +103,26 @@
   }, true);
   window.addEventListener('resize', markScrollers);
   document.addEventListener('scroll', (e) => { if (e.target.classList && e.target.classList.contains('csd-scroll')) markScrollers(); }, true);
+  // Teach: after a click on Run, Next or Back, bring the iteration it drew into view once (at 1280x720
+  // the view starts below the fold, so Next seemed to change nothing)
+  let teachAsked = 0;
+  document.addEventListener('click', (e) => {
+    if (e.target.closest('#teach-run, #teach-next, #teach-prev')) teachAsked = Date.now();
+  }, true);
+  function showTeach() {
+    if (!teachAsked || Date.now() - teachAsked > 120000) return;
+    const block = document.querySelector('#teach-view .csd-block');
+    if (!block || block.offsetParent === null) return;
+    teachAsked = 0;
+    const r = block.getBoundingClientRect();
+    if (r.top >= 0 && r.bottom <= window.innerHeight) return;
+    const next = document.querySelector('#teach-next');       // its buttons too, where they fit beside it
+    const top = next && next.offsetParent !== null ? Math.min(next.getBoundingClientRect().top, r.top) : r.top;
+    window.scrollBy(0, (r.bottom - top <= window.innerHeight - 16 ? top : r.top) - 8);
+  }
   // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
   new MutationObserver(() => {
+    showTeach();
     for (const [view, i] of Object.entries(pins)) {
       const box = document.querySelector('[data-csd-view="' + view + '"]');
       const t = box && box.querySelector('.tok[data-i="' + i + '"]');

@@ -109,6 +109,13 @@ def build(page: Page):
     scope_choices = scopes(services)
     with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
         gr.HTML(render.render_legend(), elem_id="analyse-legend")
+        # the answer the sliders recolour first, near them; the charts of the scope below it
+        a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
+                             label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the folded "
+                                   "panel's parameters)", elem_id="whatif-rule")
+        a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
+        a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
+        gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
         with gr.Row():
             scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="scope",
                              info="'all runs' is shared: it shows every user's answers" if s.shared_scope
@@ -131,12 +138,6 @@ def build(page: Page):
             rivals_data = figures.load_frontier(s.rivals_file)
             gr.Plot(figures.make_rivals_figure(rivals_data), show_label=False, elem_id="rivals-frontier-plot")
             gr.Markdown(figures.rivals_table(rivals_data), elem_id="rivals-frontier-table")
-        a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
-                             label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the folded "
-                                   "panel's parameters)", elem_id="whatif-rule")
-        a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
-        a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
-        gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
     assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
     named = page.named(("scope", "lam", "log10_tau", "hide_rejected", "whatif_method"), scope=scope,
                        hide_rejected=page.hide_rejected, whatif_method=a_rule)
