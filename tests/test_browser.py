@@ -433,10 +433,15 @@ def test_memory_upload_errors_are_sentences(page, tmp_path):
 
 @pytest.mark.parametrize("elem_id,typed,words", [("lam", -1, "must be a whole number from 0 to 64; got -1"),
                                                  ("gamma", 1000, "must be a whole number from 1 to 32; got 1000"),
-                                                 ("max-new", 100000, "from 1 to 512 (this app's limit); got 100000")])
+                                                 ("max-new", 100000, "from 1 to 512 (this app's limit); got 100000"),
+                                                 ("tau-lossy", 5, "The lossy rule's tau must be between 0.001 and 1; "
+                                                                  "got 5")])
 def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, typed, words):
-    """A value typed beyond a slider's range is refused with its range named; the run does not start."""
+    """A value typed beyond a slider's or a number box's range is refused with its range named; the run
+    does not start."""
     page.locator("#auto-gamma input[type=checkbox]").uncheck()
+    if elem_id == "tau-lossy":                  # a rival's box, folded in the bar
+        page.click("#rivals-panel button")
     set_number(page, elem_id, typed)
     page.wait_for_timeout(300)
     page.click("#generate-btn")

@@ -7,17 +7,18 @@ light handlers share the queue: ``csd.ui.tabs.page``.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import partial
 
 import gradio as gr
 
-from csd.config import GAMMA_RANGE, CSDConfig
+from csd.config import GAMMA_RANGE, CSDConfig, Rivals
 
 from . import render
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
-from .tabs.inputs import slider
+from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
 from .tabs.page import HIDE_PRESENT, Page
 
@@ -53,24 +54,25 @@ def rival_controls() -> list:
     """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``csd.ui.rules.RIVAL_FIELDS`` order, folded in the
     bar: Generate, Compare, Teach and Analyse's what-if read them when a rival is chosen."""
     d = CSDConfig()
+    what = {f.name: f.metadata["what"].capitalize() for f in fields(Rivals)}   # as refusals name them
     with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy)", open=False, elem_id="rivals-panel",
                       elem_classes=HIDE_PRESENT):
         gr.Markdown("Relaxed acceptance rules, greedy only; their definitions and sources: docs/rivals.md.",
                     elem_id="rivals-note")
         with gr.Row(equal_height=True):    # compact numbers, two to a line in the bar's narrow column
-            out = [gr.Number(d.tau_lossy, minimum=0.001, maximum=1, step=0.05, label="lossy: τ", min_width=100,
+            out = [number(what["tau_lossy"], value=d.tau_lossy, minimum=0.001, maximum=1, step=0.05, label="lossy: τ", min_width=100,
                              info="keep p(x) ≥ τ·p(top-1)", elem_id="tau-lossy"),
-                   gr.Number(d.topk, minimum=1, step=1, precision=0, label="top-k: k", min_width=100,
+                   number(what["topk"], value=d.topk, minimum=1, step=1, precision=0, label="top-k: k", min_width=100,
                              info="TensorRT-LLM's example", elem_id="topk"),
-                   gr.Number(d.delta, minimum=0, step=0.05, label="top-k: δ", min_width=100,
+                   number(what["delta"], value=d.delta, minimum=0, step=0.05, label="top-k: δ", min_width=100,
                              info="p(x) ≥ p(top-1) − δ", elem_id="delta"),
-                   gr.Number(d.posterior_threshold, minimum=0.001, maximum=1, step=0.01, label="typical: threshold",
+                   number(what["posterior_threshold"], value=d.posterior_threshold, minimum=0.001, maximum=1, step=0.01, label="typical: threshold",
                              min_width=100, info="p(x) > min(thr, α·e^−H)", elem_id="posterior-threshold"),
-                   gr.Number(d.posterior_alpha, minimum=0.001, step=0.05, label="typical: α", min_width=100,
+                   number(what["posterior_alpha"], value=d.posterior_alpha, minimum=0.001, step=0.05, label="typical: α", min_width=100,
                              info="vLLM's 0.3", elem_id="posterior-alpha"),
-                   gr.Number(d.win_len, minimum=2, maximum=32, step=1, precision=0, label="FLy: window",
+                   number(what["win_len"], value=d.win_len, minimum=2, maximum=32, step=1, precision=0, label="FLy: window",
                              min_width=100, info="needs γ above it", elem_id="win-len"),
-                   gr.Number(d.entropy_thre, minimum=0, step=0.05, label="FLy: entropy gate", min_width=100,
+                   number(what["entropy_thre"], value=d.entropy_thre, minimum=0, step=0.05, label="FLy: entropy gate", min_width=100,
                              info="top-3; ≤ 0.01: off", elem_id="entropy-thre")]
     return out
 
