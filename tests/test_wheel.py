@@ -93,10 +93,16 @@ def make_venv(venv: Path, env: dict) -> Path:
     return py
 
 
-def test_the_wheel_holds_only_csd_and_csd_app(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built once for both tests: they check the same build (its contents, then its install)."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"), clean_env())
+
+
+def test_the_wheel_holds_only_csd_and_csd_app(wheel):
     """Every top-level name the wheel puts into site-packages is ``csd`` or ``csd_app.py``; the store,
     the app, the command line, the benchmark and the evaluation travel inside ``csd``."""
-    with zipfile.ZipFile(build_wheel(tmp_path, clean_env())) as whl:
+    with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
     top = {n.split("/")[0] for n in names} - {n.split("/")[0] for n in names if ".dist-info/" in n}
     assert top == {"csd", "csd_app.py"}, f"the wheel adds other top-level names: {sorted(top)}"
@@ -108,9 +114,8 @@ def test_the_wheel_holds_only_csd_and_csd_app(tmp_path):
 
 
 @pytest.mark.slow            # builds and installs a wheel, then loads the real pair in a subprocess
-def test_the_wheel_installs_and_runs_outside_the_repository(tmp_path):
+def test_the_wheel_installs_and_runs_outside_the_repository(wheel, tmp_path):
     env = clean_env()
-    wheel = build_wheel(tmp_path, env)
     py = make_venv(tmp_path / "venv", env)
     bindir = py.parent
     run([py, "-m", "pip", "install", "--no-index", "--no-deps", "-q", wheel], tmp_path, env)
