@@ -18,8 +18,8 @@ import logging
 import sys
 import time
 
-# generations at once where runs decode together: 8 users at once gave 1.7-3.8x one user's tokens per
-# second in a quick check (docs/users.md has the benchmark through the app)
+# generations at once where runs decode together: 8 users at once gave 1.42x one user's tokens per
+# second through the app's API (docs/users.md), against 1.01x one at a time
 BATCHED_CONCURRENCY = 8
 
 
