@@ -84,9 +84,9 @@ def concurrency_for(requested: int | None, pair) -> int:
     together (the lean path, eager) and 1 where they cannot (a static engine, a transformers model)."""
     if requested is not None:
         return requested
+    from csd.batch import can_batch
     from csd.static import STATIC_ENGINES
-    from csd.ui.state import batches
-    return BATCHED_CONCURRENCY if batches(pair) and pair.describe()["engine"] not in STATIC_ENGINES else 1
+    return BATCHED_CONCURRENCY if can_batch(pair) and pair.describe()["engine"] not in STATIC_ENGINES else 1
 
 
 class ConsoleProgress:

@@ -16,8 +16,8 @@ each user's target logits, and greedy SD's tokens, are those of a run alone
 so its passes are not merged. An int8 draft is switched to per-token scales when the batcher is made,
 so its rows do not depend on the batch either, and with a fixed gamma a CSD run's proposals, rescues
 and answer are those of the run alone (gamma auto plans blocks from measured times, which other runs
-change, and CSD's answer depends on where blocks end; SD's cannot); a float draft's rows may round differently beside others (it only proposes: SD's
-output cannot change, CSD's rescues may). The activation mode is applied by the model thread before
+change, and CSD's answer depends on where blocks end; SD's cannot); a float draft's rows may round
+differently beside others (it only proposes: SD's output cannot change, CSD's rescues may). The activation mode is applied by the model thread before
 each pass, so runs in either mode can go at once.
 """
 from __future__ import annotations
@@ -78,15 +78,18 @@ class BatchedLM:
         self.lm.crop(cache, length)
 
 
+def can_batch(pair) -> bool:
+    """Whether runs of this pair can decode together: the lean path, eager (``forward_many``)."""
+    return all(lm is None or hasattr(lm, "forward_many") for lm in (pair.target_lm, pair.draft_lm))
+
+
 class Batcher:
     """The one thread that runs a pair's model passes for every run of its views."""
 
     def __init__(self, pair, window_s: float = 0.01):
-        if not hasattr(pair.target_lm, "forward_many") or (pair.draft_lm is not None
-                                                            and not hasattr(pair.draft_lm, "forward_many")):
+        if not can_batch(pair):
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
         self.pair, self.window_s = pair, window_s
-        self.draft_first = True
         if pair.draft_lm is not None and hasattr(pair.draft_lm, "int8_per_row"):
             pair.draft_lm.int8_per_row()    # an int8 draft's rows scaled on their own: a batch cannot change them
         self._cond = threading.Condition()
@@ -134,7 +137,7 @@ class Batcher:
                 self._cond.wait(left)
             # drafts first: a run whose block is drafted waits for the others' blocks, so that the verify
             # passes gather every run (runs fall into step instead of each pass serving a few)
-            drafts = [c for c in self._pending if not c.lm.member] if self.draft_first else []
+            drafts = [c for c in self._pending if not c.lm.member]
             first = drafts[0] if drafts else self._pending[0]
             alone = self._alone(first)
             batch, tokens = [], 0

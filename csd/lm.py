@@ -15,6 +15,7 @@ computes what the transformers int8 model computes. ``tests/test_engine_tiny.py`
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -438,7 +439,7 @@ class LeanLM(LM):
         x = self.embed[torch.cat(ids)][None]                                          # (1, T, hidden)
         pos = [torch.arange(s, s + t, device=self._device) for s, t in zip(starts, lens)]
         cos, sin = self._rope(torch.cat(pos))
-        offs = [sum(lens[:i]) for i in range(len(lens) + 1)]
+        offs = [0, *itertools.accumulate(lens)]
 
         def write(li, k, v):
             for c, s, a, b in zip(caches, starts, offs, offs[1:]):

@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from csd.batch import Batcher, can_batch
 from csd.bench import frontier
 from csd.config import CSDConfig
 from csd.decode import Decoder
@@ -99,16 +100,10 @@ def make_services(pair: ModelPair, store=None, settings: Settings | None = None,
     settings = settings or Settings()
     decoder = Decoder(pair, costs=costs)
     batcher = None
-    if settings.concurrency > 1 and batches(pair):
-        from csd.batch import Batcher
+    if settings.concurrency > 1 and can_batch(pair):
         batcher = Batcher(pair)
     return Services(pair, decoder, store, settings, decoder.default_memory(),
                     default_activations=pair.int8_activations, batcher=batcher)
-
-
-def batches(pair: ModelPair) -> bool:
-    """Whether runs of this pair can decode together (``csd.batch``: the lean path, eager)."""
-    return all(lm is None or hasattr(lm, "forward_many") for lm in (pair.target_lm, pair.draft_lm))
 
 
 @dataclass
