@@ -70,6 +70,23 @@ def test_filters(store):
     assert [d["text"] for d in page] == ["c", "d", "e"] and page[0]["run_id"] == a
 
 
+def test_filter_by_target_representation(store):
+    """Runs in the exact mode and per pass are told apart (issue 38): the filter and the list of choices."""
+    exact = record(store, [ev(0, RESCUED, 10, 20), ev(1, REJECTED, 30, 40)], session_id="u1",
+                   target_repr="int8, activations per token")
+    per_pass = record(store, [ev(0, REJECTED, 10, 20)], session_id="u1", target_repr="int8, activations per pass")
+    record(store, [ev(0, REJECTED, 50, 60)], session_id="u2", target_repr="float32")
+    n = lambda **kw: A.count_events(store, Filter(**kw))   # noqa: E731
+    assert n(target_reprs=["int8, activations per token"]) == 2 and n(target_reprs=["float32"]) == 1
+    assert n(target_reprs=["int8, activations per pass"], session_id="u1") == 1
+    assert n(target_reprs=["int8, activations per pass"], session_id="u2") == 0
+    assert [r.count for r in A.pareto_table(store, Filter(target_reprs=["int8, activations per pass"]))] == [1]
+    assert {d["run_id"] for d in A.events(store, Filter(target_reprs=["int8, activations per token"]))} == {exact}
+    assert A.target_reprs(store, "u1") == ["int8, activations per pass", "int8, activations per token"]
+    assert A.target_reprs(store) == ["float32", "int8, activations per pass", "int8, activations per token"]
+    assert per_pass != exact
+
+
 def whatif_fixture(store) -> int:
     return record(store, [ev(0, RESCUED, 1, 2, count=7, gap=-1.0), ev(1, REJECTED, 1, 2, count=7, gap=-5.0),
                           ev(2, REJECTED, 3, 4, count=5, gap=-0.5), ev(3, RESCUED, 3, 4, count=6, gap=-4.6),

@@ -118,9 +118,11 @@ def test_recolour_and_analyse_need_no_model(client, gate):
     tokens, line = client.predict(0, 0.0, False, api_name="/recolour")    # tau = 1: nothing passes the gate
     assert tokens.count("wi-reject") == tokens.count('data-status="rescued"')
     assert line.startswith("At λ = 0, τ = 1")
-    pareto, gaps, positions, heat, summary, heading, last = client.predict(common.SCOPE_SESSION, 6, -2, False,
-                                                                          api_name="/analyse")
+    pareto, gaps, positions, heat, summary, heading, last, targets = client.predict(
+        common.SCOPE_SESSION, 6, -2, False, api_name="/analyse")     # a script written before the target filter
     assert "divergences logged" in summary and gate.calls == 0
+    summary = client.predict(common.SCOPE_SESSION, 6, -2, False, target="bfloat16", api_name="/analyse")[4]
+    assert summary.startswith("**this session, target bfloat16**: 0 divergences logged")
 
 
 def test_sessions_are_separate_and_the_shared_scope_says_so(client, app_url):

@@ -270,22 +270,37 @@ def test_recolour_changes_classes_without_running_a_model(services, csd_run, gat
 
 def test_analyse_heading_mentions_outlines_only_when_something_changed(services, csd_run):
     sess = csd_run[-1][-1]
-    pareto, gaps, pos, heat, summary, heading, tokens, _ = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=6, log10_tau=-0.5), sess)
+    pareto, gaps, pos, heat, summary, heading, tokens, _, _ = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=6, log10_tau=-0.5), sess)
     assert all(isinstance(f, go.Figure) for f in (pareto, gaps, pos, heat))
     assert "divergences logged" in summary and "no decision changes" in heading and "outlined" not in heading
     heading = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=0, log10_tau=0.0), sess)[5]
     assert "changed decision" in heading and "outlined" in heading
 
 
+def test_analyse_filters_by_the_recorded_target_representation(services, csd_run):
+    sess = csd_run[-1][-1]
+
+    def logged(target):
+        summary = analyse.analyse(services, common.SCOPE_SESSION, RunSettings(), sess, target)[4]
+        return int(re.search(r"(\d+) divergences? logged", summary).group(1)), summary
+    everything, _ = logged("any")
+    assert everything > 0 and logged(services.pair.repr_label)[0] == everything
+    none, summary = logged("bfloat16")
+    assert none == 0 and "target bfloat16" in summary
+    targets = analyse.analyse(services, common.SCOPE_SESSION, RunSettings(), sess)[7]
+    assert targets["choices"] == ["any", services.pair.repr_label]
+
+
 def test_explore_and_csv_export_use_the_same_filter(services, csd_run):
     sess = csd_run[-1][-1]
-    everything = explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", sess)
-    rows, caption, _, download, _ = everything
+    everything = explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", "any", sess)
+    rows, caption, _, targets, download, _ = everything
+    assert targets["choices"] == ["any", services.pair.repr_label]
     assert caption.startswith(f"{len(rows)} events") and download["visible"] is False
-    only = explore.explore_events(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
+    only = explore.explore_events(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", "any", sess)
     n = len(only[0])
     assert 0 < n < len(rows)
-    button, _ = explore.export_events_csv(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", sess)
+    button, _ = explore.export_events_csv(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", "any", sess)
     assert button["label"] == f"Download CSV ({n} events)" and Path(button["value"]).name == f"csd-events-{n}.csv"
     with open(button["value"], newline="") as fh:
         assert {r["status"] for r in csv.DictReader(fh)} == {RESCUED}
@@ -297,15 +312,15 @@ def test_explore_and_csv_export_use_the_same_filter(services, csd_run):
 def test_scopes_are_honest(services, store, csd_run):
     sess = csd_run[-1][-1]
     other = common.ensure_session(services, None)
-    assert explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", other)[1].startswith("0 events")
+    assert explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", "any", other)[1].startswith("0 events")
     assert "shared" in common.SCOPE_ALL and common.SCOPE_ALL in common.scopes(services)
-    assert not explore.explore_events(services, common.SCOPE_ALL, 0, list(STATUSES), "any", "", other)[1].startswith("0 ")
+    assert not explore.explore_events(services, common.SCOPE_ALL, 0, list(STATUSES), "any", "", "any", other)[1].startswith("0 ")
     private = tiny_services(store, shared_scope=False)
     assert common.SCOPE_ALL not in common.scopes(private)
     with pytest.raises(gr.Error, match="unknown scope"):
-        explore.explore_events(private, common.SCOPE_ALL, 0, list(STATUSES), "any", "", other)
+        explore.explore_events(private, common.SCOPE_ALL, 0, list(STATUSES), "any", "", "any", other)
     # a run id of someone else's session shows nothing when the scope is private
-    rows, caption, *_ = explore.explore_events(private, common.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any", "", other)
+    rows, caption, *_ = explore.explore_events(private, common.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any", "", "any", other)
     assert rows == [] and caption.startswith("0 events")
 
 

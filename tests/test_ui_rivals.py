@@ -162,9 +162,9 @@ def test_teach_steps_through_a_rivals_decisions(services):
 
 def test_explore_filters_and_exports_relaxed_events(services, lossy_run):
     sess = lossy_run[-1]
-    rows, caption, *_ = explore.explore_events(services, common.SCOPE_RUN, 0, [RELAXED], "any", "", sess)
+    rows, caption, *_ = explore.explore_events(services, common.SCOPE_RUN, 0, [RELAXED], "any", "", "any", sess)
     assert rows and all(r[3].startswith(RELAXED) for r in rows)
-    button, _ = explore.export_events_csv(services, common.SCOPE_RUN, 0, list(STATUSES), "any", "", sess)
+    button, _ = explore.export_events_csv(services, common.SCOPE_RUN, 0, list(STATUSES), "any", "", "any", sess)
     with open(button["value"], newline="") as fh:
         exported = list(csv.DictReader(fh))
     assert {RELAXED, ACCEPTED} <= {r["status"] for r in exported}

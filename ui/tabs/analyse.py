@@ -23,6 +23,8 @@ from .common import (
     rival_params,
     scope_filter,
     scopes,
+    target_choices,
+    target_dropdown,
     tau_from_log10,
     tokens_html,
 )
@@ -34,10 +36,12 @@ WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
 
 
-def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None):
-    """The four charts for a scope and thresholds, from the store (no model runs), and the last answer
-    recoloured under the what-if rule (``s.method`` at the λ/τ sliders and the rivals' parameters).
-    -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, session)."""
+def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None, target=None):
+    """The four charts for a scope (and a recorded target representation, ``target``; None or "any": all)
+    and thresholds, from the store (no model runs), and the last answer recoloured under the what-if rule
+    (``s.method`` at the λ/τ sliders and the rivals' parameters).
+    -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, target
+    dropdown update, session)."""
     sess = ensure_session(services, sess)
     lam, tau = float(s.lam), tau_from_log10(s.log10_tau)
     try:
@@ -49,11 +53,11 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     heading = _heading(sess, rule, csd)
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
-        return e, e, e, e, NO_STORE, heading, tokens, sess
-    f, why = scope_filter(services, sess, scope)
+        return e, e, e, e, NO_STORE, heading, tokens, gr.update(), sess
+    f, why = scope_filter(services, sess, scope, target=target)
     if f is None:
         e = figures.empty_figure(why)
-        return e, e, e, e, why, heading, tokens, sess
+        return e, e, e, e, why, heading, tokens, target_choices(services, sess), sess
     try:
         rows = A.pareto_table(services.store, f)
         div = A.cached_divergences(services.store, f)
@@ -62,10 +66,12 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
         wi = A.what_if(services.store, lam, tau, f)
         kinds = A.rescued_by_kind(services.store, f)
         other = None if csd else (A.what_if_rule(services.store, rule, f), A.unscored(services.store, rule, f))
+        targets = target_choices(services, sess)
     except Exception as e:
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
-    summary = (f"**{render.esc_md(scope)}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
+    where = render.esc_md(scope) + (f", target {render.esc_md(str(target))}" if f.target_reprs else "")
+    summary = (f"**{where}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
                f"τ = {tau:.3g} the rule "
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "
                f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
@@ -79,7 +85,7 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
             figures.make_position_figure(pos),
             figures.make_whatif_figure(grid.lams, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], grid.rate, lam, tau,
                                        grid.total),
-            summary, heading, tokens, sess)
+            summary, heading, tokens, targets, sess)
 
 
 def _heading(sess: Session, rule, csd: bool) -> str:
@@ -94,11 +100,21 @@ def _heading(sess: Session, rule, csd: bool) -> str:
     return heading
 
 
+def _handler(page: Page):
+    """``analyse`` as gradio calls it: the session by position, the scope, the target filter (last of the
+    API's values, so that scripts written before it still pass theirs by position) and the settings by name."""
+    services = page.services
+
+    def call(sess, scope, target="any", **values):
+        return analyse(services, scope, RunSettings.from_inputs(**values), sess, target)
+    return call
+
+
 def refresh_after(page: Page, dep) -> None:
     """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
     refreshed once it is done."""
     named, outputs = page.analyse_io
-    dep.then(page.handler(analyse, "scope"), [page.sess], outputs, inputs_kwargs=named, api_visibility="private",
+    dep.then(_handler(page), [page.sess], outputs, inputs_kwargs=named, api_visibility="private",
              show_progress="hidden", **page.light)
 
 
@@ -120,6 +136,7 @@ def build(page: Page):
             scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="scope",
                              info="'all runs' is shared: it shows every user's answers" if s.shared_scope
                              else "Only your own runs are shown in this app.")
+            target = target_dropdown("analyse-target")
             a_refresh = gr.Button("Refresh", scale=0)
         a_summary = gr.Markdown(elem_id="analyse-summary")
         with gr.Row():
@@ -139,14 +156,14 @@ def build(page: Page):
             gr.Plot(figures.make_rivals_figure(rivals_data), show_label=False, elem_id="rivals-frontier-plot")
             gr.Markdown(figures.rivals_table(rivals_data), elem_id="rivals-frontier-table")
     assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
-    named = page.named(("scope", "lam", "log10_tau", "hide_rejected", "whatif_method"), scope=scope,
-                       hide_rejected=page.hide_rejected, whatif_method=a_rule)
-    outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, sess]
+    named = {**page.named(("scope", "lam", "log10_tau", "hide_rejected", "whatif_method"), scope=scope,
+                          hide_rejected=page.hide_rejected, whatif_method=a_rule), "target": target}
+    outputs = [pareto, gaps, positions, heat, a_summary, a_heading, a_tokens, target, sess]
     page.analyse_io = (named, outputs)
 
     def wire():
-        run = page.handler(analyse, "scope")
+        run = _handler(page)
         a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
-        for trigger in (scope.change, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
+        for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)
     return wire

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import gradio as gr
 
@@ -23,6 +24,7 @@ from ..state import RunSettings, RunView, Services, Session, new_session
 log = logging.getLogger(__name__)
 
 SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
+ANY_TARGET = "any"
 NO_STORE = "No store: start the app with --db to record runs."
 # "Show speculation" (on by default): gamma auto drafts at least this many tokens a block, so that the
 # demo shows drafting on any machine; off, auto drafts only what the measured costs say pays (as the
@@ -187,8 +189,16 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
     return sess if isinstance(sess, Session) else new_session(services)
 
 
-def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
-    """A csd.db.analytics.Filter for a scope, or a message saying why there is nothing to show."""
+def scope_filter(services: Services, sess: Session, scope: str, run_id=None, target=None):
+    """A csd.db.analytics.Filter for a scope (and a recorded target representation, ``ANY_TARGET`` for
+    any), or a message saying why there is nothing to show."""
+    f, why = _scope(services, sess, scope, run_id)
+    if f is not None and target not in (None, "", ANY_TARGET):
+        f = replace(f, target_reprs=(str(target),))
+    return f, why
+
+
+def _scope(services: Services, sess: Session, scope: str, run_id=None):
     private = None if services.settings.shared_scope else sess.session_id
     if run_id not in (None, "", 0):
         return A.Filter(run_ids=(int(run_id),), session_id=private), None
@@ -201,6 +211,21 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None):
     if scope == SCOPE_ALL and services.settings.shared_scope:
         return A.ANY, None
     raise error(f"unknown scope {scope!r}; choose one of {', '.join(scopes(services))}")
+
+
+def target_dropdown(elem_id: str):
+    """The filter by the runs' recorded target representation (an int8 target's with its activation
+    scales: per token, the exact mode, or per pass); its choices follow the store (``target_choices``)."""
+    return gr.Dropdown([ANY_TARGET], value=ANY_TARGET, label="Target (representation, activation scales)",
+                       allow_custom_value=True, elem_id=elem_id)
+
+
+def target_choices(services: Services, sess: Session):
+    """The target dropdown's choices: the representations this user's runs (or, shared, everyone's) recorded."""
+    if services.store is None:
+        return gr.update()
+    private = None if services.settings.shared_scope else sess.session_id
+    return gr.update(choices=[ANY_TARGET, *A.target_reprs(services.store, private)])
 
 
 # -- answers -----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,19 @@ from csd.rule import rescues
 from .. import render
 from ..render import plural
 from ..state import Services, Session
-from .common import NO_STORE, SCOPE_SESSION, as_int, ensure_session, error, info, scope_filter, scopes, warn
+from .common import (
+    NO_STORE,
+    SCOPE_SESSION,
+    as_int,
+    ensure_session,
+    error,
+    info,
+    scope_filter,
+    scopes,
+    target_choices,
+    target_dropdown,
+    warn,
+)
 from .inputs import number
 from .jobs import in_lane, status_line, stop, take_job
 from .page import Page
@@ -46,19 +59,19 @@ def parse_pattern(value) -> tuple[int, int] | None:
         raise error(f"pattern {value!r}: pick one from the list, or type draft_id:target_id") from None
 
 
-def _event_filter(services: Services, sess: Session, scope: str, run_id, statuses, pattern, text):
-    base, why = scope_filter(services, sess, scope, run_id)
+def _event_filter(services: Services, sess: Session, scope: str, run_id, statuses, pattern, text, target):
+    base, why = scope_filter(services, sess, scope, run_id, target)
     if base is None:
         return None, why
     bad = [s for s in (statuses or []) if s not in STATUSES]
     if bad:
         raise error(f"unknown status {bad[0]!r}")
-    return A.Filter(run_ids=base.run_ids, session_id=base.session_id, statuses=tuple(statuses) if statuses else None,
-                    pattern=parse_pattern(pattern), text=(text or "").strip() or None), None
+    return replace(base, statuses=tuple(statuses) if statuses else None, pattern=parse_pattern(pattern),
+                   text=(text or "").strip() or None), None
 
 
 def _pattern_choices(services: Services, f) -> list[tuple[str, str]]:
-    rows = A.pareto_table(services.store, A.Filter(run_ids=f.run_ids, session_id=f.session_id), limit=60)
+    rows = A.pareto_table(services.store, replace(f, statuses=None, pattern=None, text=None), limit=60)
     return [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  ({r.count})",
                                 f"{r.draft_id}:{r.target_id}") for r in rows]
 
@@ -72,33 +85,36 @@ def _event_row(le: A.LoggedEvent) -> list:
             render.show_text(le.context)[-60:]]
 
 
-def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, sess: Session | None):
-    """The filtered events table. -> (rows, caption, pattern dropdown update, download button, session).
+def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, target, sess: Session | None):
+    """The filtered events table (``target``: a recorded target representation, or "any").
+    -> (rows, caption, pattern dropdown update, target dropdown update, download button, session).
     The download button is hidden: a file prepared for other filters must not be offered."""
     sess, hidden = ensure_session(services, sess), hide_download()
     if services.store is None:
-        return [], NO_STORE, gr.update(), hidden, sess
-    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text)
+        return [], NO_STORE, gr.update(), gr.update(), hidden, sess
+    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
-        return [], why, gr.update(), hidden, sess
+        return [], why, gr.update(), target_choices(services, sess), hidden, sess
     limit = services.settings.events_limit
     try:
         rows = A.logged_events(services.store, f, limit=limit)
         n = A.count_events(services.store, f)
         choices = _pattern_choices(services, f)
+        targets = target_choices(services, sess)
     except Exception as e:
         log.exception("the store could not list events")
         raise error(f"The store could not answer: {e}", expected=False) from None
     caption = f"{plural(n, 'event')} {'matches' if n == 1 else 'match'}" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
-    return [_event_row(le) for le in rows], caption, gr.update(choices=choices), hidden, sess
+    return [_event_row(le) for le in rows], caption, gr.update(choices=choices), targets, hidden, sess
 
 
-def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, sess: Session | None):
+def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, target,
+                      sess: Session | None):
     """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
     sess = ensure_session(services, sess)
     if services.store is None:
         raise error(NO_STORE)
-    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text)
+    f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
         raise error(why)
     out = Path(tempfile.mkdtemp(prefix="csd-export-"))
@@ -309,14 +325,15 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
     with gr.Row():
         pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)", allow_custom_value=True)
         text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text", elem_id="e-text")
+        target = target_dropdown("e-target")
         with gr.Column(scale=0, min_width=160):
             btn = gr.Button("Show events", variant="primary", elem_id="events-btn")
             csv_btn = gr.Button("Export these events as CSV", elem_id="export-csv-btn")
     caption = gr.Markdown(elem_id="events-caption")
     csv = gr.DownloadButton("Download CSV", visible=False, elem_id="events-csv")
     table = gr.Dataframe(headers=EVENT_COLUMNS, interactive=False, wrap=True, max_height=420, elem_id="events-table")
-    return SimpleNamespace(filters=[scope, run, status, pattern, text], pattern=pattern, btn=btn, csv_btn=csv_btn,
-                           caption=caption, csv=csv, table=table)
+    return SimpleNamespace(filters=[scope, run, status, pattern, text, target], pattern=pattern, target=target,
+                           btn=btn, csv_btn=csv_btn, caption=caption, csv=csv, table=table)
 
 
 def _calibration_inputs(s) -> dict:
@@ -360,7 +377,7 @@ def _memory_panel(s) -> SimpleNamespace:
 
 
 def _wire_events(services: Services, e: SimpleNamespace, tab, sess, light: dict) -> None:
-    ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.csv, sess]
+    ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
     e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
     e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
     for ctl in e.filters:   # a prepared file must match the filters
