@@ -1,10 +1,5 @@
-"""Quality alarms of a benchmark run: where a method's answers are not the kind of answers AR gives.
-
-A faster method can buy its speed with shorter answers, answers that run to the token cap instead of
-ending, or answers that grade differently. For every column against AR on the same items, the report
-shows the length ratio, the share that ended by EOS and the share cut by the cap, raises an alarm where
-one of them moves past its band, and lists every item whose graded answer differs from AR's, with both
-texts, so a reader judges the change and not only its count."""
+"""Quality alarms of a benchmark run: where a column's answers are not the kind AR gives (length,
+endings, graded items); docs/benchmarks.md, "How the benchmark measures"."""
 from __future__ import annotations
 
 from .io import fmt, pct

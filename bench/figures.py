@@ -1,24 +1,8 @@
-"""The speed tables of the README (and of any page that marks them), re-derived from the committed
-``results.json`` files by the current code, so that a table cannot drift from its measurement.
-
-A table is marked in Markdown as::
-
-    <!-- figures: docs/bench/epyc-defaults24-smoothed -->
-    | method | tok/s | x AR | ...
-    <!-- /figures -->
-
-(a path relative to the repository root; an optional ``methods=ar,sd,csd`` picks and orders the rows,
-``dataset=gsm8k`` another dataset than all items, ``columns=rescued,humaneval:sd`` more columns for
-a benchmark run: a name of ``EXTRA`` (rescued, accuracy, vs_sd, eos, copies, same_ar, same_sd) or
-``DATASET:METHOD``, the speed-up over any method of the run on that dataset's items, ``all:METHOD`` on
-all of them). Between the markers stands exactly what ``table``
-renders: the benchmark's own summary (``csd.bench.results.resummarize``) or the synthetic benchmark's
-(``csd.bench.synthetic.report.summarize``), every speed-up a ratio of tok/s with its 95% bootstrap interval
-over the items (``csd.bench.stats.speedup``), the one definition the reports use too.
+"""The speed tables of the README and docs/, re-derived from the committed ``results.json`` files,
+so that a table cannot drift from its measurement (markers: docs/benchmarks.md, "How the benchmark measures").
 
 ``python -m csd.bench.figures check README.md docs/*.md``: exit 1 and the differing tables when a figure
-differs (``tests/test_figures.py`` runs it for CI); ``python -m csd.bench.figures write FILE...`` rewrites
-the marked tables in place.
+differs; ``python -m csd.bench.figures write FILE...`` rewrites the marked tables in place.
 """
 from __future__ import annotations
 

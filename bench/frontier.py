@@ -1,7 +1,5 @@
-"""The committed frontiers the app's Analyse tab shows, as data and as figures: the lambda / tau
-frontier (``frontier.json``, written by ``python -m csd bench --sweep ...``) and every acceptance
-rule's (``rivals.json``, by ``python -m csd.bench.rivals``), shipped as package data in
-``csd/bench/data/`` so that an installed wheel has them. The app calls only this module."""
+"""The committed frontiers the app's Analyse tab shows (lambda / tau: ``frontier.json``; every
+acceptance rule's: ``rivals.json``), shipped as package data in ``csd/bench/data/``. The app calls only this module."""
 from __future__ import annotations
 
 import json
@@ -25,16 +23,6 @@ def load(path: str | Path) -> dict | None:
         log.warning("cannot read the frontier file %s", path, exc_info=True)
         return None
     return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
-
-
-def load_frontier(path: str | Path = FRONTIER_FILE) -> dict | None:
-    """The committed lambda / tau frontier (or the one at ``path``)."""
-    return load(path)
-
-
-def load_rivals(path: str | Path = RIVALS_FILE) -> dict | None:
-    """The committed acceptance rules' frontier (or the one at ``path``)."""
-    return load(path)
 
 
 def frontier_figure(data: dict):

@@ -1,28 +1,6 @@
-"""Benchmark harness: AR, SD, CSD (at several lambda/tau settings), the ablations and transformers'
-assisted generation on the same items, measured the way the CSD paper measures them (arXiv
-2604.13634: greedy, batch 1, speed-up over autoregressive decoding, acceptance, task accuracy).
-
-Fairness on a noisy machine:
-- every method runs on the same items in one process, after one warm-up generation each;
-- items are interleaved: item 1 with every method, then item 2 ... (datasets take turns); the method order rotates by
-  one per item so that no method always runs first (cache, thermal or load effects);
-- every wall time is taken here, around the whole generation, so that all methods pay for their
-  own overheads; summaries count an item only when every method finished it (paired).
-
-Baselines: greedy SD is the exact one (its output is the target's own); transformers' assisted
-generation runs twice: at its own defaults (``hf-assisted``: what a user gets) and configured like
-ours (``hf-assisted-fixed``: gamma draft tokens per round, constant schedule, no confidence
-threshold), so that a reader sees what comes from the verification rule and what from drafting.
-
-Memory policy (``memory_mode``): each method that reads a correction memory gets its own copy of
-the start memory. ``"online"`` (default): that copy evolves across the items of the run, in the
-order they run, as a served model's memory would; ``"fresh"``: every item starts from a new copy.
-
-Outputs in ``out_dir``: ``results.json`` (every figure; rewritten after every item, so an
-interrupted run keeps what it finished), ``results.md``, ``speedup.html``, ``divergences.html``,
-``frontier.html`` (Plotly; one ``plotly.min.js`` beside the charts), ``frontier.json`` (the frontier's points, which the
-app's Analyse tab shows) and ``memory_<method>.json.gz``.
-"""
+"""Benchmark harness: every column (``csd.bench.methods``) on the same items, measured the way the CSD
+paper measures (arXiv 2604.13634: greedy, batch 1, speed-up over AR). How it keeps the comparison fair,
+its memory modes and its outputs: docs/benchmarks.md, "How the benchmark measures"."""
 from __future__ import annotations
 
 import logging
@@ -54,8 +32,8 @@ WARMUP_TOKENS = 8
 
 # -- one method on one item -------------------------------------------------------------------------
 def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
-    """Run one method on one prompt; the wall time is taken around the whole generation.
-    Returns the figures (dataset and item fields left empty) and the engine's run (None for hf)."""
+    """One method on one prompt, timed around the whole generation: its figures (dataset and item left
+    empty) and the engine's run (None for hf)."""
     cfg = method.cfg
     if method.hf is not None:
         fixed = cfg.gamma if method.hf == "fixed" and cfg.gamma != "auto" else (6 if method.hf == "fixed" else None)
@@ -83,18 +61,15 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,
                 assisted: bool = True) -> tuple[list[int], float, int, int]:
-    """transformers' assisted generation (greedy) on the same loaded models: at its own defaults,
-    or with ``fixed_gamma`` draft tokens per round (constant schedule, confidence threshold off);
-    ``assisted=False``: its plain greedy generate on the target alone (our AR's like-for-like rival).
-    Target and draft forward passes are counted by hooks."""
+    """transformers' greedy assisted generation at its defaults, or with ``fixed_gamma`` draft tokens per
+    round (constant schedule, no confidence threshold); ``assisted=False``: its plain generate on the
+    target alone. Returns (new ids, wall s, target passes, draft passes), passes counted by hooks."""
     import torch
 
-    passes = {"target": 0, "draft": 0}
+    passes = Counter()                   # forward passes by model
 
     def counter(name):
-        def hook(_module, _inputs, _output):
-            passes[name] += 1
-        return hook
+        return lambda *_: passes.update((name,))
 
     target, draft = pair.hf_target(), (pair.hf_draft() if assisted else None)   # built on first use
     x = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
@@ -106,9 +81,8 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     if fixed_gamma is not None and assisted:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
         gc.assistant_confidence_threshold = 0.0
-    hooks = [target.register_forward_hook(counter("target"))]
-    if assisted:
-        hooks.append(draft.register_forward_hook(counter("draft")))
+    hooks = [lm.register_forward_hook(counter(name))
+             for name, lm in (("target", target), ("draft", draft)) if lm is not None]
     try:
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -124,26 +98,14 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
             for k, v in saved.items():
                 setattr(gc, k, v)
     new = out[0, len(prompt_ids):].tolist()
-    eos = set(pair.eos_ids)
-    for i, t in enumerate(new):          # batch 1 never pads, but cut after the first EOS to be sure
-        if t in eos:
-            new = new[:i + 1]
-            break
+    new = new[:next((i + 1 for i, t in enumerate(new) if t in pair.eos_ids), len(new))]   # cut after the first EOS
     return new, wall, passes["target"], passes["draft"]
-
-
-def rotated(methods: list, k: int) -> list:
-    """The method order for the k-th item: rotate by one per item."""
-    k %= len(methods)
-    return methods[k:] + methods[:k]
 
 
 # -- the harness -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BenchConfig:
-    """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its
-    flags). The things a run works with, the models, the store, the start memory, a given profile and a
-    progress callback, are ``run_bench``'s own arguments."""
+    """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its flags)."""
     dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (csd.evaluation.datasets)
     limit: int | None                   # items per dataset (a spec's own count wins), drawn by seed; None: all
     methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (csd.bench.methods)
@@ -184,15 +146,10 @@ class BenchConfig:
 
 def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
               progress: Progress | None = None) -> dict:
-    """Benchmark ``config.methods`` (and one CSD column per sweep setting) on ``config.limit`` items of
-    each dataset and write the outputs to ``config.out_dir``. ``store``: a ``csd.db.store.Store`` to record
-    every generation in, or None. ``memory``: the start memory of the memory methods (default: the
-    pair's calibrated memory). ``costs``: the profile of gamma auto (default: the pair's cached one).
-    Where the run has a profile, ``config.bound_checks`` re-measures it beside the run (one before the
-    items, the rest after them) and CSD is judged against the median bound of the profiles
-    (``csd.bench.results.median_bound``); the draft-length policy keeps its profile throughout. Returns the
-    results dict (also in ``results.json``). On KeyboardInterrupt, the outputs hold the finished items
-    and the interrupt propagates."""
+    """Run ``config``'s columns on its items and write the outputs; the results dict (also results.json).
+    ``store``: record every generation there (or None); ``memory``: the memory columns' start memory (the
+    pair's calibrated one); ``costs``: gamma auto's profile (the pair's cached one). An interrupt keeps the
+    finished items in the outputs and propagates."""
     from csd.decode import Decoder
 
     datasets = config.datasets()
@@ -214,8 +171,7 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
 
 
 def interleaved_items(datasets: list[str], limit: int | None, seed: int) -> list[Item]:
-    """Each dataset spec's items, the datasets taking turns (gsm8k 1, humaneval 1, gsm8k 2, ...), so
-    that a run stopped early stays balanced."""
+    """Each dataset spec's items, the datasets taking turns, so that a run stopped early stays balanced."""
     per_dataset = []
     for spec in datasets:
         name, skip, stop = item_range(spec, limit)
@@ -224,8 +180,7 @@ def interleaved_items(datasets: list[str], limit: int | None, seed: int) -> list
 
 
 class _Run:
-    """One benchmark run as it goes: each memory column's own memory, the records, the divergences
-    seen, and the results, written again after every item."""
+    """One run as it goes: each memory column's memory, the records, the divergences and the results."""
 
     def __init__(self, pair, config: BenchConfig, decoder, cols: list[Method], start_memory, store,
                  progress: Progress | None):
@@ -245,8 +200,7 @@ class _Run:
         self.acts = pair.int8_activations         # the run's representation; a column may name its own
 
     def _represent(self, m: Method | None) -> None:
-        """The target in ``m``'s activation scales, or the run's (None): a flag once both exist
-        (csd.pair.set_int8_activations). The profile checks and the end of a run see the run's."""
+        """The target in ``m``'s int8 activation scales, or the run's (``m`` None)."""
         want = (m.acts if m else "") or self.acts
         if want and self.pair.int8_activations != want:
             self.pair.set_int8_activations(want)
@@ -306,7 +260,8 @@ class _Run:
     def _item(self, k: int, it: Item, prompt_ids: list[int]) -> None:
         """Every column on the k-th item, in the k-th rotated order; its records paired up."""
         item_records: dict[str, ItemResult] = {}
-        for j, m in enumerate(rotated(self.cols, k)):
+        k %= len(self.cols)
+        for j, m in enumerate(self.cols[k:] + self.cols[:k]):
             self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
                       self.done / self.total)
             self._represent(m)
@@ -337,8 +292,8 @@ class _Run:
                 self.token_text.setdefault(ev.target_id, ev.target_text or "")
 
     def _check_profile(self) -> None:
-        """Re-measure the machine's profile beside the run (not cached, not used by the policy) and add its
-        bound to ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
+        """Re-measure the profile beside the run (not cached, not used by the policy) into
+        ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
         if self.decoder._costs is None:
             return
         self._represent(None)
@@ -443,9 +398,8 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf,
                                          **({"int8_activations": m.acts} if m.acts else {}),
                                          **({} if m.hf else m.cfg.rule_params() or {})} for m in cols},
-                   "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma, "lookup": base.lookup,
-                   "lam": base.lam,
-                   "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,
+                   "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma,
+                   "lookup": base.lookup, "lam": base.lam, "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,
                    "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
                    "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "
                                   "(heuristic draft length, confidence threshold); passes counted by forward hooks",

@@ -1,6 +1,4 @@
-"""What the benchmark's modules share, written once: a JSON file written atomically, a figure as
-text (a dash where it was not measured), the time stamp, the command line as typed, and the
-signature of a progress callback."""
+"""What the benchmark's modules share: atomic JSON, figures as text, the time stamp, the command line."""
 from __future__ import annotations
 
 import gzip

@@ -1,7 +1,5 @@
-"""The benchmark's columns: AR, SD, CSD, the ablations and the rivals (lossy, topk, typical, fly) as
-the engine runs them, transformers' assisted generation at its defaults and configured like ours, and
-one column per setting of a sweep (``lam=3,tau=0.1;gamma=auto;tau_lossy=0.4;method=fly,gamma=15``),
-each a ``Method``."""
+"""The benchmark's columns, each a ``Method``: AR, SD, CSD, the ablations and the rivals on the engine,
+transformers' generate and assisted generation, and one column per sweep setting."""
 from __future__ import annotations
 
 from collections.abc import Iterable

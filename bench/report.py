@@ -1,11 +1,7 @@
-"""The benchmark's outputs for people: the paper-style Markdown table and the Plotly charts.
+"""The benchmark's outputs for people: the Markdown report and the Plotly charts.
 
-``python -m csd.bench.report RUN_DIR``: a finished run's summary, goals, table and charts again from its
-stored items, by the current code (the measurements themselves are not touched).
-
-``python -m csd.bench.report RUN_A RUN_B ... --out DIR``: runs of one set-up on different items pooled
-into one report (``pool``), so that a speed-up's interval narrows with more items without one
-sitting long enough to run them all."""
+``python -m csd.bench.report RUN_DIR`` renders a run again from its stored items by the current code;
+``python -m csd.bench.report RUN_A RUN_B ... --out DIR`` pools runs of one set-up on different items."""
 from __future__ import annotations
 
 import argparse
@@ -20,13 +16,12 @@ from .waterfall import waterfall_lines
 
 
 def _copies(lookup) -> str:
-    """The drafting columns' copy length as the header says it (runs before it existed had none)."""
+    """The drafting columns' copy length as the header says it."""
     return f"up to {lookup} (--lookup)" if lookup else "off"
 
 
 def _impl(models: dict) -> str:
-    """The target's forward path (and an int8 target's smoothing) as the header says it (runs before
-    they were recorded had none)."""
+    """The target's forward path (and an int8 target's smoothing) as the header says it."""
     path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
     return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
 
@@ -68,8 +63,7 @@ def _profile_figures(p: dict, bound_label: str) -> str:
 
 
 def leave_sd_lines(results: dict, top: int = 8) -> list[str]:
-    """Where each CSD column's answers first leave SD's, grouped by the pair of tokens there (SD's token,
-    which is the target's choice, and the one CSD kept instead): the rescues that changed answers."""
+    """Where each CSD column's answers first leave SD's, grouped by the pair of tokens there."""
     by_method: dict[str, dict[tuple, list]] = {}
     for it in results.get("items") or []:
         at = it.get("leaves_sd_at")
@@ -294,13 +288,12 @@ FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the 
 
 
 def is_merged(meta: dict | None) -> bool:
-    """A frontier joined from several runs by csd.bench.merge: its speed compares only within a run."""
+    """A frontier joined from several runs: its speed compares only within a run."""
     return len((meta or {}).get("runs") or []) > 1
 
 
 def frontier_figure(points: list[dict], meta: dict | None = None):
-    """Speed against accuracy, one point per setting, with 95% intervals on accuracy; SD (exact)
-    and the baselines as references."""
+    """Speed against accuracy, one point per setting, with 95% intervals on accuracy."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -337,10 +330,8 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
 
 
 def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) -> str:
-    """The frontier as a Markdown table: one row per setting with tok/s (and its ratio to SD in the
-    same run when several runs were merged), target passes per token, rescues, accuracy with its 95%
-    interval, and items gained / lost against SD. ``escape`` is applied to every text taken from the
-    data (the app passes ``html.escape``)."""
+    """The frontier as a Markdown table, one row per setting; ``escape`` is applied to every text taken
+    from the data (the app passes ``html.escape``)."""
     if not points:
         return ""
     meta = meta or {}
@@ -369,8 +360,7 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
 
 
 def profile_figure(costs, title: str = ""):
-    """The machine's cost model: the target's pass time by block length, the block's total time
-    with the draft, and the ideal speed-up over AR at each block length (every draft token kept)."""
+    """The machine's cost model by block length: pass and block times, and the ideal speed-up over AR."""
     from plotly.subplots import make_subplots
 
     gs = list(range(1, 33))

@@ -1,17 +1,7 @@
-"""The rivals' frontier (issue 27): every acceptance rule's speed against its quality, from one or more
-benchmark runs on the same items, beside the paper's own table (its figures, marked as the paper's).
+"""The rivals' frontier: every acceptance rule's speed and quality from benchmark runs on the same
+items, beside the paper's table (docs/benchmarks.md, "How the benchmark measures").
 
-``python -m csd.bench.rivals RUN_DIR [RUN_DIR ...] --out DIR`` writes ``rivals.json``, ``rivals.md`` and
-``rivals.html`` (Plotly) and prints the table. Per column of every run (SD once):
-
-- speed: tokens per second over AR's on the same items (``csd.bench.stats.speedup``, with its bootstrap
-  interval) where the run has AR; in a run without AR, over SD's in that run times SD's over AR's in
-  the run that has AR (``chained``: the two factors measured in different runs, said so);
-- quality on graded items (GSM8K, HumanEval): accuracy with its Wilson interval, and items gained /
-  lost against AR;
-- quality on open prose (no grader): against AR's answer to the same item, the share of answers
-  identical token for token, the mean share of AR's tokens before the first difference, and the
-  length ratio (tokens over AR's tokens).
+``python -m csd.bench.rivals RUN_DIR [RUN_DIR ...] --out DIR`` writes rivals.json, rivals.md and rivals.html.
 """
 from __future__ import annotations
 

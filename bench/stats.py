@@ -1,5 +1,5 @@
-"""Small statistics for the benchmark: binomial intervals, the paired test, the speed-up (a ratio of
-tokens per second) with its bootstrap interval, the Pareto curve."""
+"""Small statistics for the benchmark: binomial intervals, the paired test, the speed-up with its
+bootstrap interval, the Pareto curve."""
 from __future__ import annotations
 
 import math

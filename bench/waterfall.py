@@ -1,14 +1,5 @@
-"""A run's speed waterfall: what each layer of the stack buys, in tok/s, step by step.
-
-transformers' generate -> our AR (the engine) -> SD without copies (speculation) -> SD with copies
-from the context (the copier) -> CSD with copies (the rule). Each step's factor is the ratio of its
-tok/s over the step before it on the same items (``csd.bench.stats.speedup``, with its interval), so the
-rule's own share is not mixed with the engine's or the copier's. A step whose column the run lacks is
-left out, and the next step is measured against the last one present.
-
-The columns: ``hf-ar``, ``ar``, then sd/csd with and without copies, whichever way the run named them
-(``--lookup 0`` with ``--sweep "method=sd,lookup=16;lookup=16"``, or ``--lookup 16`` with
-``--sweep "method=sd,lookup=0"``), read from the run's recorded settings."""
+"""A run's speed waterfall: what each layer of the stack buys in tok/s, hf-ar -> ar -> sd -> sd with
+copies -> csd with copies, each step over the one before on the same items (docs/benchmarks.md)."""
 from __future__ import annotations
 
 from .io import ratio_text

@@ -108,9 +108,13 @@ def test_the_app_reads_the_committed_frontiers_shipped_with_the_package():
     from csd.ui import figures
     from csd.ui.state import Settings
     root = Path(__file__).resolve().parents[1]
-    for load, path, committed in ((shipped.load_frontier, Settings.frontier_file, "docs/bench/frontier/frontier.json"),
-                                  (shipped.load_rivals, Settings.rivals_file, "docs/bench/rivals/rivals.json")):
-        data = load()
+    for file, path, committed in ((shipped.FRONTIER_FILE, Settings.frontier_file, "docs/bench/frontier/frontier.json"),
+                                  (shipped.RIVALS_FILE, Settings.rivals_file, "docs/bench/rivals/rivals.json")):
+        data = shipped.load(file)
         assert data == figures.load_frontier(path) == json.loads((root / committed).read_text()) and data["points"]
-    assert "csd" in figures.frontier_table(shipped.load_frontier())
-    assert len(figures.make_rivals_figure(shipped.load_rivals()).data) >= 4
+    merged = shipped.load(shipped.FRONTIER_FILE)          # two runs joined: speed relative to SD in its own run
+    table = figures.frontier_table(merged)
+    assert "csd" in table and "× SD, same run" in table and "Merged from 2 runs" in table
+    assert "| sd | 11.52 | 1.00x (run 1) |" in table
+    assert "relative to SD" in figures.make_frontier_figure(merged).layout.xaxis.title.text
+    assert len(figures.make_rivals_figure(shipped.load(shipped.RIVALS_FILE)).data) >= 4

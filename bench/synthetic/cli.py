@@ -1,6 +1,4 @@
-"""The synthetic benchmark's options: ``python -m csd bench --synthetic`` adds them to its own, and
-``python -m csd.bench.synthetic`` has them all, for a machine that has torch and transformers but not
-the store's or the app's packages."""
+"""The synthetic benchmark's options, for ``python -m csd bench --synthetic`` and ``python -m csd.bench.synthetic``."""
 from __future__ import annotations
 
 import argparse

@@ -1,28 +1,5 @@
-"""The synthetic benchmark's models: real architectures, random weights, and a draft whose
-acceptance is set.
-
-- The architectures (``ARCHS``) are the embedded pair's, copied from its ``config.json`` files
-  (Qwen2.5-Coder-0.5B-Instruct draft, Qwen2.5-Coder-1.5B-Instruct target), plus a 7B-class target
-  (Qwen2.5-7B) and a tiny pair for the CPU and the tests. The target runs through ``csd.lm.HFLM``
-  and the draft through the lean path (``csd.lm.LeanLM``), as in the product, so every pass costs
-  what it costs with real weights.
-- The weights are random and seeded (``synthetic_init``). Transformers' own init (std 0.02) gives
-  a network whose greedy output repeats one token or a short cycle: the residual stream is
-  dominated by an almost uniform attention average. Here every matrix has unit-gain fan-in scaling
-  (std 1/sqrt(fan_in), embeddings std 1), so every layer contributes at the scale of the
-  embedding; q and k are scaled so that attention logits have std 2 (position-dependent attention
-  through RoPE; 4 made the network chaotic enough to double bfloat16's logit noise), and the output
-  layer so that the logits have std 4. The greedy output then depends on far context and does not
-  cycle (``outputs`` in the results: distinct-token share, longest run of one token).
-- Acceptance is set, not learnt. ``ScriptedDraft`` runs the draft's real forward pass for its cost
-  and then, with a per-position coin of probability ``acceptance`` (seeded), proposes the target's
-  own next token, or else its own argmax with that token masked out (so that the target rejects
-  it). The target's next tokens come from a script: the committed path and the target's top-1 at
-  each of its positions, first taken from the AR run of the same prompt (greedy SD commits AR's
-  tokens). The coin is a table lookup on the device, and "does the committed prefix still follow
-  the script" a running product kept per cache position on the device, so the draft adds no host
-  synchronisation. How a run is brought to follow its script is ``csd.bench.synthetic.run``'s.
-"""
+"""The synthetic benchmark's models: real architectures, seeded random weights scaled so that greedy
+output does not cycle, and a draft whose acceptance is set by a script (docs/gpu.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +14,7 @@ from csd.lm import LM, ids_tensor
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
               max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
               use_sliding_window=False, attention_dropout=0.0)
-VOCAB = 151936     # the embedded pair's output layer (Qwen2.5-7B's own is 152064; the pair's is used)
+VOCAB = 151936     # the embedded pair's output layer (Qwen2.5-7B's own is 152064)
 ARCHS: dict[str, dict] = {
     # copied from the embedded pair's config.json (qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m)
     "qwen2.5-coder-0.5b-instruct": dict(_QWEN2, vocab_size=VOCAB, hidden_size=896, intermediate_size=4864,
@@ -47,7 +24,7 @@ ARCHS: dict[str, dict] = {
     # Qwen2.5-7B
     "qwen2.5-7b": dict(_QWEN2, vocab_size=VOCAB, hidden_size=3584, intermediate_size=18944,
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
-    # the CPU and test pair: seconds, not minutes (vocab > 250: csd.profile.time_pass feeds ids up to 249)
+    # the CPU and test pair (vocab > 250: csd.profile.time_pass feeds ids up to 249)
     "tiny-draft": dict(_QWEN2, vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
     "tiny-target": dict(_QWEN2, vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
@@ -57,8 +34,7 @@ PAIRS = {"tiny": ("tiny-draft", "tiny-target"),
          "1.5b": ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"),
          "7b": ("qwen2.5-coder-0.5b-instruct", "qwen2.5-7b")}
 PAIR_CHOICES = ("auto",) + tuple(PAIRS)
-ATTN_LOGIT_STD = 2.0     # std of q.k / sqrt(d) at init: position-dependent attention, not so sharp that
-                         # rounding is amplified (4 doubled the bfloat16 logit noise and its top-1 flips)
+ATTN_LOGIT_STD = 2.0     # std of q.k / sqrt(d) at init: position-dependent, not so sharp that rounding is amplified
 LOGIT_STD = 4.0          # std of the output logits at init
 BIG = 1e4                # added to the scripted token's draft logit: it becomes the argmax
 
@@ -77,8 +53,8 @@ class IdTokenizer:
 @torch.no_grad()
 def synthetic_init(model: torch.nn.Module, generator: torch.Generator, attn_logit_std: float = ATTN_LOGIT_STD,
                    logit_std: float = LOGIT_STD) -> torch.nn.Module:
-    """Every parameter, in a fixed order, from ``generator``: unit-gain fan-in scaling, sharper
-    attention, sharper output logits (see the module docstring); RMSNorm gains 1, biases 0."""
+    """Every parameter, in a fixed order, from ``generator``: unit-gain fan-in scaling, sharper attention
+    and output logits (docs/gpu.md); RMSNorm gains 1, biases 0."""
     for name, p in model.named_parameters():
         if p.dim() == 1:
             p.fill_(1.0 if "norm" in name else 0.0)
@@ -97,8 +73,7 @@ def synthetic_init(model: torch.nn.Module, generator: torch.Generator, attn_logi
 
 
 def build_model(arch: dict, device: torch.device, seed: int) -> torch.nn.Module:
-    """A float32 Qwen2 causal LM with ``arch``'s shape, built on ``device`` and initialised once
-    by ``synthetic_init`` (transformers' own init is skipped where it can be: it would be overwritten)."""
+    """A float32 Qwen2 causal LM of ``arch``'s shape on ``device``, initialised by ``synthetic_init`` alone."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     try:
         from transformers.initialization import no_init_weights
@@ -118,11 +93,9 @@ class ScriptedCache:
 
 
 class ScriptedDraft(LM):
-    """A draft whose acceptance is set: it runs ``inner``'s forward pass (the real cost), then moves
-    the logits of the rows that predict scripted positions. For position j whose prefix follows
-    the script: coin[j] -> the scripted target token wins (+BIG); no coin -> it is masked (-inf)
-    and the draft's own argmax stands. Elsewhere (no script, off the path, past its end) the logits
-    are the draft's own. All on the device: no host synchronisation is added."""
+    """A draft whose acceptance is set: ``inner``'s forward pass (the real cost), then at each scripted
+    position whose prefix follows the script the target's token wins (coin) or is masked (no coin).
+    Elsewhere the logits are the draft's own. All on the device: no host synchronisation is added."""
 
     def __init__(self, inner: LM):
         if inner.vocab_ids is not None:
@@ -194,11 +167,9 @@ class ScriptedDraft(LM):
 
 def make_pair(name: str, draft_model, target_model, device: torch.device, reprs: tuple[str, str] = ("float32", "float32"),
               draft_impl: str = "auto", static: tuple[str, int] = ("eager", 0)):
-    """A ``ModelPair`` of the two models in their representations (``reprs``: the target's, the draft's;
-    converted in place, as ``csd.models.load_pair`` does) with a ``ScriptedDraft`` over the lean (or hf)
-    draft path. ``static`` is (engine, capacity): engine "static" (or "compiled": through ``torch.compile``
-    first) runs both lean, at fixed shapes on caches of ``capacity`` tokens, with their CUDA graphs captured
-    here (``csd.static``), as ``load_pair`` builds them."""
+    """A ``ModelPair`` of the two models in ``reprs`` (the target's, the draft's; converted in place) with a
+    ``ScriptedDraft`` over the lean (or hf) draft. ``static``: (engine, cache capacity); "static" or
+    "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as ``csd.models.load_pair`` does."""
     (target_repr, draft_repr), (engine, capacity) = reprs, static
     from csd.config import GAMMA_RANGE
     from csd.lm import HFLM, LeanLM

@@ -1,10 +1,5 @@
-"""The synthetic benchmark's figures: one ``Measured`` per method and prompt, summarised per method
-with the key names of ``csd.bench.results`` where the meaning is the same, and the printed table.
-
-Acceptance is reported two ways: ``acceptance``, kept over decided draft positions (what
-``--acceptance`` sets; positions discarded after a rejection are never decided), and
-``acceptance_rate``, kept over proposed, as ``csd.bench.results`` reports it.
-"""
+"""The synthetic benchmark's figures: one ``Measured`` per method and prompt, the summary per method
+(``csd.bench.results``'s key names where the meaning is the same) and the printed table."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,24 +1,5 @@
 """The synthetic benchmark's runs: build the random pair, check greedy SD == AR, time the target's
-passes, then run AR, SD and CSD on random prompts, each run timed around the whole generation.
-
-A run counts only when it followed its script (``csd.bench.synthetic.models.ScriptedDraft``). Where a
-run leaves it (a CSD rescue, or a representation whose top-1 depends on the shape of the verify
-pass: bfloat16 rounds a 7-token pass differently from a 1-token one) the draft falls back to its
-own argmax and that run's acceptance would not be the requested one. So its own path and top-1s
-become the script and it runs again, untimed, up to ``rehearsals`` times, until it is a fixed
-point (``attempts`` and ``fixed_point`` in the results; each rerun follows the script further). In
-float32 greedy SD equals AR and the first run is a fixed point. Dynamic int8 quantises each pass
-with one activation scale, so a top-1 depends on the other tokens of its pass and random weights'
-small top-1 margins flip at most positions: no fixed point, acceptance collapses (use float32 on
-the CPU). Random weights also give CSD nothing to learn (its memory rarely sees a pattern twice
-and its gate rarely passes), so CSD here shows its cost over SD, not its gain.
-
-Host-device synchronisations: ``RunMetrics.host_syncs`` counts the engine's own device-to-host
-transfers, one per block on the greedy fixed-gamma path; ``syncs_per_block`` reports it over the
-target passes. On CUDA one more untimed run per method counts every synchronising CUDA call that
-torch's sync debug mode sees (host-to-device copies of Python lists included) as
-``cuda_syncs_per_block``.
-"""
+passes, then run AR, SD and CSD on random prompts, each until it follows its script (docs/gpu.md)."""
 from __future__ import annotations
 
 import gc
@@ -65,12 +46,10 @@ class SyntheticConfig:
     reps: int = 3                    # timed repetitions per pass length (median)
     warmup: bool = True              # one short untimed generation per method first
     rehearsals: int = 16             # untimed reruns allowed per method and prompt to reach the script's fixed point
-    repeats: int = 1                 # timed runs of each counted run (the same path); the fastest counts: on a GPU
-                                     # whose clocks follow the load, and on a shared host, one run is noisy
+    repeats: int = 1                 # timed runs of each counted run (the same path); the fastest counts
     check_tokens: int = 32           # length of the float32 SD == AR check when the timed runs are not float32
     check_prompts: int = 1           # prompts of that check
-    threads: int | None = None       # CPU intra-op threads; None: torch's default, but 1 for the tiny pair (its
-                                     # matrices are too small for threads to pay, and busy threads spin-wait)
+    threads: int | None = None       # CPU intra-op threads; None: torch's default, but 1 for the tiny pair
 
     def validated(self) -> SyntheticConfig:
         if self.pair not in PAIR_CHOICES:
@@ -91,17 +70,24 @@ class SyntheticConfig:
             raise ValueError("--rehearsals must be >= 0")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or not 1 <= self.repeats <= 20:
             raise ValueError(f"--repeats must be a whole number in 1..20, got {self.repeats!r}")
-        CSDConfig(gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
-                  max_new_tokens=self.max_new_tokens).validated()
+        self.engine_config("csd").validated()
         return self
+
+    def engine_config(self, method: str) -> CSDConfig:
+        return CSDConfig(method=method, gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                         max_new_tokens=self.max_new_tokens)
+
+    @property
+    def fixed_gamma(self) -> int:
+        """The block length of the SD == AR check (6 where gamma is auto)."""
+        return self.gamma if self.gamma != "auto" else 6
+
+    def coin_seed(self, k: int) -> int:
+        """The seed of prompt k's coins."""
+        return self.seed * 1_000_003 + k
 
 
 # -- running ------------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _script_of(prompt: list[int], run) -> tuple[list[int], list[int]]:
     """The path a run committed, and the target's top-1 at each of its new positions."""
     want = [e.target_id for e in run.events if e.in_output]
@@ -122,7 +108,8 @@ def _timed(pair, decoder, prompt: list[int], cfg: CSDConfig, memory):
     run = decoder.run(prompt, cfg, memory)
     for _ in run:
         pass
-    _sync(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
     return run, wall, (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None)
 
@@ -136,8 +123,7 @@ def _measured(method: str, k: int, run, wall: float, peak) -> Measured:
 
 
 def _fastest(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, run, wall: float, repeats: int) -> float:
-    """The counted run's wall time: the fastest of it and ``repeats - 1`` reruns of the same path
-    (the draft's script is left as it was, the memory restarts from ``memory``)."""
+    """The fastest wall time of the counted run and ``repeats - 1`` reruns of the same path."""
     for _ in range(repeats - 1):
         again, w, _ = _timed(pair, decoder, prompt, cfg, memory.copy() if memory is not None else None)
         if list(again.token_ids) == list(run.token_ids):
@@ -147,9 +133,8 @@ def _fastest(pair, decoder, prompt: list[int], cfg: CSDConfig, memory, run, wall
 
 def scripted_run(decoder, prompt: list[int], cfg: CSDConfig, memory, script, coins, rehearsals: int,
                  repeats: int = 1):
-    """Run ``decoder``'s pair until the run follows its script (see the module docstring): returns the
-    counted run, its wall time (the fastest of ``repeats`` runs) and peak, the memory it leaves, the
-    number of attempts, whether it is a fixed point and its own script."""
+    """Run until the run follows its script (docs/gpu.md): the counted run, its wall time (the fastest of
+    ``repeats``) and peak, the memory it leaves, the attempts, whether it is a fixed point, its own script."""
     pair = decoder.pair
     for attempt in range(1, rehearsals + 2):
         pair.draft_lm.script(*script, coins)
@@ -218,9 +203,8 @@ def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
 
 def run_synthetic(cfg: SyntheticConfig, out_dir: str | os.PathLike | None = "bench-results", command: str = "",
                   log=None) -> dict:
-    """Build the synthetic pair, check SD == AR, time the target's passes, run AR, SD and CSD on
-    ``cfg.prompts`` random prompts and write ``results.json`` and ``results.md`` to ``out_dir``
-    (None: write nothing). ``log``: a callable for progress lines (None: silent)."""
+    """The synthetic benchmark; writes results.json and results.md to ``out_dir`` (None: nothing).
+    ``log``: a callable for progress lines (None: silent)."""
     from csd.models import resolve_device
 
     cfg.validated()
@@ -243,7 +227,7 @@ def _check_in_float32(cfg: SyntheticConfig, models: tuple, device: torch.device,
     ref_engine = "static" if engine == "compiled" else engine      # one compile per model is enough
     ref = make_pair(cfg.pair, *models, device, ("float32", "float32"), cfg.draft_impl, (ref_engine, room))
     check = check_sd_equals_ar(ref, prompts[:cfg.check_prompts], min(cfg.check_tokens, cfg.max_new_tokens),
-                               _fixed_gamma(cfg), cfg.acceptance, _coin_seed(cfg, 0))
+                               cfg.fixed_gamma, cfg.acceptance, cfg.coin_seed(0))
     check["engine"] = ref_engine
     del ref
     gc.collect()
@@ -293,7 +277,7 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
 
     if check is None:             # the timed runs are float32: they are the check                  6.
         sd = [r for r in records if r.method == "sd"]
-        check = {"dtype": target_repr, "prompts": len(sd), "tokens": cfg.max_new_tokens, "gamma": _fixed_gamma(cfg),
+        check = {"dtype": target_repr, "prompts": len(sd), "tokens": cfg.max_new_tokens, "gamma": cfg.fixed_gamma,
                  "identical": sum(bool(r.identical_to_ar) for r in sd), "source": "the timed runs",
                  "passed": all(r.identical_to_ar for r in sd) if target_repr == "float32" else None}
     results = _results(cfg, pair, records, costs, check, syncs, _peak_memory(device, records, table_peak),
@@ -307,28 +291,17 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     return results
 
 
-def _fixed_gamma(cfg: SyntheticConfig) -> int:
-    return cfg.gamma if cfg.gamma != "auto" else 6
-
-
-def _coin_seed(cfg: SyntheticConfig, k: int) -> int:
-    return cfg.seed * 1_000_003 + k
-
-
 def bench_prompts(pair, decoder, cfg: SyntheticConfig, prompts: list[list[int]], say) -> list[Measured]:
     """Warm up, then per prompt: AR first (its run writes the script), then SD and CSD, taking
     turns going first, each until it follows its script."""
-    base = CSDConfig(method="ar", gamma=cfg.gamma, gamma_max=cfg.gamma_max, lam=cfg.lam, tau=cfg.tau,
-                     max_new_tokens=cfg.max_new_tokens)
-    configs = {m: replace(base, method=m) for m in METHODS}
+    configs = {m: cfg.engine_config(m) for m in METHODS}
     start_memory = decoder.default_memory()                       # empty: nothing is known about random models
     memory = start_memory.copy()
     room = cfg.prompt_tokens + cfg.max_new_tokens + 64
     if cfg.warmup:
         say("warm-up")
         warm = _random_prompts(1, cfg.prompt_tokens, pair.draft_vocab_size, cfg.seed + 99)[0]
-        # at full length: on the H200 an 8-token warm-up left the first prompt's AR run 3x slower than
-        # the next ones (the allocator and the kernels meet each longer cache for the first time)
+        # at full length: a short warm-up left the first prompt's AR run 3x slower on the H200 (docs/gpu.md)
         ar, _, _ = _timed(pair, decoder, warm, configs["ar"], None)
         for m in METHODS[1:]:
             scripted_run(decoder, warm, configs[m], start_memory.copy(),
@@ -342,7 +315,7 @@ def bench_prompts(pair, decoder, cfg: SyntheticConfig, prompts: list[list[int]],
         ar.identical_to_ar = True
         records.append(ar)
         script = _script_of(prompt, run)
-        coins = _coins(room, cfg.acceptance, _coin_seed(cfg, k))
+        coins = _coins(room, cfg.acceptance, cfg.coin_seed(k))
         for m in (METHODS[1:] if k % 2 == 0 else METHODS[:0:-1]):
             online = m == "csd" and cfg.memory_mode == "online"
             run, wall, peak, mem_after, attempts, fixed, own = scripted_run(
@@ -364,17 +337,15 @@ def cuda_syncs(pair, decoder, cfg: SyntheticConfig, prompt: list[int], say) -> d
     from csd.memory import CorrectionMemory
 
     say("counting CUDA synchronisations")
-    base = CSDConfig(method="ar", gamma=cfg.gamma, gamma_max=cfg.gamma_max, lam=cfg.lam, tau=cfg.tau,
-                     max_new_tokens=cfg.max_new_tokens)
-    ar, _, _ = _timed(pair, decoder, prompt, base, None)
+    ar, _, _ = _timed(pair, decoder, prompt, cfg.engine_config("ar"), None)
     pair.draft_lm.script(*_script_of(prompt, ar), _coins(len(prompt) + cfg.max_new_tokens + 64, cfg.acceptance,
-                                                         _coin_seed(cfg, 0)))
+                                                         cfg.coin_seed(0)))
     out = {}
     for m in METHODS:
         holder = {}
 
         def go(m=m, holder=holder):
-            holder["run"] = run = decoder.run(prompt, replace(base, method=m), CorrectionMemory(pair.pair_id))
+            holder["run"] = run = decoder.run(prompt, cfg.engine_config(m), CorrectionMemory(pair.pair_id))
             for _ in run:
                 pass
         try:
@@ -424,7 +395,7 @@ def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: 
                                               for m in METHODS}},
         "verify_ms": {str(k): v for k, v in sorted(costs.verify_ms.items())},
         "draft_ms": costs.draft_ms,
-        "bound": {str(g): costs.bound(g) for g in sorted({1, 2, 4, 6, 8} | {_fixed_gamma(cfg)})},
+        "bound": {str(g): costs.bound(g) for g in sorted({1, 2, 4, 6, 8} | {cfg.fixed_gamma})},
         "sd_equals_ar": check,
         "syncs": syncs,
         "peak_memory": peak,
