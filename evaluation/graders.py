@@ -1,22 +1,6 @@
-"""Graders of the benchmark, shared by ``csd.bench.harness`` and ``python -m csd grade``.
-
-- Numbers (GSM8K, user files): the model's FINAL STATED number (``extract_final_number``). The
-  last answer marker wins ("the answer is", "final answer:", "Answer:", "####", ``\\boxed{}``);
-  the answer is the last number of its answer line (from the marker to the end of that sentence,
-  so a verification sentence after it, "Check: 12 / 4 = 3", does not replace it), an expression
-  "a op b = c" giving c: "The answer is 1/2 of 36 = 18", "... 9 eggs at 2 dollars each, so 18" and
-  "... not 16; it is 18" are 18. A negated number ("not 16") does not count, nor, on a marker's line,
-  a clause that explains the number already stated ("18 eggs, which is 2 more than 16";
-  "18 (because ...)"). Without a marker, the last number of the last sentence that states one.
-  Markdown, LaTeX (``\\( \\)``, ``\\[ \\]``, ``\\frac``, ``\\text{}``, ``\\$``), currency,
-  thousands separators and percent signs are read through. Numbers compare exactly as fractions:
-  1250 == 1,250 == 1250.00, 3/4 == 0.75.
-- CHAMP: the text after the last "final answer", compared as a number or as yes/no; other
-  references are not checkable (``None``).
-- HumanEval pass@1: the program is assembled here (``humaneval_program``) and run by
-  ``csd.evaluation.sandbox`` in a sandboxed process of its own; the tests run in a separate harness (with
-  the problem's prompt for their helpers) that calls it through a pipe and accepts only plain
-  data back, and the item passes only when the tests ran to their end.
+"""Graders of the benchmark, shared by ``csd.bench.harness`` and ``python -m csd grade``: the final stated
+number (GSM8K, user files), CHAMP's final answer, HumanEval pass@1 in ``csd.evaluation.sandbox``. What each
+reads, with examples: ``docs/grading.md``; the cases: ``tests/test_final_number.py``.
 """
 from __future__ import annotations
 
@@ -24,17 +8,12 @@ import re
 import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from .sandbox import run_humaneval
 
-
-# -- dispatch ------------------------------------------------------------------------------------
-class Gradable(Protocol):
-    """What grading reads of an item (``csd.evaluation.datasets.Item`` is one)."""
-    grader: str | None       # "number", "humaneval", "champ" or None (not graded)
-    reference: str | None    # the reference final answer
-    extra: dict              # the grader's inputs (HumanEval prompt, test, entry point)
+if TYPE_CHECKING:
+    from .datasets import Item
 
 
 @dataclass
@@ -44,7 +23,7 @@ class Grade:
     detail: str = ""
 
 
-def grade(item: Gradable, text: str) -> Grade:
+def grade(item: Item, text: str) -> Grade:
     """Grade one answer to one item (the benchmark and ``python -m csd grade`` both call this)."""
     if item.grader == "number":
         pred = extract_final_number(text)
@@ -62,8 +41,7 @@ def grade(item: Gradable, text: str) -> Grade:
 # -- numbers -------------------------------------------------------------------------------------
 # A number as written: thousands separators only in groups of three, an optional decimal part.
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-# One term of an expression: optional parentheses and sign, an optional percent sign. The
-# repetitions are bounded so that a scan stays linear in the text (no quadratic backtracking).
+# One term of an expression: optional parentheses, sign and percent sign; bounded repetitions keep a scan linear.
 _SP = r"[ \t]{0,4}"
 _TERM = r"(?:\(" + _SP + r"){0,4}-?" + _SP + _NUM + r"(?:" + _SP + r"%)?(?:" + _SP + r"\)){0,4}"
 _OP = _SP + r"[-+*/=≈]" + _SP
@@ -78,32 +56,26 @@ _MARKER = re.compile(
 _LEAD = re.compile(r"(?:[\s:=*_~>`{]|\\boxed\s*\{"
                    r"|(?:therefore|thus|then|so|simply|just|exactly|approximately|about|roughly|now)\b[\s,:]*)*",
                    flags=re.IGNORECASE)
-# The end of the answer's sentence: '.', '!' or '?' before a space, or a line break (not ';', so
-# that "not 16; it is 18" stays one answer line).
+# The end of the answer's sentence (not ';': "not 16; it is 18" stays one answer line).
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-# Where an answer line divides into clauses: ", ", "; ", a dash between words, and before the words
-# that open a clause. A parenthesis holding words is a clause of its own at the end of a clause
-# ("18 (eighteen)", "12 (check: 12 / 4 = 3)") and a label elsewhere ("1 (Monday) + 3 (Tuesday)"),
-# read as a space; one of bare numbers ("(16 - 3 - 4) * 2") is part of an expression.
+# Where an answer line divides into clauses: ", ", "; ", a dash, and before the words that open a clause.
+# A parenthesis holding words: a clause at the end of a clause, else a label read as a space.
 _OPENERS = (r"so|thus|therefore|hence|but|which|because|since|as|where|whereas|while|when|if|given"
             r"|assuming|compared|giving|making|i\.e\.|e\.g\.")
 _CLAUSE_SPLIT = re.compile(r"[,;][ \t]{1,8}|[ \t]{0,8}(?:--|\u2014)[ \t]{0,8}|[ \t]{1,8}(?=(?:" + _OPENERS + r")\b)",
                            flags=re.IGNORECASE)
 _PARENS = re.compile(r"\(([^()\n]{0,400})\)(?=([ \t]{0,8}(?:[,;]|$))?)")
-# On a marker's answer line, a clause that explains the answer already stated does not replace it:
-# a comparison ("18 eggs, which is 2 more than 16"), a reason, a condition, a check ("because ...",
-# "if ...", "check: ..."). A clause that restates ("so 18", "it is 18", "= 18") replaces it, as any
-# other clause with a number does (the last number of the line).
+# On a marker's answer line, a clause that compares or explains does not replace the answer; one that restates does.
 _COMPARISON = re.compile(r"\bthan\b", flags=re.IGNORECASE)
 _RESTATES = re.compile(r"=|(?:so|thus|therefore|hence|then|giving|making|it\s+is|it's|that\s+is|that's|i\.e\.)\b",
                        flags=re.IGNORECASE)
 _EXPLAINS = re.compile(r"(?:because|since|as|where|whereas|while|when|if|given|assuming|compared|versus|vs"
                        r"|e\.g\.|for\s+example|based\s+on|check|verif\w*|double[- ]check)\b", flags=re.IGNORECASE)
-# A number that the line says the answer is not ("not 16", "18 rather than 16") does not count.
+# A number that the line says the answer is not ("not 16", "18 rather than 16").
 _NEGATED = re.compile(r"\b(?:not|isn't|aren't|wasn't|never|rather\s+than|instead\s+of|other\s+than)"
                       r"[ \t]{1,4}(?:(?:equal[ \t]{1,4}to|exactly|quite|just|even)[ \t]{1,4})?\(?$",
                       flags=re.IGNORECASE)
-# A sentence that checks an answer already given ("Check: 12 / 4 = 3") does not replace it.
+# A sentence that checks an answer already given ("Check: 12 / 4 = 3").
 _CHECK_LINE = re.compile(r"[\s*_>#-]{0,8}(?:let's[ \t]{1,4}|to[ \t]{1,4})?"
                          r"(?:check|verify|verification|double[- ]check|sanity[ \t]check)[ \t]{0,4}[:,]",
                          flags=re.IGNORECASE)
@@ -173,11 +145,8 @@ def _clause_value(clause: str) -> str | None:
 
 
 def _line_value(line: str, explanations: bool = True) -> str | None:
-    """The answer a line states: its last number, an expression "a op b = c" giving c, not
-    counting the numbers it negates ("not 16", "rather than 16"). With ``explanations`` (a
-    marker's answer line), nor those of a clause that explains a number already stated ("18
-    eggs, which is 2 more than 16"; "18 (because 9 * 2 = 18)"): an explanation runs on to the end
-    of the line unless a clause restates the answer ("..., so 18")."""
+    """The answer a line states: its last number not negated, "a op b = c" giving c. With ``explanations``
+    (a marker's line), not one of a clause that explains an answer already stated, up to a restating clause."""
     if not re.search(r"\d", line):
         return None
     answer, explaining = None, False
@@ -197,8 +166,7 @@ def _line_value(line: str, explanations: bool = True) -> str | None:
 
 
 def _value_at(text: str, pos: int) -> str | None:
-    """The answer stated after a marker ending at ``pos``: the value of its answer line, which
-    runs from there (past markdown and blank lines) to the end of the sentence."""
+    """The value of the answer line after a marker ending at ``pos`` (past markdown, to the end of the sentence)."""
     pos = _LEAD.match(text, pos).end()
     limit = min(len(text), pos + _ANSWER_SPAN)
     end = _SENTENCE_END.search(text, pos, limit)
@@ -206,8 +174,7 @@ def _value_at(text: str, pos: int) -> str | None:
 
 
 def _brace_ends(text: str) -> dict[int, int]:
-    """For every '{' of the text, the index of its matching '}' (the text's end when unmatched);
-    one pass, so that many ``\\boxed{`` markers cost no more than one."""
+    """For every '{' of the text, the index of its matching '}' (the text's end when unmatched), in one pass."""
     ends, stack = {}, []
     for i, ch in enumerate(text):
         if ch == "{":
@@ -219,9 +186,7 @@ def _brace_ends(text: str) -> dict[int, int]:
 
 
 def _last_value(text: str) -> str | None:
-    """Without a marker: the last number of the last sentence that states one (``_line_value``
-    without explanations); a sentence that checks an answer ("Check: 12 / 4 = 3") counts only when
-    no earlier one states one."""
+    """Without a marker: the value of the last sentence that states one (a check only when no earlier one does)."""
     check = None
     for line in reversed(_SENTENCE_END.split(text)):
         value = _line_value(line, explanations=False)
@@ -234,8 +199,7 @@ def _last_value(text: str) -> str | None:
 
 
 def extract_final_number(text: str) -> str | None:
-    """The final stated number of an answer (see the module docstring), normalised: no thousands
-    separators, currency or percent sign ("1250", "-3.50", "3/4"); ``None`` if there is none."""
+    """The final stated number of an answer, normalised ("1250", "-3.50", "3/4"); ``None`` if there is none."""
     t = _clean(text)
     braces = None
     for m in reversed(list(_MARKER.finditer(t))):           # the last marker that holds a number
@@ -286,8 +250,8 @@ _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([-+*/()]))")
 
 
 def _evaluate(expr: str) -> Fraction | None:
-    """Exact value of an arithmetic expression (+ - * / and parentheses over decimal numbers),
-    or ``None`` when it is not one. A small recursive-descent parser: nothing is ``eval``-ed."""
+    """Exact value of an arithmetic expression (+ - * / and parentheses over decimal numbers), else ``None``.
+    A small recursive-descent parser: nothing is ``eval``-ed."""
     s = expr.replace(",", "").replace("%", "").strip()
     tokens, pos = [], 0
     while pos < len(s):
@@ -380,9 +344,8 @@ def grade_champ(text: str, reference: str | None) -> Grade:
 
 # -- HumanEval ---------------------------------------------------------------------------------
 def extract_code(text: str, entry_point: str | None = None) -> str:
-    """The code of an answer: among its ```python (or ```) blocks, the last one that defines
-    ``entry_point``, else the last that defines any function, else the last block; an
-    unterminated block runs to the end of the text; the raw text when there is no fence."""
+    """The code of an answer: the last fenced block that defines ``entry_point``, else any function, else the
+    last block (an unterminated one runs to the end); the raw text when there is no fence."""
     blocks = re.findall(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", text, flags=re.DOTALL)
     blocks = [b for b in blocks if b.strip()]
     if not blocks:
@@ -398,8 +361,7 @@ def _defines(code: str, name: str) -> bool:
 
 
 def humaneval_program(prompt: str, answer: str, entry_point: str) -> str:
-    """The program to test: the problem's prompt (imports, helpers, stub), then either the
-    model's full function (which redefines the stub) or, for a bare body, prompt + body."""
+    """The prompt (imports, helpers, stub), then the model's full function (redefining the stub) or a bare body."""
     code = extract_code(answer, entry_point)
     if _defines(code, entry_point):
         return prompt + "\n    pass\n\n" + textwrap.dedent(code)

@@ -1,47 +1,6 @@
 """Running a HumanEval candidate so that it passes only when the dataset's tests, run where the
-candidate cannot reach them, accepted its answers. The threat model is in ``docs/grading.md``.
-
-What each guard protects against:
-
-- Reaching the tests (``sys._getframe``, ``inspect``, ``gc`` to patch ``check`` or its asserts) and
-  answers that only look right (an object whose ``__eq__`` is always true, a ``str`` or ``int``
-  subclass): the tests never run in the candidate's process. ``csd.evaluation.sandbox_runner`` runs them in a
-  trusted harness process (the problem's prompt for its helpers, then the test's ``check``), which
-  calls the candidate in a sandboxed child through a pipe: each call's arguments go down pickled,
-  each result comes back pickled and is accepted only when it is plain builtin data (no class can
-  be named in it, so no candidate code runs in the harness), of bounded size and depth. Every
-  ``==`` and ``abs`` of the test is then the builtin's, evaluated in the harness.
-- Ending early with a success status (``sys.exit(0)``, ``os._exit(0)``, ``exit()``, a forged reply
-  on every descriptor): the verdict is the harness's, not the child's exit status. The run passes
-  only when ``check`` returned, the candidate was called at least once and no call timed out,
-  crashed, raised or returned something other than plain data. The parent reads the harness's
-  verdict only on a line that starts with a per-run random nonce, which the candidate never sees.
-- Hangs and CPU burners: a wall-clock limit on the whole run (the harness kills the child at the
-  deadline; the parent kills the harness's process group a few seconds later), ``RLIMIT_CPU``.
-- Memory hogs: ``RLIMIT_AS``. Huge output or files: ``RLIMIT_FSIZE`` (stdout and stderr are files
-  too). Core dumps: ``RLIMIT_CORE`` 0. Huge or self-containing replies: refused by the harness.
-- Writing or deleting outside its temporary directory, the network, processes left behind, seeing
-  the harness: the OS-level sandbox when bubblewrap (Debian's ``bubblewrap``) can run here: ``bwrap
-  --ro-bind / / --tmpfs /tmp --proc /proc --dev /dev --bind WORKDIR WORKDIR --unshare-all
-  --die-with-parent --new-session --cap-drop ALL --chdir WORKDIR``: the file system is read-only
-  except the temporary directory and scratch tmpfs mounts that vanish with the sandbox (the
-  harness's own directory under /tmp is not visible); the network namespace has only its own
-  loopback; the PID namespace hides every other process and dies with bwrap, so nothing survives
-  the run. Where bwrap is missing or cannot create namespaces (some containers forbid them), the
-  runner falls back to "rlimits": the in-process ``reliability_guard`` of the child, the limits
-  above, and killing the run's whole process group. The guard stops accidents and naive escapes
-  (it disables process, deletion, permission and network calls and refuses writes outside the
-  directory) but it is NOT a security boundary: ``ctypes`` or the C modules behind ``io`` and
-  ``socket`` get around it (the tests do, to prove that bwrap holds), and a candidate of the same
-  user can then signal or inspect the harness through /proc. The guard runs under bwrap too, as a
-  first line. ``isolation()`` says which one runs here (for the benchmark's metadata), and every
-  result's detail names it ("passed (bwrap)"). ``CSD_SANDBOX=bwrap|rlimits`` forces one
-  (``bwrap`` fails loudly when it cannot run).
-- Leaking the caller's environment: ``python -I -B``, a minimal environment (no proxies, no
-  ``PYTHON*`` variables), a fresh temporary directory as cwd, ``HOME`` and ``TMPDIR``.
-- Examples under a main guard in the answer: the candidate module runs as ``candidate``, not
-  ``__main__``.
-"""
+candidate cannot reach them, accepted its answers: the parent of ``sandbox_runner``'s harness and
+child. The threat model and what each guard protects against: ``docs/grading.md``."""
 from __future__ import annotations
 
 import functools
@@ -68,8 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class SandboxError(ValueError):
-    """The requested isolation cannot be honoured here (e.g. ``CSD_SANDBOX=bwrap`` without a
-    working bubblewrap); the message says why and what to install."""
+    """The requested isolation cannot be honoured here; the message says why and what to install."""
 
 
 # -- which isolation -----------------------------------------------------------------------------
@@ -134,9 +92,8 @@ def _python_dirs_under_tmp() -> list[str]:
 # -- the parent ------------------------------------------------------------------------------------
 def run_humaneval(program: str, test: str, entry_point: str, timeout: float = HUMANEVAL_TIMEOUT_S,
                   mem_bytes: int = MEM_BYTES, mode: str | None = None, context: str = "") -> tuple[bool, str]:
-    """Run ``test``'s ``check`` on ``program``'s ``entry_point`` as the module docstring says: the
-    program in a sandboxed child, ``context`` (the problem's prompt: the imports and helpers the
-    test uses, trusted) and ``test`` in the harness. Returns ``(passed, detail)``; the detail says
+    """Run ``test``'s ``check`` on ``program``'s ``entry_point``: the program in a sandboxed child, ``context``
+    (the problem's prompt, trusted) and ``test`` in the harness. Returns ``(passed, detail)``; the detail says
     why a run failed and ends with the isolation used ("passed (bwrap)")."""
     if not entry_point.isidentifier():
         raise ValueError(f"entry point {entry_point!r} is not a Python identifier")

@@ -1,20 +1,8 @@
-"""The two processes of a HumanEval run (``csd.evaluation.sandbox`` starts them): the trusted test HARNESS
-and the sandboxed CHILD that holds the candidate. They share no globals; only plain data crosses.
-
-- The child (``child``) runs the candidate program under ``reliability_guard`` (and bwrap, set up by
-  the parent), then serves calls: it reads ``(args, kwargs)`` frames on its stdin, calls the entry
-  point, and answers each with the result pickled, or the name and message of what it raised. The
-  candidate never sees the tests, nor anything of the harness.
-- The harness (``harness``) runs the problem's prompt (its imports and helpers, e.g. ``poly`` for
-  HumanEval/32) and the test's ``check`` with a ``candidate`` that forwards each call to the child
-  and returns the de-serialised result. Only plain builtin data is accepted back (``plain_loads``:
-  None, bool, int, float, complex, str, bytes, bytearray, list, tuple, dict, set, frozenset, of a
-  bounded size and depth): an object of any other class, a subclass of a builtin included, fails
-  the run. So every ``==`` of the test is the builtin type's, evaluated in the harness, and the
-  candidate cannot reach the test's frames, its ``check`` or its asserts. The run passes only when
-  ``check`` returned, the candidate was called, and no call timed out, crashed or broke the rules.
-
-This file runs as ``python -I -B -c <this source> harness|child ...``: standard library only.
+"""The two processes of a HumanEval run (``csd.evaluation.sandbox`` starts them): the trusted test HARNESS,
+which runs the prompt and the test's ``check``, and the sandboxed CHILD that holds the candidate and answers
+each call through a pipe. They share no globals; only plain builtin data is accepted back (``plain_loads``).
+Protocol and threat model: ``docs/grading.md``. Runs as ``python -I -B -c <this source> harness|child ...``:
+standard library only.
 """
 from __future__ import annotations
 
@@ -52,8 +40,8 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def plain_loads(data: bytes):
-    """The value of a pickle that holds only plain builtin data, else ``NotPlain``. No class can
-    be named (so no code runs), and the value's size and depth are bounded (no cycles)."""
+    """The value of a pickle of plain builtin data, else ``NotPlain``: no class can be named (so no code
+    runs), and the value's size and depth are bounded (no cycles)."""
     try:
         value = _PlainUnpickler(io.BytesIO(data)).load()
     except NotPlain:
@@ -88,9 +76,8 @@ def _describe(e: BaseException) -> str:
 
 # -- the child: the candidate, sandboxed ------------------------------------------------------------------
 def _private_channels() -> tuple[int, int]:
-    """Private duplicates of stdin (requests) and stdout (replies); then stdin reads /dev/null and
-    stdout goes to stderr, so the candidate's prints and reads touch neither channel. The duplicates
-    are not inheritable: a process the candidate starts does not get them."""
+    """Private, non-inheritable duplicates of stdin (requests) and stdout (replies); then stdin reads
+    /dev/null and stdout goes to stderr, so the candidate's prints and reads touch neither channel."""
     requests, replies = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -100,9 +87,9 @@ def _private_channels() -> tuple[int, int]:
 
 
 def _child_main(argv: list[str]) -> None:
-    """Load the candidate (as module ``candidate``) under the guard, say it is ready (``R``) or why
-    not (``F``), then answer each call: ``V`` + pickled value, ``E`` + what it raised, ``U`` + the
-    type of a value that cannot be pickled. The helpers are bound before any candidate code runs."""
+    """Load the candidate (as module ``candidate``) under the guard, answer ``R`` or ``F`` + why not, then
+    each call with ``V`` + pickled value, ``E`` + what it raised or ``U`` + an unpicklable value's type.
+    The helpers are bound before any candidate code runs."""
     import builtins
 
     script, entry_point, workdir = argv[0], argv[1], argv[2]
@@ -190,13 +177,9 @@ def _refuse(name: str):
 
 
 def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int) -> None:
-    """Make this process unfit for accidental damage before it runs a candidate: resource limits
-    (CPU seconds, address space, file size, no core files); no new processes, signals to others,
-    deletions, renames, permission or owner changes, links, environment changes or changes of
-    directory; writes only under ``workdir``; no outgoing or listening sockets; ``exit()`` and
-    ``quit()`` refused; faulthandler off. Reading files, imports and computing (math, re,
-    itertools, collections, hashlib ...) are untouched. Not a security boundary (see
-    ``csd.evaluation.sandbox``): a determined program gets around it with ``ctypes``."""
+    """Make this process unfit for accidental damage before it runs a candidate: resource limits, no
+    process, deletion, permission, network or environment calls, writes only under ``workdir``. Not a
+    security boundary: ``ctypes`` gets around it (docs/grading.md)."""
     _set_limits(cpu_s, mem_bytes, fsize_bytes)
     sys.modules["resource"] = None    # the limits stay as set (a root process could raise them)
     _refuse_calls()
@@ -204,8 +187,8 @@ def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int
 
 
 def _refuse_calls() -> None:
-    """faulthandler, exit and quit, the os calls of ``_OS_DISABLED``, shutil's deletions and moves, new
-    processes and sockets that connect or listen, each replaced by a call that raises PermissionError."""
+    """faulthandler, exit, quit, ``_OS_DISABLED``, shutil's deletions and moves, new processes and sockets
+    that connect or listen: each replaced by a call that raises PermissionError."""
     import builtins
     import faulthandler
     import posix
@@ -370,7 +353,7 @@ class Sandboxed:
         return payload[:1], payload[1:]
 
     def _broken(self, what: str):
-        """The child did not answer as it must: say how it ended, if it did (within a moment)."""
+        """The child did not answer as it must: fail, saying how it ended if it did (within a moment)."""
         try:
             rc = self.proc.wait(timeout=max(0.0, min(1.0, self.deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
@@ -404,8 +387,7 @@ def _test_error(e: BaseException, test: str) -> str:
 
 
 def run_tests(job: dict) -> dict:
-    """The harness's work: run the prompt and the test, call ``check`` with the sandboxed
-    candidate, and say whether the run passed (``{"passed": bool, "why": str}``)."""
+    """Run the prompt and the test, call ``check`` with the sandboxed candidate: ``{"passed": bool, "why": str}``."""
     deadline = time.monotonic() + job["timeout"]
     namespace = {"__name__": "humaneval_test"}
     try:

@@ -456,14 +456,14 @@ def test_bench_interrupt_keeps_finished_items(real_pair, tmp_path):
 
 
 def test_per_dataset_item_counts():
-    from csd.evaluation.datasets import split_limit, validate_datasets
+    from csd.evaluation.datasets import item_range, validate_datasets
 
-    assert split_limit("gsm8k:40", 5) == ("gsm8k", 40) and split_limit("prose", 5) == ("prose", 5)
+    assert item_range("gsm8k:40", 5) == ("gsm8k", 0, 40) and item_range("prose", 5) == ("prose", 0, 5)
     assert validate_datasets("gsm8k:40,humaneval:2") == ["gsm8k:40", "humaneval:2"]
     with pytest.raises(ValueError, match="unknown dataset"):
         validate_datasets("nope:3")
     with pytest.raises(ValueError, match="at least 1"):
-        split_limit("gsm8k:0")
+        validate_datasets("gsm8k:0")
 
 
 def test_an_item_range_draws_the_items_a_shorter_run_left_out():
