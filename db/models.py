@@ -22,9 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# RunRow.status values.
-RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"
-RUN_STATUSES = (RUNNING, FINISHED, CANCELLED, FAILED)
+RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"     # RunRow.status values
 
 # A 64-bit key everywhere but SQLite, where only INTEGER PRIMARY KEY is the autoincrementing rowid.
 BigId = BigInteger().with_variant(Integer, "sqlite")
@@ -67,12 +65,6 @@ class RunRow(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     target_repr: Mapped[str | None] = mapped_column(String(32))        # float32, bfloat16, float16, int8
     draft_repr: Mapped[str | None] = mapped_column(String(32))
-
-    def __repr__(self) -> str:
-        return f"RunRow(id={self.id}, kind={self.kind!r}, method={self.method!r}, status={self.status!r})"
-
-
-Run = RunRow     # the old name, still imported by tools/ and tests/test_bench.py
 
 
 class TokenEventRow(Base):

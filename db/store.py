@@ -1,9 +1,7 @@
 """The divergence-event store: runs, token events and memory snapshots in any SQLAlchemy database.
 
-``Store.open(url)`` picks the database (argument, else $CSD_DB_URL, else a SQLite file in the user's
-data directory) and upgrades its schema to the newest Alembic revision. Token events are written
-off the decode loop's path: ``RunRecorder.add`` only appends to a queue, a background thread writes
-batches, each batch its own transaction, so a killed process loses at most the uncommitted batch.
+``Store.open(url)`` opens the database and upgrades its schema; ``RunRecorder`` writes a run's token events
+off the decode loop's path, in batches from a background thread (docs/scale.md).
 """
 from __future__ import annotations
 
@@ -98,11 +96,8 @@ def _make_engine(url: str) -> tuple[Engine, str | None]:
 
 
 def _retry_busy(step: Callable[[], object], wait_ms: int = SQLITE_BUSY_MS) -> None:
-    """Run ``step`` until SQLite stops answering "database is locked", for at most ``wait_ms``.
-
-    Switching a database to WAL needs an exclusive lock, and SQLite reports a competing opener as
-    busy at once there instead of calling its busy handler (seen when several processes or threads
-    open a new file together), so busy_timeout alone does not cover it."""
+    """Run ``step`` until SQLite stops answering "database is locked", for at most ``wait_ms`` (switching to
+    WAL reports a competing opener as busy at once, without calling the busy handler)."""
     deadline = time.monotonic() + wait_ms / 1000
     pause = 0.005
     while True:
@@ -142,9 +137,8 @@ def upgrade(engine: Engine) -> None:
 
 
 class Store:
-    def __init__(self, engine: Engine, url: str, scratch: str | None = None):
+    def __init__(self, engine: Engine, scratch: str | None = None):
         self.engine = engine
-        self.url = url
         self.session = sessionmaker(engine, expire_on_commit=False)       # reads: ``with store.session() as s``
         self._write_engine = engine.execution_options(csd_write=True)
         self._scratch = scratch
@@ -152,16 +146,14 @@ class Store:
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:
-        """Open (creating if needed) the database at ``url``, else $CSD_DB_URL, else the default SQLite
-        file, and upgrade its schema to the newest migration."""
-        url = resolve_url(url)
-        engine, scratch = _make_engine(url)
+        """Open (creating if needed) the database at ``resolve_url(url)`` and upgrade its schema."""
+        engine, scratch = _make_engine(resolve_url(url))
         try:
             upgrade(engine)
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, url, scratch)
+        return cls(engine, scratch)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -174,9 +166,6 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Store({self.engine.url.render_as_string(hide_password=True)!r})"
 
     def write_session(self) -> Session:
         """A session whose transactions take the write lock at BEGIN (SQLite) — use for read-modify-write."""
@@ -206,21 +195,13 @@ class Store:
         with self.session() as s:
             return s.get(RunRow, run_id)
 
-    def recorder(self, run_id: int, batch_size: int = 64, flush_interval: float = 0.2,
-                 on_commit: Callable[[int], None] | None = None) -> RunRecorder:
-        return RunRecorder(self, run_id, batch_size, flush_interval, on_commit)
+    def recorder(self, run_id: int, **options) -> RunRecorder:
+        """The recorder of a started run (``options``: ``RunRecorder``'s batch_size, flush_interval, on_commit)."""
+        return RunRecorder(self, run_id, **options)
 
     def record(self, **fields) -> RunRecorder:
-        """Start a run (``fields``: RunRow columns) and return its recorder, meant for a ``with`` block::
-
-            with store.record(**run_fields(pair, cfg, kind="generate", prompt=p)) as rec:
-                for ev in run:
-                    rec.add(ev)
-                rec.result(run.text, run.metrics)
-
-        Leaving the block normally finishes the run with its result (cancelled if the metrics say
-        the run was stopped); an exception finishes it as failed, Ctrl-C or a closed generator as
-        cancelled, keeping the events so far."""
+        """Start a run (``fields``: RunRow columns) and return its recorder, for a ``with`` block that calls
+        ``rec.add(event)`` per event and ``rec.result(text, metrics)`` at the end."""
         return self.recorder(self.start_run(**fields))
 
     # -- memory snapshots --------------------------------------------------------------------
@@ -232,14 +213,9 @@ class Store:
 
 
 class RunRecorder:
-    """Writes one run's token events in the background.
-
-    ``add`` costs a deque append: the events (not mutated after ``add``) are turned into rows and
-    inserted by a thread, every ``batch_size`` events or ``flush_interval`` seconds, one commit per
-    batch. As a context manager, leaving with an exception finishes the run as failed (with the
-    error text) or, for GeneratorExit / KeyboardInterrupt, as cancelled; the events so far are kept.
-    A recorder still open when the interpreter exits writes its events and marks the run cancelled.
-    """
+    """Writes one run's token events in the background: ``add`` appends to a deque, a thread inserts every
+    ``batch_size`` events or ``flush_interval`` seconds, one commit per batch. As a context manager it finishes
+    the run: failed on an exception, cancelled on GeneratorExit / KeyboardInterrupt or at interpreter exit."""
 
     MAX_BATCH = 2000   # rows per commit when the writer falls behind
 
@@ -260,21 +236,11 @@ class RunRecorder:
         self._thread.start()
         atexit.register(self._at_exit)
 
-    def add(self, event: TokenEvent, context: str | None = None) -> None:
-        """Queue one event. ``context`` defaults to the output text of the events added before it."""
-        self._pending.append((event, context))
+    def add(self, event: TokenEvent) -> None:
+        """Queue one event; its context is the output text of the events added before it."""
+        self._pending.append(event)
         if len(self._pending) >= self.batch_size:
             self._wake.set()
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything added so far is committed (False on timeout or a failing database)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._pending and self._thread.is_alive() and self.error is None:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            self._wake.set()
-            time.sleep(0.005)
-        return not self._pending
 
     def finish(self, output_text: str | None = None, metrics=None, status: str = FINISHED,
                error: str | None = None) -> None:
@@ -334,7 +300,7 @@ class RunRecorder:
         while self._pending:
             items = list(islice(self._pending, self.MAX_BATCH))
             tail, n_output = self._tail, len(self._output)
-            rows = [self._row(seq, e, context) for seq, (e, context) in enumerate(items, self.committed)]
+            rows = [self._row(seq, e) for seq, e in enumerate(items, self.committed)]
             try:
                 with self.store._write_engine.begin() as conn:
                     conn.execute(insert(TokenEventRow), rows)
@@ -351,10 +317,10 @@ class RunRecorder:
                 self.on_commit(self.committed)
         return True
 
-    def _row(self, seq: int, e: TokenEvent, context: str | None) -> dict:
+    def _row(self, seq: int, e: TokenEvent) -> dict:
         row = vars(e).copy()
         draft_top, target_top = row.pop("draft_top"), row.pop("target_top")
-        row.update(run_id=self.run_id, seq=seq, context=_clean(self._tail if context is None else context),
+        row.update(run_id=self.run_id, seq=seq, context=_clean(self._tail),
                    text=_clean(e.text), draft_text=_clean(e.draft_text), target_text=_clean(e.target_text),
                    explain=None if draft_top is None and target_top is None
                    else {"draft_top": draft_top, "target_top": target_top})
@@ -368,7 +334,7 @@ class NullRecorder:
     """The recorder of a run that is not recorded (no store): same surface, does nothing."""
     run_id = None
 
-    def add(self, event: TokenEvent, context: str | None = None) -> None:
+    def add(self, event: TokenEvent) -> None:
         pass
 
     def result(self, output_text: str | None, metrics=None, status: str | None = None) -> None:

@@ -63,11 +63,11 @@ def ev(i: int, status: str = ACCEPTED, d: int | None = None, t: int | None = Non
                       **kw)
 
 
-def record(store: Store, events, context=None, **run) -> int:
+def record(store: Store, events, **run) -> int:
     run_id = store.start_run(**{"method": "csd", **run})
     with store.recorder(run_id) as rec:
         for e in events:
-            rec.add(e, context)
+            rec.add(e)
     return run_id
 
 

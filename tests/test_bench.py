@@ -383,9 +383,9 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
                                                seed=0, show_bar=False, warmup=False), store=store)
         from sqlalchemy import func, select
 
-        from csd.db.models import Run
+        from csd.db.models import RunRow
         with store.session() as s:
-            runs = s.scalar(select(func.count()).select_from(Run).where(Run.kind == "bench"))
+            runs = s.scalar(select(func.count()).select_from(RunRow).where(RunRow.kind == "bench"))
         assert runs == n_items * len(methods)
 
     for name in ("results.json", "results.md", "speedup.html", "divergences.html", "frontier.html",

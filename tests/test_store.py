@@ -63,8 +63,6 @@ def test_context_defaults_to_preceding_output(store):
     assert [d["context"] for d in stored(store, run_id)] == ["", "abc", "abc", "abcd", ("abcd" + "e" * 50)[-40:]]
     assert store.get_run(run_id).output_text == "abcd" + "e" * 50 + "f"   # rejected text is not output
     assert CONTEXT_CHARS == 40
-    given = record(store, [ev(0)], context="given")
-    assert stored(store, given)[0]["context"] == "given"
 
 
 def test_text_every_engine_stores(store):
