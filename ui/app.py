@@ -1,10 +1,5 @@
-"""``build_demo(services) -> gr.Blocks``: the page's frame (title, the bar of γ, λ, τ above the
-tabs, presentation mode), the tabs of ``csd.ui.tabs`` composed in it, and the launch options.
-
-Each tab lays itself out and wires its own events (``csd.ui.tabs.<tab>.build``); every endpoint has
-an ``api_name`` so that ``gradio_client`` can drive the app step by step. How model work and the
-light handlers share the queue: ``csd.ui.tabs.page``.
-"""
+"""``build_demo(services) -> gr.Blocks``: the page's frame (title, the bar of γ, λ, τ above the tabs, presentation
+mode) with the tabs of ``csd.ui.tabs`` composed in it, and the launch options (docs/design.md, "The web app")."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -15,6 +10,7 @@ import gradio as gr
 from csd.config import GAMMA_RANGE, CSDConfig, Rivals
 
 from . import render
+from .rules import RIVAL_FIELDS
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
@@ -22,18 +18,26 @@ from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
 from .tabs.page import HIDE_PRESENT, Page
 
-
-def theme() -> gr.themes.Base:
-    """Gradio's default look with system fonts only (nothing is fetched from a font server)."""
-    return gr.themes.Default(
-        font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial",
-              "sans-serif"],
-        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"])
+# a rival's parameter -> (label, hint, the number box's range and step), in the bar's folded panel
+RIVAL_INPUTS = {
+    "tau_lossy": ("lossy: τ", "keep p(x) ≥ τ·p(top-1)", dict(minimum=0.001, maximum=1, step=0.05)),
+    "topk": ("top-k: k", "TensorRT-LLM's example", dict(minimum=1, step=1, precision=0)),
+    "delta": ("top-k: δ", "p(x) ≥ p(top-1) − δ", dict(minimum=0, step=0.05)),
+    "posterior_threshold": ("typical: threshold", "p(x) > min(thr, α·e^−H)", dict(minimum=0.001, maximum=1, step=0.01)),
+    "posterior_alpha": ("typical: α", "vLLM's 0.3", dict(minimum=0.001, step=0.05)),
+    "win_len": ("FLy: window", "needs γ above it", dict(minimum=2, maximum=32, step=1, precision=0)),
+    "entropy_thre": ("FLy: entropy gate", "top-3; ≤ 0.01: off", dict(minimum=0, step=0.05)),
+}
 
 
 def launch_kwargs() -> dict:
-    """What gradio 6 takes at ``launch()`` rather than in ``Blocks()``, plus the privacy options."""
-    return dict(theme=theme(), css=render.CSS, head=render.JS, share=False, ssr_mode=False, enable_monitoring=False,
+    """What gradio 6 takes at ``launch()`` rather than in ``Blocks()``, plus the privacy options; system fonts
+    only (nothing is fetched from a font server)."""
+    theme = gr.themes.Default(
+        font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial",
+              "sans-serif"],
+        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "Liberation Mono", "monospace"])
+    return dict(theme=theme, css=render.CSS, head=render.JS, share=False, ssr_mode=False, enable_monitoring=False,
                 run_history=False, footer_links=["api", "settings"], max_file_size="64mb")
 
 
@@ -51,8 +55,7 @@ def header(services: Services, mode: str = "") -> str:
 
 
 def rival_controls() -> list:
-    """The rivals' parameters (csd.config.RIVAL_PARAMS), in ``csd.ui.rules.RIVAL_FIELDS`` order, folded in the
-    bar: Generate, Compare, Teach and Analyse's what-if read them when a rival is chosen."""
+    """The rivals' parameters in ``RIVAL_FIELDS`` order, folded in the bar (read when a rival is chosen)."""
     d = CSDConfig()
     what = {f.name: f.metadata["what"].capitalize() for f in fields(Rivals)}   # as refusals name them
     with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy)", open=False, elem_id="rivals-panel",
@@ -60,21 +63,9 @@ def rival_controls() -> list:
         gr.Markdown("Relaxed acceptance rules, greedy only; their definitions and sources: docs/rivals.md.",
                     elem_id="rivals-note")
         with gr.Row(equal_height=True):    # compact numbers, two to a line in the bar's narrow column
-            out = [number(what["tau_lossy"], value=d.tau_lossy, minimum=0.001, maximum=1, step=0.05, label="lossy: τ", min_width=100,
-                             info="keep p(x) ≥ τ·p(top-1)", elem_id="tau-lossy"),
-                   number(what["topk"], value=d.topk, minimum=1, step=1, precision=0, label="top-k: k", min_width=100,
-                             info="TensorRT-LLM's example", elem_id="topk"),
-                   number(what["delta"], value=d.delta, minimum=0, step=0.05, label="top-k: δ", min_width=100,
-                             info="p(x) ≥ p(top-1) − δ", elem_id="delta"),
-                   number(what["posterior_threshold"], value=d.posterior_threshold, minimum=0.001, maximum=1, step=0.01, label="typical: threshold",
-                             min_width=100, info="p(x) > min(thr, α·e^−H)", elem_id="posterior-threshold"),
-                   number(what["posterior_alpha"], value=d.posterior_alpha, minimum=0.001, step=0.05, label="typical: α", min_width=100,
-                             info="vLLM's 0.3", elem_id="posterior-alpha"),
-                   number(what["win_len"], value=d.win_len, minimum=2, maximum=32, step=1, precision=0, label="FLy: window",
-                             min_width=100, info="needs γ above it", elem_id="win-len"),
-                   number(what["entropy_thre"], value=d.entropy_thre, minimum=0, step=0.05, label="FLy: entropy gate", min_width=100,
-                             info="top-3; ≤ 0.01: off", elem_id="entropy-thre")]
-    return out
+            return [number(what[f], value=getattr(d, f), label=label, info=info, min_width=100,
+                           elem_id=f.replace("_", "-"), **box)
+                    for f in RIVAL_FIELDS for label, info, box in [RIVAL_INPUTS[f]]]
 
 
 def build_demo(services: Services) -> gr.Blocks:

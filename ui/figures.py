@@ -1,14 +1,11 @@
-"""Plotly figure builders: ``make_*_figure(data) -> go.Figure``, one per chart, pure functions of
-plain data (lists, arrays, the dataclasses of ``csd.db.analytics``, ``RunMetrics``), testable without
-a browser. The rescue decision, log tau and the top-20% share come from ``csd.rule``.
-
-Token text shown in hover labels is HTML-escaped: Plotly interprets a subset of HTML in labels.
-"""
+"""Plotly figure builders, ``make_*_figure(data) -> go.Figure``, pure functions of plain data; the rule's numbers
+come from ``csd.rule``, and token text in labels is HTML-escaped (Plotly reads a subset of HTML there)."""
 from __future__ import annotations
 
 import html
 import math
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 
 import numpy as np
 import plotly.graph_objects as go
@@ -45,11 +42,8 @@ def empty_figure(message: str, title: str = "") -> go.Figure:
 
 
 def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float = 0.2) -> go.Figure:
-    """Divergence patterns by count (bars) with the cumulative share (line) and the top-20% mark.
-
-    rows: most frequent first, each with draft_text, target_text, count, cumulative_share,
-    example_context (``csd.db.analytics.ParetoRow`` or dicts). Shares are over all rows.
-    """
+    """Divergence patterns by count (bars), the cumulative share over all rows (line) and the top-20% mark.
+    rows: most frequent first (``csd.db.analytics.ParetoRow`` or dicts)."""
     title = "Pareto chart of divergence patterns (draft x~ → target t*)"
     if not rows:
         return empty_figure("No divergences logged in this scope yet.", title)
@@ -58,10 +52,7 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     x = list(range(1, len(shown) + 1))
     labels = [f"{_tok(_get(r, 'draft_text'))}→{_tok(_get(r, 'target_text'))}" for r in shown]
     counts = [_get(r, "count") for r in shown]
-    cum, acc = [], 0
-    for r in shown:
-        acc += _get(r, "count")
-        cum.append(_get(r, "cumulative_share", acc / total))
+    cum = [_get(r, "cumulative_share", acc / total) for r, acc in zip(shown, accumulate(counts))]
     hover = [f"<b>{_tok(_get(r, 'draft_text'))} → {_tok(_get(r, 'target_text'))}</b>"
              f"<br>ids {_get(r, 'draft_id')} → {_get(r, 'target_id')}<br>count {_get(r, 'count')} "
              f"({100 * _get(r, 'count') / total:.1f}%)<br>example: …{html.escape(str(_get(r, 'example_context') or '')[-40:])}"
@@ -75,8 +66,7 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     share = top_share([_get(r, "count") for r in rows], top_fraction)
     if k <= len(shown):
         fig.add_vline(x=k + 0.5, line_dash="dash", line_color="#c62828")
-    # the share is the title's second line and the legend sits under it, above the plot: neither
-    # covers the other, nor the slanted token labels below the bars
+    # the share is the title's second line, the legend under it: clear of each other and of the slanted labels
     layout = dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440)
     fig.update_layout(**layout, bargap=0.15,
                       title=dict(text=title, y=0.97, subtitle=dict(
@@ -122,9 +112,7 @@ def make_gap_figure(gaps: Sequence[float], counts: Sequence[float] | None, lam: 
 
 
 def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
-    """Acceptance rate (kept / decided) by position in the draft block, one line per method.
-
-    by_method: method -> rows with index_in_block, kept, decided (``PositionRate`` or dicts)."""
+    """Acceptance (kept / decided) by position in the draft block, one line per method (``PositionRate`` rows)."""
     title = "Acceptance by position in the draft block"
     series = {m: rows for m, rows in by_method.items() if rows}
     if not series:
@@ -147,9 +135,7 @@ def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
 
 def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: float, tau: float,
                        total: int | None = None) -> go.Figure:
-    """Heatmap of the what-if rescue rate over a λ × τ grid, the current thresholds marked.
-
-    rate: (len(lams), len(taus)) share of logged divergences the rule would rescue."""
+    """Heatmap of the what-if rescue rate, (len(lams), len(taus)), the current thresholds marked."""
     title = "What-if: share of divergences rescued at λ × τ"
     if total == 0:
         return empty_figure("No divergences logged in this scope yet.", title)
@@ -169,8 +155,7 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
 
 
 def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
-    """Target passes (what speculative decoding saves), wall time and tokens per second for each
-    method, bars side by side. results: method -> ``RunMetrics``."""
+    """Target passes, wall time and tokens per second of each method (``RunMetrics``), side by side."""
     title = " vs ".join(m.upper() for m in results) + " on the same prompt" if results else \
         "AR vs SD vs CSD on the same prompt"
     if not results:

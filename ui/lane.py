@@ -1,12 +1,5 @@
-"""The model lane: every request for model work (generate, compare, teach, calibrate), from the
-click that asks for it to its end, in the order the requests came.
-
-One model pair serves every user, and gradio's queue runs its work one job at a time (or
-``--concurrency`` at once). The lane is what the page says about that queue: how many jobs are
-ahead of yours, what the running one is doing, and whether yours was stopped. Each request is a
-``Job`` object of its own, so a Stop reaches exactly the jobs it was meant for, whether they are
-running or still waiting, and a later request never inherits an earlier Stop.
-"""
+"""The model lane: every user's requests for model work, each a ``Job`` from its click to its end, in the order
+they came; what the page says about gradio's queue (docs/design.md, "The web app")."""
 from __future__ import annotations
 
 import itertools
@@ -99,9 +92,8 @@ class Lane:
                     (j.running or now - j.seen_at < self.stale_s)]
 
     def estimate(self, ahead: int, slots: int) -> tuple[float, int] | None:
-        """Seconds until a job with ``ahead`` jobs before it starts, ``slots`` running at once (the jobs
-        ahead finishing ``slots`` at a time, each taking the median of the last jobs' durations), and how
-        many jobs that median is of; None before any job has run to its end."""
+        """(seconds until a job with ``ahead`` jobs before it starts, ``slots`` at a time each taking the median
+        of the last jobs' durations; how many jobs that median is of); None before any job has ended."""
         with self._lock:
             took = sorted(self._took)
         if not took:
@@ -109,10 +101,6 @@ class Lane:
         slots = max(1, slots)
         rounds = -(-(ahead - slots + 1) // slots) if ahead >= slots else 0
         return took[len(took) // 2] * rounds, len(took)
-
-    def running(self) -> list[Job]:
-        with self._lock:
-            return [j for j in self._jobs.values() if j.running]
 
     def __len__(self) -> int:
         with self._lock:

@@ -1,14 +1,6 @@
-"""HTML pieces of the app, as pure functions of events and numbers (no gradio, no models).
-
-Every piece of model or user text goes through ``html.escape`` before it enters HTML:
-``gr.HTML`` renders what it is given, so a prompt or an answer containing markup must be
-shown as text here. A token's details travel in a ``data-detail`` attribute (escaped with
-quotes); the page's script (``JS``) shows them, pinned, when the token is clicked.
-
-The CSD decision is ``csd.rule.rescues`` and log tau is ``csd.rule.log_tau``; the what-if under any
-rule (CSD's sliders or a rival's) is ``csd.ui.rules.would_keep`` on ``csd.rule``: nothing here
-re-implements a rule.
-"""
+"""HTML pieces of the app, pure functions of events and numbers; all model or user text is escaped here.
+A token's fate is explained once (``plain_sentence``, ``token_detail``): Generate's details, Teach's "why" and
+the what-if marks all read it; decisions come from ``csd.rule`` through ``csd.ui.rules``."""
 from __future__ import annotations
 
 import html
@@ -21,6 +13,7 @@ from csd.events import (
     BONUS,
     CORRECTED,
     DIVERGENCE_STATUSES,
+    KEPT_DIVERGENCES,
     REJECTED,
     RELAXED,
     RESCUED,
@@ -64,22 +57,19 @@ WHATIF_STYLE = {
 SPECIAL_SENTENCE = "a tag such as ⟨end of turn⟩: a special token, shown as a marker, never part of the text."
 DIFF_SENTENCE = "wavy magenta underline: this method's text departs from AR's here."
 EMPTY_ANSWER = "The answer appears here, one verify pass at a time."
+SPECIAL_LABELS = {"<|endoftext|>": "⟨end of text⟩", "<|im_start|>": "⟨turn start⟩",
+                  **dict.fromkeys(("<|im_end|>", "</s>", "<|eot_id|>", "<|end|>"), "⟨end of turn⟩")}
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
-STATIC = Path(__file__).resolve().parent / "static"   # package data: app.css and app.js
+STATIC = Path(__file__).resolve().parent / "static"   # package data: the page's style sheet, script and texts
 
 
-def _static(name: str) -> str:
+def static_text(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
-# The page's style sheet (passed to launch(css=...), and inlined in an exported answer).
-CSS = _static("app.css")
-
-# The page's script (passed to launch(head=...)): token details on click (pinned), next
-# rescued / next rejected, and arrow keys for the Teach view (see static/app.js).
-JS = f"<script>\n{_static('app.js')}</script>\n"
-
+CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
+JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 
@@ -94,8 +84,7 @@ def esc_message(s: object) -> str:
 
 
 def esc_md(s: object) -> str:
-    """Text for gr.Markdown: HTML escaped and Markdown's emphasis characters made literal
-    (``t*`` must not italicise what follows)."""
+    """Text for gr.Markdown: HTML escaped, Markdown's emphasis made literal (``t*`` must not italicise)."""
     out = esc_message(s)
     for ch in "\\*_`[]":
         out = out.replace(ch, "\\" + ch)
@@ -118,11 +107,7 @@ def show_text(s: str | None) -> str:
 def special_label(text: str | None) -> str:
     """A special token's marker: ``<|im_end|>`` -> ``⟨end of turn⟩``, others by name."""
     t = (text or "").strip()
-    if t in ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>", "<|end|>"):
-        return "⟨end of turn⟩" if t != "<|endoftext|>" else "⟨end of text⟩"
-    if t == "<|im_start|>":
-        return "⟨turn start⟩"
-    return f"⟨{t.strip('<|>') or 'special'}⟩"
+    return SPECIAL_LABELS.get(t) or f"⟨{t.strip('<|>') or 'special'}⟩"
 
 
 def whatif_class(ev: TokenEvent, lam, tau: float | None = None) -> str | None:
@@ -130,11 +115,9 @@ def whatif_class(ev: TokenEvent, lam, tau: float | None = None) -> str | None:
     relaxed) token it would not; None when the decision would not change. The rule: CSD's (lam, tau),
     or any ``csd.rule.Rescue`` given as ``lam`` alone."""
     w = rules.would_keep(ev, lam if tau is None else (lam, tau))
-    if w is None:
-        return None
     if w and ev.status == REJECTED:
         return WHATIF_RESCUE
-    if not w and rules.was_kept(ev):
+    if w is False and ev.status in KEPT_DIVERGENCES:
         return WHATIF_REJECT
     return None
 
@@ -155,9 +138,8 @@ def rescue_modules(method: str | None) -> tuple[bool, bool]:
 
 def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
                      method: str | None = None) -> str:
-    """Why a divergence was rescued or rejected: every reason that decided it, in plain words,
-    from the event's memory count and logit gap against the λ and τ in force (``csd.rule.rescues``
-    on each half of the rule); the logged rule where a threshold is not known. '' for other events."""
+    """Every reason that rescued or rejected a divergence, from its memory count and logit gap against the λ and τ
+    in force (each half of ``csd.rule.rescues``), else its logged rule; '' for other events."""
     if ev.status not in DIVERGENCE_STATUSES:
         return ""
     x = show_token(ev.draft_text)
@@ -203,10 +185,10 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
 
 def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
                    discarded: int | None = None, method: str | None = None, relax: Relax | None = None) -> str:
-    """What happened at this token, in one plain sentence (the first line of its details): for a
-    rescue or a rejection, every reason that decided it (``decision_reasons``); ``relax``: the run's
-    rival rule, if any."""
+    """What happened at this token, in one plain sentence (the first line of its details); ``discarded``: the
+    block's later draft tokens thrown away (default: the event's); ``relax``: the run's rival rule, if any."""
     x, t = show_token(ev.draft_text), show_token(ev.target_text)
+    discarded = len(ev.discarded or ()) if discarded is None else discarded
     wrote = f"The draft wrote {x}, the target preferred {t}"
     rest = "" if not discarded else f" and the block's {plural(discarded, 'later draft token')} " \
                                     f"{'were' if discarded > 1 else 'was'} discarded unchecked"
@@ -242,12 +224,10 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
 
 def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
                  whatif=None, method: str | None = None, relax: Relax | None = None) -> str:
-    """The details of one token (plain text, first line plain language; escaped by the caller).
-    ``whatif``: CSD's (lam, tau) or a ``csd.rule.Rescue``; ``method``: the run's method, whose rescue
-    modules the reasons name (None: CSD's two); ``relax``: the run's rival rule, if any."""
-    n_disc = len(ev.discarded) if ev.discarded else None
+    """A token's details, plain text (the caller escapes), ``plain_sentence`` first. ``whatif``: CSD's (lam, tau)
+    or a ``csd.rule.Rescue``; ``method``: the run's (None: CSD's); ``relax``: the run's rival rule, if any."""
     label = STATUS_STYLE.get(ev.status, ("", ev.status, ""))[1]
-    lines = [plain_sentence(ev, lam, tau, n_disc, method, relax),
+    lines = [plain_sentence(ev, lam, tau, method=method, relax=relax),
              f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}, draft position "
              f"{ev.index_in_block + 1}" + (f" of {ev.block_len}" if ev.block_len else "")]
     if ev.draft_id is not None:
@@ -310,8 +290,7 @@ def _prompt_html(prompt: str | None) -> str:
 
 
 def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tuple) -> str:
-    """One token of the answer: its classes (status, what-if, marks) and its details in ``data-detail``;
-    ``marks``: (departures, the latest pass)."""
+    """One token: its classes (status, what-if, ``marks``: departures, the latest pass) and ``data-detail``."""
     if not isinstance(ev, TokenEvent):
         raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
     diff_positions, latest_block = marks
@@ -343,13 +322,10 @@ def _nav_bar(n: dict) -> str:
 def render_tokens(events: Iterable[TokenEvent], *, cfg: CSDConfig | None = None, whatif=None,
                   hide_rejected: bool = False, diff_positions: set[int] | None = None, prompt: str | None = None,
                   latest_block: int | None = None, **frame) -> str:
-    """The coloured answer: one escaped ``<span>`` per event, its details in ``data-detail``.
-
-    cfg: the run's config (its λ, τ, method and rival rule, for the details); whatif: other (lam, tau),
-    or any rule (``csd.rule.Rescue``), under which changed decisions are outlined; diff_positions: output
-    positions to mark as departures; latest_block: the pass that just arrived (marked while streaming);
-    ``frame``: view (this answer's name on the page), panel (the id prefix of the details panel a click
-    fills; default: the view's own), nav (the bar of counts) and empty (the text of an empty answer)."""
+    """The coloured answer, one ``<span>`` per event. cfg: the run's (for the details); whatif: (lam, tau) or a
+    ``Rescue`` whose changed decisions are outlined; diff_positions: departures; latest_block: marked while
+    streaming; ``frame``: view (the answer's name), panel (the details panel a click fills; default: view's),
+    nav (the bar of counts), empty (the text of an empty answer)."""
     view, panel = frame.get("view", "tokens"), frame.get("panel")
     events = list(events)
     parts = [_token_span(i, ev, cfg, whatif, (diff_positions, latest_block)) for i, ev in enumerate(events)]
@@ -390,15 +366,15 @@ def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = Non
 
 
 def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, outline: bool = True) -> str:
-    """One line: how many of the answer's divergences CSD's (lam, tau), or the rule given as ``lam``,
-    would keep, against the run; the outline sentence only when some decision changes (and ``outline``)."""
+    """How many divergences CSD's (lam, tau), or the rule given as ``lam``, would keep against the run, and (with
+    ``outline``) the outline sentence when a decision changes."""
     div = [e for e in events if e.status in DIVERGENCE_STATUSES]
     rule = rules.as_rule(lam if tau is None else (lam, tau))
     if not div:
         return ("No divergences in the last answer: nothing for λ and τ to change." if tau is not None else
                 "No divergences in the last answer: no rule has anything to change.")
     would = sum(1 for e in div if rules.would_keep(e, rule))
-    now = sum(1 for e in div if rules.was_kept(e))
+    now = sum(1 for e in div if e.status in KEPT_DIVERGENCES)
     changed = changed_decisions(div, rule)
     if tau is not None:
         ran = "the run's relaxed rule kept" if any(e.status == RELAXED for e in div) else "the run rescued"
@@ -421,8 +397,7 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
 
 
 def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
-    """Why CSD rescued none of an answer's rejected draft tokens: how many swaps the memory had seen
-    fewer than lambda times, and how many it knew but whose logit gap failed the gate."""
+    """Why CSD rescued none: how many swaps were seen fewer than λ times, how many failed the gate."""
     div = [e for e in events if e.status == REJECTED and not e.special]
     if not div:
         return ""
@@ -437,8 +412,7 @@ def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
 
 
 def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int = 12, cfg=None) -> str:
-    """The rescues (and a rival's relaxed keeps) of an answer, listed (each a link to its token), or why
-    there are none (given the run's ``cfg``: CSD's lambda and tau)."""
+    """The rescues and relaxed keeps of an answer, each a link to its token, or (given ``cfg``) why none."""
     rejected = sum(1 for e in events if e.status == REJECTED)
     rej = f"{plural(rejected, 'draft token')} rejected"
     parts = []
@@ -459,9 +433,8 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
     return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'
 
 
-# -- metrics -----------------------------------------------------------------------------------
 def render_status(text: str, state: str = "idle") -> str:
-    """The status line beside a Run button: waiting / running / stopping / stopped / done / idle."""
+    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle)."""
     return f'<div class="csd-status-line" data-state="{esc(state)}" role="status" aria-live="polite">{esc(text)}</div>'
 
 

@@ -1,14 +1,11 @@
-"""The run rules in words, and replayed on an answer's logged events (the what-if): CSD under the λ/τ
-sliders, SD, the ablations and the rivals (``csd.rule.Relax``: lossy, topk, typical, fly). Every
-decision goes through ``csd.rule`` (``Rescue.keeps_logged``); nothing here re-implements a rule.
-Pure functions of events and numbers (no gradio, no models).
-"""
+"""The run rules (CSD, SD, the ablations, the rivals) in words, and replayed on an answer's logged events (the
+what-if) through ``csd.rule``'s ``Rescue.keeps_logged``: nothing here re-implements a rule."""
 from __future__ import annotations
 
 import math
 
 from csd.config import RIVAL_PARAMS, CSDConfig
-from csd.events import DIVERGENCE_STATUSES, KEPT_DIVERGENCES, RULE_SPECIAL, TokenEvent
+from csd.events import DIVERGENCE_STATUSES, RULE_SPECIAL, TokenEvent
 from csd.rule import FLY, LOSSY, TOPK, TYPICAL, Relax, Rescue
 
 RIVAL_FIELDS = tuple(p for ps in RIVAL_PARAMS.values() for p in ps)   # the app's order of the rivals' inputs
@@ -66,8 +63,7 @@ def logged(ev: TokenEvent) -> dict:
 
 
 def would_keep(ev: TokenEvent, rule) -> bool | None:
-    """Whether ``rule`` keeps this logged divergence; None for events that are not divergences, involve a
-    special token (never kept) or lack a value the rule reads."""
+    """Whether ``rule`` keeps this logged divergence; None for other events, special tokens, missing scores."""
     rule = as_rule(rule)
     if ev.status not in DIVERGENCE_STATUSES or ev.rule == RULE_SPECIAL:
         return None
@@ -79,10 +75,6 @@ def would_keep(ev: TokenEvent, rule) -> bool | None:
     if (rule.use_ocm and ev.memory_count is None) or (rule.use_scg and ev.gap is None):
         return None
     return bool(rule.keeps_logged(count=ev.memory_count, gap=ev.gap))
-
-
-def was_kept(ev: TokenEvent) -> bool:
-    return ev.status in KEPT_DIVERGENCES
 
 
 def relax_sentence(ev: TokenEvent, relax: Relax | None) -> str:

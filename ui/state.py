@@ -1,10 +1,5 @@
-"""What the app shares (``Services``: the loaded pair, its decoder, the store, the model lane,
-settings) and what each browser session owns (``Session``: its memory copy, its last run, its
-teaching run, its requests for model work).
-
-The models are loaded once and shared read-only; everything a user changes lives in their
-``Session``, held by a ``gr.State``.
-"""
+"""What the app shares (``Services``: the pair, its decoder, the store, the model lane, settings), read-only, and
+what each browser session owns (``Session``, held by a ``gr.State``: everything a user changes)."""
 from __future__ import annotations
 
 import uuid
@@ -25,11 +20,7 @@ from .rules import RIVAL_FIELDS
 
 @dataclass
 class Settings:
-    # events waiting in gradio's queue at most: a class of 20 clicking at once must not be refused ("Queue is
-    # full"; 20 clients got 3 refusals at 16). Each user can hold a model request and a light event (a slider's
-    # recolouring, a Teach step) in the queue at once, so a class of 20 needs 40; 64 leaves room for 32 users
-    # waiting on the model alone. A waiting event costs a few kB; the wait is what the status line shows.
-    queue_size: int = 64
+    queue_size: int = 64              # events waiting in gradio's queue at most (docs/design.md, "The web app")
     concurrency: int = 1              # generations (model work) running at once; above 1 they decode together
     max_prompt_tokens: int = 2048     # longer prompts are refused: their prefill would hold the model for everyone
     shared_scope: bool = True         # offer the "all runs" scope (every user's runs) in Analyse and Explore
@@ -48,9 +39,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The settings of a run as the page holds them (raw component values, which ``common.make_config``
-    checks): the bar above the tabs (γ, λ, τ and the rivals' parameters) and the tab's own (its method,
-    length, ...). A handler reads (services, prompt or scope, settings, session)."""
+    """A run's settings as the page holds them (raw values, checked by ``common.make_config``): the bar's and the
+    tab's own. A handler reads (services, prompt or scope, settings, session)."""
     method: str = "csd"
     chat: bool = True
     gamma: object = 6
@@ -68,8 +58,7 @@ class RunSettings:
 
     @classmethod
     def from_inputs(cls, **values) -> RunSettings:
-        """The settings from component values by name: the rivals' go into ``rivals``, Compare's
-        ``method_1``.. into ``panes``."""
+        """From component values by name: the rivals' go into ``rivals``, Compare's ``method_1``.. into ``panes``."""
         if "whatif_method" in values:      # Analyse's name for its rule
             values["method"] = values.pop("whatif_method")
         rivals = {f: values.pop(f) for f in RIVAL_FIELDS if f in values}
@@ -99,9 +88,7 @@ def make_services(pair: ModelPair, store=None, settings: Settings | None = None,
     """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
     settings = settings or Settings()
     decoder = Decoder(pair, costs=costs)
-    batcher = None
-    if settings.concurrency > 1 and can_batch(pair):
-        batcher = Batcher(pair)
+    batcher = Batcher(pair) if settings.concurrency > 1 and can_batch(pair) else None
     return Services(pair, decoder, store, settings, decoder.default_memory(),
                     default_activations=pair.int8_activations, batcher=batcher)
 
@@ -120,11 +107,6 @@ class RunView:
     prompt_tokens: int = 0
     first_token_s: float | None = None
     done: bool = False
-
-    @property
-    def passes(self) -> int:
-        """Target passes whose events are all in ``events``."""
-        return sum(1 for e in self.events if e.pass_end)
 
 
 @dataclass

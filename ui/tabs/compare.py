@@ -1,7 +1,5 @@
-"""The Compare tab: two or three methods on one prompt (AR, SD and CSD unless others are picked: an
-ablation or a rival), one after another, with where their answers part and what a target pass costs on
-this machine.
-"""
+"""The Compare tab: two or three methods (AR, SD and CSD unless others are picked) on one prompt, one after
+another, with where their answers part and what a target pass costs on this machine."""
 from __future__ import annotations
 
 import difflib
@@ -40,8 +38,7 @@ NONE = "none"                            # a pane left empty (two methods side b
 
 
 def chosen_methods(*picked: str | None) -> tuple[list[str], str | None]:
-    """The methods of the panes, in order, and what is wrong with them (None when nothing): two or three
-    different ones (``NONE`` leaves a pane empty)."""
+    """(the panes' methods, what is wrong with them or None): two or three different ones; ``NONE``: an empty pane."""
     out = [m for m in picked if m and m != NONE]
     bad = [m for m in out if m not in METHODS]
     if bad:
@@ -69,9 +66,8 @@ def _code(text: str) -> str:
 
 
 def leaves_sd(csd: RunView, sd: RunView, name: str = "CSD") -> str:
-    """Where CSD's (or another relaxing method's, ``name``) answer first leaves SD's (SD's token there is the
-    target's top-1 in SD's pass) and why: a rescue (with the memory's count), a rival's relaxed keep or, in a
-    representation whose passes round differently, the rounding."""
+    """Where the answer of CSD (or of relaxing method ``name``) first leaves SD's (the target's top-1) and why: a
+    rescue (with the memory's count), a rival's relaxed keep, or nothing said (passes that round differently)."""
     a, b = sd.token_ids, csd.token_ids
     if a == b:
         return " · same tokens as SD"
@@ -92,8 +88,8 @@ def leaves_sd(csd: RunView, sd: RunView, name: str = "CSD") -> str:
 
 def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None,
                      sd: RunView | None = None, ref: str = "ar") -> str:
-    """A pane's caption: its passes and time, where it departs from the reference pane (``ar``: AR's, or the
-    first pane's when AR is not compared, named ``ref``) and, for a relaxing method, where it leaves SD's."""
+    """A pane's caption: its passes and time, where it departs from the ``ref`` pane's answer ``ar`` (AR's, else the
+    first pane's) and, for a relaxing method, where it leaves SD's."""
     if view is None:
         return f"**{method.upper()}**: waiting"
     m = view.metrics
@@ -119,8 +115,7 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
 
 
 def compare_note(views: dict[str, RunView | None]) -> str:
-    """Lead with the target passes saved, then explain the wall time from the measured cost of a
-    verify pass against an AR step (why SD can be slower than AR on a busy or float32 CPU)."""
+    """The target passes saved, then the wall time from a verify pass's measured cost against an AR step."""
     done = {k: v.metrics for k, v in views.items() if v is not None and v.done and v.metrics}
     if "ar" not in done or len(done) < 2:
         return ("Speculative decoding saves **target passes**: one pass checks a whole block of draft tokens. "
@@ -155,8 +150,7 @@ def compare_note(views: dict[str, RunView | None]) -> str:
 
 
 def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool = False) -> tuple:
-    """The panes (each marked where it departs from the ``ref`` pane), their captions, and, once ``final``,
-    the chart and the explanation."""
+    """The panes (marked where they depart from ``ref``'s), their captions, and once ``final`` the chart and note."""
     base = views[ref]
     diffs = {m: (departures(base.token_ids, v.token_ids) if (base and base.done and v and v.done and m != ref)
                  else None) for m, v in views.items()}
@@ -174,9 +168,8 @@ def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool 
 
 
 def compare(services: Services, prompt: str, s: RunSettings, sess: Session | None):
-    """Run two or three methods (``s.panes``: AR, SD and CSD by default; ``NONE`` leaves the third pane
-    empty) on one prompt, one after another (greedy), one burst per verify pass.
-    Yields the three panes, their captions, the chart, the explanation, the status line, the session."""
+    """Run the methods of ``s.panes`` on one prompt, one after another (greedy), one burst per verify pass.
+    Yields the three panes, their captions, the chart, the note, the status line, the session."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "compare")
     picked, problem = chosen_methods(*s.panes)
@@ -184,7 +177,7 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
         services.lane.finish(job, "Not run: pick two or three different methods.")
         raise error(problem)
     views: dict[str, RunView | None] = dict.fromkeys(picked)
-    slots = [picked[i] if i < len(picked) else None for i in range(len(COMPARE_METHODS))]
+    slots = [*picked, None][:len(COMPARE_METHODS)]
     ref = "ar" if "ar" in views else picked[0]        # the answer the others are compared with
 
     def out(final: bool = False):
@@ -227,7 +220,6 @@ def _compare_summary(job, views: dict, gamma, costs) -> str:
     return out
 
 
-# -- the tab -----------------------------------------------------------------------------------
 # the /compare API's values by position; the rivals' parameters follow
 API_ORDER = ("prompt", "chat", "gamma", "auto_gamma", "lam", "log10_tau", "max_new_tokens", "show_spec",
              "method_1", "method_2", "method_3")

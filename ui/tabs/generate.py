@@ -1,6 +1,5 @@
-"""The Generate tab: one answer, streamed one verify pass at a time and coloured by what happened
-to each token; recoloured under other λ/τ without the model; exported as HTML and JSON.
-"""
+"""The Generate tab: one answer, streamed one verify pass at a time and coloured by each token's fate;
+recoloured under other λ/τ without the model; exported as HTML and JSON."""
 from __future__ import annotations
 
 import tempfile
@@ -60,9 +59,8 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 
 
 def generate(services: Services, prompt: str, s: RunSettings, sess: Session | None):
-    """Stream one generation, one burst per verify pass. Yields (tokens html, rescue summary,
-    metrics html, metrics json, what-if line, status line, session). Every rule's scores are logged,
-    so Analyse can replay any rule on the answer."""
+    """Stream one generation (every rule's scores logged, for Analyse), one burst per verify pass. Yields (tokens,
+    rescue summary, metrics html, metrics json, what-if line, status line, session)."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "generate")
     if job.cancel:
@@ -93,7 +91,7 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
 
 
 def recolour(services: Services, lam, log10_tau, hide_rejected: bool, sess: Session | None):
-    """Recolour the last answer under other thresholds (no model runs). -> (tokens html, what-if line)."""
+    """Recolour the last answer under other thresholds (no model runs). -> (tokens html, what-if line, session)"""
     sess = ensure_session(services, sess)
     tau = tau_from_log10(log10_tau)
     view = sess.last
@@ -124,7 +122,6 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     return gr.update(value=[str(out / "csd-answer.html"), str(out / "csd-answer.json")], visible=True), sess
 
 
-# -- the tab -----------------------------------------------------------------------------------
 # the /generate API's values by position (scripts written before a switch existed leave it out: the later
 # values have defaults); the rivals' parameters follow
 API_ORDER = ("prompt", "chat", "method", "gamma", "auto_gamma", "lam", "log10_tau", "temperature", "max_new_tokens",

@@ -1,19 +1,5 @@
-"""Sliders, number boxes and pickers that name their range when they refuse a value.
-
-Gradio checks a slider's or a number box's range itself, before the handler runs, and says only
-"Value -5 is less than minimum value -4." (with a traceback in the log); a value that is not a
-number at all (an API caller's None or text) fails there with a bare "Error". The components made
-here are gradio's own (gr.Slider, gr.Number, gr.Dropdown: the page draws them as usual) whose
-``preprocess`` first refuses such a value with a sentence naming the setting and its allowed
-range, through ``common.error`` (one log line, no traceback). The handler never runs, so a
-session's memory and last answer are kept; in the page a refused setting also stops a click before
-its request joins the model's lane (``Page.model_job``).
-
-The check is bound to each instance (``types.MethodType``) rather than made a subclass: gradio
-writes a ``.pyi`` stub next to the module of every Component subclass when it is defined. Gradio
-rebuilds a component from its class when a handler updates its properties, which would drop the
-check: these components are inputs only (a test holds the app to that).
-"""
+"""Gradio's sliders, number boxes and pickers whose ``preprocess`` refuses a value out of range with a sentence
+naming the setting and its range; inputs only (why: docs/design.md, "Checked inputs")."""
 from __future__ import annotations
 
 import math

@@ -1,13 +1,5 @@
-"""Model work on the page: a ``Job`` of the model lane (``csd.ui.lane``) from the click that asks for
-it to its end, and the run it holds while it runs.
-
-A click asks for a job at once (``request_job``, beside the model's queue), the queued handler
-takes it (``take_job``) and holds the model inside ``in_lane``; Stop cancels exactly the jobs it
-names, waiting or running; the status line beside each Run button says which. A run streams
-through ``follow_run``, one yield per target pass (the engine marks the last event of each pass
-with ``pass_end``), and is recorded in the store when there is one. An unexpected failure is
-logged with its traceback first and shown as a sentence.
-"""
+"""Model work on the page: a ``Job`` of the model lane (``csd.ui.lane``) from the click that asks for it to its
+end, its status line, and the run it holds (docs/design.md, "The web app")."""
 from __future__ import annotations
 
 import logging
@@ -31,11 +23,8 @@ log = logging.getLogger(__name__)
 ORPHAN_S = 20.0     # a request waiting this long with nothing ahead of it never reached the queue
 
 
-# -- the model lane: asking, waiting, stopping -------------------------------------------------
 def request_job(services: Services, kind: str, sess: Session | None, prompt: str | None = None, chat: bool = True):
-    """A click on Generate / Compare / Run / Calibrate, answered at once (not behind model work):
-    a prompt that is empty or over the cap is refused here, before it waits for anything; else
-    the request takes its place in the lane and the page starts asking for its status.
+    """A click asking for model work, answered at once: a bad prompt is refused, else the request joins the lane.
     -> (session, status line, status timer)."""
     sess = ensure_session(services, sess)
     if prompt is not None:
@@ -47,8 +36,7 @@ def request_job(services: Services, kind: str, sess: Session | None, prompt: str
 
 
 def take_job(services: Services, sess: Session, kind: str) -> Job:
-    """The job this handler call runs: the oldest one the page asked for, else a new one (an API
-    caller that went straight to the endpoint)."""
+    """The job this handler runs: the oldest the page asked for, else a new one (an API caller)."""
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
@@ -57,8 +45,7 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
 
 
 def stop(services: Services, kind: str | None, sess: Session | None):
-    """Stop this session's jobs of ``kind`` (None: all kinds), running or still waiting.
-    -> the status line of ``kind`` (or of generate)."""
+    """Stop this session's jobs of ``kind`` (None: all), running or waiting. -> that kind's (or generate's) status."""
     if not isinstance(sess, Session):
         return render.render_status("Nothing to stop.", "idle")
     for job in sess.all_jobs(kind):
@@ -71,10 +58,8 @@ REFUSED = "Not run: the request was refused (the message says why)."
 
 
 def refused(services: Services, kind: str, sess: Session | None):
-    """A click whose request or run gradio refused before the handler ran (a setting out of its range):
-    the request it left waiting in the lane, if any, is withdrawn (else it would show "Starting…" and
-    stand ahead of the next request), and the status line says it was not run, unless an earlier job of
-    ``kind`` is still going or the handler itself wrote why it did not run. -> the status line."""
+    """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
+    it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
     if not isinstance(sess, Session):
         return render.render_status(REFUSED, "stopped")
     q = sess.pending[kind]
@@ -91,7 +76,7 @@ def _ago(s: float) -> str:
 
 
 def _run_progress(job: Job, now: float) -> str:
-    """What a running job is doing, from its live Run (read without a lock: counters only)."""
+    """What a running job is doing, from its live Run's counters (read without a lock)."""
     run = job.run
     label = f"{job.label}: " if job.label else ""
     if job.progress:
@@ -102,14 +87,13 @@ def _run_progress(job: Job, now: float) -> str:
     if m.target_forwards == 0 and m.prefill_s == 0 and job.prompt_tokens > 1:
         return f"{label}reading the prompt ({job.prompt_tokens:,} tokens) · {_ago(job.elapsed(now))}"
     wall = run.metrics_snapshot().wall_s                 # since the run's first pass: the live rate
-    rate = f", {m.new_tokens / wall:.1f} tok/s" if wall and m.new_tokens else ""     # as short as it was:
-    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens}/"       # a longer line wraps
-            f"{plural(job.max_tokens, 'token')}{rate} · {_ago(job.elapsed(now))}")       # beside the buttons
+    rate = f", {m.new_tokens / wall:.1f} tok/s" if wall and m.new_tokens else ""
+    return (f"{label}verify pass {m.target_forwards + 1} running · {m.new_tokens}/"    # short: a longer line
+            f"{plural(job.max_tokens, 'token')}{rate} · {_ago(job.elapsed(now))}")    # wraps beside the buttons
 
 
 def status_line(services: Services, sess: Session | None, kind: str) -> str:
-    """The status line beside a Run button: the queue ahead, the live progress, Stopping…, or
-    what the last job did."""
+    """The status line beside a Run button: the queue ahead, the progress, Stopping…, or what the job did."""
     job = sess.jobs.get(kind) if isinstance(sess, Session) else None
     if job is None:
         return render.render_status("Ready.", "idle")
@@ -139,9 +123,8 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
 
 
 def _orphan(services: Services, sess: Session, job: Job, ahead: list[Job], now: float) -> bool:
-    """A request that waits with nothing ahead of it, long after the queue would have started it,
-    was refused on its way (a full queue, an input the queue rejected, a second click the page
-    ignored): it stops waiting. True if ``job`` was such a request."""
+    """True, and the job finished, if it waits with nothing ahead long after the queue would have started it
+    (refused on its way)."""
     if ahead or now - job.queued_at <= ORPHAN_S:
         return False
     q = sess.pending[job.kind]
@@ -152,8 +135,7 @@ def _orphan(services: Services, sess: Session, job: Job, ahead: list[Job], now: 
 
 
 def poll_status(services: Services, sess: Session | None):
-    """The status timer's tick: every status line; the timer stops once nothing is waiting or running.
-    -> (generate, compare, teach, calibrate status lines, timer)."""
+    """The status timer's tick: every status line (``KINDS`` order), and the timer, off once nothing waits or runs."""
     if isinstance(sess, Session):
         now = time.monotonic()
         for job in sess.all_jobs():
@@ -182,8 +164,7 @@ def in_lane(services: Services, job: Job):
 
 
 def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | None = None) -> list[int]:
-    """The prompt's token ids, refused with a clear message when empty, over the app's prompt cap
-    or (given the config) too long for the model's context."""
+    """The prompt's token ids; refused when empty, over the app's cap or (given ``cfg``) the model's context."""
     pair, cap = services.pair, services.settings.max_prompt_tokens
     try:
         ids = pair.encode_prompt(prompt, chat)
@@ -201,11 +182,9 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
     return ids
 
 
-# -- running and recording ---------------------------------------------------------------------
 @contextmanager
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
-    """``store.record(...)`` for a run, or a no-op recorder without a store. A failing database
-    costs a warning (logged with its traceback), never the run."""
+    """The run's recorder (a no-op one without a store); a failing database costs a warning, never the run."""
     pair = decoder_for(services, sess).pair       # the user's view: its activation scales go into the record
     fields = run_fields(pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
     try:
@@ -229,8 +208,7 @@ def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, lab
 
 
 def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
-    """Iterate a started run, recording each event; yield the view at the end of every target pass
-    and once more, finished, at the end. A failing model is logged and shown as an error."""
+    """Record a started run's events; yield the view after every target pass and once more, done, at the end."""
     view.run_id = getattr(rec, "run_id", None)
     try:
         for ev in run:
@@ -276,8 +254,8 @@ def done_sentence(view: RunView) -> str:
 
 
 def speculation_sentence(view: RunView, block, costs) -> str:
-    """Where gamma auto drafted fewer tokens a block than the bar's γ: how many, and why, from the
-    run's measured draft and verify times (the cost model's draft time where nothing was drafted)."""
+    """Where γ auto drafted fewer tokens a block than the bar's γ: how many, and why, from the run's measured
+    draft and verify times (the cost model's where nothing was drafted)."""
     m, cfg = view.metrics, view.cfg
     if m is None or cfg.gamma != GAMMA_AUTO or not cfg.uses_draft or not m.target_forwards:
         return ""

@@ -1,38 +1,22 @@
-"""What the tabs share while ``build_demo`` lays them out and wires them: the services, the
-session's state, the bar above the tabs (γ, λ, τ), the status lines and their timer, and the two
-concurrency groups.
-
-Model work (generate, compare, teach, calibrate) shares one concurrency group whose limit is
-``settings.concurrency``; a click first registers the request in the model lane (in the light
-group, at once), so that its status line, beside the button, can say what is ahead of it and
-Stop can cancel it before it starts. The chart and table handlers run beside the model group.
-"""
+"""What the tabs share while ``build_demo`` lays them out and wires them: the services, the session, the bar, the
+status lines and their timer, and the two concurrency groups, model work and light (docs/design.md)."""
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass, field
 from functools import partial
 
 import gradio as gr
 
 from ..lane import KINDS
+from ..render import static_text
 from ..rules import RIVAL_FIELDS
 from ..state import RunSettings, Services, Settings
 from .jobs import poll_status, refused, request_job
 
-EXAMPLES = [
-    # GSM8K test set, item 1
-    "Janet’s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
-    "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "
-    "How much in dollars does she make every day at the farmers' market?",
-    # HumanEval/0
-    'Complete this Python function.\n\nfrom typing import List\n\n\ndef has_close_elements(numbers: List[float], '
-    'threshold: float) -> bool:\n    """ Check if in given list of numbers, are any two numbers closer to each other '
-    'than\n    given threshold.\n    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)\n    False\n    >>> '
-    'has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)\n    True\n    """\n',
-    # prose
-    "Write a short paragraph about why people enjoy walking in the mountains.",
-]
+# the examples under the prompts, by source (GSM8K, HumanEval, prose)
+EXAMPLES = list(json.loads(static_text("examples.json")).values())
 
 MODEL_GROUP = "model"
 HIDE_PRESENT = ["csd-hide-present"]
@@ -76,17 +60,15 @@ class Page:
         return [self.sess], [*(self.status[k] for k in KINDS), self.status_timer]
 
     def named(self, order: tuple[str, ...], **own) -> dict:
-        """A handler's inputs by name (``RunSettings``' fields): the tab's ``own`` components and the bar's, in
-        the ``order`` of its API's values (scripts pass them by position: the order stays as it was), then the
-        rivals' parameters."""
+        """A handler's inputs by ``RunSettings`` field: the tab's ``own`` components and the bar's, in the ``order``
+        of its API's values (scripts pass them by position: it stays), then the rivals' parameters."""
         comps = {"gamma": self.gamma, "auto_gamma": self.auto_gamma, "show_spec": self.show_spec, "lam": self.lam,
                  "log10_tau": self.log10_tau, **dict(zip(RIVAL_FIELDS, self.rivals)), **own}
         return {k: comps[k] for k in (*order, *RIVAL_FIELDS)}
 
     def handler(self, fn, head: str = "prompt"):
-        """``fn(services, head, settings, sess)`` as gradio calls it with ``inputs_kwargs``: the session by
-        position, the prompt (or ``head``) and every setting by name (the names are the API's keywords),
-        made into one ``RunSettings``."""
+        """``fn(services, head, settings, sess)`` as gradio calls it with ``inputs_kwargs``: the session by position,
+        the prompt (or ``head``) and the settings by name (the API's keywords), made into one ``RunSettings``."""
         services = self.services
         if inspect.isgeneratorfunction(fn):
             def stream(sess, **values):
@@ -98,11 +80,8 @@ class Page:
         return call
 
     def model_job(self, btn, kind: str, fn, named: dict, outputs, api_name: str, check_in=()):
-        """A click: the request is checked and joins the lane at once (in the light group, which
-        no model work holds up; a refusal is a toast), then, if it was not refused, the model's
-        queued handler ``fn(sess, **named values)`` runs. The prompt and chat (when ``named`` has them)
-        go with the request; ``check_in``: settings whose components refuse a value out of their
-        range (``csd.ui.tabs.inputs``) at the click, before the request joins the lane."""
+        """A click: the request (with the prompt and chat, and ``check_in``'s settings checked) joins the lane at
+        once in the light group, then, unless refused, the model's queued handler ``fn(sess, **named)`` runs."""
         services, sess = self.services, self.sess
         prompt_in = [named[k] for k in ("prompt", "chat") if k in named]
         n = len(prompt_in)
@@ -118,8 +97,7 @@ class Page:
         for step in (ask, run):      # refused before its handler ran: the status line says so, nothing waits
             step.failure(partial(refused, services, kind), [sess], [self.status[kind]], show_progress="hidden",
                          api_visibility="private", **self.light)
-        # the last word on the status lines: a timer tick computed just before the run ended can land
-        # after the run's last update and show it still running; this poll is sent after the run ends
+        # the last word on the status lines, sent after the run ends (docs/design.md, "The model lane")
         run.then(partial(poll_status, services), *self.status_io, queue=False, show_progress="hidden",
                  api_visibility="private")
         return run

@@ -1,7 +1,5 @@
-"""The Teach tab: a short run with explanations (draft and target top-k), stepped through one
-speculative iteration at a time, by hand or by the autoplay timer. The HTML of an iteration is
-built here (with ``csd.ui.render``'s token pieces), as is the explanation beside it.
-"""
+"""The Teach tab: a short run with explanations (draft and target top-k), stepped through one speculative
+iteration at a time, by hand or by the autoplay timer."""
 from __future__ import annotations
 
 import time
@@ -16,7 +14,7 @@ from csd.events import REJECTED, TokenEvent
 from csd.rule import Rescue
 
 from .. import render, rules
-from ..render import STATUS_STYLE, esc, plural, show_token, token_detail, token_text_html
+from ..render import STATUS_STYLE, esc, plain_sentence, plural, show_token, token_text_html
 from ..state import RunSettings, Services, Session
 from .common import ensure_session, error, exactness_note, page_config
 from .inputs import dropdown, slider
@@ -40,10 +38,6 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
     """One speculative iteration of a run under ``cfg``: every token the draft proposed (kept, rejected, and
     the ones thrown away unchecked after a rejection), the target's top 5, each decision and its rule."""
     lam, tau, method, relax = cfg.lam, cfg.tau, cfg.method, cfg.relax
-
-    def why(e: TokenEvent) -> str:      # the first line of the token's details in Generate: one explanation
-        return token_detail(e, lam, tau, method=method, relax=relax).splitlines()[0]
-
     evs = list(block)
     kept = "".join(f'<span class="tok {STATUS_STYLE[e.status][0]}">{token_text_html(e)[0]}</span>'
                    for e in evs if e.in_output)
@@ -68,7 +62,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
-            f'<td class="why">{esc(why(e))}</td></tr>')
+            f'<td class="why">{esc(plain_sentence(e, lam, tau, method=method, relax=relax))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             first = e.index_in_block + 2
             for k, t in enumerate(discarded_texts):
@@ -90,35 +84,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
             f"<tbody>{''.join(rows)}</tbody></table></div></div></div>")
 
 
-TEACH_EXPLANATION = r"""
-### How one speculative iteration works
-1. **Draft.** The small model proposes γ tokens x̃₁ … x̃_γ, one after the other (cheap).
-2. **Verify.** The large target model scores the whole block in **one** forward pass: at each
-   position i it has its own top-1 token t\*ᵢ and logits z.
-3. **Decide, left to right** (CSD, greedy):
-   - x̃ᵢ = t\*ᵢ → **accepted**.
-   - else, if the Online Correction Memory has seen the pattern x̃ᵢ → t\*ᵢ at least **λ** times
-     *and* the Semantic Consistency Gate passes, z(x̃ᵢ) − z(t\*ᵢ) ≥ **log τ** → **rescued**: the
-     draft token is kept and verification continues.
-   - else → **rejected**: t\*ᵢ is emitted instead (the *correction*) and the rest of the block is
-     thrown away unchecked (greyed out in the drafted block).
-4. **Learn.** Every divergence (rescued or rejected) adds one to its pattern's count, after its own decision.
-5. If every draft token was kept, the target's prediction after the block is a free **bonus** token.
-
-Standard speculative decoding (SD) is the same loop without step 3's rescue: a draft token is kept
-only where it is the target's top-1. CSD also keeps harmless differences (`' the'` → `' a'`,
-`','` → `'.'`) for fewer target passes.
-
-**The rivals** replace step 3 with a rule of their own, on the same target pass and without a memory
-(their parameters are in the folded panel of the bar, beside τ): `lossy` keeps x̃ when p(x̃) ≥ τ·p(t\*);
-`topk` when x̃ is among the target's top k and within δ of p(t\*); `typical` when
-p(x̃) > min(threshold, α·e^−H); `FLy` forgives a mismatch when the next (window − 1) draft tokens all
-match and the target is not near-certain. A token kept that way is **relaxed** (≈), not rescued.
-
-{exactness}
-
-Keys: **←** and **→** step through the iterations; **Play** steps by itself.
-"""
+TEACH_EXPLANATION = render.static_text("teach.md")   # the steps of an iteration, beside the view
 
 
 # -- stepping through a run --------------------------------------------------------------------
@@ -147,8 +113,7 @@ def teach_view(services: Services | None, sess: Session | None, step: int) -> st
 
 
 def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | None):
-    """Run a short generation with explanations (draft and target top-k, a fixed gamma), then
-    show iteration 1. Yields (view, status line, session) as the passes arrive."""
+    """A short greedy run with explanations at a fixed γ, then iteration 1. Yields (view, status line, session)."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "teach")
     if job.cancel:
@@ -180,19 +145,10 @@ def teach_step(services: Services, delta: int, sess: Session | None):
 
 
 def teach_play(services: Services, sess: Session | None):
-    """Play, and each tick of the autoplay timer: one iteration further; the timer goes on until the last
-    one. -> (view, timer, session)."""
+    """Play, and each tick of the autoplay timer: one iteration further, until the last. -> (view, timer, session)"""
     view, sess = teach_step(services, 1, sess)
-    return view, gr.Timer(active=_teach_has_next(sess)), sess
-
-
-def teach_pause():
-    return gr.Timer(active=False)
-
-
-def _teach_has_next(sess: Session | None) -> bool:
-    return isinstance(sess, Session) and sess.teach is not None and \
-        sess.teach_step < len(_blocks(sess.teach.events)) - 1
+    more = isinstance(sess, Session) and sess.teach is not None and sess.teach_step < len(_blocks(sess.teach.events)) - 1
+    return view, gr.Timer(active=more), sess
 
 
 # -- the tab -----------------------------------------------------------------------------------
@@ -237,6 +193,6 @@ def build(page: Page):
                      **light)
         teach_timer.tick(partial(teach_play, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
-        t_stop.click(teach_pause, None, teach_timer, queue=False, api_visibility="private")
+        t_stop.click(lambda: gr.Timer(active=False), None, teach_timer, queue=False, api_visibility="private")
         t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
     return wire
