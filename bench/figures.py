@@ -67,9 +67,8 @@ def _synthetic_stats(results: dict) -> dict:
 
 def table(run: Path, methods: list[str] | None = None, dataset: str | None = None,
           columns: list[str] | None = None) -> str:
-    """The Markdown table of one committed run: a row per method, tok/s and every speed-up with its
-    interval, then passes per token and acceptance and any ``columns`` (a benchmark run), or tokens per
-    target pass and host syncs per block (a synthetic one)."""
+    """The Markdown table of one committed run, a row per method: tok/s and every speed-up with its
+    interval, then passes per token, acceptance and ``columns`` (or, synthetic: tokens / pass, syncs / block)."""
     f = run / "results.json" if run.is_dir() else run
     try:
         f, raw = read_results_json(run)

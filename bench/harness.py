@@ -146,10 +146,9 @@ class BenchConfig:
 
 def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
               progress: Progress | None = None) -> dict:
-    """Run ``config``'s columns on its items and write the outputs; the results dict (also results.json).
-    ``store``: record every generation there (or None); ``memory``: the memory columns' start memory (the
-    pair's calibrated one); ``costs``: gamma auto's profile (the pair's cached one). An interrupt keeps the
-    finished items in the outputs and propagates."""
+    """Run ``config``'s columns on its items, write the outputs and return the results. ``store``: record
+    every generation there; ``memory``: the start memory (the pair's); ``costs``: gamma auto's profile (the
+    pair's). An interrupt keeps the finished items in the outputs and propagates."""
     from csd.decode import Decoder
 
     datasets = config.datasets()

@@ -47,9 +47,8 @@ def setting_name(setting: dict, base: CSDConfig) -> str:
 
 
 def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
-    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per setting (keys SWEEP_KEYS and method),
-    each checked by the engine's config. A rival's parameter names its method (tau_lossy: lossy, topk and
-    delta: topk, posterior_threshold and posterior_alpha: typical, win_len and entropy_thre: fly)."""
+    """"lam=6,tau=0.01;lam=3,tau=0.1;gamma=auto" -> one dict per setting, each checked by the engine's
+    config; a rival's parameter (csd.config.PARAM_METHOD) names its method."""
     if not sweep:
         return []
     if not isinstance(sweep, str):
@@ -96,9 +95,8 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
 
 
 def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> list[Method]:
-    """The benchmark's columns: named methods, then one CSD column per sweep setting (the setting
-    equal to ``base`` is the plain ``csd`` column). ``base.lookup`` is the drafting columns' copy
-    length; ar and the transformers columns never copy."""
+    """The named methods, then one column per sweep setting (one equal to ``base`` is ``csd``); ar and
+    the transformers columns never copy (``base.lookup``)."""
     plain = replace(base, lookup=0)
     names = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
     out: list[Method] = []

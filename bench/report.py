@@ -11,13 +11,15 @@ from pathlib import Path
 
 from .alarms import alarm_lines
 from .io import fmt, pct, ratio, write_json
-from .results import ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
+from .results import GOALS, ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
 from .waterfall import waterfall_lines
 
-
-def _copies(lookup) -> str:
-    """The drafting columns' copy length as the header says it."""
-    return f"up to {lookup} (--lookup)" if lookup else "off"
+GOAL_LABELS = {"csd_over_ar": ("CSD speed-up over AR", "x"), "csd_over_hf": ("CSD over hf-assisted (defaults)", "x"),
+               "csd_over_sd": ("CSD over SD", "x"), "csd_tokens_per_s": ("CSD tokens per second", ""),
+               "csd_passes_vs_sd": ("CSD target passes / SD's", ""),
+               "csd_bookkeeping_share": ("CSD memory + gate time / wall time", "%"),
+               "csd_policy_share": ("CSD block-length policy time / wall time", "%"),
+               "sd_eos_share": ("SD answers that ended by themselves", "%")}
 
 
 def _impl(models: dict) -> str:
@@ -99,6 +101,7 @@ def _header_lines(results: dict) -> list[str]:
     meta = results["meta"]
     cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
     prof = meta.get("profile") or {}
+    copies = f"up to {cfg['lookup']} (--lookup)" if cfg.get("lookup") else "off"
     lines = [
         "# CSD Explorer benchmark", "",
         f"- Command: `{meta['command'] or '(python API)'}`",
@@ -110,7 +113,7 @@ def _header_lines(results: dict) -> list[str]:
         f"{_impl(models)}, draft "
         f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
-        f"copies from the context {_copies(cfg.get('lookup'))}, seed {cfg['seed']}",
+        f"copies from the context {copies}, seed {cfg['seed']}",
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
         f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
     ]
@@ -155,13 +158,8 @@ def _goal_lines(results: dict) -> list[str]:
     lines = []
     if targets:
         lines += ["", "## Goals (over all items, the `csd` column)", ""]
-        names = {"csd_over_ar": ("CSD speed-up over AR", ">=", "x"), "csd_over_hf": ("CSD over hf-assisted (defaults)", ">=", "x"),
-                 "csd_over_sd": ("CSD over SD", ">=", "x"), "csd_tokens_per_s": ("CSD tokens per second", ">=", ""),
-                 "csd_passes_vs_sd": ("CSD target passes / SD's", "<=", ""),
-                 "csd_bookkeeping_share": ("CSD memory + gate time / wall time", "<=", "%"),
-                 "csd_policy_share": ("CSD block-length policy time / wall time", "<=", "%"),
-                 "sd_eos_share": ("SD answers that ended by themselves", ">=", "%")}
-        for k, (label, op, unit) in names.items():
+        for k, (label, unit) in GOAL_LABELS.items():
+            op = ">=" if GOALS[k][3] else "<="
             t = targets.get(k) or {}
             if t.get("value") is None:
                 lines.append(f"- {label}: not measured")

@@ -33,9 +33,8 @@ def _speed(run: dict, method: str, ref: str) -> tuple[float | None, list | None]
 
 
 def setting(s: dict | None) -> str:
-    """A column's setting in a few words, from its results.json entry: the block length, the copies
-    and what the rule reads (λ and τ for the memory methods, a rival's own parameters), e.g.
-    "γ auto, copies 16, λ 6, τ 0.01". Empty when the run did not record it."""
+    """A column's setting in a few words from its results.json entry, e.g. "γ auto, copies 16, λ 6, τ 0.01"
+    (what its rule reads); empty when the run did not record it."""
     if not s:
         return ""
     m = s.get("method")

@@ -41,14 +41,9 @@ def paired_accuracy(pairs) -> dict:
 
 
 def speedup(rows, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float | None, list | None]:
-    """The one definition of a speed-up in this project: a method's tokens per second over a
-    reference's, each summed over the same items (sum of tokens / sum of wall time), with a
-    percentile bootstrap interval over the items, i.e. how far the ratio could move on another draw
-    of items like them (answers, their lengths and what can be copied differ per item and method).
-
-    ``rows``: (tokens, wall_s, ref_tokens, ref_wall_s) per item. Returns (ratio, [lo, hi]); the
-    ratio is None where either side has no time or no tokens, the interval None with fewer than 2
-    items. Seeded, so a report renders the same twice."""
+    """The project's one speed-up: summed tokens / summed wall over a reference's on the same items, with
+    a seeded percentile bootstrap interval over the items (docs/benchmarks.md). ``rows``: (tokens, wall_s,
+    ref_tokens, ref_wall_s) per item. Returns (ratio or None, [lo, hi] or None with fewer than 2 items)."""
     import numpy as np
 
     a = np.array([[float(x) for x in r] for r in rows]).reshape(-1, 4)

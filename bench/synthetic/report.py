@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from ..io import fmt, ratio
 from ..stats import speedup
@@ -65,15 +66,10 @@ def summarize(rs: list[Measured], ar: list[Measured]) -> dict:
 
 def output_stats(outputs: list[list[int]]) -> dict:
     """Is the target's greedy output degenerate? Distinct-token share and the longest run of one token."""
-    def longest(t):
-        best = run = 1 if t else 0
-        for a, b in zip(t, t[1:]):
-            run = run + 1 if a == b else 1
-            best = max(best, run)
-        return best
+    longest = max((len(list(run)) for t in outputs for _, run in groupby(t)), default=0)
     shares = [len(set(t)) / len(t) for t in outputs if t]
     return {"distinct_share": sum(shares) / len(shares) if shares else None,
-            "longest_run": max((longest(t) for t in outputs), default=0), "sample": outputs[0][:24] if outputs else []}
+            "longest_run": longest, "sample": outputs[0][:24] if outputs else []}
 
 
 def render_markdown(res: dict) -> str:

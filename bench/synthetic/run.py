@@ -237,9 +237,8 @@ def _check_in_float32(cfg: SyntheticConfig, models: tuple, device: torch.device,
 
 
 def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log) -> dict:
-    """The benchmark in numbered steps: 1. build the random models; 2. check SD == AR in float32 and
-    convert them to their representations; 3. time the target's passes; 4. run every method on every
-    prompt; 5. count CUDA synchronisations; 6. write the figures."""
+    """1. build the random models; 2. check SD == AR in float32, convert them; 3. time the target's passes;
+    4. run every method on every prompt; 5. count CUDA synchronisations; 6. write the figures."""
     from csd.decode import Decoder
     from csd.profile import measure
 
