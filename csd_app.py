@@ -1,10 +1,7 @@
 """CSD Explorer web app: ``csd-app`` (installed) or ``python app.py`` serves it on http://127.0.0.1:7860.
 
-Parses the options, loads the model pair (the embedded one by default; the first start converts
-it, with progress), opens the store, builds the app and launches it. Nothing else happens here.
-A module of its own above ``ui`` (which it composes with the engine and the store), so that the
-environment below is set before ``ui`` imports gradio and huggingface_hub.
-"""
+Parses the options, loads the pair, opens the store, builds the app and launches it; a module above ``ui`` so
+that the environment below is set before ``ui`` imports gradio and huggingface_hub."""
 from __future__ import annotations
 
 import os
@@ -71,17 +68,15 @@ def on_space() -> bool:
 
 
 def configure_logging() -> None:
-    """One line per record on stderr, with the time and the logger. The app's own loggers (``csd``,
-    with ``csd.ui`` and ``csd.db`` below it) speak from INFO: a refused request (bad input, a prompt over the cap) is one
-    INFO line, a bug an ERROR with its traceback; other libraries from WARNING."""
+    """One line per record on stderr: ``csd`` (with ``csd.ui``, ``csd.db``) from INFO (a refused request is one INFO
+    line, a bug an ERROR with its traceback), other libraries from WARNING."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    logging.getLogger("csd").setLevel(logging.INFO)     # the engine, csd.ui and csd.db
+    logging.getLogger("csd").setLevel(logging.INFO)
 
 
 def concurrency_for(requested: int | None, pair) -> int:
-    """The generations at once: as asked, else ``BATCHED_CONCURRENCY`` where runs of this pair decode
-    together (the lean path, eager) and 1 where they cannot (a static engine, a transformers model)."""
+    """As asked, else ``BATCHED_CONCURRENCY`` where this pair's runs decode together (lean path, eager), else 1."""
     if requested is not None:
         return requested
     from csd.batch import can_batch

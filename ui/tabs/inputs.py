@@ -10,19 +10,15 @@ import gradio as gr
 from .common import error
 
 
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
 def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
     """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more'."""
     kind = "a whole number" if whole else "a number"
     if lo is not None and hi is not None:
-        return f"{kind} from {_num(lo)} to {_num(hi)}" if whole else f"between {_num(lo)} and {_num(hi)}"
+        return f"{kind} from {lo:g} to {hi:g}" if whole else f"between {lo:g} and {hi:g}"
     if lo is not None:
-        return f"{kind}, {_num(lo)} or more"
+        return f"{kind}, {lo:g} or more"
     if hi is not None:
-        return f"{kind}, {_num(hi)} or less"
+        return f"{kind}, {hi:g} or less"
     return kind
 
 
