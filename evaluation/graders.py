@@ -4,6 +4,8 @@ reads, with examples: ``docs/grading.md``; the cases: ``tests/test_final_number.
 """
 from __future__ import annotations
 
+import ast
+import operator
 import re
 import textwrap
 from dataclasses import dataclass
@@ -247,63 +249,40 @@ def numbers_equal(pred: str | None, ref: str | None) -> bool:
 
 
 _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([-+*/()]))")
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+               ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
 def _evaluate(expr: str) -> Fraction | None:
     """Exact value of an arithmetic expression (+ - * / and parentheses over decimal numbers), else ``None``.
-    A small recursive-descent parser: nothing is ``eval``-ed."""
+    Python parses it with each number replaced by a name; nothing is ``eval``-ed."""
     s = expr.replace(",", "").replace("%", "").strip()
-    tokens, pos = [], 0
+    numbers, code, pos = [], [], 0
     while pos < len(s):
         m = _TOKEN.match(s, pos)
         if m is None:
             return None
-        tokens.append(Fraction(m.group(1)) if m.group(1) else m.group(2))
+        if m.group(1):
+            numbers.append(Fraction(m.group(1)))
+        code.append(f"n{len(numbers) - 1}" if m.group(1) else m.group(2))      # spaced: "* *" is no power
         pos = m.end()
-    if not tokens or len(tokens) > 200:
+    if not code or len(code) > 200:
         return None
-    i = 0
-
-    def peek():
-        return tokens[i] if i < len(tokens) else None
-
-    def take():
-        nonlocal i
-        i += 1
-        return tokens[i - 1]
-
-    def factor() -> Fraction:
-        t = take() if peek() is not None else None
-        if t == "-":
-            return -factor()
-        if t == "+":
-            return factor()
-        if t == "(":
-            v = expression()
-            if take() != ")":
-                raise ValueError("unbalanced parentheses")
-            return v
-        if isinstance(t, Fraction):
-            return t
-        raise ValueError(f"unexpected {t!r}")
-
-    def term() -> Fraction:
-        v = factor()
-        while peek() in ("*", "/"):
-            v = v * factor() if take() == "*" else v / factor()
-        return v
-
-    def expression() -> Fraction:
-        v = term()
-        while peek() in ("+", "-"):
-            v = v + term() if take() == "+" else v - term()
-        return v
-
     try:
-        v = expression()
-    except (ValueError, ZeroDivisionError, IndexError):
+        return _arithmetic(ast.parse(" ".join(code), mode="eval").body, numbers)
+    except (SyntaxError, ValueError, ZeroDivisionError):
         return None
-    return v if i == len(tokens) else None
+
+
+def _arithmetic(node: ast.expr, numbers: list[Fraction]) -> Fraction:
+    op = _ARITHMETIC.get(type(getattr(node, "op", None)))
+    if isinstance(node, ast.Name):
+        return numbers[int(node.id[1:])]
+    if isinstance(node, ast.UnaryOp) and op is not None:
+        return op(_arithmetic(node.operand, numbers))
+    if isinstance(node, ast.BinOp) and op is not None:
+        return op(_arithmetic(node.left, numbers), _arithmetic(node.right, numbers))
+    raise ValueError(f"not arithmetic: {type(node).__name__}")
 
 
 # -- CHAMP -------------------------------------------------------------------------------------
