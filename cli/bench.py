@@ -24,9 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "instead times ar, sd and csd on randomly initialised models with the real pair's "
                     "architectures (no model files needed: for GPU machines; see bench/synthetic/).")
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
-                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each optionally with its own item "
-                        "count, e.g. gsm8k:40,humaneval:40,prose:10, or range of the seeded draw, e.g. gsm8k:16-40 (the "
-                        "items a run on gsm8k:15 left out) (default: gsm8k,humaneval,prose)")
+                   help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each with an optional count "
+                        "(gsm8k:40) or range of the seeded draw (gsm8k:16-40) (default: %(default)s)")
     p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")
@@ -35,28 +34,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="fixes the items drawn from each dataset (default 0)")
     d = CSDConfig()
     p.add_argument("--gamma", type=parse_gamma, default="auto",
-                   help="draft block length of sd, csd and the ablations (1..32), or 'auto' (the default, faster in "
-                        f"docs/bench/speed); {d.gamma} is the paper's fixed block")
+                   help=f"draft block length of sd, csd and the ablations (1..32), or 'auto' (the default); {d.gamma} "
+                        "is the paper's fixed block")
     p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
     p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda of the csd column")
     p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau of the csd column")
     p.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
-                   help=f"copies from the context in the sd, csd and ablation columns: up to N tokens proposed where "
-                        f"the costs say they pay, verified exactly (default {DEFAULT_LOOKUP}; 0: the paper's methods "
-                        f"alone, as in the README's earlier figures)")
+                   help=f"copies from the context in the sd, csd and ablation columns (default {DEFAULT_LOOKUP}; 0: "
+                        "the paper's methods alone)")
     p.add_argument("--sweep", default=None,
-                   help="more settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1;...' (CSD), a rival's "
-                        "parameters ('tau_lossy=0.4;topk=5,delta=0.2;posterior_threshold=0.05;win_len=4,"
-                        "entropy_thre=0.1': the parameter names its method), any method with gamma/lookup "
-                        "('method=fly,gamma=15'), or a column's int8 scaling ('method=ar,int8_activations=pass')")
+                   help="more settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1' (CSD), a rival's parameters "
+                        "('tau_lossy=0.4;topk=5,delta=0.2'), 'method=fly,gamma=15', 'method=ar,int8_activations=pass' "
+                        "(docs/cli.md)")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     p.add_argument("--bound-checks", type=_count, default=2, metavar="N",
-                   help="with gamma auto, re-measure the profile N times beside the run (one before the items, the "
-                        "rest after them; about a minute each) and judge CSD against the median bound (default 2; "
-                        "0: the cached profile alone)")
+                   help="with gamma auto, re-measure the profile N times beside the run and judge CSD against the "
+                        "median bound (default 2; 0: the cached profile alone)")
     add_rival_args(p, ": of the lossy, topk, typical and fly columns")
     add_model_args(p)
     add_synthetic_args(p)

@@ -35,33 +35,24 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
-                   help="the target's representation (auto: int8 on the CPU, the fastest there; bfloat16 on CUDA; "
-                        "int8 = dynamic int8 linear layers, CPU only; float32 is the exact reference)")
+                   help="the target's representation (auto: int8 on the CPU, bfloat16 on CUDA; float32 is exact)")
     p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
-                   help="draft dtype (auto: int8 dynamic quantisation on the CPU, the target's dtype on a GPU)")
+                   help="draft dtype (auto: int8 on the CPU, the target's dtype on a GPU)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
-                   help="the draft's forward pass: lean (fused, for Llama-family drafts), hf (transformers), "
-                        "auto (lean where it can)")
+                   help="the draft's forward pass: lean (fused, Llama-family), hf, auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
-                   help="the target's forward pass in the decode loop: hf (transformers), lean (fused, "
-                        "Llama-family: for an int8 target the same logits in about 0.8x the time), or auto "
-                        "(lean for an int8 target, hf otherwise)")
+                   help="the target's forward pass: hf, lean (fused, Llama-family), auto (lean for an int8 target)")
     p.add_argument("--int8-smoothing", default="on", choices=("on", "off"),
-                   help="for an int8 target: move activation outliers into the weights before quantising "
-                        "(SmoothQuant; the float function is unchanged, int8 rounds closer to it) (default on)")
+                   help="for an int8 target: move activation outliers into the weights first (SmoothQuant)")
     p.add_argument("--int8-activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
-                   help="for an int8 target: scale the activations per row (each token on its own: greedy SD "
-                        "writes AR's answer token for token, as in float32) or per pass (one scale for all the "
-                        "tokens of a verify pass, 7-17%% faster a pass on the CPU) (default %(default)s; "
-                        "docs/exactness.md)")
+                   help="for an int8 target: one activation scale per token (row: greedy SD is AR's answer) or per "
+                        "pass (7-17%% faster) (default %(default)s; docs/exactness.md)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
     p.add_argument("--engine", default="auto", choices=ENGINES,
-                   help="static: fixed-shape passes on a preallocated KV cache, replayed as CUDA graphs captured at "
-                        "load (GPU); compiled: static, its passes fused by torch.compile before the capture (a "
-                        "compile per model at load); eager: launched op by op; auto: static on CUDA, eager on the "
-                        "CPU (docs/gpu.md)")
+                   help="static: fixed shapes replayed as CUDA graphs; compiled: static after torch.compile; eager: "
+                        "op by op; auto: static on CUDA, eager on the CPU (docs/gpu.md)")
     p.add_argument("--static-capacity", type=int, default=DEFAULT_CAPACITY,
                    help="static engine: tokens each KV cache holds (prompt + answer + one block; default %(default)s)")
     p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
@@ -97,20 +88,11 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
     return pair
 
 
-def warn_memory_mismatch(memory, pair) -> None:
-    """Say (never refuse) when a memory was calibrated with other representations than the pair's."""
-    why = memory.mismatch(pair)
-    if why:
-        print(f"note: {why}; its patterns still apply", file=sys.stderr)
-
-
 def open_store(args):
     if args.no_db:
         return None
     from csd.db.store import Store
     return Store.open(args.db)
-
-
 
 
 def add_rival_args(p: argparse.ArgumentParser, what: str = "") -> None:

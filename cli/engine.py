@@ -28,7 +28,6 @@ from .common import (
     open_store,
     rival_values,
     tqdm_progress,
-    warn_memory_mismatch,
 )
 
 
@@ -62,8 +61,7 @@ def add_parsers(sub) -> None:
     pf.add_argument("--refresh", action="store_true", help="measure again even if a profile is cached")
     pf.add_argument("--chart", default=None, help="write the chart as a self-contained HTML file")
     pf.add_argument("--json", action="store_true", help="print the profile as JSON")
-    pf.add_argument("--drafts", action="store_true",
-                    help="also time each way to run the draft (transformers / lean, float32 / int8, vocabulary)")
+    pf.add_argument("--drafts", action="store_true", help="also time each way to run the draft (impl, dtype, vocab)")
     add_model_args(pf)
     pf.set_defaults(func=cmd_profile)
 
@@ -79,13 +77,10 @@ def add_calibrate_parser(sub) -> None:
                    help="prompt mode: JSONL ('prompt' per line) or a text file, one prompt per line "
                         "(default: the shipped prompt set's calibration split)")
     c.add_argument("--limit", type=int, default=None, help="prompt mode: use the first N prompts")
-    c.add_argument("--per-kind", type=int, default=None,
-                   help="prompt mode: use the first N prompts of each kind (prose, code, math) of the prompt set")
-    c.add_argument("--skip-per-kind", type=int, default=0,
-                   help="prompt mode: skip the first N prompts of each kind (to extend a memory with new prompts)")
+    c.add_argument("--per-kind", type=int, default=None, help="prompt mode: the first N prompts of each kind")
+    c.add_argument("--skip-per-kind", type=int, default=0, help="prompt mode: skip the first N prompts of each kind")
     c.add_argument("--heldout", type=int, default=0,
-                   help="prompt mode: also answer N prompts of the shipped held-out split and report how the memory "
-                        "covers their divergences (default 0)")
+                   help="prompt mode: also answer N held-out prompts; report how the memory covers them")
     c.add_argument("--answer-tokens", type=int, default=320, help="prompt mode: longest answer (default 320)")
     c.add_argument("--corpus", default=None, help="text mode: text file or JSONL (default: the shipped corpus)")
     c.add_argument("--max-positions", type=int, default=None, help="text mode: stop after this many counted positions")
@@ -93,8 +88,7 @@ def add_calibrate_parser(sub) -> None:
     c.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: 8 prompts, 4 chunks)")
     c.add_argument("--out", required=True, help="memory file to write (.json or .json.gz)")
     c.add_argument("--memory", default=None, help="memory file to extend instead of starting empty")
-    c.add_argument("--vocab-out", default=None,
-                   help="prompt mode: also write the answers' token frequencies (a draft vocabulary list) here")
+    c.add_argument("--vocab-out", default=None, help="prompt mode: also write the answers' token frequencies here")
     add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 
@@ -102,20 +96,16 @@ def add_calibrate_parser(sub) -> None:
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     d = CSDConfig()
     p.add_argument("--gamma", type=parse_gamma, default=GAMMA_AUTO,
-                   help=f"draft block length (1..32), or '{GAMMA_AUTO}' (the default, faster in the benchmark): chosen "
-                        f"per block from this machine's measured costs and the run's acceptance; {d.gamma} is the "
-                        "paper's fixed block")
+                   help=f"draft block length (1..32), or '{GAMMA_AUTO}' (the default: chosen per block from this "
+                        f"machine's costs and the run's acceptance); {d.gamma} is the paper's fixed block")
     p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
     p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
     p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
     p.add_argument("--lookup", type=int, default=None,
-                   help="also propose up to N tokens copied from the prompt or the answer where the last tokens "
-                        "occurred before (prompt lookup), verified exactly, when the measured costs say it pays "
-                        f"(greedy or sampled: the output's distribution stays the target's; default {DEFAULT_LOOKUP} "
-                        "with sd, csd and the ablations; 0 turns it off: the paper's method alone)")
+                   help="also propose up to N tokens copied from the context where the costs say it pays, verified "
+                        f"exactly (default {DEFAULT_LOOKUP} with sd, csd, the ablations; 0: the paper's method alone)")
     p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
-                   help=f"the shortest run of recent tokens that must have occurred before for --lookup to copy what "
-                        f"followed it (1..4, default {d.lookup_ngram})")
+                   help=f"the shortest recurring run after which --lookup copies (1..4, default {d.lookup_ngram})")
     paper = PRESETS["paper"]
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,
                    help=f"paper: the paper's CSD (gamma {paper['gamma']}, lambda {paper['lam']:g}, tau {paper['tau']:g}, "
@@ -158,8 +148,8 @@ def cmd_generate(args) -> int:
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
     decoder = Decoder(pair)
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else decoder.default_memory()
-    if cfg.use_ocm:
-        warn_memory_mismatch(memory, pair)
+    if cfg.use_ocm and (why := memory.mismatch(pair)):      # said, never refused
+        print(f"note: {why}; its patterns still apply", file=sys.stderr)
     run = decoder.run(prompt_ids, cfg, memory)
     cancelled = False
     with recording(store, **run_fields(pair, cfg, kind="generate", prompt=args.prompt)) as rec:

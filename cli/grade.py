@@ -1,9 +1,5 @@
-"""``grade``: grade one answer to one benchmark item with exactly the benchmark's graders.
-
-Prints one JSON object on stdout: ``dataset``, ``item_id``, ``reference``, ``correct`` (true, false
-or null when the item cannot be checked), ``predicted`` (the extracted answer, or "passed"/"failed"
-for HumanEval) and ``detail`` (for HumanEval: the test outcome and the sandbox used).
-"""
+"""``grade``: grade one answer to one benchmark item with exactly the benchmark's graders; prints one JSON
+object (its fields: docs/grading.md)."""
 from __future__ import annotations
 
 import argparse
