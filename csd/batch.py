@@ -1,24 +1,9 @@
-"""Several runs decoding together: one draft step and one verify pass serve every run that waits for
-that model at that moment.
-
-Each run keeps its own loop (``csd.decode.Run``), caches, rule, memory and events; only its model
-calls change hands. A run of a ``Batcher.view`` calls ``forward`` on a ``BatchedLM``, which hands the
-call to the batcher's one model thread and waits for its logits. That thread gathers the calls
-waiting for the same model (for up to ``window_s`` after the first, or until every joined run has
-one waiting) and makes them one ``LeanLM.forward_many`` pass: the sequences' tokens are the rows of
-each linear layer's product, each at its own positions, with its own cache and attention. On a CPU
-that reads the weights once for all of them, which is where a pass's time goes.
-
-What a run computes does not depend on who else is running, where the layers allow it: an int8
-target scaled per token (the app's exact mode) gives a row the same bits alone or in any batch, so
-each user's target logits, and greedy SD's tokens, are those of a run alone
-(``tests/test_batch.py``). A target scaled per pass would round a row with the other users' rows,
-so its passes are not merged. An int8 draft is switched to per-token scales when the batcher is made,
-so its rows do not depend on the batch either, and with a fixed gamma a CSD run's proposals, rescues
-and answer are those of the run alone (gamma auto plans blocks from measured times, which other runs
-change, and CSD's answer depends on where blocks end; SD's cannot); a float draft's rows may round
-differently beside others (it only proposes: SD's output cannot change, CSD's rescues may). The activation mode is applied by the model thread before
-each pass, so runs in either mode can go at once.
+"""Several runs decoding together (docs/users.md): one draft step and one verify pass serve every run
+waiting for that model. Each run keeps its own loop, caches, rule, memory and events; a run of a
+``Batcher.view`` calls ``forward`` on a ``BatchedLM``, which hands the call to the batcher's model thread.
+That thread gathers the calls waiting for one model (up to ``window_s``, or until every joined run has
+one waiting) into one ``LeanLM.forward_many`` pass. Rows scaled per token compute the same bits alone or
+in any batch (``tests/test_batch.py``); a target scaled per pass is not merged with other runs.
 """
 from __future__ import annotations
 
@@ -99,8 +84,7 @@ class Batcher:
         threading.Thread(target=self._serve, name="csd-batcher", daemon=True).start()
 
     def view(self, mode: str = ""):
-        """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales
-        for this view's runs ("row"/"pass"; "": the pair's as it is)."""
+        """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
         mode = mode or self.pair.int8_activations
         draft = self.pair.draft_lm
         return replace(self.pair, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
@@ -127,16 +111,14 @@ class Batcher:
             self._run(self._gather())
 
     def _gather(self) -> list[_Call]:
-        """Wait for calls; then for up to ``window_s`` while some joined run has none waiting; take the
-        oldest call and those that can share its pass."""
+        """Wait for calls, then up to ``window_s`` for every joined run's; take the first and its pass-mates."""
         with self._cond:
             while not self._pending:
                 self._cond.wait()
             deadline = self._pending[0].at + self.window_s
             while len(self._pending) < len(self._members) and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            # drafts first: a run whose block is drafted waits for the others' blocks, so that the verify
-            # passes gather every run (runs fall into step instead of each pass serving a few)
+            # drafts first: the verify passes then gather every run (runs fall into step)
             drafts = [c for c in self._pending if not c.lm.member]
             first = drafts[0] if drafts else self._pending[0]
             alone = self._alone(first)
@@ -154,8 +136,7 @@ class Batcher:
         return c.lm.member and c.lm.mode == "pass" and self.pair.target_repr == "int8"
 
     def _run(self, batch: list[_Call]) -> None:
-        """One pass for the batch; if it fails, each call again alone, so that only a call that fails
-        by itself gets the failure (a failed pass has not moved any cache's length)."""
+        """One pass for the batch; if it fails, each call again alone (a failed pass moved no cache)."""
         first = batch[0]
         try:
             if first.lm.member and first.lm.mode and first.lm.mode != self.pair.int8_activations:

@@ -1,12 +1,7 @@
-"""Calibration of the Online Correction Memory (CSD, arXiv 2604.13634): count the pairs (draft top-1 ->
-target top-1) wherever the two differ, never one with a special token on either side (``csd.rule``).
-
-- **prompts** (the default): the target answers unlabeled prompts greedily, in batches, and the draft
-  is teacher-forced over the answers: the divergences SD meets, as the draft proposes continuations of
-  the target's own answers (whose token at each position is the target's top-1). The shipped prompt
-  set (``csd.corpus``) keeps a ``heldout`` split out of the counts, to measure how the memory generalises.
-- **text**: both models read human-written text in one teacher-forced pass each; chat-template tokens
-  and the first ``skip_first`` tokens of every chunk are masked out.
+"""Calibration of the Online Correction Memory (CSD, arXiv 2604.13634; docs/calibration.md): count the
+pairs (draft top-1 -> target top-1) wherever they differ, never with a special token on either side.
+**prompts** (the default): the draft is teacher-forced over the target's greedy answers to prompts (a
+``heldout`` split measures how the memory generalises); **text**: both models read human-written text.
 """
 from __future__ import annotations
 
@@ -69,8 +64,8 @@ def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], speci
 
 @dataclass(frozen=True)
 class TextOptions:
-    """A text calibration: ``chunk_tokens`` a chunk, ``batch_size`` chunks a pass, the first
-    ``skip_first`` of each masked, stopping after ``max_positions`` counted (None: the whole corpus)."""
+    """``chunk_tokens`` a chunk, ``batch_size`` chunks a pass, the first ``skip_first`` of each masked,
+    up to ``max_positions`` counted (None: the whole corpus)."""
     chunk_tokens: int = 256
     batch_size: int = 4
     skip_first: int = 4
@@ -148,9 +143,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
 @torch.inference_mode()
 def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int,
                    progress: Progress | None = None, label: str = "answering") -> list[list[int]]:
-    """The target's greedy answers (new token ids, up to and including its end token), in batches
-    of similar prompt length, left-padded. Batching is for throughput only: the answers are
-    statistics, not output shown to anyone."""
+    """The target's greedy answers (new token ids, up to its end token), in left-padded batches."""
     tok = pair.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else pair.eos_ids[0]
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -192,9 +185,8 @@ def draft_predictions(pair: ModelPair, prompt_ids: list[int], answer: list[int])
 
 def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Sequence[list[int]],
                   memory: CorrectionMemory | None = None, progress: Progress | None = None) -> dict:
-    """Teacher-force the draft over each answer and count (draft top-1 -> the target's token) where
-    they differ, skipping special tokens. ``memory`` None counts into a fresh Counter only.
-    Returns {"positions", "divergences", "patterns": Counter}."""
+    """Count (draft top-1 -> the answer's token) where they differ, into ``memory`` if given.
+    -> {"positions", "divergences", "patterns": Counter}."""
     patterns: Counter = Counter()
     positions = 0
     special = pair.special_ids
@@ -219,10 +211,8 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
 
 @dataclass(frozen=True)
 class PromptOptions:
-    """A prompt calibration: answers of up to ``max_new_tokens``, ``batch_size`` prompts a batch, in the
-    chat template (``chat``); ``heldout`` prompts measure how the memory's patterns at ``lam`` cover
-    divergences it never counted; ``token_freq``, if given, counts the answers' tokens (the draft's
-    reduced vocabulary is ranked by them); ``source`` names the prompts in the record."""
+    """``heldout`` prompts measure how the patterns at ``lam`` cover divergences never counted;
+    ``token_freq``, if given, counts the answers' tokens; ``source`` names the prompts in the record."""
     max_new_tokens: int = 320
     batch_size: int = 8
     chat: bool = True
@@ -234,10 +224,8 @@ class PromptOptions:
 
 def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: CorrectionMemory | None = None, *,
                       progress: Progress | None = None, **options) -> CorrectionMemory:
-    """Calibrate on the target's own answers to ``prompts`` (``PromptOptions`` fields as keywords).
-    Everything measured goes into ``memory.meta["calibration"]``. Work goes batch by batch: a progress
-    callback that raises ``Stop`` ends it with the counts so far kept and recorded
-    (``"stopped": true``), then re-raises."""
+    """Calibrate on the target's own answers to ``prompts`` (``PromptOptions`` keywords), recorded in
+    ``memory.meta["calibration"]``; a progress callback raising ``Stop`` ends it, the counts so far kept."""
     o = PromptOptions(**options)
     memory = _memory_for(pair, memory)
     rows = [{"prompt": p} if isinstance(p, str) else p for p in prompts]
@@ -297,8 +285,7 @@ def _count_batch(pair: ModelPair, memory: CorrectionMemory, batch: list[tuple[di
 
 def heldout_coverage(pair: ModelPair, memory: CorrectionMemory, o: PromptOptions,
                      progress: Progress | None = None) -> dict:
-    """How the memory's patterns at ``o.lam`` cover the divergences of the target's answers to the held-out
-    prompts (never counted into it)."""
+    """How the patterns at ``o.lam`` cover the divergences of the answers to the held-out prompts."""
     rows = [{"prompt": p} if isinstance(p, str) else p for p in o.heldout]
     ids = [pair.encode_prompt(r["prompt"], o.chat) for r in rows]
     answers = answer_prompts(pair, ids, o.max_new_tokens, o.batch_size, progress, label="held-out answers")

@@ -1,7 +1,5 @@
-"""Decoding configuration with the defaults of Calibrated Speculative Decoding.
-
-Paper: "Calibrated Speculative Decoding: Frequency-Guided Candidate Selection for
-Efficient Inference", arXiv 2604.13634. Variations are made with ``dataclasses.replace``.
+"""Decoding configuration with the defaults of "Calibrated Speculative Decoding: Frequency-Guided
+Candidate Selection for Efficient Inference" (arXiv 2604.13634); vary it with ``dataclasses.replace``.
 """
 from __future__ import annotations
 
@@ -34,14 +32,11 @@ METHOD_HELP = {
 GAMMA_RANGE = (1, 32)
 LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma
-# Copies from the context proposed by the command line, the benchmark and the Generate tab unless told
-# otherwise (csd.lookup; faster on code, verified exactly). CSDConfig itself keeps 0: the paper's method.
+# copies from the context (csd.lookup) the command line, the benchmark and the app propose; CSDConfig keeps 0
 DEFAULT_LOOKUP = 16
 
 
-# The paper's CSD as it reports it: the fixed block of 6, lambda 6, tau 0.01, no copies from the context,
-# no adaptive draft length. ``--preset paper`` on the command line, the column ``csd-paper`` in the
-# benchmark: the paper's method beside this project's defaults (gamma auto, copies on).
+# the paper's CSD as it reports it (``--preset paper``, the benchmark's ``csd-paper``): fixed gamma, no copies
 PRESETS = {"paper": {"method": "csd", "gamma": 6, "gamma_min": 0, "lam": 6.0, "tau": 0.01, "lookup": 0}}
 
 
@@ -55,8 +50,8 @@ class ConfigError(ValueError):
 
 
 def _rival(default, method: str, test, range_: str, what: str, help_: str):
-    """One rival parameter: its default, the method that reads it, its range (the test and how a message says
-    it), how a message names it and the command line's help ("{:g}" is the default)."""
+    """One rival parameter: its default, the method reading it, its range (test, wording), its name in a
+    message and the command line's help ("{:g}" is the default)."""
     return field(default=default, metadata=dict(method=method, test=test, range=range_, what=what, help=help_))
 
 
@@ -64,31 +59,24 @@ def _rival(default, method: str, test, range_: str, what: str, help_: str):
 class Rivals:
     """The rivals' parameters (greedy; docs/rivals.md), declared once: CSDConfig's fields, the command line's
     options (csd.cli.common.add_rival_args), the benchmark's sweep keys; each is read by its method only."""
-    # lossy: keep x~ when p(x~) >= tau_lossy * p(top-1) (CSD's baseline: 0.6)
     tau_lossy: float = _rival(0.6, LOSSY, lambda v: 0 < v <= 1, "in (0, 1]", "the lossy rule's tau",
                               "lossy: keep a draft token x when p(x) >= tau * p(top-1), tau in (0, 1] (default {:g}, "
                               "CSD's baseline; 1: exact SD)")
-    # topk: x~ among the target's top k (TensorRT-LLM's example 15; its default 1)
     topk: int = _rival(15, TOPK, lambda v: v >= 1, ">= 1", "the topk rule's k",
                        "topk: x must be among the target's top k, k >= 1 (default {:g}: TensorRT-LLM's published "
                        "example; its own default 1 with delta 0 is exact SD)")
-    # topk: and p(x~) >= p(top-1) - delta (the example 0.5; the default 0)
     delta: float = _rival(0.5, TOPK, lambda v: v >= 0, ">= 0", "the topk rule's probability gap",
                           "topk: and p(x) >= p(top-1) - delta, in probability, delta >= 0 (default {:g}, the "
                           "example's; TensorRT-LLM's default 0)")
-    # typical: keep x~ when p(x~) > min(this, alpha exp(-H)) (vLLM: 0.09)
     posterior_threshold: float = _rival(0.09, TYPICAL, lambda v: 0 < v <= 1, "in (0, 1]", "the typical rule's",
                                         "typical: keep x when p(x) > min(threshold, alpha * exp(-H)), threshold in "
                                         "(0, 1] (default {:g}, vLLM's and Medusa's)")
-    # typical: alpha (vLLM and Medusa: 0.3)
     posterior_alpha: float = _rival(0.3, TYPICAL, lambda v: v > 0, "> 0", "the typical rule's alpha",
                                     "typical: alpha > 0 (default {:g}, vLLM's and Medusa's)")
-    # fly: a mismatch is forgiven iff the next win_len - 1 draft tokens match (FLy's config: 6)
     win_len: int = _rival(6, FLY, lambda v: 2 <= v <= GAMMA_RANGE[1], f"in 2..{GAMMA_RANGE[1]}", "FLy's window",
                           "fly: forgive a mismatch when the next win_len - 1 draft tokens match, 2..32 (default {:g}, "
                           "FLy's config); only blocks longer than win_len can forgive, so use a fixed --gamma above "
                           "it (FLy: 15)")
-    # fly: and the target's top-3 entropy there is >= this (<= 0.01: no gate) (FLy's config: 0.3)
     entropy_thre: float = _rival(0.3, FLY, lambda v: v >= 0, ">= 0", "FLy's entropy gate",
                                  "fly: and only where the target's top-3 entropy is >= this, >= 0 (default {:g}, FLy's "
                                  "config; <= 0.01 turns the gate off)")

@@ -1,17 +1,11 @@
 """Convert once, then map: a model's weights as the CPU runs them, written to the cache and read back.
 
-``convert`` writes the int8 lean model (``csd.lm.LeanLM``: int8 rows, one scale a row) a decoder layer
-at a time from a float source, the shipped GGUF file (``GGUFSource``) or a transformers model
-(``ModuleSource``): ``layer-NNN.safetensors`` (norms; fused q/k/v, o, gate/up and down rows, scales,
-biases; a target smoothed first with activation maxima measured layer by layer, ``csd.smoothing``),
-``head.safetensors`` (final norm, output layer: for a draft only its vocabulary's rows),
-``embed.safetensors`` (the input embedding as the source holds it: GGUF rows are dequantised only
-when looked up), ``maxima.safetensors``, ``config.json`` and, last, ``manifest.json``.
-
-``load`` maps the files back: tensors are views of the file, packed for torch's int8 kernels a layer
-at a time. A cache is used only when its manifest names this format, source and options and every
-file has its recorded size; else it is rebuilt. It is written to a temporary directory and renamed
-into place under a lock: a killed process or a full disk leaves the old cache or none.
+``convert`` writes the int8 lean model (``csd.lm.LeanLM``) a decoder layer at a time from a GGUF file
+(``GGUFSource``) or a transformers model (``ModuleSource``), a target smoothed first (``csd.smoothing``):
+``layer-NNN``, ``head``, ``embed`` (as the source holds it), ``maxima`` (.safetensors), ``config.json``
+and, last, ``manifest.json``. ``load`` maps them back. A cache is used only when its manifest matches
+the format, source and options and every file its size; it is built in a temporary directory renamed
+into place under a lock, so a killed process or a full disk leaves the old cache or none.
 """
 from __future__ import annotations
 
@@ -55,9 +49,8 @@ def layer_name(i: int, key: str, bias: bool = False) -> str:
 
 
 class GGUFSource:
-    """A GGUF file's tensors, dequantised one at a time (``csd.ggufile`` maps the file), under the names
-    transformers gives them (for Qwen2 / Llama: no permutation; the dequantised values equal what
-    transformers' own GGUF loader makes, bit for bit: tests/test_convert.py)."""
+    """A GGUF file's tensors, dequantised one at a time, under transformers' names (the values equal
+    transformers' own GGUF loader's, bit for bit: tests/test_convert.py)."""
 
     def __init__(self, path: str | os.PathLike):
         from .ggufile import GGUFFile
@@ -117,8 +110,7 @@ def layer_tensors(source, i: int) -> dict[str, torch.Tensor]:
 
 # -- embeddings ---------------------------------------------------------------------------------------
 class QuantisedRows:
-    """An embedding kept as the GGUF file's quantised rows: ``rows[ids]`` dequantises only the rows asked
-    for (a few a token), so the matrix is never held in float, and its mapped pages are shared."""
+    """An embedding kept as the GGUF file's quantised rows: ``rows[ids]`` dequantises only those rows."""
 
     def __init__(self, data: torch.Tensor, qtype: str, cols: int):
         import gguf
@@ -171,9 +163,8 @@ def _run_layer(cfg, layer: tuple, xs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def smoothed_layers(source, config, prompts: list[list[int]], progress: Progress | None = None):
-    """Each decoder layer's float32 weights in turn, (index, weights, maxima), smoothed with the maxima of
-    its inputs measured on ``prompts`` run through the float layers so far. One layer's weights are in
-    memory at a time, with the prompts' hidden states."""
+    """(index, float32 weights, maxima) of each decoder layer in turn, smoothed with the maxima of its
+    inputs measured on ``prompts`` run through the float layers so far (one layer in memory at a time)."""
     xs = [source.tensor("model.embed_tokens.weight", np.asarray(ids))[None] for ids in prompts]
     n_layers = config.num_hidden_layers
     for i in range(n_layers):
@@ -189,7 +180,7 @@ def smoothed_layers(source, config, prompts: list[list[int]], progress: Progress
 
 def activation_maxima(source, config, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     """Per input channel, the largest |activation| entering each group of linear layers over ``prompts``
-    (token id lists), on float32 passes: keys "L.qkv", "L.o", "L.gu", "L.down" for layer L."""
+    on float32 passes: keys "L.qkv", "L.o", "L.gu", "L.down" for layer L."""
     vocab = config.vocab_size
     if any(max(ids, default=0) >= vocab for ids in prompts):
         raise ValueError(f"the calibration prompts hold token ids beyond the model's {vocab} embeddings")
@@ -200,9 +191,8 @@ SHIPPED_MAXIMA = Path(__file__).parent / "data" / "target_maxima.safetensors"
 
 
 def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
-    """The embedded target's activation maxima as shipped (measured once by ``write_shipped_maxima``,
-    so that its first start skips 28 layers of float32 passes and every machine smooths it alike), if
-    they were measured on this model and these prompts; else None (then they are measured)."""
+    """The embedded target's shipped activation maxima (``write_shipped_maxima``), if they were measured
+    on this model and these prompts; else None."""
     from safetensors import safe_open
     from safetensors.torch import load_file
     try:
@@ -236,8 +226,8 @@ def write_shipped_maxima() -> Path:
 
 
 def maxima_for(model: torch.nn.Module, model_name: str, encode) -> dict[str, torch.Tensor] | None:
-    """The activation maxima an int8 target made from the float ``model`` is smoothed with (on the shipped
-    calibration prompts, ``encode``: the pair's ``encode_prompt``), or None where smoothing cannot run (logged)."""
+    """The activation maxima to smooth an int8 target made from ``model`` with (on the calibration prompts,
+    ``encode``d), or None where smoothing cannot run (logged)."""
     from .smoothing import calibration_prompt_ids, supported
     try:
         if not supported(model):
@@ -255,8 +245,7 @@ def _int8(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[str, torch.Tensor]:
-    """The output layer's int8 rows and scales (only ``vocab_ids``' rows where given), made ``chunk`` rows at
-    a time: per-row scales make that exact, and the float matrix is never whole in memory."""
+    """The output layer's int8 rows and scales (only ``vocab_ids``' rows where given), ``chunk`` rows at a time."""
     name = "lm_head.weight" if "lm_head.weight" in source else "model.embed_tokens.weight"
     rows = source.file.tensors[source.names[name]].shape[0] if isinstance(source, GGUFSource) \
         else source.state[name].shape[0]
@@ -279,10 +268,8 @@ def _convert_layer(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None = None,
             maxima: dict[str, torch.Tensor] | None = None, vocab_ids: torch.Tensor | None = None, key: dict,
             progress: Progress | None = None) -> Path:
-    """Write the int8 lean model of ``source`` to ``out`` (a new directory; see the module's doc).
-    ``smooth_prompts``: token ids to measure the activation maxima on (a smoothed target), unless the
-    ``maxima`` are given; neither: no smoothing. ``vocab_ids``: the draft's reduced vocabulary (the head
-    keeps only those rows)."""
+    """Write the int8 lean model of ``source`` to the new directory ``out``. Smoothed with ``maxima``, or
+    with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -292,7 +279,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
     def write(i: int, w: dict[str, torch.Tensor]) -> None:
         save_file(_convert_layer(w), out / f"layer-{i:03d}.safetensors")
         w.clear()
-        release_memory(collect=False)       # a layer's float copies, back to the system before the next
+        release_memory(collect=False)
 
     used = {}
     if smooth_prompts is not None and maxima is None:         # measured on the way: one layer after another
@@ -359,10 +346,8 @@ def _linear_from(f, prefix: str, rows: bool):
 
 def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
     """The lean model mapped from a cache made for ``key``. ``rows``: every layer a
-    ``csd.quant.RowInt8Linear`` (per-token activation scales, or per pass, switched in place: the app's
-    target), else packed as torch's dynamic int8 layers (one scale per pass, 5-10% faster a 1-token
-    pass than a row layer fed per pass on a 2-core AMD EPYC: the command line's target and the draft;
-    ``LeanLM.int8_per_row`` converts them when rows are asked for later)."""
+    ``csd.quant.RowInt8Linear`` (scales per token or per pass, switchable), else torch's packed dynamic
+    int8 layers (5-10% faster a 1-token pass on the CPU)."""
     from safetensors import safe_open
 
     check(path, key)
@@ -372,7 +357,7 @@ def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
         with torch.no_grad(), safe_open(path / f"layer-{i:03d}.safetensors", framework="pt") as f:
             built = (f.get_tensor("ln1").clone(), _linear_from(f, "qkv", rows), _linear_from(f, "o", rows),
                      f.get_tensor("ln2").clone(), _linear_from(f, "gu", rows), _linear_from(f, "down", rows))
-        release_memory(collect=False)      # the copies made to pack it: peak 3.2 GB for the target without
+        release_memory(collect=False)      # the copies made to pack it
         return built
 
     layers = in_threads(layer, list(range(cfg.num_hidden_layers)))
@@ -406,8 +391,7 @@ def digest(obj) -> str:
 
 @contextmanager
 def _building(final: Path):
-    """A temporary directory beside ``final`` that becomes ``final`` when the block ends well, and is
-    removed when it does not (a full disk, a killed conversion: nothing half-written stays)."""
+    """A temporary directory beside ``final`` that becomes ``final`` when the block ends well, else is removed."""
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -423,9 +407,8 @@ def _building(final: Path):
 
 def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name: str,
                 progress: Progress | None = None, **how) -> LeanLM:
-    """The lean int8 model cached at ``path`` for ``key``, converted first where the cache is missing or
-    does not match (said with the reason). ``open_source()``: a context manager giving the float
-    source; entered only to convert. ``how``: ``convert``'s smooth_prompts, maxima and vocab_ids."""
+    """The lean int8 model cached at ``path`` for ``key``, converted first where the cache does not match.
+    ``open_source()``: a context manager giving the float source. ``how``: ``convert``'s keywords."""
     from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)

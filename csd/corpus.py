@@ -1,13 +1,6 @@
-"""What calibration reads (``csd.calibrate``): the shipped prompt set, and human-written text.
-
-- **prompts**: ``calibration_prompts.jsonl`` beside this package (built by ``python -m
-  csd.evaluation.calibration_set``: writing requests, coding tasks and math word problems, none of them in
-  any benchmark), split into ``calibration`` and ``heldout``; or a user's JSONL or text file.
-- **text**: Python's own documentation topics (3 in 4 of them; the rest are the prose benchmark's)
-  and standard-library sources, interleaved; or a user's text or JSONL file.
-
-Files only: nothing here loads a model, so smoothing's calibration prompts (``csd.smoothing``) and
-the benchmark's held-out checks read them without the engine.
+"""What calibration reads (``csd.calibrate``), files only: the shipped prompts (``calibration`` and
+``heldout`` splits, built by ``python -m csd.evaluation.calibration_set``) or a user's file; and text:
+Python's documentation topics (3 in 4; the rest are the prose benchmark's) and standard-library sources.
 """
 from __future__ import annotations
 
@@ -17,7 +10,6 @@ import sysconfig
 from pathlib import Path
 
 PROMPTS_FILE = Path(__file__).parent / "data" / "calibration_prompts.jsonl"
-PROMPT_KINDS = ("prose", "code", "math")
 
 
 # -- prompts ---------------------------------------------------------------------------------------

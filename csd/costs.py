@@ -1,10 +1,5 @@
-"""The cost model of speculative decoding on one machine, and its arithmetic: from the target's
-time for a pass of k tokens and the draft's time per token, the time of a block, the ideal speed-up
-bound at each block length and the expected speed-up at an acceptance rate.
-
-Pure arithmetic on measured numbers: ``csd.profile`` measures them (and caches them), the
-draft-length policy (``csd.policy``), prompt lookup (``csd.lookup``), the benchmark and the UI
-read them. Nothing here imports torch or a model.
+"""The cost model of speculative decoding on one machine (measured by ``csd.profile``) and its arithmetic:
+a block's time, the ideal speed-up bound at each block length, the expected one at an acceptance rate.
 """
 from __future__ import annotations
 
@@ -13,15 +8,15 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class CostModel:
-    """Median milliseconds per pass. ``verify_ms[k]``: the target on k new tokens after
-    ``csd.profile.CONTEXT`` cached ones (a block of k - 1 draft tokens plus the bonus row); ``draft_ms``: one draft token."""
+    """Median ms: ``verify_ms[k]`` a target pass of k tokens (after ``csd.profile.CONTEXT`` cached ones),
+    ``draft_ms`` one draft token."""
     verify_ms: dict[int, float]
     draft_ms: float
     key: dict = field(default_factory=dict)
     measured_at: str = ""
 
     def __post_init__(self):
-        self.verify_ms = monotone(self.verify_ms)    # also for profiles cached before this rule
+        self.verify_ms = monotone(self.verify_ms)
 
     def verify(self, k: int) -> float:
         """Time of a k-token pass, interpolated between the measured lengths (linear beyond them)."""
@@ -52,10 +47,8 @@ class CostModel:
         return g, self.bound(g)
 
     def expected(self, g: int, acceptance: float) -> float:
-        """Expected speed-up over AR at block length g when every draft token is kept with the same
-        probability, independently (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block.
-        Real acceptance comes in runs (easy stretches, hard ones), which a policy that adapts the
-        block length can exploit, so a measured speed-up may beat it."""
+        """Expected speed-up over AR at block length g when each draft token is kept independently with
+        probability a (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block."""
         a = min(max(acceptance, 0.0), 1.0)
         tokens = g + 1 if a >= 1.0 else (1 - a ** (g + 1)) / (1 - a)
         return tokens / self.block_ms(g) * self.verify(1)
@@ -76,9 +69,7 @@ class CostModel:
 
 
 def monotone(verify_ms: dict[int, float]) -> dict[int, float]:
-    """A pass over more tokens never costs less than one over fewer: a shorter pass timed slower than a
-    longer one was slowed by something else (another process on a shared machine), so it takes the
-    longer pass's time. Keeps the draft-length policy from avoiding short blocks on such noise."""
+    """A shorter pass timed slower than a longer one (noise of a shared machine) takes the longer one's time."""
     out, floor = {}, float("inf")
     for k in sorted(verify_ms, reverse=True):
         floor = min(floor, verify_ms[k])

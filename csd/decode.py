@@ -1,14 +1,9 @@
 """One decode loop for AR, SD, CSD, the ablations and the rivals (Calibrated Speculative Decoding,
-arXiv 2604.13634), yielding one ``TokenEvent`` per token decision.
-
-Both models keep a KV cache holding a prefix of the committed sequence; each step feeds a model
-only the tokens its cache lacks, and a rejection crops both caches back to the kept prefix. One
-target pass per block. The loop in numbered steps (``Run._speculate``), each filling in the block's record (``csd.block.Block``):
-  1. draft up to a block's worth of tokens (``csd.policy`` says how many), or copy them from the context;
-  2. the target scores the whole block in one pass;
-  3. decide each position (``csd.rule``), 4. update the memory with the block's divergences;
-  5. emit the events, 6. roll both caches back to the kept prefix, 7. the policies learn from the block.
-The models are shared read-only; a run owns its caches, its memory and its random generator.
+arXiv 2604.13634), yielding one ``TokenEvent`` per token decision. Each model's KV cache holds a prefix
+of the committed sequence; one target pass per block. The steps (``Run._speculate``) fill in the block's
+record (``csd.block.Block``): 1. draft (``csd.policy`` says how many) or copy from the context; 2. the
+target scores the block; 3. decide each position (``csd.rule``); 4. the memory learns the divergences;
+5. emit the events; 6. crop both caches to the kept prefix; 7. the policies learn from the block.
 """
 from __future__ import annotations
 
@@ -35,17 +30,14 @@ from .verify import point_mass, sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 128   # prompt tokens per prefill pass: a stop request is seen between chunks
-# devices where gamma auto drafts without reading the draft's confidence after each token (each read waits
-# for the device: 4.85 host syncs a block on an H200, 1.0 at a fixed gamma); on the CPU a read is free
+# devices where gamma auto drafts without reading each draft confidence (a read waits for the device: docs/gpu.md)
 SYNC_FREE_AUTO_DEVICES = ("cuda",)
 
 
 def prefill_spans(n: int) -> list[tuple[int, int]]:
-    """Where a prefill of ``n`` tokens is cut into passes: the first token alone, then chunks of
-    ``PREFILL_CHUNK``. The first token is an attention sink with activations 10-100x any other's
-    (297 against a median of 5.7 entering the embedded target's layer 1 down projection): in one
-    int8 pass with it (one scale per pass) every other prompt token, and its cached keys and values,
-    would be rounded coarsely. Alone it costs one 1-token pass; in float nothing changes."""
+    """(start, end) of the prefill passes over ``n`` tokens: the first token alone, then chunks of
+    ``PREFILL_CHUNK``. The first token is an attention sink (docs/bench-representation.md): in an int8
+    pass with one scale it would coarsen every other token's rounding."""
     if n <= 0:
         return []
     return [(0, 1)] + [(s, min(s + PREFILL_CHUNK, n)) for s in range(1, n, PREFILL_CHUNK)]
@@ -56,8 +48,8 @@ class Cancelled(Exception):
 
 
 class Decoder:
-    """Runs generations on one loaded pair. ``costs``: the machine's cost model for ``gamma="auto"``
-    (``csd.profile.cached_costs(pair)`` is measured and cached on first need)."""
+    """Runs generations on one loaded pair. ``costs``: the cost model for ``gamma="auto"`` (default:
+    ``csd.profile.cached_costs(pair)``, on first need)."""
 
     def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
         self.pair, self._costs = pair, costs
@@ -79,9 +71,8 @@ class Decoder:
 
     def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None,
             should_stop: Callable[[], bool] | None = None) -> Run:
-        """A run to iterate. ``memory``: the correction memory CSD reads and updates (default: a copy
-        of the pair's calibrated memory, as on the command line and in the app). ``should_stop``:
-        polled between prefill chunks, before each block and between drafting and verifying."""
+        """A run to iterate. ``memory``: what CSD reads and updates (default: a copy of the pair's
+        calibrated one). ``should_stop``: polled between prefill chunks, drafting and verifying."""
         cfg.validated(self.pair.context_limit, len(prompt_ids))
         check_room(self.pair, len(prompt_ids), cfg)     # a static KV cache refuses what it cannot hold
         if cfg.uses_draft and self.pair.draft_lm is None:
@@ -98,17 +89,10 @@ class Decoder:
                 if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
-    def generate(self, prompt: str, cfg: CSDConfig, memory: CorrectionMemory | None = None, chat: bool = True) -> Run:
-        """Encode, run to the end, and return the finished run."""
-        run = self.run(self.pair.encode_prompt(prompt, chat), cfg, memory)
-        for _ in run:
-            pass
-        return run
-
 
 class _Lap:
-    """``with _Lap(metrics, "draft_s") as lap:`` adds the seconds of the ``with`` block to that metric
-    (not when it raises) and keeps them in ``lap.s``."""
+    """``with _Lap(metrics, "draft_s") as lap:`` adds the block's seconds to that metric (unless it
+    raises) and keeps them in ``lap.s``."""
 
     def __init__(self, metrics: RunMetrics, name: str):
         self.metrics, self.name, self.s = metrics, name, 0.0
@@ -151,15 +135,13 @@ class Run:
         self.tcache = pair.target_lm.new_cache()
         self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
         self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
-        # the modes: greedy with a fixed block, or with gamma auto on a GPU, drafts on the device with one host
-        # transfer per block (auto then plans the block from its position rates, without the draft's confidences)
+        # greedy with a fixed gamma, or gamma auto on a GPU (planned from position rates): drafts on the device
         self._on_device = (policy is not None and cfg.temperature == 0 and not cfg.explain
                            and (not policy.reads_confidence
                                 or pair.draft_lm.device.type in SYNC_FREE_AUTO_DEVICES))
         self._need_conf = (policy is not None and policy.reads_confidence and not self._on_device) or cfg.explain
         self._vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
         self._step = self._speculate if policy is not None else self._autoregress
-        # the loop's state: the committed sequence, the block number, the clock (set when the loop starts)
         self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
@@ -205,8 +187,7 @@ class Run:
         return self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
 
     def _prefill(self) -> None:
-        """Feed all prompt tokens but the last to both models, in chunks; the last one is fed
-        with the first block so that its logits come from the first verify pass."""
+        """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks."""
         body = self._seq[:-1]
         with self._lap("prefill_s"):
             for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
@@ -215,8 +196,7 @@ class Run:
                     lm.forward(cache, body[a:b], 1)
 
     def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
-        """(token, its probability under the draft, the draft's full-vocabulary distribution when
-        sampling). A reduced-vocabulary draft maps its rows back to token ids. One host sync."""
+        """(token, its draft probability, the draft's full-vocabulary distribution when sampling)."""
         cfg, ids = self.cfg, self.pair.draft_lm.vocab_ids
         token = int if ids is None else (lambda i: int(ids[int(i)]))
         self.metrics.host_syncs += 1
@@ -235,8 +215,7 @@ class Run:
         return int(ids[i]), float(q_small[i]), q
 
     def _draft(self) -> Block:
-        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS).
-        On the sync-free path (greedy, fixed gamma) the block stays on the device as a tensor."""
+        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS)."""
         lm = self.pair.draft_lm
         block = Block(self._block, DRAFT, start=len(self._seq))
         room = self._room()
@@ -285,8 +264,7 @@ class Run:
         return torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)
 
     def _verify(self, block: Block) -> torch.Tensor:
-        """Step 2: one target pass over what its cache lacks plus the block: (block.size + 1, V). On the
-        CPU the block records the pass's time (on a GPU the call returns before the pass ends)."""
+        """Step 2: one target pass over what its cache lacks plus the block: (block.size + 1, V)."""
         lm, drafts = self.pair.target_lm, block.proposed
         with self._lap("verify_s") as lap:
             pending = self._seq[lm.length(self.tcache):]
@@ -301,10 +279,8 @@ class Run:
         return logits
 
     def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:
-        """Steps 3-4: the rule on the target's logits, then the memory learns the block's divergences.
-        Greedy: one host transfer for the whole block (``score_block``); the block's proposals become
-        a host list, cut after an end token. ``rule``: the run's (copied tokens use the exact one);
-        ``learn``: whether the memory counts the block's divergences (not for copies)."""
+        """Steps 3-4: ``rule`` on the target's logits, then, if ``learn``, the memory counts the block's
+        divergences. Greedy: one host transfer for the block, whose proposals become a host list."""
         cfg, tl = self.cfg, block.logits
         self.metrics.host_syncs += 1
         if cfg.temperature == 0:
@@ -331,15 +307,13 @@ class Run:
         return [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
 
     def _prob(self, block: Block, row: int, token: int, z: float) -> float:
-        """The target's probability of ``token`` at ``row`` (its logit ``z``): from the block's
-        log-normaliser when greedy (no extra sync), from the sampled distribution otherwise."""
+        """The target's probability of ``token`` (logit ``z``) at ``row``."""
         if block.scores is not None:
             return math.exp(z - block.scores.lse[row])
         self.metrics.host_syncs += 1
         return float(block.probs[row, token])
 
     def _count(self, block: Block) -> None:
-        """The block's proposals in the metrics: the draft's, or copies counted apart."""
         m, d = self.metrics, block.decision
         if block.source == LOOKUP:
             m.lookup_blocks += 1
@@ -349,7 +323,6 @@ class Run:
             m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
 
     def _draft_event(self, block: Block, i: int) -> TokenEvent:
-        """The event of decided draft position i (a kept token enters the text)."""
         v, cfg, explain = block.decision.verdicts[i], self.cfg, {}
         kept = v.status != REJECTED
         text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
@@ -370,8 +343,8 @@ class Run:
             source=block.source if block.source != DRAFT else None, **v.logged(), **explain)
 
     def _emit(self, block: Block) -> Iterator[TokenEvent]:
-        """Step 5: one event per decided draft position, then the target's own token. A rejected
-        copy is not an event: it is not a divergence of the draft model."""
+        """Step 5: one event per decided draft position, then the target's own token (a rejected copy
+        is not an event)."""
         m, d = self.metrics, block.decision
         copied = block.source == LOOKUP
         self._count(block)
@@ -422,8 +395,7 @@ class Run:
             self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
 
     def _speculate(self) -> Iterator[TokenEvent]:
-        """One block: tokens copied from the context when a block of them pays (``csd.lookup``),
-        else the draft model's; then steps 2-7."""
+        """One block of copied tokens (``csd.lookup``) or drafted ones; then steps 2-7."""
         copied = self._lookup_proposals() if self.lookup is not None else []
         block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
         self._check_stop()
@@ -443,13 +415,11 @@ class Run:
             self._block += 1
 
     def _lookup_proposals(self) -> list[int]:
-        """Tokens that followed the sequence's suffix earlier in the context, when a block of them is
-        expected to pay more than the draft model (``csd.lookup``); [] otherwise."""
+        """Tokens to copy from the context, or [] when the draft model pays more (``csd.lookup``)."""
         with self._lap("policy_s"):
             return self.lookup.choose(self.lookup.continuation(self._seq)[:max(self._room(), 0)])
 
     def _autoregress(self) -> Iterator[TokenEvent]:
-        """AR: one target pass, one token."""
         logits = self._verify(Block(self._block, DRAFT, start=len(self._seq)))[-1]
         self.metrics.host_syncs += 1
         with self._lap("transfer_s"):
@@ -466,8 +436,7 @@ class Run:
 
     @torch.inference_mode()
     def _loop(self) -> Iterator[TokenEvent]:
-        """Prefill, then one block (or one AR token) at a time until an end token, the token budget or a
-        stop request; ``metrics.stopped_by`` says which."""
+        """Prefill, then blocks until an end token, the budget or a stop (``metrics.stopped_by``)."""
         m, budget = self.metrics, len(self.prompt_ids) + self.cfg.max_new_tokens
         self._t0 = time.perf_counter()
         m.stopped_by = ""

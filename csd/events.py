@@ -1,17 +1,12 @@
-"""The one event type shared by the engine, the store and the UI.
-
-One ``TokenEvent`` per token decision of the decode loop; ``RunMetrics`` at the end of a run.
-Both are plain dataclasses of JSON-friendly values (no tensors) so that ``db/`` and ``ui/``
-use them without importing torch. Events are frozen: once yielded, an event is final (the
-store writes it in the background, the UI may still be drawing it).
+"""The event type shared by the engine, the store and the UI: one frozen ``TokenEvent`` per token decision,
+``RunMetrics`` for a run; plain dataclasses of JSON-friendly values, so ``db/`` and ``ui/`` need no torch.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
-# A progress callback, for the engine's long steps (loading, converting, calibrating, profiling):
-# (message, fraction done in [0, 1]). Written once here; the command line and the app pass their own.
+# a progress callback for the engine's long steps: (message, fraction done in [0, 1])
 Progress = Callable[[str, float], None]
 
 # Status of a token decision.
@@ -94,8 +89,7 @@ class TokenEvent:
 
 @dataclass
 class RunMetrics:
-    """What a run measured. The decode loop fills it in as it goes; readers get a snapshot
-    (``Run.metrics_snapshot()``) or the final object."""
+    """What a run measured, filled in as it goes (``Run.metrics_snapshot()`` copies it)."""
     new_tokens: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
@@ -161,9 +155,7 @@ _FIELD_NAMES = {cls: frozenset(f.name for f in fields(cls)) for cls in (TokenEve
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens two answers share from their start: the position where they first differ
-    (the shorter one's length when one is a prefix of the other). The benchmark's fidelity figures,
-    its ``leaves_sd_at`` and the Compare tab's caption all ask this of two runs' token ids."""
+    """How many tokens two answers share from their start (where they first differ)."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -1,16 +1,10 @@
-"""The three calls the decode loop makes on a model: ``new_cache()``, ``forward(cache, ids, keep)``
-and ``crop(cache, length)``.
-
-``HFLM`` wraps any transformers causal LM with its ``DynamicCache`` (the float32 reference target
-runs this way, so that greedy SD equals the target's own ``generate``). ``LeanLM`` is a lean decode
-path for Llama-family models (Qwen2, Llama with default RoPE and full attention), in the manner of
-gpt-fast: fused QKV and gate/up projections, a preallocated KV cache that is cropped by moving its
-length, a few Python calls per layer, and for a draft optionally an output layer reduced to a
-subset of the vocabulary. The draft only proposes, so none of this can change what SD outputs,
-only how fast it gets there. An int8 target runs it too (by default; ``--target-impl hf`` turns it
-off): with dynamic int8 the fused projections stack the same int8 rows with the same scales, so it
-computes what the transformers int8 model computes. ``tests/test_engine_tiny.py`` and
-``tests/test_target_impl.py`` check both.
+"""The calls the decode loop makes on a model: ``new_cache()``, ``forward(cache, ids, keep)`` and
+``crop(cache, length)``. ``HFLM`` wraps any transformers causal LM and its ``DynamicCache`` (the float32
+reference target, so that greedy SD equals ``generate``). ``LeanLM`` is a gpt-fast style path for
+Llama-family models: fused QKV and gate/up projections, a preallocated cache cropped by moving its
+length, optionally a reduced-vocabulary output layer for a draft. An int8 target runs it too (unless
+``--target-impl hf``): the fused projections stack the same int8 rows and scales, so it computes what
+the transformers int8 model computes (``tests/test_target_impl.py``).
 """
 from __future__ import annotations
 
@@ -28,9 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def ids_tensor(ids: list[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """Token ids as a 1-D long tensor on ``device``. From the host to a GPU the copy goes through
-    pinned memory without blocking, so that queueing it does not wait for the kernels before it
-    (a host sync would cost the sync-free draft loop its point)."""
+    """Token ids as a 1-D long tensor on ``device``; to a GPU through pinned memory without a host sync."""
     if torch.is_tensor(ids):
         return ids.view(-1)
     t = torch.tensor(ids, dtype=torch.long)
@@ -69,9 +61,8 @@ class LM:
 
 
 class HFLM(LM):
-    """A transformers model with a ``DynamicCache``. Sliding-window layers record their past so
-    that a rollback after a rejection can restore them (transformers refuses to crop a full
-    sliding window otherwise); ``crop`` then trims them back to the window after every block."""
+    """A transformers model with a ``DynamicCache``; sliding-window layers record their past so that a
+    rollback can restore them (``crop_dynamic_cache``)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
@@ -105,13 +96,9 @@ class HFLM(LM):
 
 
 def crop_dynamic_cache(cache, length: int) -> None:
-    """Keep the first ``length`` tokens of a transformers ``DynamicCache``, by slicing each layer's
-    keys and values to them. ``DynamicCache.crop`` is not used for the layers it can slice, since its
-    argument changed meaning across releases: transformers 5.24 takes the number of tokens to drop,
-    negated, refuses a positive number, and reads 0 as "drop nothing, trim sliding windows"; earlier
-    releases took the length to keep, where ``crop(-0)`` emptied the cache. A sliding-window layer
-    (which records its past, see ``HFLM``) is cut back to its window as well, as 5.24's crop does.
-    A layer of another kind is cropped by its own ``crop`` and checked: a wrong length raises."""
+    """Keep the first ``length`` tokens of a transformers ``DynamicCache`` by slicing each layer. Not
+    ``DynamicCache.crop``: its argument changed meaning across releases (5.24: minus the tokens to drop;
+    before: the length to keep). A layer of another kind uses its own ``crop``, checked."""
     held = cache.get_seq_length()
     if not 0 <= length <= held:
         raise ValueError(f"cannot crop a cache of {held} tokens to {length}")
@@ -183,9 +170,8 @@ def _is_int8(mod: torch.nn.Module) -> bool:
 
 
 class PackedInt8Linear(torch.nn.Module):
-    """A dynamic int8 linear layer on weights packed once: the op and the ``reduce_range`` that torch's
-    dynamic ``Linear`` (version 4) calls, without its constructor, which packs a placeholder weight
-    of the full size first, and without its per-call checks."""
+    """torch's dynamic int8 ``Linear`` (version 4) on weights packed once, without its constructor (which
+    packs a full-size placeholder first) and its per-call checks."""
 
     def __init__(self, packed, out_features: int):
         super().__init__()
@@ -201,10 +187,8 @@ class PackedInt8Linear(torch.nn.Module):
 
 
 def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
-    """One Linear whose output rows are those of ``mods`` in order. Modules that are already dynamic
-    int8 (a model after ``quantize_int8``) are fused without quantising again: their int8 rows and
-    per-row scales are stacked as they are and packed once, so the fused product computes what they
-    compute."""
+    """One Linear whose output rows are those of ``mods`` in order; dynamic int8 modules are fused by
+    stacking their int8 rows and scales as they are, so the product computes what they compute."""
     if len(mods) == 1 and (_is_int8(mods[0]) or not int8):
         return mods[0]                      # nothing to fuse or quantise: the module serves as it is
     if all(_is_int8(m) for m in mods):
@@ -222,9 +206,7 @@ def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
 
 @torch.no_grad()
 def _shared(mods: list[torch.nn.Linear]) -> torch.nn.Linear:
-    """One float Linear over the rows of ``mods``, whose own weights then become views of it: the model
-    they belong to computes as before, and the weights are held once (a 7B target in bfloat16 would
-    otherwise hold its fused q/k/v and gate/up rows twice, 8.5 GB)."""
+    """One float Linear over the rows of ``mods``, whose weights become views of it (held once)."""
     w = torch.cat([m.weight for m in mods])
     b = _cat_bias([m.bias for m in mods])
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
@@ -258,9 +240,8 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torc
 
 
 class LeanLM(LM):
-    """A Llama-family decoder: the same function as the transformers model it is built from, with
-    fewer and fused calls. ``vocab_ids``: keep only these rows of the output
-    layer (logit row i is token vocab_ids[i]); ``int8``: dynamic int8 linear layers (CPU)."""
+    """A Llama-family decoder computing what its transformers model computes, with fewer, fused calls.
+    ``vocab_ids``: the output rows kept (logit row i is token vocab_ids[i]); ``int8``: dynamic int8 layers."""
 
     impl = "lean"
 
@@ -297,9 +278,8 @@ class LeanLM(LM):
     @classmethod
     def from_parts(cls, config, embed, layers: list[tuple], norm: torch.Tensor, head, vocab_ids=None,
                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LeanLM:
-        """A decoder from its parts, as ``csd.convert`` maps them from the cache: ``embed`` indexes rows
-        (``embed[ids]``: a tensor, or rows dequantised on demand), each layer is (input norm weight, fused
-        q/k/v, o, post-attention norm weight, fused gate/up, down), ``head`` the output layer."""
+        """A decoder from its parts (``csd.convert``): ``embed[ids]`` gives rows, each layer is (input norm,
+        fused q/k/v, o, post-attention norm, fused gate/up, down), ``head`` the output layer."""
         lm = cls.__new__(cls)
         lm._setup(config, embed, layers, norm, head, vocab_ids, dtype, torch.device(device))
         return lm
@@ -330,13 +310,9 @@ class LeanLM(LM):
         return self._device
 
     def int8_per_row(self) -> int:
-        """Make a pass of a few tokens compute, bit for bit, what 1-token steps compute for them, so that
-        greedy SD writes AR's tokens: every int8 layer's activations are scaled per token instead of per
-        pass (``csd.quant.RowInt8Linear``, the same int8 weights), and the attention of a pass of up to
-        ``PER_QUERY_MAX`` tokens (a verify pass; not a long prompt) runs one query at a time, as a 1-token
-        step runs it (SDPA over several queries with a mask rounds differently from SDPA over one:
-        measured on the embedded pair, logits 1.6 apart at the same argmax). Returns how many layers
-        changed (0 for a float model)."""
+        """Make a pass of a few tokens compute bit for bit what 1-token steps compute (docs/exactness.md):
+        int8 activations scaled per token (``csd.quant.RowInt8Linear``), and a pass of up to
+        ``PER_QUERY_MAX`` tokens attends one query at a time. Returns how many layers changed."""
         self.per_row = True
         changed = 0
 
@@ -350,14 +326,13 @@ class LeanLM(LM):
         for i, layer in enumerate(self.layers):      # one layer at a time: its old packed weights go first
             self.layers[i] = tuple(row(m) for m in layer)
         self.head = row(self.head)
-        release_memory()      # the app's first start peaked at 15.1 GB converting all layers at once
+        release_memory()
         self.int8_rows(True)
         return changed
 
     def int8_rows(self, on: bool) -> None:
-        """Switch converted layers (``int8_per_row``) between per-token scales and per-attention-query
-        verify passes (exact) and one scale per pass (faster; what ``--int8-activations pass`` computes,
-        within 1e-6 where a layer has a bias), without touching the weights."""
+        """Switch converted layers between per-token scales (exact) and one scale per pass
+        (``--int8-activations pass``), without touching the weights."""
         self.per_row = on
         for m in [*(m for layer in self.layers for m in layer), self.head]:
             if isinstance(m, RowInt8Linear):
@@ -377,8 +352,7 @@ class LeanLM(LM):
         cache.n = length
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        # one fused kernel (ATen's _fused_rms_norm, float accumulation): 2x faster per call than the
-        # five elementwise ops of transformers' Qwen2RMSNorm on the AMD EPYC, and the same values
+        # one fused kernel: 2x faster on the CPU than transformers' five elementwise ops, same values
         return F.rms_norm(x, self._hidden_shape, w, self.eps)
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -394,17 +368,13 @@ class LeanLM(LM):
 
     def _grow(self, cache: LeanCache, need: int) -> None:
         cap = cache.k.shape[2]
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap)
-        pad = (0, 0, 0, new_cap - cap)
-        cache.k = F.pad(cache.k, pad)
-        cache.v = F.pad(cache.v, pad)
+        if need > cap:
+            pad = (0, 0, 0, max(need, 2 * cap) - cap)
+            cache.k, cache.v = F.pad(cache.k, pad), F.pad(cache.v, pad)
 
     def layers_over(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, write, attend) -> torch.Tensor:
-        """The decoder blocks over ``x`` (1, T, hidden); ``write(layer, k, v)`` stores the pass's keys and
-        values (KV, T, D) and ``attend(layer, q)`` returns the attention of the queries (1, H, T, D):
-        the eager path and the static one (``csd.static``) differ only there."""
+        """The decoder blocks over ``x`` (1, T, hidden); ``write(layer, k, v)`` stores keys and values
+        (KV, T, D), ``attend(layer, q)`` attends the queries (1, H, T, D): where ``csd.static`` differs."""
         t = x.shape[1]
         h_q, h_qk = self.n_heads, self.n_heads + self.n_kv
         for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(self.layers):
@@ -426,11 +396,9 @@ class LeanLM(LM):
 
     @torch.inference_mode()
     def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
-        """``forward`` for several sequences in one pass (``csd.batch``): their tokens go through every
-        linear layer as the rows of one product, each sequence at its own positions and with its own
-        cache and attention. A row's result does not depend on the other rows where the layers are
-        per-row exact (int8 with per-token scales: ``int8_per_row``); a float layer may round a row
-        differently beside others. -> each sequence's logits of its last ``keep`` positions."""
+        """``forward`` for several sequences in one pass (``csd.batch``): their tokens are the rows of one
+        product per layer, each with its own positions, cache and attention. A row's result is independent
+        of the others only where the layers are per-row exact (``int8_per_row``)."""
         ids = [ids_tensor(i, self._device) for i in ids]
         lens = [i.numel() for i in ids]
         starts = [c.n for c in caches]

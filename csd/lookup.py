@@ -1,17 +1,8 @@
-"""Proposals copied from the context (prompt lookup): when the last few tokens of the sequence
-occurred earlier in the prompt or the answer, the tokens that followed them there are proposed as
-the next block, at no draft cost. The target verifies them in its usual pass with the exact rule
-(never rescued, never counted into the memory: the memory is about the draft model's divergences),
-so greedy output stays the target's own, and sampled output keeps the target's distribution (a
-copy is a proposal with all its mass on one token: kept with probability p(x), else replaced by a
-draw from p without x).
-
-Code answers repeat the prompt's signatures and names, math answers its numbers: replaying SD's
-94 frontier answers (the target's greedy output), a 3-gram match proposes 8 tokens of which the
-target keeps 65% on HumanEval and 18% on GSM8K. So whether a lookup block pays is decided per
-block, by the machine's cost model (``csd.costs.CostModel``) and what this run has seen: the
-expected tokens of a lookup block of k proposals over its verify time, against the tokens per
-millisecond (same cost model) of the run's draft-model blocks so far.
+"""Proposals copied from the context (prompt lookup, docs/bench-copies.md): when the sequence's last
+tokens occurred earlier, the tokens that followed them there are proposed, at no draft cost. The target
+verifies them with the exact rule (never rescued, never counted into the memory), so greedy output stays
+the target's and sampled output keeps its distribution. A lookup block is chosen when its expected tokens
+per ms (``csd.costs.CostModel``) beat the run's draft-model blocks so far.
 """
 from __future__ import annotations
 
@@ -27,11 +18,8 @@ PRIOR = (0.7, 2.0)   # chance of keeping the first copied token before the run h
 
 
 class Lookup:
-    """Finds the continuation of the sequence's longest matched suffix (``n_min``..N_MAX tokens;
-    the most recent earlier occurrence wins) and chooses how many of its tokens to propose.
-
-    The index of n-grams grows with the sequence (the committed sequence never shrinks), so a
-    proposal costs a few dictionary lookups however long the context is."""
+    """Finds the continuation of the sequence's longest matched suffix (``n_min``..N_MAX tokens, the latest
+    occurrence) and chooses how many of its tokens to propose. The n-gram index grows with the sequence."""
 
     def __init__(self, max_len: int, costs=None, n_min: int = 3):
         if not 1 <= n_min <= N_MAX:
@@ -65,11 +53,8 @@ class Lookup:
         return []
 
     def rates(self, k: int) -> list[float]:
-        """``rates(k)[j - 1]``: the chance that copied token j (1..k) is kept, given that tokens
-        1..j-1 were. Each position's estimate starts from the one before it (the first from
-        ``PRIOR``) and moves towards what the run has seen there, so a position never proposed
-        yet inherits the deepest decided one's rate: a run whose copied spans go on learns to
-        propose longer ones, and one whose copies fail learns not to."""
+        """``rates(k)[j - 1]``: the chance that copied token j (1..k) is kept, given that tokens 1..j-1
+        were; each position's prior is the rate before it (the first's: ``PRIOR``)."""
         out, (prev, w) = [], PRIOR
         for j in range(1, k + 1):
             prev = (self._kept[j] + prev * w) / (self._n[j] + w)
@@ -81,9 +66,8 @@ class Lookup:
         return self.rates(j)[-1]
 
     def choose(self, candidates: list[int]) -> list[int]:
-        """The proposals worth a verify pass: the prefix of ``candidates`` with the best expected
-        tokens per millisecond, if that beats the draft model's rate in this run (without a cost
-        model: all of them)."""
+        """The prefix of ``candidates`` with the best expected tokens per ms, if that beats the draft
+        model's rate in this run (without a cost model: all of them)."""
         if not candidates or self.costs is None:
             return candidates
         best_k, best = 0, 0.0
@@ -98,26 +82,20 @@ class Lookup:
         return candidates[:best_k] if best > model else []
 
     def observe(self, block: Block) -> None:
-        """A verified block (``csd.policy.Policy``): copies teach the copy rates, draft-model blocks
-        the rate the copies must beat."""
+        """Copies teach the copy rates, draft-model blocks the rate the copies must beat."""
         if block.source == LOOKUP:
             self.observe_copies(block.size, block.n_kept)
         else:
             self.observe_model(block.n_kept + 1, block.size)
 
     def observe_copies(self, proposed: int, kept: int) -> None:
-        """A verified lookup block: ``proposed`` tokens, the first ``kept`` of them kept. Position j
-        is counted only where the tokens before it were kept, so ``rate(j)`` is the chance of
-        keeping j given j - 1 (a copied span tends to go on: on the benchmark's HumanEval answers
-        these rates rise from 0.76 at the first position to above 0.9 from the third)."""
+        """``proposed`` tokens, the first ``kept`` kept; position j counts only where j - 1 was kept."""
         for j in range(1, min(proposed, kept + 1, self.max_len) + 1):
             self._n[j] += 1
             self._kept[j] += j <= kept
 
     def observe_model(self, tokens: int, drafted: int) -> None:
-        """A draft-model block: the tokens it added (kept + the target's) for ``drafted`` draft
-        tokens, costed by the same model as the copies (measured times would mix in the load of the
-        moment)."""
+        """A draft-model block's added ``tokens`` for ``drafted`` draft tokens, by the copies' cost model."""
         if self.costs is None:
             return
         self.model_tokens += tokens

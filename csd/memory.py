@@ -1,10 +1,7 @@
-"""Online Correction Memory (OCM) of Calibrated Speculative Decoding (arXiv 2604.13634).
-
-Counts of divergence patterns keyed by (draft token id x~, target token id t*). A pattern is
-a rescue candidate once its count reaches lambda. Updates happen in ``observe`` only.
-A memory file records the model pair it belongs to (loading it for another pair is refused) and,
-in ``meta["calibration"]``, how it was calibrated, the models' representations included: a memory
-calibrated with other representations than the loaded pair's still loads, and ``mismatch`` says so.
+"""Online Correction Memory (OCM) of Calibrated Speculative Decoding (arXiv 2604.13634): counts of
+divergence patterns (draft token x~, target token t*), updated in ``observe`` only; a pattern is a rescue
+candidate once its count reaches lambda. A memory file records its pair (another pair's is refused) and,
+in ``meta["calibration"]``, how it was calibrated.
 """
 from __future__ import annotations
 
@@ -61,21 +58,8 @@ class CorrectionMemory:
         """Share of all counted divergences covered by the top ``fraction`` of patterns."""
         return top_share(self._counts.values(), fraction)
 
-    def without(self, token_ids) -> CorrectionMemory:
-        """A copy without the patterns that have one of ``token_ids`` on either side."""
-        ids = set(token_ids)
-        return CorrectionMemory(self.pair_id, {k: c for k, c in self._counts.items() if not (set(k) & ids)},
-                                dict(self.meta))
-
     def copy(self) -> CorrectionMemory:
         return CorrectionMemory(self.pair_id, dict(self._counts), dict(self.meta))
-
-    def reset(self) -> None:
-        self._counts.clear()
-
-    def merge(self, other: CorrectionMemory) -> None:
-        self._check_pair(other.pair_id)
-        self._counts.update(other._counts)
 
     # -- files -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -137,9 +121,8 @@ class CorrectionMemory:
                 f"this memory belongs to model pair {self.pair_id!r}, not to {pair_id!r}")
 
     def mismatch(self, pair) -> str | None:
-        """None if the memory was calibrated with the pair's representations (or says nothing about
-        them), else a sentence naming the difference. A mismatch is shown, never refused: the
-        patterns of a pair barely depend on how its weights are held."""
+        """None if the memory was calibrated with the pair's representations (or does not say), else a
+        sentence naming the difference (shown, never refused)."""
         cal = (self.meta.get("calibration") or [{}])[-1]
         if not isinstance(cal, dict):
             return None

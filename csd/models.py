@@ -1,9 +1,6 @@
-"""Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair.
-
-``load_pair`` puts the pieces together as a ``LoadOptions`` record says: the shipped pair made loadable
-(``csd.embedded``), an int8 model converted once and mapped from the cache (``csd.convert``), a float
-one loaded by transformers and built (``csd.quant``), the decode paths (``csd.lm``), and the result,
-a ``csd.pair.ModelPair``. It imports them; none of them imports it.
+"""Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair. ``load_pair``
+puts together, as ``LoadOptions`` say, ``csd.embedded``, ``csd.convert``, ``csd.quant`` and ``csd.lm``
+into a ``csd.pair.ModelPair``; none of them imports this module.
 """
 from __future__ import annotations
 
@@ -16,15 +13,7 @@ import torch
 
 from . import smoothing
 from .config import GAMMA_RANGE, CSDConfig
-from .convert import (
-    FORMAT,
-    cached_lean,
-    digest,
-    lean_supported,
-    load_maxima,
-    maxima_for,
-    shipped_maxima,
-)
+from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
 from .events import Progress
 from .fileio import read_json
 from .lm import HFLM, LeanLM
@@ -89,11 +78,9 @@ def compare_tokenizers(a, b) -> str | None:
     return None
 
 
-
 def shared_rows(draft_rows: int, target_rows: int, tokens: int) -> int | None:
     """None when the two output layers have the same rows; else the rows they share, where they differ
-    only by padding past the tokenizer's tokens (Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for
-    151665 tokens). Refused when a real token lacks a row in one of them."""
+    only by padding past the tokenizer's tokens (Qwen2.5-0.5B and -7B); refused otherwise."""
     if draft_rows == target_rows:
         return None
     if min(draft_rows, target_rows) < tokens:
@@ -103,11 +90,8 @@ def shared_rows(draft_rows: int, target_rows: int, tokens: int) -> int | None:
 
 
 def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choice: str | int) -> torch.Tensor | None:
-    """The token ids the draft may propose: None (all of them) or a reduced vocabulary. ``auto``:
-    the shipped list for the embedded pair (the most frequent tokens of the target's own answers
-    and the calibration corpus), all tokens otherwise; ``full``; or N, the first N of that list.
-    Special tokens are always kept, so that the draft can propose the end of an answer. In SD the
-    draft only proposes: this changes the speed, never the output."""
+    """The token ids the draft may propose, special ones always: None (all) or a reduced vocabulary.
+    ``auto``: the embedded pair's shipped list, else all; ``full``; or N, the first N of that list."""
     if choice == "full":
         return None
     if not DRAFT_VOCAB_FILE.exists() or pair_id != EMBEDDED_PAIR_ID:
@@ -127,13 +111,8 @@ SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How ``load_pair`` loads a pair (the model flags of the command line and the app; their help says
-    more). ``dtype``: the target's representation or "auto" (int8 on the CPU, the fastest there:
-    docs/models.md; bfloat16 or float16 on CUDA); ``draft_dtype`` "auto": int8 on the CPU, the target's
-    elsewhere. ``*_impl`` "auto": the lean path (``csd.lm.LeanLM``) where it can run (for the target: where
-    it is int8 or the engine static), else transformers. The draft only proposes: its options change
-    SD's speed, never its output. ``engine`` "auto": static on CUDA (eager where that fails), eager on
-    the CPU (``csd.static``)."""
+    """How ``load_pair`` loads a pair: the model flags of the command line and the app (their help says
+    more). "auto": int8 on the CPU, bfloat16/float16 and the static engine on CUDA, the lean path where it runs."""
     dtype: str | torch.dtype | None = "auto"
     device: str | torch.device | None = "auto"
     device_map: str | dict | None = None
@@ -158,8 +137,7 @@ class LoadOptions:
         return torch.float32 if self.dtype == "int8" else DTYPES[self.dtype]
 
     def validated(self) -> LoadOptions:
-        """These options checked before anything loads (ModelLoadError names the first that cannot run),
-        with the device, engine, dtype and draft dtype resolved."""
+        """Checked before anything loads (ModelLoadError), with device, engine and dtypes resolved."""
         dev = resolve_device(self.device)
         if self.engine not in ENGINES:
             raise ModelLoadError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
@@ -187,8 +165,7 @@ class LoadOptions:
                        fallback=self.fallback or self.engine == "auto")
 
     def for_target(self, name: str, config) -> LoadOptions:
-        """With ``target_impl`` resolved for the target's config; ModelLoadError where the options ask
-        for a path that cannot run it."""
+        """With ``target_impl`` resolved for the target's config; ModelLoadError where it cannot run."""
         why = lean_supported(config) or (self.device_map is not None and "a device_map (the lean path runs on one device)")
         if self.target_impl == "lean" and why:
             raise ModelLoadError(f"--target-impl lean cannot run {name!r}: {why}")
@@ -206,8 +183,7 @@ class LoadOptions:
 
 @dataclass
 class Loaded:
-    """One model as loaded: the decode loop's path (``lm``), its transformers model (None where
-    ``loader`` builds it when first asked), its representation and how it was smoothed."""
+    """One model as loaded: its decode path, its transformers model (or the ``loader`` that builds it)."""
     lm: object = None
     model: torch.nn.Module | None = None
     loader: Callable[[], torch.nn.Module] | None = None
@@ -217,11 +193,9 @@ class Loaded:
 
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, options: LoadOptions | None = None,
               progress: Progress | None = None, check=None, **fields) -> ModelPair:
-    """Load a draft/target pair sharing one tokenizer (``draft=None``: the target alone, AR only) as
-    ``options`` say, or the ``LoadOptions`` fields given as keywords. An int8 model on the lean path is
-    converted once (``csd.convert``), then mapped from the cache; ``ModelPair.hf_target`` builds its
-    transformers model when first asked. ``check(tokenizer, context_limit)`` runs before any model
-    loads, so that a request the pair cannot serve is refused in seconds; it raises to refuse."""
+    """Load a draft/target pair sharing one tokenizer (``draft=None``: AR only) as ``options`` (or the
+    ``LoadOptions`` keywords) say. ``check(tokenizer, context_limit)`` runs before any model loads and
+    raises to refuse a request the pair cannot serve."""
     o = (options or LoadOptions(**fields)).validated()
     t_ref = resolve(target, "target", progress, o.trust_remote_code)
     d_ref = resolve(draft, "draft", progress, o.trust_remote_code) if draft is not None and o.load_draft else None
@@ -279,8 +253,7 @@ def end_tokens(tok, path: str) -> tuple[int, ...]:
 
 
 def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
-    """The target: an int8 lean one mapped from the cache (converted first where missing), else the
-    float model, quantised to int8 where asked."""
+    """The target: int8 lean mapped from the cache, else the float model (quantised where asked)."""
     dev = o.device
     if o.dtype == "int8" and o.target_impl == "lean":
         prompts = smoothing_prompts(tok, config, ref.disp) if o.int8_smoothing else None
@@ -307,9 +280,8 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
 
 
 def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progress: Progress | None) -> Loaded:
-    """The draft, on the lean path where it can run (int8 on the CPU: mapped from the cache), proposing
-    among its vocabulary (``draft_vocab_ids``, cut to the rows the target's output layer shares).
-    ``pair``: the pair's id and special token ids."""
+    """The draft, on the lean path where it can run, proposing among ``draft_vocab_ids`` cut to the rows
+    the target shares. ``pair``: the pair's id and special token ids."""
     config = ref.config()
     vd, vt = config.vocab_size, t_config.vocab_size
     rows = shared_rows(vd, vt, len(tok))
@@ -347,8 +319,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
 
 
 def static_engine(target_lm, draft_lm, d_ref: ModelRef | None, o: LoadOptions, progress: Progress | None):
-    """Both lean models on the static engine (``static_pair``). Where that fails: the eager ones when
-    the engine was auto's choice (logged), else ModelLoadError with the reason."""
+    """Both lean models on the static engine; where that fails, the eager ones if auto chose it (logged)."""
     if draft_lm is not None and not isinstance(draft_lm, LeanLM):
         raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
                              "use --engine eager)")
@@ -370,8 +341,7 @@ def static_engine(target_lm, draft_lm, d_ref: ModelRef | None, o: LoadOptions, p
 
 
 def smoothing_prompts(tok, config, name: str) -> list[list[int]] | None:
-    """The calibration prompts an int8 target's smoothing is measured on, as token ids; None (logged)
-    where the model cannot read them (ids beyond its embeddings): it is then quantised as it is."""
+    """The calibration prompts' token ids, or None (logged) where they hold ids beyond the embeddings."""
     prompts = calibration_prompt_ids(lambda p: encode_prompt(tok, p))
     if any(max(ids, default=0) >= config.vocab_size for ids in prompts):
         log.info("int8 target %s is quantised without smoothing: the calibration prompts hold token ids beyond "
@@ -386,8 +356,7 @@ def auto_engine(dev: torch.device, device_map=None) -> str:
 
 
 def static_pair(target_lm, draft_lm, capacity: int, compiled: bool, progress: Progress | None = None):
-    """Both lean models as static ones (``csd.static``), graphs captured on CUDA, and each replayed once
-    and checked against the eager pass, so that a capture that runs but computes wrong fails here."""
+    """Both lean models as static ones (``csd.static``), each checked once against its eager pass."""
     longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
     target = make_static(target_lm, capacity, target_shapes(longest), progress, "target", compiled)
     draft = make_static(draft_lm, capacity, draft_shapes(), progress, "draft", compiled) if draft_lm is not None \
@@ -399,9 +368,7 @@ def static_pair(target_lm, draft_lm, capacity: int, compiled: bool, progress: Pr
 
 
 def check_replay(static, eager, ids=(9, 2, 11, 4)) -> None:
-    """One static pass (a graph replay on CUDA) against the eager pass on the same tokens: finite logits
-    within 5% of the eager ones' range (rounding differs, in bfloat16 most; a broken capture is far off),
-    else RuntimeError."""
+    """RuntimeError unless a static pass gives finite logits within 5% of the eager ones' range."""
     a = static.forward(static.new_cache(), list(ids), len(ids)).float()
     b = eager.forward(eager.new_cache(), list(ids), len(ids)).float()
     gap = float((a - b).abs().max()) if torch.isfinite(a).all() else float("inf")

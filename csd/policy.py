@@ -1,41 +1,12 @@
-"""How many tokens to draft before each verify pass: the draft-length policies behind one protocol.
-
-``FixedGamma`` is the paper's fixed block (gamma = 6). ``AutoGamma`` drafts while one more token is
-expected to raise the tokens per second of the block, under the machine's measured cost model
-(``csd.costs.CostModel``: the draft's time per token, the target's time for a pass of k tokens)
-and what this run has seen so far:
-
-- the chance that draft token j is kept given that the tokens before it were (accepted or
-  rescued), estimated from the draft's own top-1 probability, calibrated online per confidence
-  bin (a Beta prior centred on the bin, updated with every decided position of the run);
-- before drafting token j + 1 its chance is unknown: the run's keep rate at position j + 1 stands in.
-
-After j drafted tokens with chances p_1..p_j, verifying now yields E_j = 1 + sum_i prod_{l<=i} p_l
-tokens for C_j = j * draft_ms + verify_ms(j + 1); one more token is drafted iff some longer block,
-with the position rates standing in for the chances of the tokens not drafted yet, has a higher
-E_m / C_m than E_j / C_j. A draft that turns unsure stops the block early; a cheap verify
-pass and a confident draft make it long. On a GPU, where reading a confidence waits for the
-device, ``plan`` fixes the block's length before drafting from the position rates alone.
-
-It keeps exploring. A keep rate is learned only where the policy drafts, so a run whose first blocks
-were rejected would otherwise stop drafting and never learn that the draft does better later. So the
-evidence of a position counts less while the position is not tried: after k blocks without a
-decision there, its observations weigh ``FADE ** k`` against the prior's fixed weight, and the
-estimate drifts back towards the prior until the policy tries again (the evidence itself is kept:
-one more failure makes it as sure as before). A few early rejections are retried within a few
-blocks; a draft that keeps failing is retried more and more rarely (about every 20 blocks after
-30 failures), one token at a time; where the cost model says drafting cannot pay even at the
-prior's rate, it is never tried. ``floor`` sets the
-fewest tokens a block drafts (the app's "show speculation" mode: a demo that never collapses to AR).
-
-It plans with the run's own costs. The cost model is the machine's profile, measured once and
-cached; a machine that is busier than when it was profiled (another process, a second user) makes
-the draft and the longer verify passes dearer than the profile says, and a policy that believed it
-drafted blocks too long (measured on a shared 2-core EPYC: 69 ms a token where the profile predicted
-32). With ``online`` (the decode loop's default on the CPU, where a block's times are its costs),
-every verified block moves the draft's cost per token and the ratio of measured to profiled verify
-time towards what it measured (an exponential average, ``COST_WEIGHT`` per block), and the plan
-uses those: the profile's shape (how a pass's time grows with its tokens), the run's level.
+"""How many tokens to draft before each verify pass: the draft-length policies behind one protocol
+(docs/design.md, "gamma auto"). ``FixedGamma`` is the paper's fixed block (gamma = 6). ``AutoGamma``
+drafts while one more token is expected to raise the block's tokens per ms under the cost model
+(``csd.costs.CostModel``): after j drafted tokens with keep chances p_1..p_j (the draft's top-1
+probability, calibrated per confidence bin), verifying now yields E_j = 1 + sum_i prod_{l<=i} p_l tokens
+for C_j = j * draft_ms + verify_ms(j + 1); it drafts on iff some longer block, the run's keep rate per
+position standing in for the chances not drafted yet, has a higher E_m / C_m. A position's evidence
+fades (``FADE`` a block) while it is not tried, so it keeps exploring; ``online``, it plans with the
+run's measured costs.
 """
 from __future__ import annotations
 
@@ -113,7 +84,7 @@ class AutoGamma:
         self._rates = [0.0] * (max_len + 1)
         self._update_rates()
         self._marginal = [costs.verify(k + 1) - costs.verify(k) for k in range(1, max_len + 2)]
-        self._d = costs.draft_ms
+        self.draft_ms = costs.draft_ms      # the draft's cost per token it plans with (moved if online)
         self.start()
 
     # -- per block ---------------------------------------------------------------------------
@@ -133,10 +104,7 @@ class AutoGamma:
 
     def _update_rates(self) -> None:
         """Each position's keep rate: its evidence, faded by the blocks since it was last tried, against
-        a prior that is the rate of the position before it (the first position's: ``POSITION_PRIOR``).
-        So a position never tried inherits what the run has seen closer to the block's start: a run
-        whose drafts are kept 95% of the time learns to try long blocks, one whose first token fails
-        learns not to draft."""
+        a prior that is the rate of the position before it (the first position's: ``POSITION_PRIOR``)."""
         rate, w = POSITION_PRIOR
         for j in range(1, self.max_len + 1):
             f = self.fade ** self._idle[j]
@@ -144,32 +112,28 @@ class AutoGamma:
             self._rates[j] = rate
 
     def more(self, j: int, confidence: float) -> bool:
-        """After drafting j >= 1 tokens, the last with top-1 probability ``confidence``
-        (j = 0 asks before the first): is drafting more expected to pay? Looks ahead to every
-        block length up to ``max_len`` (verify costs need not be convex: on some CPUs a 2-token
-        pass costs twice a 1-token pass while a 7-token pass costs three times)."""
+        """After drafting j tokens, the last with top-1 probability ``confidence``: is drafting more
+        expected to pay? Looks ahead to every length up to ``max_len`` (verify costs need not be convex)."""
         if j >= self.max_len:
             return False
         if j > 0:
             self._prod *= self.chance(confidence)
             self._e += self._prod
-            self._c += self._d + self.verify_scale * self._marginal[j - 1]
+            self._c += self.draft_ms + self.verify_scale * self._marginal[j - 1]
         if j < self.floor:
             return True
         e, c, prod = self._e, self._c, self._prod
         for m in range(j, self.max_len):
             prod *= self.position_rate(m + 1)
             e += prod
-            c += self._d + self.verify_scale * self._marginal[m]
+            c += self.draft_ms + self.verify_scale * self._marginal[m]
             if e * self._c > self._e * c:
                 return True
         return False
 
     def plan(self, room: int) -> int:
-        """The block length decided before drafting, from the run's keep rate per position alone: the
-        length with the most expected tokens per ms (0: verify without drafting), at least ``floor``.
-        For the GPU's sync-free draft loop, which cannot read the draft's confidences without waiting
-        for the device after every token."""
+        """The block length with the most expected tokens per ms from the position rates alone (the GPU's
+        sync-free draft loop reads no confidences), at least ``floor``."""
         self.start()
         room = min(self.max_len, max(room, 0))
         e, c, prod = self._e, self._c, self._prod
@@ -177,7 +141,7 @@ class AutoGamma:
         for m in range(room):
             prod *= self.position_rate(m + 1)
             e += prod
-            c += self._d + self.verify_scale * self._marginal[m]
+            c += self.draft_ms + self.verify_scale * self._marginal[m]
             if e / c > best_rate:
                 best, best_rate = m + 1, e / c
         return min(max(best, self.floor), room)
@@ -191,23 +155,17 @@ class AutoGamma:
         if self.online:
             self.measured(block)
 
-    @property
-    def draft_ms(self) -> float:
-        """The draft's cost per token the policy plans with (the profile's, moved by the run's if online)."""
-        return self._d
-
     def measured(self, block: Block) -> None:
         """Move the planning costs towards a block's measured times (where they were measured)."""
         if block.verify_s is not None and block.pass_tokens:
             ratio = 1000 * block.verify_s / self.costs.verify(block.pass_tokens)
             self.verify_scale += COST_WEIGHT * (ratio - self.verify_scale)
         if block.source == DRAFT and block.draft_s is not None and block.size:
-            self._d += COST_WEIGHT * (1000 * block.draft_s / block.size - self._d)
+            self.draft_ms += COST_WEIGHT * (1000 * block.draft_s / block.size - self.draft_ms)
 
     def learn(self, confidences: list[float], kept: list[bool]) -> None:
-        """The decided positions of a block: whether each was kept, and the draft's confidence in
-        it where it was read (none from the sync-free draft loop: then the positions alone learn).
-        The positions not decided in this block idle one more block."""
+        """Whether each decided position was kept, and the draft's confidence where it was read; the
+        positions not decided idle one more block."""
         for j, k in enumerate(kept, 1):
             if j <= len(confidences):
                 b = min(BINS - 1, max(0, int(confidences[j - 1] * BINS)))

@@ -1,7 +1,5 @@
-"""What the models cost on this machine, measured once and cached (keyed by machine, torch
-version, pair, representations and the engine's code, see ``engine_revision``): the target's time
-for a pass of k tokens and the draft's time per token, as a ``csd.costs.CostModel``.
-
+"""What the models cost on this machine as a ``csd.costs.CostModel`` (the target's time for a pass of k
+tokens, the draft's per token), measured once and cached by machine, torch, pair and engine code.
 """
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ log = logging.getLogger(__name__)
 
 PASS_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)   # tokens in a target pass (a block of k - 1 + 1)
 CONTEXT = 150                                                 # cached tokens before the timed pass
-EXACTNESS = ("float32", "bfloat16", "float16", "int8")        # most exact first
-TIE = 0.10
 
 
 def machine_name(device: torch.device | str = "cpu") -> str:
@@ -93,9 +89,7 @@ ENGINE_FILES = ("lm.py", "static.py", "quant.py")   # the forward passes and how
 
 @functools.cache
 def engine_revision() -> str:
-    """A digest of the code whose speed a profile measures (the forwards in ``csd/lm.py`` and
-    ``csd/static.py``, the representations built in ``csd/quant.py``): a change there makes the cached profile a miss, so
-    a faster draft is re-timed instead of planned with its old cost."""
+    """A digest of the code whose speed a profile measures (``ENGINE_FILES``): a change re-times it."""
     h = hashlib.sha1()
     for name in ENGINE_FILES:
         h.update((Path(__file__).parent / name).read_bytes())
@@ -147,9 +141,7 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
 
 
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
-    """Median ms per draft token of each way to run the draft on this machine: transformers' forward
-    in float32 and int8, the lean path in int8 with the full and with the reduced vocabulary."""
-
+    """Median ms per draft token of each way to run the draft on this machine (transformers', lean)."""
     out = {"hf float32": time_pass(HFLM(draft_fp32), 1, reps)}
     if vocab_ids is not None:
         out["lean int8, reduced vocabulary"] = time_pass(LeanLM(draft_fp32, vocab_ids=vocab_ids, int8=True), 1, reps)

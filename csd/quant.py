@@ -1,11 +1,5 @@
-"""How a model's weights are held: a float dtype, or dynamic int8 (CPU), smoothed first.
-
-``to_repr`` turns a float32 transformers model into one of ``TARGET_REPRS``. For int8 it folds the
-activation maxima into the weights first when it is given them (``csd.smoothing``, SmoothQuant),
-then replaces every Linear layer by torch's dynamic int8 one (``quantize_int8``). The lean decode
-path (``csd.lm``) quantises its fused layers with the same call, and builds them a layer per thread
-(``in_threads``). Nothing here loads a model or knows a pair: the loader (``csd.models``) and the
-measurements (``csd.profile``) call it.
+"""How a model's weights are held: a float dtype, or dynamic int8 (CPU), smoothed first (``csd.smoothing``).
+``to_repr`` turns a float32 transformers model into one of ``TARGET_REPRS``; nothing here loads a model.
 """
 from __future__ import annotations
 
@@ -16,20 +10,15 @@ import torch
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# How the target's weights are held: a float dtype, or int8 (dynamic int8 Linear layers, CPU only).
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
-# How an int8 target scales its activations: "row" (per token: RowInt8Linear; a verify pass computes
-# for each token what a 1-token step does, so greedy SD == AR) or "pass" (torch's dynamic op: one scale
-# for all the tokens of a pass).
+# how an int8 target scales its activations: per token ("row", RowInt8Linear: greedy SD == AR) or per pass
 INT8_ACTIVATIONS = ("row", "pass")
 INT8_ACTIVATIONS_DEFAULT = "pass"
 
 
 def in_threads(fn, items: list) -> list:
-    """``[fn(x) for x in items]`` on up to ``BUILD_THREADS`` threads: quantising and packing weights
-    runs in ATen ops that release the GIL and use one core each, so a layer per core builds a model
-    1.5x faster on 2 cores (the same results: each layer is built by the same calls)."""
+    """``[fn(x) for x in items]`` on up to ``BUILD_THREADS`` threads (quantising and packing release the GIL)."""
     n = min(BUILD_THREADS, len(items))
     if n <= 1:
         return [fn(x) for x in items]
@@ -39,10 +28,7 @@ def in_threads(fn, items: list) -> list:
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation (per-channel weights) of every Linear layer. Activations are
-    quantised per pass with one scale for the whole pass, so a 7-token verify pass and a 1-token
-    step round differently: greedy SD may differ from AR in this representation (measured, not
-    assumed; float32 is the exact reference)."""
+    """Dynamic int8 quantisation (per-channel weights, one activation scale a pass) of every Linear layer."""
     import warnings
 
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -54,8 +40,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
                                     inplace=True)   # in place: no second float copy of the weights in memory
 
     model = model.float()
-    # the decoder blocks (the longest ModuleList) one per thread, then what is left (the output layer):
-    # each block is quantised by the same call as in one pass over the model, so the weights are too
+    # the decoder blocks (the longest ModuleList) one per thread, then what is left
     blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len, default=None)
     if blocks is not None:
         in_threads(quantize, list(blocks))
@@ -63,9 +48,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 rows and one float32 scale per row (symmetric, zero point 0): what ``quantize_int8`` makes of a
-    Linear layer's weight (torch's per-channel weight observer), so that a layer converted on its own
-    (``csd.convert``) holds the very int8 values of the whole-model path."""
+    """int8 rows and one float32 scale per row: the very values ``quantize_int8`` makes of a weight."""
     import warnings
 
     from torch.ao.quantization.observer import PerChannelMinMaxObserver
@@ -80,8 +63,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def int8_weight(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The per-channel quantised tensor torch's int8 ops take, from int8 ``rows`` and their ``scales``
-    (symmetric: zero points 0)."""
+    """The per-channel quantised tensor torch's int8 ops take, from int8 ``rows`` and their ``scales``."""
     import warnings
     with warnings.catch_warnings():      # torch's notice that quantised tensors move to torchao: they work in 2.13
         warnings.simplefilter("ignore")
@@ -90,21 +72,10 @@ def int8_weight(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 class RowInt8Linear(torch.nn.Module):
-    """A dynamic int8 linear layer whose activations are quantised per row (per token), not per pass.
-
-    torch's dynamic int8 op (``quantized::linear_dynamic``) takes one scale and zero point from the
-    minimum and maximum of the whole input, so a token rounds differently next to other tokens: a
-    7-token verify pass does not compute for a token what a 1-token step computes, and greedy SD can
-    leave AR. Here each row is first divided by its own largest magnitude, and two input columns that
-    hold +1 and -1 (with zero weights) are appended, so that every pass's minimum and maximum are
-    exactly -1 and +1: the op's scale and zero point are the same for any pass, each row is rounded on
-    its own, the int8 product is exact (int32), and the row's output is scaled back by its magnitude.
-    A row's result is then the same bit for bit whatever else is in the pass. The weights are the
-    dynamic layer's int8 values and scales, with zero columns appended (padded to a multiple of 8).
-
-    ``per_row = False`` (the app's exact mode off) feeds the rows as they are, zero-padded: one scale
-    for the pass, as torch's dynamic layer takes it (the same bits without a bias; with one, added
-    after the product here and inside it there: within 1e-6)."""
+    """A dynamic int8 linear layer whose activations are quantised per row (token), not per pass
+    (docs/exactness.md): each row is divided by its largest magnitude and two sentinel columns, +1 and
+    -1 with zero weights, fix every pass's range, so a row's result is the same whatever else is in the
+    pass. ``per_row = False`` feeds the rows as they are: one scale a pass, as torch's dynamic layer."""
 
     def __init__(self, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -144,10 +115,8 @@ class RowInt8Linear(torch.nn.Module):
 
 
 def release_memory(collect: bool = True) -> None:
-    """Hand freed memory back to the system. After a candidate copy of a model is dropped, glibc keeps
-    its pages (the quantising threads' arenas especially), and the next copy is placed beside them:
-    choosing among three copies of the 1.5B target then held 21 GB resident on a 24 GB machine; packing a
-    layer of int8 rows leaves twice its size freed but held. ``collect``: run the garbage collector first."""
+    """Hand freed memory back to the system (glibc keeps the pages of dropped weights otherwise).
+    ``collect``: run the garbage collector first."""
     import gc
 
     if collect:
@@ -167,8 +136,7 @@ def _libc():
 
 def to_repr(model: torch.nn.Module, name: str, copy: bool = False,
             maxima: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    """The model in a representation (float dtypes cast; int8 quantised). ``copy`` keeps the original.
-    ``maxima`` (int8 only): activation maxima to smooth the model with first (``csd.smoothing``)."""
+    """The model in a representation; ``copy`` keeps the original; ``maxima`` (int8): smooth with these first."""
     import copy as copy_mod
     m = copy_mod.deepcopy(model) if copy else model
     if name == "int8":

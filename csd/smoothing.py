@@ -1,23 +1,9 @@
-"""Activation smoothing before dynamic int8 (SmoothQuant, Xiao et al. 2023, arXiv 2211.10438).
-
-Dynamic int8 quantises each pass's activations with one scale for the whole tensor (7 bits on x86).
-A Llama-family model's activations carry a few channels hundreds of times larger than the rest, so
-that scale is set by them and every other channel is rounded coarsely. Smoothing divides each input
-channel j of a linear layer by s_j and multiplies the layer's weight column j by s_j: in float the
-function is the same (the division is folded into the RMSNorm weight or the producing layer's rows),
-but the activation's range shrinks and the weight, quantised per output row, takes the difference.
-With s_j = max|x_j|^alpha / max|W_j|^(1 - alpha) (alpha = 0.5) both are equally hard to quantise.
-
-Where each division goes, per decoder layer:
-
-- q/k/v input: the input RMSNorm's weight; gate/up input: the post-attention RMSNorm's weight;
-- down_proj input (silu(gate) * up): the up projection's rows;
-- o_proj input (the attention output, head h dim d = v's kv head h // groups, dim d): the v
-  projection's rows, one factor per v channel shared by the query heads of its group.
-
-The maxima come from float32 forward passes over a few of the shipped calibration prompts (never the
-benchmark's items), a layer at a time while the model is converted (``csd.convert``), and are kept
-with the converted model.
+"""Activation smoothing before dynamic int8 (SmoothQuant, Xiao et al. 2023, arXiv 2211.10438;
+docs/bench-representation.md): input channel j of a linear layer is divided by
+s_j = max|x_j|^alpha / max|W_j|^(1 - alpha) and the weight column j multiplied by it, the division folded
+into what produces the input: the RMSNorm weights (q/k/v, gate/up), the up projection's rows (down), the
+v projection's rows (o, one factor per v channel shared by its query heads). The maxima are measured on
+float32 passes over a few calibration prompts (``csd.convert``).
 """
 from __future__ import annotations
 
@@ -56,8 +42,7 @@ LAYER_KEYS = ("ln1", "q", "k", "v", "o", "ln2", "gate", "up", "down")   # with "
 
 
 def layer_weights(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A transformers decoder layer's weights under ``LAYER_KEYS`` (the tensors themselves: smoothing
-    them changes the layer)."""
+    """A transformers decoder layer's weight tensors (not copies) under ``LAYER_KEYS``."""
     a, m = layer.self_attn, layer.mlp
     mods = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj, "gate": m.gate_proj, "up": m.up_proj,
             "down": m.down_proj}

@@ -1,27 +1,11 @@
-"""The static decode path: ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so that on a GPU
-each pass can be replayed as a captured CUDA graph instead of being launched kernel by kernel from
-Python (on the H200 the eager path spent 17 ms launching a 1.5B pass whose weights take about 1 ms
-to read: docs/gpu.md).
-
-What is static (as in gpt-fast and transformers' static cache):
-- one KV cache per model of a fixed ``capacity``, allocated once; a rollback moves a length, nothing
-  is copied or re-allocated, and a request that could outgrow it is refused before any pass runs
-  (``check_room``);
-- the pass's first position lives in a device tensor; keys and values are written with
-  ``index_copy_`` at ``position + arange(T)``, and attention runs over the whole capacity with the
-  mask ``key position <= query position``, so no shape depends on how much the cache holds;
-- on CUDA, ``capture`` records one graph per (pass length, rows of logits kept) at load time, the
-  longest first, all sharing one memory pool; a pass of a captured shape is one ``replay()``, any
-  other (a prompt chunk, a long copy from the context) runs the same function eagerly.
-- ``compiled`` (``--engine compiled``): the same function through ``torch.compile`` first, so that
-  each graph replays fused kernels (a draft pass is some 450 small kernels unfused; on a GPU each
-  costs microseconds however little it reads). Compiled once per model with the pass length
-  symbolic (a few shape classes, not one compile per shape), at load, before the capture.
-
-The decode loop (``csd.decode``) is unchanged: it calls ``forward``/``crop`` as on any ``LM``, and the
-rule still runs on the host on the one transfer per block that ``csd.verify.score_block`` makes.
-Greedy output equals the eager path's up to float rounding (attention over the masked capacity
-sums in another order): ``tests/test_static.py`` checks AR and SD token for token in float32.
+"""The static decode path (docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so
+that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python. One KV
+cache of a fixed ``capacity`` per model (a rollback moves a length; a request that could outgrow it is
+refused first, ``check_room``); the pass's first position is a device tensor, keys and values are
+written with ``index_copy_`` and attention runs over the whole capacity under a mask, so no shape
+depends on what the cache holds. ``capture`` records one graph per (pass length, rows kept); other
+shapes run eagerly. ``compiled``: the pass goes through ``torch.compile`` first. Greedy output equals
+the eager path's up to float rounding (``tests/test_static.py``).
 """
 from __future__ import annotations
 
@@ -57,22 +41,18 @@ class StaticCache:
 
 
 def draft_shapes() -> list[tuple[int, int]]:
-    """The draft's passes in the decode loop: one token, or two after a block whose every proposal
-    was kept (the last proposal and the target's bonus token), one row of logits kept."""
+    """The draft's passes: one token, or two after a fully kept block (with the bonus), one row kept."""
     return [(1, 1), (2, 1)]
 
 
 def target_shapes(longest: int) -> list[tuple[int, int]]:
-    """The verify passes: the token the target has not seen plus a block of up to ``longest - 1``
-    proposals, every row kept (AR: one token, one row)."""
+    """The verify passes: the target's unseen token plus up to ``longest - 1`` proposals, every row kept."""
     return [(t, t) for t in range(1, longest + 1)]
 
 
 class StaticLM(LM):
-    """``lean``'s function at fixed shapes, one run at a time (``new_cache`` hands the one cache to a
-    new run; a stale handle is refused). ``capacity``: tokens the cache holds. ``compiled``: the pass
-    goes through ``torch.compile`` (compiled at its first call of a shape class: ``capture`` makes
-    those calls at load)."""
+    """``lean``'s function at fixed shapes, one run at a time (``new_cache`` hands the one cache to a new
+    run; a stale handle is refused). ``capacity``: tokens the cache holds."""
 
     def __init__(self, lean: LeanLM, capacity: int = DEFAULT_CAPACITY, compiled: bool = False):
         if capacity < 2:
@@ -124,8 +104,7 @@ class StaticLM(LM):
         return self.lean.logits(self._blocks(ids), keep)
 
     def _blocks(self, ids: torch.Tensor) -> torch.Tensor:
-        """The decoder blocks' output (1, T, hidden) for ``ids`` at ``self._pos``: what ``compiled`` compiles
-        (the rows kept are picked outside it, so that the pass length is its only varying size)."""
+        """The decoder blocks' output (1, T, hidden) for ``ids`` at ``self._pos``: what ``compiled`` compiles."""
         lean, t = self.lean, ids.numel()
         pos = self._pos + self._keys[:t]                                                 # (T,) on the device
         x = lean.embed[ids][None]                                                       # (1, T, hidden)
@@ -134,18 +113,14 @@ class StaticLM(LM):
         k, v = self._kv.k, self._kv.v
         n_kv = k.shape[1]
         group = lean.n_heads // n_kv
-        # The query heads that share a key/value head are folded into the query length, so attention
-        # reads each cached key once, as (1, KV, G*T, D) against (1, KV, capacity, D). SDPA's
-        # enable_gqa with a mask would run CUDA's math kernel, which copies K and V out to every query
-        # head: for a 7B target at capacity 4096 about 3 GB of memory traffic a pass, against 15 GB
-        # of weights (a reasoned cost, not measured on a GPU).
+        # the query heads sharing a key/value head are folded into the query length, (1, KV, G*T, D): SDPA's
+        # enable_gqa with a mask would copy K and V out to every query head on CUDA (docs/gpu.md)
 
         def write(li, kk, vv):
             k[li].index_copy_(1, pos, kk)
             v[li].index_copy_(1, pos, vv)
 
-        # exact int8: each query attends as a 1-token step would. The folded masks are made once a pass,
-        # additive (0 or -inf, as SDPA would otherwise convert a boolean mask in every layer's call)
+        # exact int8: each query attends as a 1-token step would; additive masks made once a pass
         per_query = lean.per_row and 1 < t <= PER_QUERY_MAX
         bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         folded_masks = ([bias[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
@@ -189,9 +164,8 @@ class StaticLM(LM):
 
     def capture(self, shapes: Iterable[tuple[int, int]], progress: Callable[[str, float], None] | None = None,
                 name: str = "model") -> None:
-        """Record one CUDA graph per (pass length, rows kept), the longest first, in one memory pool
-        (graphs of one model never run at once). Call before any run: the warm-up passes write into
-        the cache."""
+        """Record one CUDA graph per (pass length, rows kept), the longest first, in one memory pool.
+        Call before any run: the warm-up passes write into the cache."""
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; elsewhere the static path runs eagerly")
         shapes = sorted(set(shapes), reverse=True)
@@ -228,10 +202,8 @@ class StaticLM(LM):
 
 
 def _compiled(blocks: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``blocks`` through ``torch.compile``, the pass length its one symbolic size: a pass of one token and
-    one of several are the only two compiles (the weights' and the cache's shapes stay fixed). Called in
-    inference mode with inference tensors only (``capture`` and ``make_static`` make theirs there), as a
-    compiled function compiles again for another kind of tensor."""
+    """``blocks`` through ``torch.compile``, the pass length its one symbolic size (two compiles: one token,
+    several). Call it in inference mode on inference tensors only, or it compiles again."""
     fn = torch.compile(blocks)
 
     def run(ids: torch.Tensor) -> torch.Tensor:
@@ -267,16 +239,10 @@ def make_static(lean: LeanLM, capacity: int, shapes: Iterable[tuple[int, int]], 
     return lm
 
 
-def run_room(prompt_tokens: int, max_new_tokens: int, longest_block: int) -> int:
-    """Positions a run may fill: the prompt, the answer, and the proposals of its last block beyond it."""
-    return prompt_tokens + max_new_tokens + longest_block + 1
-
-
 def check_room(pair, prompt_tokens: int, cfg) -> None:
-    """Refuse a run that a static KV cache of the pair could not hold (nothing to check on the eager
-    path, whose cache grows): the prompt, ``max_new_tokens`` and the longest block the run may verify."""
+    """Refuse a run that a static KV cache of the pair could not hold (the eager caches grow)."""
     longest = max(cfg.gamma_max if cfg.gamma == "auto" else cfg.gamma, cfg.lookup) if cfg.uses_draft else 0
-    need = run_room(prompt_tokens, cfg.max_new_tokens, longest)
+    need = prompt_tokens + cfg.max_new_tokens + longest + 1      # and the last block's proposals past the end
     for role, lm in (("target", pair.target_lm), ("draft", pair.draft_lm if cfg.uses_draft else None)):
         room = getattr(getattr(lm, "inner", lm), "check_room", None)   # a wrapper (the benchmark's scripted draft)
         if room is not None:

@@ -1,8 +1,6 @@
-"""Verification of a draft block from the target's logits (Leviathan et al. 2023; CSD, arXiv
-2604.13634): the tensor side of ``csd.rule``. Pure functions of tensors, no model calls.
-
-``score_block`` is the argmax work that greedy SD needs anyway; ``csd.rule.decide`` then walks
-the block. ``verify_sampling`` is rejection sampling with CSD's rescue of rejections.
+"""Verification of a draft block from the target's logits (Leviathan et al. 2023; CSD, arXiv 2604.13634):
+the tensor side of ``csd.rule``, pure functions of tensors. ``score_block`` feeds ``csd.rule.decide``;
+``verify_sampling`` is rejection sampling with CSD's rescue of rejections.
 """
 from __future__ import annotations
 
@@ -18,11 +16,8 @@ ALL = (RANK, ENTROPY, TOP3_ENTROPY)   # the order of the optional scores in the 
 
 def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor,
                 scores: Collection[str] = ()) -> tuple[list[int], BlockScores]:
-    """The draft tokens as a list, and t*, z(t*), z(x~) and each row's log-normaliser, brought to the
-    host in ONE transfer (the only host sync of a greedy block). target_logits: (g + 1, V), row g
-    scores the bonus; x_tilde: the g draft tokens, a list or a device tensor. ``scores``: what the
-    relaxed rules read besides (``csd.rule.RANK``, ``ENTROPY``, ``TOP3_ENTROPY``), computed on the
-    device for the g draft rows and carried by the same transfer; each costs a pass over the vocabulary."""
+    """The g draft tokens (a list or a device tensor) as a list, and t*, z(t*), z(x~), each row's
+    log-normaliser and the relaxed rules' ``scores``, in ONE host transfer. target_logits: (g + 1, V)."""
     g = len(x_tilde)
     xs = x_tilde if torch.is_tensor(x_tilde) else torch.tensor(x_tilde, dtype=torch.long,
                                                                device=target_logits.device)
@@ -53,9 +48,8 @@ def score_block(x_tilde: list[int] | torch.Tensor, target_logits: torch.Tensor,
 
 
 def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
-    """Proposals copied from the context as a draft distribution: all mass on each copied token,
-    (g, V). Rejection sampling then keeps a copy with probability p(x) and otherwise draws from p
-    without x, which is the target's distribution again (Leviathan et al. 2023, a point-mass draft)."""
+    """Copied proposals as a draft distribution, all mass on each token (g, V): rejection sampling then
+    keeps the target's distribution."""
     dev = target_logits.device
     q = torch.zeros(len(tokens), target_logits.shape[-1], device=dev)
     q[torch.arange(len(tokens), device=dev), torch.tensor(tokens, dtype=torch.long, device=dev)] = 1.0
@@ -64,14 +58,9 @@ def point_mass(tokens: list[int], target_logits: torch.Tensor) -> torch.Tensor:
 
 def verify_sampling(x_tilde: list[int], q: torch.Tensor, p: torch.Tensor, target_logits: torch.Tensor,
                     count: CountFn, rescue: Rescue, generator: torch.Generator | None) -> Decision:
-    """Rejection-sampling verification with CSD rescue of rejections.
-
-    q: (g, V) draft probabilities, p: (g + 1, V) target probabilities, both at the run's
-    temperature. A draft token is accepted with probability min(1, p(x)/q(x)); a rejected one
-    whose pattern passes the memory and gate (t* = the target's argmax) is rescued; otherwise the
-    replacement is drawn from norm(max(0, p - q)). Without rescue the output is distributed
-    exactly as the target's.
-    """
+    """Rejection sampling with CSD's rescue: q (g, V) and p (g + 1, V) at the run's temperature. A draft
+    token is accepted with probability min(1, p(x)/q(x)); a rejected one whose pattern passes the memory
+    and gate is rescued; else the replacement is drawn from norm(max(0, p - q))."""
     g = len(x_tilde)
     xs = torch.tensor(x_tilde, dtype=torch.long, device=p.device)
     p_x = p[:g].gather(-1, xs[:, None])[:, 0]                             # (g,)
