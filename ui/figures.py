@@ -174,9 +174,7 @@ def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
     return fig
 
 
-def load_frontier(path: str) -> dict | None:
-    """A frontier file's data (``csd.bench.frontier.load``), or None if absent or unreadable."""
-    return frontier.load(path)
+load_frontier = frontier.load     # a frontier file's data, or None if absent or unreadable
 
 
 def make_frontier_figure(data: dict | None) -> go.Figure:
