@@ -80,43 +80,26 @@ def gsm8k_split(item_id: str) -> str:
 
 def load_gsm8k(split: str | None = "eval") -> list[Item]:
     """GSM8K test questions of a split ("eval": those the benchmark may draw; None: all 1319)."""
-    items = []
     with open(data_file("gsm8k"), encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            item_id = f"gsm8k/{n}"
-            if split is not None and gsm8k_split(item_id) != split:
-                continue
-            q = row["question"].strip()
-            items.append(Item("gsm8k", item_id, GSM8K_PROMPT.format(question=q), gsm8k_reference(row["answer"]),
-                              "number", content=q))
-    return items
+        rows = [(f"gsm8k/{n}", json.loads(line)) for n, line in enumerate(f) if line.strip()]
+    return [Item("gsm8k", item_id, GSM8K_PROMPT.format(question=row["question"].strip()), gsm8k_reference(row["answer"]),
+                 "number", content=row["question"].strip())
+            for item_id, row in rows if split is None or gsm8k_split(item_id) == split]
 
 
 def load_humaneval() -> list[Item]:
-    items = []
     with gzip.open(data_file("humaneval"), "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            items.append(Item("humaneval", row["task_id"], HUMANEVAL_PROMPT.format(prompt=row["prompt"]),
-                              None, "humaneval",
-                              {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"],
-                               "canonical_solution": row["canonical_solution"]}, content=row["prompt"]))
-    return items
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Item("humaneval", row["task_id"], HUMANEVAL_PROMPT.format(prompt=row["prompt"]), None, "humaneval",
+                 {k: row[k] for k in ("prompt", "test", "entry_point", "canonical_solution")}, content=row["prompt"])
+            for row in rows]
 
 
 def load_champ() -> list[Item]:
-    data = json.loads(data_file("champ").read_text(encoding="utf-8"))
-    items = []
-    for key in sorted(data["problems"], key=_natural_key):
-        p = data["problems"][key]
-        items.append(Item("champ", p["identifier"], CHAMP_PROMPT.format(problem=p["_text"].strip()),
-                          p["_answer"], "champ", {"category": p.get("category")}, content=p["_text"].strip()))
-    return items
+    problems = json.loads(data_file("champ").read_text(encoding="utf-8"))["problems"]
+    return [Item("champ", p["identifier"], CHAMP_PROMPT.format(problem=p["_text"].strip()), p["_answer"], "champ",
+                 {"category": p.get("category")}, content=p["_text"].strip())
+            for p in (problems[key] for key in sorted(problems, key=_natural_key))]
 
 
 def load_prose() -> list[Item]:
@@ -181,13 +164,9 @@ def load_heldout() -> list[Item]:
     """The held-out split of the shipped calibration prompt set (its math items graded by their GSM8K reference)."""
     from csd.corpus import PROMPTS_FILE, read_prompts
 
-    refs = {it.item_id: it for it in load_gsm8k(split=None)}
-    items = []
-    for row in read_prompts(PROMPTS_FILE, split="heldout"):
-        ref = refs.get(row["id"])
-        items.append(Item("heldout", row["id"], row["prompt"], ref.reference if ref else None,
-                          "number" if ref else None, {"kind": row.get("kind")}, content=row["prompt"]))
-    return items
+    refs = {it.item_id: it.reference for it in load_gsm8k(split=None)}
+    return [Item("heldout", row["id"], row["prompt"], refs.get(row["id"]), "number" if row["id"] in refs else None,
+                 {"kind": row.get("kind")}, content=row["prompt"]) for row in read_prompts(PROMPTS_FILE, split="heldout")]
 
 
 LOADERS = {"gsm8k": load_gsm8k, "humaneval": load_humaneval, "champ": load_champ, "prose": load_prose,
