@@ -65,15 +65,7 @@ def alembic_config(url: str | None = None, connection=None) -> Config:
 
 def _clean(s: str | None) -> str | None:
     """Text every engine stores: PostgreSQL refuses NUL, UTF-8 refuses lone surrogates."""
-    if s is None:
-        return None
-    if "\x00" in s:
-        s = s.replace("\x00", "\u2400")
-    try:
-        s.encode()
-    except UnicodeEncodeError:
-        s = s.encode("utf-8", "replace").decode()
-    return s
+    return None if s is None else s.replace("\x00", "\u2400").encode("utf-8", "replace").decode()
 
 
 def _make_engine(url: str) -> tuple[Engine, str | None]:
