@@ -193,9 +193,8 @@ def print_run(args, cfg: CSDConfig, pair, run) -> None:
 
 
 def cmd_prepare(args) -> int:
-    """Make the embedded pair ready once: its config and tokenizer, the int8 conversion of both models,
-    and this machine's costs for gamma auto (both int8 activation scalings), so that the first
-    generation pays for none of them."""
+    """Make the embedded pair ready once (config, tokenizer, int8 conversion, this machine's costs for gamma
+    auto under both int8 activation scalings), so that the first generation pays for none of them."""
     from csd.fileio import cache_dir
     from csd.models import load_pair
     from csd.profile import cached_costs

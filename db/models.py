@@ -1,8 +1,5 @@
-"""Schema of the divergence-event store: runs, their token events, correction-memory snapshots.
-
-One ``TokenEventRow`` per ``csd.events.TokenEvent``; the teach-mode top-k lists go in ``explain``.
-Changing a model here needs a new Alembic revision in ``db/migrations/versions``.
-"""
+"""Schema of the divergence-event store: runs, their token events (one ``TokenEventRow`` per
+``csd.events.TokenEvent``), memory snapshots. A change here needs a new Alembic revision."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

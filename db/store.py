@@ -39,8 +39,7 @@ class StoreError(RuntimeError):
 
 
 def run_fields(pair, cfg=None, **fields) -> dict:
-    """The columns of a stored run of ``pair`` (a ``csd.pair.ModelPair``): the models and their
-    representations (the target's with an int8 target's activation scales), then ``cfg``'s parameters (a
+    """The columns of a stored run: ``pair``'s models and representations, then ``cfg``'s parameters (a
     ``csd.config.CSDConfig``, if given), then ``fields``."""
     return {**pair.run_fields(), "draft_repr": pair.draft_dtype or None,
             **(cfg.run_fields() if cfg is not None else {}), **fields}
