@@ -1,11 +1,6 @@
-"""CSD Explorer. ``csd`` is the engine (the rule, the loop, the models); beside it stand the store
-(``csd.db``), the app (``csd.ui``), the command line (``csd.cli``), the benchmark (``csd.bench``) and
-the evaluation it grades with (``csd.evaluation``).
-
-In a checkout those five live in top-level folders (``db/``, ``ui/``, ``cli/``, ``bench/``,
-``evaluation/``) beside ``csd/``; the wheel installs them inside ``csd`` (pyproject.toml's
-``package-dir``), so that it puts no other top-level name into site-packages. Here the checkout's
-root joins this package's path, so ``csd.ui`` is ``ui/`` in both.
+"""CSD Explorer. ``csd`` is the engine; beside it stand ``csd.db``, ``csd.ui``, ``csd.cli``, ``csd.bench``
+and ``csd.evaluation``: top-level folders in a checkout (whose root joins this package's path here),
+inside ``csd`` in the wheel (pyproject.toml's ``package-dir``).
 """
 import os as _os
 

@@ -33,7 +33,7 @@ class _Call:
 
 
 class BatchedLM:
-    """An ``LM`` whose forward passes go through a ``Batcher``; everything else is the model's own."""
+    """An ``LM`` whose forward passes go through a ``Batcher``; everything else (``__getattr__``) is the model's."""
 
     def __init__(self, batcher: Batcher, lm, mode: str = "", member: bool = False):
         self.batcher, self.lm, self.mode, self.member = batcher, lm, mode, member
@@ -41,9 +41,6 @@ class BatchedLM:
 
     def __getattr__(self, name):
         return getattr(self.lm, name)
-
-    def new_cache(self):
-        return self.lm.new_cache()
 
     def release(self, cache) -> None:
         """The run is over: it no longer counts as one that may call soon."""
@@ -55,12 +52,6 @@ class BatchedLM:
             self.batcher.join(id(cache))
         n = ids.numel() if torch.is_tensor(ids) else len(ids)
         return self.batcher.call(_Call(self, cache, ids, keep, n))
-
-    def length(self, cache) -> int:
-        return self.lm.length(cache)
-
-    def crop(self, cache, length: int) -> None:
-        self.lm.crop(cache, length)
 
 
 def can_batch(pair) -> bool:

@@ -1,10 +1,6 @@
-"""The decode loop's record of one verify pass (Calibrated Speculative Decoding, arXiv 2604.13634).
-
-A ``Block`` carries what was proposed and by whom (the draft model, or tokens copied from the
-context), what the target computed over it in one pass, and the rule's decision; the loop fills it
-step by step (draft -> verify -> decide -> emit), and the policies learn from it afterwards
-(``csd.policy.Policy.observe``). One record instead of parallel lists of tokens, confidences and
-distributions.
+"""The decode loop's record of one verify pass (Calibrated Speculative Decoding, arXiv 2604.13634): what
+was proposed and by whom, what the target computed over it, and the rule's decision; the loop fills it
+step by step and the policies learn from it (``csd.policy.Policy.observe``).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .events import Progress
-from .lm import LeanLM, PackedInt8Linear, _linear, lean_unsupported
+from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
 from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
 
@@ -140,9 +140,7 @@ class _Record(torch.nn.Module):
 
 def _float_layer(w: dict[str, torch.Tensor]) -> tuple:
     def lin(keys):
-        bias = [w.get(f"{k}_b") for k in keys]
-        return _Record(_linear(torch.cat([w[k] for k in keys]),
-                               torch.cat(bias) if all(b is not None for b in bias) else None, False))
+        return _Record(_linear(torch.cat([w[k] for k in keys]), _cat_bias([w.get(f"{k}_b") for k in keys]), False))
     return (w["ln1"], lin(PROJECTIONS["qkv"]), lin(PROJECTIONS["o"]), w["ln2"], lin(PROJECTIONS["gu"]),
             lin(PROJECTIONS["down"]))
 

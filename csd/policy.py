@@ -120,31 +120,28 @@ class AutoGamma:
             self._prod *= self.chance(confidence)
             self._e += self._prod
             self._c += self.draft_ms + self.verify_scale * self._marginal[j - 1]
-        if j < self.floor:
-            return True
-        e, c, prod = self._e, self._c, self._prod
-        for m in range(j, self.max_len):
-            prod *= self.position_rate(m + 1)
-            e += prod
-            c += self.draft_ms + self.verify_scale * self._marginal[m]
-            if e * self._c > self._e * c:
-                return True
-        return False
+        return j < self.floor or any(e * self._c > self._e * c for _m, e, c in self._ahead(j, self.max_len))
 
     def plan(self, room: int) -> int:
         """The block length with the most expected tokens per ms from the position rates alone (the GPU's
         sync-free draft loop reads no confidences), at least ``floor``."""
         self.start()
         room = min(self.max_len, max(room, 0))
+        best, best_rate = 0, self._e / self._c
+        for m, e, c in self._ahead(0, room):
+            if e / c > best_rate:
+                best, best_rate = m, e / c
+        return min(max(best, self.floor), room)
+
+    def _ahead(self, j: int, end: int):
+        """(m, expected tokens, cost) of the blocks of m = j + 1..end tokens, the position rates standing in
+        for the chances of the tokens after the j drafted."""
         e, c, prod = self._e, self._c, self._prod
-        best, best_rate = 0, e / c
-        for m in range(room):
+        for m in range(j, end):
             prod *= self.position_rate(m + 1)
             e += prod
             c += self.draft_ms + self.verify_scale * self._marginal[m]
-            if e / c > best_rate:
-                best, best_rate = m + 1, e / c
-        return min(max(best, self.floor), room)
+            yield m + 1, e, c
 
     # -- after the verify pass -------------------------------------------------------------------
     def observe(self, block: Block) -> None:

@@ -7,21 +7,16 @@ At each draft position i, with the draft's proposal x~_i and the target's top-1 
   3. otherwise                                                  -> rejected, emit t*_i, stop
 Every divergence (2, 3) is counted after its own decision, so it never vouches for itself;
 within one block a repeated pattern sees the earlier occurrence's increment. A pattern with a
-special token on either side (end of turn, chat template) is never rescued and never counted:
-rescuing one could end an answer where the target goes on, or run past the target's stop.
+special token on either side (end of turn, chat template) is never rescued and never counted.
 SD is the same rule with neither module; the ablations switch one module off.
 
-The rivals (``Relax``: lossy SD, TensorRT-LLM's top-k relaxation, vLLM/Medusa's typical acceptance,
-FLy) replace steps 2-3 with their own test on the same verify pass and keep the walk: the block ends
-at the first position the rule refuses, where the target's top-1 is emitted (the bonus when none
-is refused). A kept divergence is ``relaxed``, not rescued; special tokens are never relaxed either.
-Each rule is one elementwise function of logged quantities (``lossy_keeps``, ``topk_keeps``,
-``typical_keeps``, ``fly_keeps``), so the what-if replays it on stored events exactly as the loop
-decided. Exact definitions and sources: docs/rivals.md.
+The rivals (``Relax``: lossy SD, TensorRT-LLM's top-k, vLLM/Medusa's typical acceptance, FLy;
+docs/rivals.md) replace steps 2-3 with their own test and keep the walk; a kept divergence is
+``relaxed``. Each is one elementwise function of logged quantities, so the what-if replays it on
+stored events exactly as the loop decided.
 
 Pure Python (no torch, no I/O): ``rescues`` works on one position and on numpy arrays alike, so
-the decode loop, the store's what-if over 100k logged events, the recolouring and the figures
-all call the same function. ``csd.verify`` turns the target's logits into the inputs here.
+the decode loop, the store's what-if, the recolouring and the figures call the same function.
 """
 from __future__ import annotations
 
