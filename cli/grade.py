@@ -27,9 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def read_answer(path: str) -> str:
     """The answer text from a file or, for '-', from stdin; a ValueError says why it cannot be read."""
     try:
-        if path == "-":
-            return sys.stdin.read()
-        return Path(path).read_text(encoding="utf-8")
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ValueError(f"cannot read the answer file {path!r}: {reason}") from None
