@@ -37,16 +37,14 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Pat
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    try:
+    try:                           # the directory entry too, where the file system can (the rename is done)
         dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:                # some file systems do not open directories
-        return path
-    try:
-        os.fsync(dfd)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     except OSError:
-        pass                       # fsync on a directory is not supported everywhere; the rename is done
-    finally:
-        os.close(dfd)
+        pass
     return path
 
 

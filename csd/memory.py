@@ -72,8 +72,7 @@ class CorrectionMemory:
             raise MemoryFileError("not a CSD Explorer correction-memory file")
         if data.get("version") != VERSION:
             raise MemoryFileError(f"unsupported memory file version {data.get('version')!r}")
-        meta = data.get("meta", {})
-        meta = {} if meta is None else meta
+        meta = {} if data.get("meta") is None else data["meta"]
         if not isinstance(meta, dict):
             raise MemoryFileError(f"malformed memory file: 'meta' must be an object, not {type(meta).__name__}")
         if not isinstance(data.get("pair", ""), str):

@@ -24,5 +24,4 @@ class Detokenizer:
     def peek(self, token_id: int) -> str:
         """The text a token would add (for a rejected draft token, which is not pushed)."""
         base = self.ids[self.prefix:]
-        text = self.decode(base + [token_id])[len(self.decode(base)):]
-        return text
+        return self.decode(base + [token_id])[len(self.decode(base)):]
