@@ -64,13 +64,15 @@ def start_app(out: Path, concurrency: int) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the app did not start in 10 minutes")
 
 
-def one_user(url: str, prompt: str, tokens: int, go: threading.Barrier, out: list) -> None:
+def one_user(url: str, prompt: str, tokens: int, go: threading.Barrier, out: list, gamma: str = "auto") -> None:
     from gradio_client import Client
     client = Client(url, verbose=False)
     go.wait()
     t0 = time.time()
     try:
-        *_, metrics, _whatif, _status = client.predict(prompt, True, "csd", 6, True, 6, -2, 0, tokens, 0, False,
+        fixed = gamma != "auto"         # the page's default: gamma auto (at least 3 a block, "show speculation")
+        *_, metrics, _whatif, _status = client.predict(prompt, True, "csd", int(gamma) if fixed else 6, not fixed,
+                                                       6, -2, 0, tokens, 0, False,
                                                        api_name="/generate")
         out.append(dict(start=t0, end=time.time(), tokens=metrics["new_tokens"], refused=""))
     except Exception as e:          # noqa: BLE001 - a refusal is a result here
@@ -89,10 +91,10 @@ def light_probe(url: str, go: threading.Barrier, stop: threading.Event, out: lis
             return
 
 
-def wave(url: str, texts: list[str], tokens: int) -> dict:
+def wave(url: str, texts: list[str], tokens: int, gamma: str = "auto") -> dict:
     done, light, stop = [], [], threading.Event()
     go = threading.Barrier(len(texts) + 1)
-    users = [threading.Thread(target=one_user, args=(url, p, tokens, go, done)) for p in texts]
+    users = [threading.Thread(target=one_user, args=(url, p, tokens, go, done, gamma)) for p in texts]
     probe = threading.Thread(target=light_probe, args=(url, go, stop, light))
     for t in users:
         t.start()
@@ -131,16 +133,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", default="1,8,20", help="requests sent at once, per wave (comma-separated)")
     ap.add_argument("--concurrency", default="1,8", help="the app's --concurrency, per app (comma-separated)")
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--gamma", default="auto", help="the requests' gamma: auto (the page's default) or a number")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of waves (the client counts interleaved)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     clients = [int(c) for c in args.clients.split(",")]
     texts = prompts(max(clients))
-    result = dict(cpu=cpu_label(), machine=platform.machine(), tokens=args.tokens, apps={})
+    result = dict(cpu=cpu_label(), machine=platform.machine(), tokens=args.tokens, gamma=args.gamma, apps={})
     for conc in (int(c) for c in args.concurrency.split(",")):
         proc, url = start_app(args.out, conc)
         try:
-            waves = [wave(url, texts[:n], args.tokens) for _ in range(args.repeat) for n in clients]
+            waves = [wave(url, texts[:n], args.tokens, args.gamma) for _ in range(args.repeat) for n in clients]
         finally:
             proc.terminate()
             proc.wait(60)
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(r: dict) -> str:
-    lines = [f"# A class at once ({r['cpu']}, {r['tokens']} new tokens a request)", "",
+    lines = [f"# A class at once ({r['cpu']}, {r['tokens']} new tokens a request, γ {r.get('gamma', 'auto')})", "",
              "Each row: the median over rounds (range in brackets); the ratio is to the median of one client alone.", "",
              "| --concurrency | clients | refused | summed tok/s | vs 1 client | wait median / max (s) "
              "| light call as they arrive (s) | light call while they wait: median / max (s) |",
