@@ -100,22 +100,12 @@ def _heading(sess: Session, rule, csd: bool) -> str:
     return heading
 
 
-def _handler(page: Page):
-    """``analyse`` as gradio calls it: the session by position, the scope, the target filter (last of the
-    API's values, so that scripts written before it still pass theirs by position) and the settings by name."""
-    services = page.services
-
-    def call(sess, scope, target="any", **values):
-        return analyse(services, scope, RunSettings.from_inputs(**values), sess, target)
-    return call
-
-
 def refresh_after(page: Page, dep) -> None:
     """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
     refreshed once it is done."""
     named, outputs = page.analyse_io
-    dep.then(_handler(page), [page.sess], outputs, inputs_kwargs=named, api_visibility="private",
-             show_progress="hidden", **page.light)
+    dep.then(page.handler(analyse, "scope", ("target",)), [page.sess], outputs, inputs_kwargs=named,
+             api_visibility="private", show_progress="hidden", **page.light)
 
 
 # -- the tab -----------------------------------------------------------------------------------
@@ -162,7 +152,7 @@ def build(page: Page):
     page.analyse_io = (named, outputs)
 
     def wire():
-        run = _handler(page)
+        run = page.handler(analyse, "scope", ("target",))
         a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
         for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)

@@ -66,17 +66,24 @@ class Page:
                  "log10_tau": self.log10_tau, **dict(zip(RIVAL_FIELDS, self.rivals)), **own}
         return {k: comps[k] for k in (*order, *RIVAL_FIELDS)}
 
-    def handler(self, fn, head: str = "prompt"):
-        """``fn(services, head, settings, sess)`` as gradio calls it with ``inputs_kwargs``: the session by position,
-        the prompt (or ``head``) and the settings by name (the API's keywords), made into one ``RunSettings``."""
+    def handler(self, fn, head: str = "prompt", extra: tuple[str, ...] = ()):
+        """``fn(services, head, settings, sess, **extra)`` as gradio calls it with ``inputs_kwargs``: the session by
+        position, the prompt (or ``head``) and the settings by name (the API's keywords), made into one
+        ``RunSettings``; ``extra``: inputs that are not settings (Analyse's target filter), passed by name."""
         services = self.services
+
+        def args(sess, values):
+            own = {k: values.pop(k) for k in extra if k in values}
+            return (services, values.pop(head), RunSettings.from_inputs(**values), sess), own
         if inspect.isgeneratorfunction(fn):
             def stream(sess, **values):
-                yield from fn(services, values.pop(head), RunSettings.from_inputs(**values), sess)
+                a, own = args(sess, values)
+                yield from fn(*a, **own)
             return stream
 
         def call(sess, **values):
-            return fn(services, values.pop(head), RunSettings.from_inputs(**values), sess)
+            a, own = args(sess, values)
+            return fn(*a, **own)
         return call
 
     def model_job(self, btn, kind: str, fn, named: dict, outputs, api_name: str, check_in=()):
