@@ -1,6 +1,6 @@
 """CSD Explorer web app: ``csd-app`` (installed) or ``python app.py`` serves it on http://127.0.0.1:7860.
 
-Parses the options, loads the pair, opens the store, builds the app and launches it; a module above ``ui`` so
+Parses the options, opens the store, loads the pair, builds the app and launches it; a module above ``ui`` so
 that the environment below is set before ``ui`` imports gradio and huggingface_hub."""
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="address to listen on (default 127.0.0.1, or $GRADIO_SERVER_NAME)")
     ap.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", 7860)),
                     help="port (default 7860, or $GRADIO_SERVER_PORT)")
-    ap.add_argument("--db", metavar="URL", default=None,
-                    help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data "
-                         "dir); 'none' runs without recording")
+    ap.add_argument("--db", metavar="URL|FILE", default=None,
+                    help="SQLAlchemy database URL or a SQLite file's path (default: $CSD_DB_URL, else a SQLite file "
+                         "in the user data dir); 'none' runs without recording")
     from csd.cli.common import add_model_args
     add_model_args(ap, store=False)     # the command line's model options, the same flags and defaults
     # except one: the app teaches what SD keeps of the target's answer, so its int8 target is the exact one
@@ -101,11 +101,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
     from csd.cli.common import load_from_args
-    from csd.db.store import Store
+    from csd.db.store import Store, StoreOpenError
     from csd.pair import ModelLoadError
     from csd.static import STATIC_ENGINES
     from csd.ui import Settings, build_demo, launch_kwargs, make_services
 
+    try:       # the store first: a database that cannot be opened costs seconds, not a model load
+        store = None if (args.db or "").lower() == "none" else Store.open(args.db)
+    except StoreOpenError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
         pair = load_from_args(args, progress=ConsoleProgress())
@@ -124,7 +129,6 @@ def main(argv=None) -> int:
         if not costs_cached(pair):
             print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
         cached_costs(pair, progress=ConsoleProgress())
-    store = None if (args.db or "").lower() == "none" else Store.open(args.db)
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
                                                    shared_scope=args.shared_scope))

@@ -87,13 +87,16 @@ def cmd_bench(args) -> int:
         raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
     config = bench_config(args, methods)
     config.columns()              # every column's parameters checked before any model loads
+    from csd.db.store import StoreOpenError
+    try:                            # before the models load: a bad URL costs seconds
+        store = open_store(args)
+    except StoreOpenError as e:
+        if not isinstance(e.__cause__, ImportError):
+            raise
+        print(f"warning: not recording to the store ({e.__cause__})", file=sys.stderr)   # optional: bench without it
+        store = None
     pair = load_from_args(args, need_draft=any(m not in ("ar", HF_AR) for m in methods) or bool(args.sweep))
     memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
-    try:
-        store = open_store(args)
-    except ImportError as e:        # the store is optional: bench without it
-        print(f"warning: not recording to the store ({e})", file=sys.stderr)
-        store = None
     out = Path(config.out_dir)
     try:
         res = run_bench(pair, config, store=store, memory=memory)

@@ -59,7 +59,8 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
     if not store:
         return
-    p.add_argument("--db", default=None, help="store URL (default: SQLite file in the user data dir, or $CSD_DB_URL)")
+    p.add_argument("--db", default=None, metavar="URL|FILE",
+                   help="store URL or SQLite file (default: $CSD_DB_URL, else a SQLite file in the user data dir)")
     p.add_argument("--no-db", action="store_true", help="do not record to the store")
 
 

@@ -13,8 +13,9 @@ def add_runs_parser(subparsers) -> argparse.ArgumentParser:
     runs = subparsers.add_parser("runs", help="list and export recorded runs")
     sub = runs.add_subparsers(dest="runs_command", metavar="{list,export}", required=True)
     # SUPPRESS: a --db given to a parent parser is not overwritten by these defaults.
-    db = dict(metavar="URL", default=argparse.SUPPRESS,
-              help="SQLAlchemy database URL (default: $CSD_DB_URL, else a SQLite file in the user data dir)")
+    db = dict(metavar="URL|FILE", default=argparse.SUPPRESS,
+              help="SQLAlchemy database URL or a SQLite file's path (default: $CSD_DB_URL, else a SQLite file in "
+                   "the user data dir)")
 
     p = sub.add_parser("list", help="the latest runs, newest first")
     p.add_argument("--db", **db)

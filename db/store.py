@@ -21,6 +21,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, insert, make_url, update
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from csd.db.models import CANCELLED, FAILED, FINISHED, MemorySnapshot, RunRow, TokenEventRow, utcnow
@@ -38,6 +39,11 @@ class StoreError(RuntimeError):
     """The store could not write what it was given (the message says what is lost)."""
 
 
+class StoreOpenError(ValueError):
+    """The database cannot be opened: a URL that does not parse, a missing driver, a server that does not
+    answer, a file that is not a database. Nothing was written to it."""
+
+
 def run_fields(pair, cfg=None, **fields) -> dict:
     """The columns of a stored run: ``pair``'s models and representations, then ``cfg``'s parameters (a
     ``csd.config.CSDConfig``, if given), then ``fields``."""
@@ -46,11 +52,23 @@ def run_fields(pair, cfg=None, **fields) -> dict:
 
 
 def resolve_url(url: str | None = None) -> str:
-    """``url``, else $CSD_DB_URL, else a SQLite file in the user's data directory."""
-    if url or os.environ.get(ENV_URL):
-        return url or os.environ[ENV_URL]
-    from platformdirs import user_data_dir
-    return f"sqlite:///{Path(user_data_dir('csd-explorer')) / 'csd.sqlite3'}"
+    """``url``, else $CSD_DB_URL, else a SQLite file in the user's data directory. A value without a scheme
+    (``runs.sqlite3``, ``~/csd.db``) is a SQLite file's path."""
+    url = url or os.environ.get(ENV_URL)
+    if not url:
+        from platformdirs import user_data_dir
+        return f"sqlite:///{Path(user_data_dir('csd-explorer')) / 'csd.sqlite3'}"
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    return url
+
+
+def _shown(url: str) -> str:
+    """The URL as an error message shows it: without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def alembic_config(url: str | None = None, connection=None) -> Config:
@@ -137,10 +155,22 @@ class Store:
 
     @classmethod
     def open(cls, url: str | None = None) -> Store:
-        """Open (creating if needed) the database at ``resolve_url(url)`` and upgrade its schema."""
-        engine, scratch = _make_engine(resolve_url(url))
+        """Open (creating if needed) the database at ``resolve_url(url)`` and upgrade its schema; a database that
+        cannot be opened raises ``StoreOpenError`` with what to do."""
+        url = resolve_url(url)
+        try:
+            engine, scratch = _make_engine(url)
+        except (ArgumentError, NoSuchModuleError, ImportError, OSError) as e:
+            raise StoreOpenError(f"cannot open the database {_shown(url)}: {e}. Give a SQLite file's path, or a "
+                                 "SQLAlchemy URL such as sqlite:///runs.sqlite3 or postgresql+psycopg://user@host/db "
+                                 "(whose driver is installed)") from e
         try:
             upgrade(engine)
+        except (SQLAlchemyError, sqlite3.Error) as e:
+            engine.dispose()
+            reason = getattr(e, "orig", None) or e
+            raise StoreOpenError(f"cannot open the database {_shown(url)}: {type(reason).__name__}: {reason}"
+                                 .split("\n")[0]) from e
         except BaseException:
             engine.dispose()
             raise

@@ -132,6 +132,10 @@ def cli(*args, timeout=120):
     (["generate", "--prompt", "hi", "--max-new-tokens", "40000", "--no-db"], "exceeds the model's context of 32768"),
     (["generate", "--prompt", "hi", "--no-db", "--draft", "nobody/none", "--target", "nobody/none"],
      "error: cannot load target model 'nobody/none': not a local directory and not in the hub cache"),
+    # a store that cannot be opened is named before any model loads (bench opened it after, minutes in)
+    (["generate", "--prompt", "hi", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
+    (["bench", "--limit", "1", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
+    (["runs", "list", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
 ])
 def test_cli_errors(args, needle):
     r = cli(*args)

@@ -20,7 +20,7 @@ from csd.db import analytics as A
 from csd.db.analytics import Filter
 from csd.db.cli import add_runs_parser
 from csd.db.models import Base, MemorySnapshot, RunRow, TokenEventRow
-from csd.db.store import ENV_URL, Store, alembic_config, resolve_url
+from csd.db.store import ENV_URL, Store, StoreOpenError, alembic_config, resolve_url
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_RESCUE, TokenEvent
 from csd.memory import CorrectionMemory
 
@@ -326,6 +326,32 @@ def test_url_resolution(monkeypatch, tmp_path):
     with Store.open() as store:
         assert store.start_run() == 1
     assert (tmp_path / "data" / "csd-explorer" / "csd.sqlite3").exists()
+
+
+def test_a_path_is_a_sqlite_file(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_url("runs.sqlite3") == f"sqlite:///{tmp_path / 'runs.sqlite3'}"
+    assert resolve_url("~/x.db") == f"sqlite:///{Path('~/x.db').expanduser()}"
+    with Store.open(str(tmp_path / "sub" / "runs.db")) as store:
+        assert store.start_run() == 1
+    with Store.open("sub/runs.db") as store:               # the same file, relative to the working directory
+        assert store.start_run() == 2
+
+
+@pytest.mark.parametrize("url, words", [
+    ("bogus://x", "Can't load plugin"),                                    # no such dialect
+    ("sqlite:///{tmp}", "unable to open database file"),                   # a directory
+    ("{tmp}/notes.txt", "file is not a database"),                         # a file that is not SQLite
+])
+def test_a_database_that_cannot_be_opened_says_why_and_is_left_as_it_was(tmp_path, url, words):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a user's own file\n" * 20)
+    before = notes.read_bytes()
+    with pytest.raises(StoreOpenError, match="cannot open the database") as e:
+        Store.open(url.format(tmp=tmp_path))
+    assert words in str(e.value)
+    assert isinstance(e.value, ValueError)       # the command line's "error: ..." line, exit status 2
+    assert notes.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_deleting_a_run_deletes_its_events(store):

@@ -147,6 +147,20 @@ def test_the_app_logs_its_own_info_lines():
     assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
 
 
+def test_the_app_refuses_a_database_it_cannot_open_before_loading_models(capsys, tmp_path):
+    """``python app.py --db ...``: a bad store is one error line and exit status 2, seconds in, not a traceback
+    after minutes of loading; a plain file path is a SQLite file (tests/test_store_queries.py)."""
+    import csd_app
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n")
+    for db in ("bogus://x", str(notes)):
+        assert csd_app.main(["--db", db, "--port", "7869"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: cannot open the database") and "Traceback" not in err
+        assert "loading models" not in err
+    assert notes.read_text() == "not a database\n"
+
+
 def test_a_refused_value_is_escaped_in_the_toast(demo):
     message = refusal(component(demo, "method"), "<img src=x onerror=alert(1)>")
     assert "<img" not in message and "&lt;img src=x onerror=alert(1)&gt;" in message
