@@ -95,8 +95,10 @@ def cmd_bench(args) -> int:
             raise
         print(f"warning: not recording to the store ({e.__cause__})", file=sys.stderr)   # optional: bench without it
         store = None
+    memory = CorrectionMemory.load(args.memory) if args.memory else None
     pair = load_from_args(args, need_draft=any(m not in ("ar", HF_AR) for m in methods) or bool(args.sweep))
-    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
+    if memory is not None:
+        memory.check_pair(pair.pair_id)
     out = Path(config.out_dir)
     try:
         res = run_bench(pair, config, store=store, memory=memory)

@@ -138,6 +138,7 @@ def cmd_generate(args) -> int:
         cfg = apply_preset(cfg, args.preset, getattr(args, "argv", []))
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
+    file_memory = CorrectionMemory.load(args.memory) if args.memory else None   # a bad file costs seconds, not a load
     store = open_store(args)
 
     def fits(tokenizer, context: int) -> None:    # a prompt over the context is refused before the load
@@ -147,7 +148,9 @@ def cmd_generate(args) -> int:
     pair = load_from_args(args, need_draft=cfg.uses_draft, check=fits)
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
     decoder = Decoder(pair)
-    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else decoder.default_memory()
+    memory = file_memory if file_memory is not None else decoder.default_memory()
+    if file_memory is not None:
+        file_memory.check_pair(pair.pair_id)
     if cfg.use_ocm and (why := memory.mismatch(pair)):      # said, never refused
         print(f"note: {why}; its patterns still apply", file=sys.stderr)
     run = decoder.run(prompt_ids, cfg, memory)
@@ -216,9 +219,11 @@ def cmd_calibrate(args) -> int:
     from csd.memory import CorrectionMemory
 
     mode, data, heldout = calibration_input(args)
+    memory = CorrectionMemory.load(args.memory) if args.memory else None    # before the load: a bad file costs seconds
     store = open_store(args)
     pair = load_from_args(args)
-    memory = CorrectionMemory.load(args.memory, expected_pair=pair.pair_id) if args.memory else None
+    if memory is not None:
+        memory.check_pair(pair.pair_id)
     t0 = time.perf_counter()
     lam = CSDConfig().lam
     if mode == "prompts":

@@ -92,7 +92,7 @@ class CorrectionMemory:
             counts[(d, t)] = counts.get((d, t), 0) + c
         mem = cls(data.get("pair", ""), counts, meta)
         if expected_pair is not None:
-            mem._check_pair(expected_pair)
+            mem.check_pair(expected_pair)
         return mem
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -114,7 +114,8 @@ class CorrectionMemory:
             raise MemoryFileError(f"{path} is not a CSD Explorer correction-memory file (not JSON)") from None
         return cls.from_dict(data, expected_pair)
 
-    def _check_pair(self, pair_id: str) -> None:
+    def check_pair(self, pair_id: str) -> None:
+        """Refuse a memory of another model pair (``MemoryFileError``)."""
         if self.pair_id != pair_id:
             raise MemoryFileError(
                 f"this memory belongs to model pair {self.pair_id!r}, not to {pair_id!r}")

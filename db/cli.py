@@ -40,6 +40,8 @@ def _fmt(v) -> str:
 
 
 def cmd_runs_list(args) -> int:
+    if getattr(args, "limit", 20) < 1:
+        raise ValueError("--limit must be at least 1")
     with Store.open(getattr(args, "db", None)) as store:
         runs = runs_list(store, getattr(args, "limit", 20))
     cols = ("id", "created_at", "kind", "method", "pair_id", "gamma", "lam", "tau", "lookup", "status", "n_events",

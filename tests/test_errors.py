@@ -136,6 +136,12 @@ def cli(*args, timeout=120):
     (["generate", "--prompt", "hi", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
     (["bench", "--limit", "1", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
     (["runs", "list", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
+    (["runs", "list", "--limit", "0", "--db", "sqlite://"], "error: --limit must be at least 1"),
+    # so is a memory file that cannot be read (it was read after the load)
+    (["generate", "--prompt", "hi", "--no-db", "--memory", "/nonexistent.json"], "error: cannot read memory file"),
+    (["calibrate", "--no-db", "--out", "/tmp/never.json", "--memory", "/nonexistent.json"],
+     "error: cannot read memory file"),
+    (["bench", "--limit", "1", "--no-db", "--memory", "/nonexistent.json"], "error: cannot read memory file"),
 ])
 def test_cli_errors(args, needle):
     r = cli(*args)
