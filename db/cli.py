@@ -44,10 +44,11 @@ def cmd_runs_list(args) -> int:
         raise ValueError("--limit must be at least 1")
     with Store.open(getattr(args, "db", None)) as store:
         runs = runs_list(store, getattr(args, "limit", 20))
-    cols = ("id", "created_at", "kind", "method", "pair_id", "gamma", "lam", "tau", "lookup", "status", "n_events",
-            "label")
-    table = [cols] + [tuple(_fmt(r[c].strftime("%Y-%m-%d %H:%M:%S") if c == "created_at" else r[c])
-                            for c in cols) for r in runs]
+    cols = ("id", "created_at", "kind", "method", "pair_id", "target_repr", "gamma", "lam", "tau", "lookup", "status",
+            "n_events", "label")
+    shown = dict(created_at=lambda v: v.strftime("%Y-%m-%d %H:%M:%S"),
+                 gamma=lambda v: "auto" if v == 0 else v)          # gamma "auto" is stored as 0
+    table = [cols] + [tuple(_fmt(shown.get(c, lambda v: v)(r[c])) for c in cols) for r in runs]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())

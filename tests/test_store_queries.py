@@ -189,11 +189,17 @@ def cli(*argv: str) -> int:
 
 def test_cli_runs_list_and_export(db_url, tmp_path, capsys):
     with Store.open(db_url) as store:
-        run_id = record(store, EXPORT_EVENTS, method="scg-only", label="my-label")
+        fixed = record(store, EXPORT_EVENTS, method="sd", gamma=6, target_repr="float32")
+        run_id = record(store, EXPORT_EVENTS, method="scg-only", label="my-label", gamma=0,
+                        target_repr="int8, activations per token")
     assert cli("runs", "list", "--db", db_url) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:3] == ["id", "created_at", "kind"]
+    head = out[0].split()
+    assert head[:3] == ["id", "created_at", "kind"] and "target_repr" in head
     assert out[1].split()[0] == str(run_id) and "scg-only" in out[1] and "my-label" in out[1]
+    assert "int8, activations per token" in out[1]
+    g = out[0].index("gamma")                               # gamma "auto" (stored as 0) reads as auto
+    assert out[1][g:].split()[0] == "auto" and out[2][g:].split()[0] == "6" and out[2].split()[0] == str(fixed)
     assert cli("--db", db_url, "runs", "list") == 0          # --db before the subcommand is kept
     assert str(run_id) in capsys.readouterr().out
 
