@@ -85,7 +85,7 @@ def add_calibrate_parser(sub) -> None:
     c.add_argument("--corpus", default=None, help="text mode: text file or JSONL (default: the shipped corpus)")
     c.add_argument("--max-positions", type=int, default=None, help="text mode: stop after this many counted positions")
     c.add_argument("--chunk-tokens", type=int, default=256, help="text mode: tokens per chunk")
-    c.add_argument("--batch-size", type=int, default=None, help="sequences per batch (default: 8 prompts, 4 chunks)")
+    c.add_argument("--batch-size", type=int, default=None, help="sequences a step, between progress lines (default: 8 prompts, 4 chunks)")
     c.add_argument("--out", required=True, help="memory file to write (.json or .json.gz)")
     c.add_argument("--memory", default=None, help="memory file to extend instead of starting empty")
     c.add_argument("--vocab-out", default=None, help="prompt mode: also write the answers' token frequencies here")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import CSDConfig
 from .events import Progress
 from .memory import CorrectionMemory
 from .pair import ModelPair
@@ -44,12 +45,33 @@ def chat_prefix(pair: ModelPair) -> list[int]:
 
 
 @torch.inference_mode()
-def count_divergences(pair: ModelPair, chunk: torch.Tensor, prefix_len: int, skip_first: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Teacher-forced divergences of one batch: (draft ids, target ids, positions counted)."""
-    keep = chunk.shape[1] - prefix_len - skip_first + 1          # predictions for text tokens skip_first..end
-    d = pair.hf_draft()(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)   # (B, keep - 1)
-    t = pair.hf_target()(input_ids=chunk, logits_to_keep=keep).logits[:, :-1].argmax(-1)  # (B, keep - 1)
-    return d.flatten(), t.flatten(), d.numel()
+def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
+    """The model's greedy token after each of ``ids[first:]``, teacher-forced over ``ids``: read in the passes a
+    run reads a prompt in (``csd.decode.prefill_spans``), by the model as it decodes (representation, reduced
+    vocabulary), so these are the tokens a run would see it propose."""
+    from .decode import prefill_spans
+    cache, out = lm.new_cache(), []
+    try:
+        for a, b in prefill_spans(len(ids)):
+            logits = lm.forward(cache, list(ids[a:b]), b - a)               # (b - a, V)
+            if b > first:
+                top = logits[max(first, a) - a:].argmax(-1)
+                out += (top if lm.vocab_ids is None else lm.vocab_ids[top]).tolist()
+    finally:
+        lm.release(cache)
+    return out
+
+
+def count_divergences(pair: ModelPair, rows: Sequence[list[int]], prefix_len: int,
+                      skip_first: int) -> tuple[list[int], list[int], int]:
+    """Teacher-forced predictions of both models over each row (prefix + text) for text tokens ``skip_first``..
+    end: (draft ids, target ids, positions counted)."""
+    first = prefix_len + skip_first - 1          # the position whose prediction is text token skip_first
+    d, t = [], []
+    for ids in rows:
+        d += top1_after(pair.draft_lm, ids[:-1], first)
+        t += top1_after(pair.target_lm, ids[:-1], first)
+    return d, t, len(d)
 
 
 def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], special) -> int:
@@ -64,8 +86,8 @@ def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], speci
 
 @dataclass(frozen=True)
 class TextOptions:
-    """``chunk_tokens`` a chunk, ``batch_size`` chunks a pass, the first ``skip_first`` of each masked,
-    up to ``max_positions`` counted (None: the whole corpus)."""
+    """``chunk_tokens`` a chunk, ``batch_size`` chunks a step (progress and a stop are checked between steps),
+    the first ``skip_first`` of each masked, up to ``max_positions`` counted (None: the whole corpus)."""
     chunk_tokens: int = 256
     batch_size: int = 4
     skip_first: int = 4
@@ -103,11 +125,10 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
 
     def flush():
         nonlocal positions, divergences, done
-        x = torch.tensor([prefix + c for c in batch], dtype=torch.long, device=pair.device)
-        ds, ts, n = count_divergences(pair, x, len(prefix), skip_first)
+        ds, ts, n = count_divergences(pair, [prefix + c for c in batch], len(prefix), skip_first)
         if max_positions is not None:
             n = min(n, max_positions - positions)    # count exactly the positions asked for
-        divergences += _observe(memory, ds[:n].tolist(), ts[:n].tolist(), pair.special_ids)
+        divergences += _observe(memory, ds[:n], ts[:n], pair.special_ids)
         positions += n
         done += len(batch)
         batch.clear()
@@ -140,47 +161,31 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
 
 
 # -- prompt mode -----------------------------------------------------------------------------------
-@torch.inference_mode()
-def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int,
+def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tokens: int,
                    progress: Progress | None = None, label: str = "answering") -> list[list[int]]:
-    """The target's greedy answers (new token ids, up to its end token), in left-padded batches."""
-    tok = pair.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else pair.eos_ids[0]
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-    answers: list[list[int]] = [[] for _ in prompt_ids]
-    eos = set(pair.eos_ids)
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        width = max(len(prompt_ids[i]) for i in idx)
-        x = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids = prompt_ids[i]
-            x[r, width - len(ids):] = torch.tensor(ids)
-            mask[r, width - len(ids):] = 1
-        target = pair.hf_target()
-        out = target.generate(input_ids=x.to(target.device), attention_mask=mask.to(target.device),
-                              do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(pair.eos_ids),
-                              pad_token_id=pad)
-        for r, i in enumerate(idx):
-            new = out[r, width:].tolist()
-            cut = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
-            answers[i] = new[:cut]
+    """The target's greedy answers (new token ids, up to its end token): the engine's AR runs, the target as it
+    decodes (no second copy of the models). An answer stops at the model's context; a prompt that fills it
+    gets none (``count_answers`` skips it)."""
+    from .decode import Decoder
+    decoder, answers = Decoder(pair), []
+    for n, ids in enumerate(prompt_ids):
+        room = min(max_new_tokens, pair.context_limit - len(ids)) if pair.context_limit else max_new_tokens
+        answer = []
+        if room >= 1:
+            run = decoder.run(ids, CSDConfig(method="ar", max_new_tokens=room), CorrectionMemory(pair.pair_id))
+            for _ in run:
+                pass
+            answer = list(run.token_ids)
+        answers.append(answer)
         if progress:
-            done = min(b + batch_size, len(order))
-            progress(f"{label}: {done}/{len(order)} prompts, {sum(map(len, answers))} answer tokens",
-                     done / len(order))
+            progress(f"{label}: {n + 1}/{len(prompt_ids)} prompts, {sum(map(len, answers))} answer tokens",
+                     (n + 1) / len(prompt_ids))
     return answers
 
 
-@torch.inference_mode()
 def draft_predictions(pair: ModelPair, prompt_ids: list[int], answer: list[int]) -> list[int]:
     """The draft's greedy top-1 at every answer position, teacher-forced over prompt + answer."""
-    draft = pair.hf_draft()
-    x = torch.tensor([prompt_ids + answer[:-1]], dtype=torch.long, device=draft.device)
-    start = len(prompt_ids) - 1              # the position that predicts answer[0]
-    h = draft.model(input_ids=x).last_hidden_state[0, start:]     # (len(answer), hidden)
-    return draft.lm_head(h).argmax(-1).tolist()
+    return top1_after(pair.draft_lm, prompt_ids + answer[:-1], len(prompt_ids) - 1)
 
 
 def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Sequence[list[int]],
@@ -211,8 +216,9 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
 
 @dataclass(frozen=True)
 class PromptOptions:
-    """``heldout`` prompts measure how the patterns at ``lam`` cover divergences never counted;
-    ``token_freq``, if given, counts the answers' tokens; ``source`` names the prompts in the record."""
+    """``batch_size`` prompts a step (shortest first); ``heldout`` prompts measure how the patterns at ``lam`` cover
+    divergences never counted; ``token_freq``, if given, counts the answers' tokens; ``source`` names the prompts
+    in the record."""
     max_new_tokens: int = 320
     batch_size: int = 8
     chat: bool = True
@@ -267,7 +273,7 @@ def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: Co
 def _count_batch(pair: ModelPair, memory: CorrectionMemory, batch: list[tuple[dict, list[int]]], o: PromptOptions,
                  info: dict, patterns: Counter) -> None:
     """Answer one batch of (row, prompt ids), count its divergences into ``memory``, ``patterns`` and ``info``."""
-    answers = answer_prompts(pair, [i for _r, i in batch], o.max_new_tokens, len(batch))
+    answers = answer_prompts(pair, [i for _r, i in batch], o.max_new_tokens)
     stats = count_answers(pair, [i for _r, i in batch], answers, memory)
     patterns.update(stats["patterns"])
     eos = set(pair.eos_ids)
@@ -277,6 +283,8 @@ def _count_batch(pair: ModelPair, memory: CorrectionMemory, batch: list[tuple[di
         info["kinds"][kind] = info["kinds"].get(kind, 0) + 1
         info["answer_tokens"] += len(a)
         info["answers_ended"] += bool(a and a[-1] in eos)
+        if not a:                               # the prompt filled the model's context: nothing to count
+            info["prompts_without_room"] = info.get("prompts_without_room", 0) + 1
         if o.token_freq is not None:
             o.token_freq.update(str(t) for t in a)
     info["positions"] += stats["positions"]
@@ -288,7 +296,7 @@ def heldout_coverage(pair: ModelPair, memory: CorrectionMemory, o: PromptOptions
     """How the patterns at ``o.lam`` cover the divergences of the answers to the held-out prompts."""
     rows = [{"prompt": p} if isinstance(p, str) else p for p in o.heldout]
     ids = [pair.encode_prompt(r["prompt"], o.chat) for r in rows]
-    answers = answer_prompts(pair, ids, o.max_new_tokens, o.batch_size, progress, label="held-out answers")
+    answers = answer_prompts(pair, ids, o.max_new_tokens, progress, label="held-out answers")
     h = count_answers(pair, ids, answers, None, progress)
     covered = sum(c for k, c in h["patterns"].items() if memory.count(*k) >= o.lam)
     return {"prompts": len(rows), "answer_tokens": sum(map(len, answers)), "positions": h["positions"],

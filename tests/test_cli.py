@@ -53,8 +53,8 @@ def test_calibrate_writes_a_memory_bound_to_the_pair(tmp_path):
         "The quick brown fox jumps over the lazy dog. " * 30,
         "def add(a, b):\n    return a + b\n\n" * 30]))
     out = tmp_path / "mem.json.gz"
-    # two chunks of 64 tokens in one batch: building the transformers models that calibration reads
-    # with takes most of the time left; each position counted costs both models' passes over it
+    # two chunks of 64 tokens: each position counted costs both models' passes over it (the lean pair
+    # that decodes: no transformers copy is built, tests/test_engine_real.py)
     positions = 100
     r = cli("calibrate", "--corpus", str(corpus), "--out", str(out), "--max-positions", str(positions),
             "--chunk-tokens", "64", "--no-db")

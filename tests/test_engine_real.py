@@ -143,3 +143,25 @@ def test_cancelled_run_keeps_what_it_made(real_pair, decoder):
     assert run.metrics.stopped_by == "cancelled"
     assert 0 < len(run.token_ids) < 64
     assert run.token_ids == [e.token_id for e in run.events if e.in_output]
+
+
+def test_calibration_reads_with_the_models_that_decode(real_pair):
+    """Both calibration modes count with the pair's own models (the draft's lean path and reduced vocabulary),
+    never building a second, transformers copy of the draft (before: 12-13 GB resident and about two minutes
+    for the embedded pair, where the models decode in 2.5 GB)."""
+    from csd.calibrate import calibrate, calibrate_prompts, draft_predictions
+    real_pair.drop_hf()
+    assert real_pair.draft is None and real_pair.draft_loader is not None     # built only if something asks
+    mem = calibrate_prompts(real_pair, ["Write a Python function that adds two numbers."], max_new_tokens=12)
+    info = mem.meta["calibration"][-1]
+    assert info["answer_tokens"] == 12 and info["positions"] >= 11 and info["divergences"] == mem.total
+    mem = calibrate(real_pair, ["The quick brown fox jumps over the lazy dog. " * 20], mem, chunk_tokens=32,
+                    max_positions=40)
+    assert mem.meta["calibration"][-1]["positions"] == 40
+    assert real_pair.draft is None                                           # the transformers draft never built
+    prompt = real_pair.encode_prompt("def add(a, b):", True)
+    run = Decoder(real_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=8), CorrectionMemory(real_pair.pair_id))
+    list(run)
+    seen = draft_predictions(real_pair, prompt, run.token_ids)
+    vocab = set(real_pair.draft_lm.vocab_ids.tolist())
+    assert len(seen) == len(run.token_ids) and set(seen) <= vocab               # what the draft can propose

@@ -28,6 +28,7 @@ from .common import (
     NO_STORE,
     SCOPE_SESSION,
     as_int,
+    decoder_for,
     ensure_session,
     error,
     info,
@@ -199,7 +200,7 @@ def _read_source(services: Services, job, prompts_mode: bool, source: str, uploa
         raise error(str(e).replace(str(upload), name) if upload else str(e)) from None
 
 
-def _run_calibration(services: Services, job, run) -> str:
+def _run_calibration(job, run) -> str:
     """``run(progress)`` on the model, stoppable; -> a note when it stopped early."""
     def cb(msg: str, frac: float) -> None:
         if job.cancel:
@@ -218,8 +219,6 @@ def _run_calibration(services: Services, job, run) -> str:
         log.exception("calibration failed")
         job.summary = "Failed."
         raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
-    finally:
-        services.pair.drop_hf()      # the transformers models calibration built: their memory goes back
     return ""
 
 
@@ -242,14 +241,15 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
     name, data = _read_source(services, job, prompts_mode, source, upload)
     before, work = sess.memory.total, sess.memory.copy()
     with in_lane(services, job):
+        pair = decoder_for(services, sess).pair     # the user's view: its passes go where the runs' go
         if prompts_mode:
             prompts = data[:n_prompts]
-            note = _run_calibration(services, job, lambda cb: calibrate_prompts(
-                services.pair, prompts, work, max_new_tokens=tokens, batch_size=min(8, len(prompts)), lam=float(lam),
+            note = _run_calibration(job, lambda cb: calibrate_prompts(
+                pair, prompts, work, max_new_tokens=tokens, batch_size=min(8, len(prompts)), lam=float(lam),
                 progress=cb, source=name))
         else:
-            note = _run_calibration(services, job, lambda cb: calibrate(
-                services.pair, data, work, max_positions=n, progress=cb, corpus_name=name))
+            note = _run_calibration(job, lambda cb: calibrate(
+                pair, data, work, max_positions=n, progress=cb, corpus_name=name))
         sess.memory = work
         _save_calibrated(services, work, before, name)
         last = (work.meta.get("calibration") or [{}])[-1]
