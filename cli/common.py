@@ -90,7 +90,7 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
 
 
 def open_store(args):
-    if args.no_db:
+    if args.no_db or (args.db or "").lower() == "none":     # as the app reads --db none: no store
         return None
     from csd.db.store import Store
     return Store.open(args.db)

@@ -55,6 +55,9 @@ def resolve_url(url: str | None = None) -> str:
     """``url``, else $CSD_DB_URL, else a SQLite file in the user's data directory. A value without a scheme
     (``runs.sqlite3``, ``~/csd.db``) is a SQLite file's path."""
     url = url or os.environ.get(ENV_URL)
+    if url and url.lower() == "none":
+        raise StoreOpenError("'none' is no database: it turns recording off where a command records (the app, "
+                             "generate, calibrate, bench), and a command that reads the store needs one")
     if not url:
         from platformdirs import user_data_dir
         return f"sqlite:///{Path(user_data_dir('csd-explorer')) / 'csd.sqlite3'}"

@@ -137,6 +137,7 @@ def cli(*args, timeout=120):
     (["bench", "--limit", "1", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
     (["runs", "list", "--db", "bogus://x"], "error: cannot open the database bogus://x"),
     (["runs", "list", "--limit", "0", "--db", "sqlite://"], "error: --limit must be at least 1"),
+    (["runs", "list", "--db", "none"], "error: 'none' is no database"),
     # so is a memory file that cannot be read (it was read after the load)
     (["generate", "--prompt", "hi", "--no-db", "--memory", "/nonexistent.json"], "error: cannot read memory file"),
     (["calibrate", "--no-db", "--out", "/tmp/never.json", "--memory", "/nonexistent.json"],

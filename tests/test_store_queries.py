@@ -342,6 +342,11 @@ def test_a_path_is_a_sqlite_file(monkeypatch, tmp_path):
         assert store.start_run() == 1
     with Store.open("sub/runs.db") as store:               # the same file, relative to the working directory
         assert store.start_run() == 2
+    with pytest.raises(StoreOpenError, match="'none' is no database"):
+        Store.open("none")                                  # not a file named none
+    from csd.cli.common import open_store
+    assert open_store(argparse.Namespace(no_db=False, db="none")) is None     # the commands read it as the app does
+    assert not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize("url, words", [
