@@ -100,14 +100,14 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.cli.common import load_from_args
-    from csd.db.store import Store, StoreOpenError
+    from csd.cli.common import load_from_args, open_store
+    from csd.db.store import StoreOpenError
     from csd.pair import ModelLoadError
     from csd.static import STATIC_ENGINES
     from csd.ui import Settings, build_demo, launch_kwargs, make_services
 
     try:       # the store first: a database that cannot be opened costs seconds, not a model load
-        store = None if (args.db or "").lower() == "none" else Store.open(args.db)
+        store = open_store(args)
     except StoreOpenError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

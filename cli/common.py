@@ -90,7 +90,9 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
 
 
 def open_store(args):
-    if args.no_db or (args.db or "").lower() == "none":     # as the app reads --db none: no store
+    """The store ``--db`` names (a URL or a SQLite file), or None for ``--no-db`` or ``--db none`` (the app's
+    spelling, which has no ``--no-db``); ``csd.db.store.StoreOpenError`` where it cannot be opened."""
+    if getattr(args, "no_db", False) or (args.db or "").lower() == "none":
         return None
     from csd.db.store import Store
     return Store.open(args.db)

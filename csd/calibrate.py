@@ -167,12 +167,12 @@ def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tok
     decodes (no second copy of the models). An answer stops at the model's context; a prompt that fills it
     gets none (``count_answers`` skips it)."""
     from .decode import Decoder
-    decoder, answers = Decoder(pair), []
+    decoder, answers, unused = Decoder(pair), [], CorrectionMemory(pair.pair_id)     # AR reads no memory
     for n, ids in enumerate(prompt_ids):
         room = min(max_new_tokens, pair.context_limit - len(ids)) if pair.context_limit else max_new_tokens
         answer = []
         if room >= 1:
-            run = decoder.run(ids, CSDConfig(method="ar", max_new_tokens=room), CorrectionMemory(pair.pair_id))
+            run = decoder.run(ids, CSDConfig(method="ar", max_new_tokens=room), unused)
             for _ in run:
                 pass
             answer = list(run.token_ids)

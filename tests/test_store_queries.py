@@ -346,6 +346,7 @@ def test_a_path_is_a_sqlite_file(monkeypatch, tmp_path):
         Store.open("none")                                  # not a file named none
     from csd.cli.common import open_store
     assert open_store(argparse.Namespace(no_db=False, db="none")) is None     # the commands read it as the app does
+    assert open_store(argparse.Namespace(db="NONE")) is None                  # the app's options: no --no-db
     assert not (tmp_path / "none").exists()
 
 
