@@ -132,6 +132,11 @@ def main(argv=None) -> int:
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
                                                    shared_scope=args.shared_scope))
+    from csd import threads
+    if services.batcher is not None:
+        threads.one_core()      # the batcher's thread has the cores; this one's workers end (csd.threads)
+    else:
+        threads.hand_back()     # the request thread that decodes holds the only team of workers
     demo = build_demo(services)
     demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                 **launch_kwargs())

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from . import threads
+
 log = logging.getLogger(__name__)
 
 MAX_BATCH_TOKENS = 512      # a pass's rows at most (prefill chunks are up to 256 tokens)
@@ -72,7 +74,10 @@ class Batcher:
         self._pending: list[_Call] = []
         self._members: set[int] = set()     # the runs in flight (their target caches' ids)
         self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
-        threading.Thread(target=self._serve, name="csd-batcher", daemon=True).start()
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(torch.get_num_threads(), ready), name="csd-batcher",
+                         daemon=True).start()
+        ready.wait()        # the model thread holds its cores before the caller's next step (csd.threads)
 
     def view(self, mode: str = ""):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
@@ -97,7 +102,10 @@ class Batcher:
         return c.done.result()
 
     # -- the model thread ----------------------------------------------------------------------
-    def _serve(self) -> None:
+    def _serve(self, cores: int, ready: threading.Event) -> None:
+        threads.defer()                 # the page's light work first when it needs a core (csd.threads)
+        threads.own_cores(cores)        # the creating thread's count, whatever other threads are given later
+        ready.set()
         while True:
             self._run(self._gather())
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from csd import threads
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import ConfigError
@@ -219,6 +220,8 @@ def _run_calibration(job, run) -> str:
         log.exception("calibration failed")
         job.summary = "Failed."
         raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
+    finally:
+        threads.hand_back()     # this request thread's workers, where it ran the passes (csd.threads)
     return ""
 
 

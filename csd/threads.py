@@ -1,0 +1,59 @@
+"""Who uses the CPU's threads (docs/design.md, "One team of CPU threads"). torch's OpenMP runtime (GNU
+libgomp in the Linux wheels) gives each thread that runs a parallel operation a team of worker threads of
+its own and keeps it until that thread ends. Once a process holds more such threads than it has CPUs,
+libgomp stops spinning at its barriers and sleeps on a futex at every one of the thousands of parallel
+regions a pass makes: on 2 cores a target pass of 6 runs x 7 tokens took 343 ms on a thread beside the
+loader's idle team, 180 ms with one team. A process whose model runs on another thread than the one that
+loaded it (the app) ends the loader's team (``hand_back``), gives the model's thread the cores
+(``own_cores``) and keeps every other thread to one (``one_core``)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+OMP_PAUSE_HARD = 2      # omp_pause_resource_t: the calling thread's workers end (OpenMP 5.0)
+
+
+@functools.cache
+def _libgomp():
+    """The GNU OpenMP runtime torch loaded, or None (another runtime, or none)."""
+    try:
+        with open("/proc/self/maps") as f:
+            path = next((ln.split(None, 5)[5].strip() for ln in f if "libgomp" in ln and ln.count(" ") >= 5), None)
+        lib = ctypes.CDLL(path) if path else None
+        return lib if lib is not None and hasattr(lib, "omp_pause_resource_all") else None
+    except OSError:
+        return None
+
+
+def hand_back() -> bool:
+    """End the calling thread's OpenMP worker threads (its next parallel operation starts new ones).
+    False where torch does not run on libgomp, or inside a parallel region."""
+    lib = _libgomp()
+    return lib is not None and lib.omp_pause_resource_all(OMP_PAUSE_HARD) == 0
+
+
+def own_cores(n: int) -> None:
+    """This thread's torch operations run on ``n`` threads."""
+    torch.get_num_threads()     # torch sets a thread's count on its first use: first, so it cannot undo this
+    torch.set_num_threads(n)
+
+
+def one_core() -> None:
+    """This thread's torch operations, and those of threads that start using torch from now on, run on
+    one thread; its own workers end. Threads that already hold their count (``own_cores``) keep it."""
+    own_cores(1)
+    hand_back()
+
+
+def defer(step: int = 5) -> None:
+    """Lower this thread's scheduling priority by ``step`` (Linux: per thread; the workers it starts
+    inherit it), so that short work on other threads, a page's event loop or a recolouring, is not kept
+    waiting behind it when the cores are busy. Does nothing where the system does not allow it."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + step))
+    except (AttributeError, OSError):
+        pass
