@@ -1,6 +1,6 @@
 """What decoding together can give on this machine, without the app (docs/users.md, "The ceiling"):
-8 greedy CSD runs of the embedded pair one after another, then the same 8 at once through
-``csd.batch.Batcher``; the ratio of their summed tokens per second, with the time spent reading the
+8 greedy CSD runs of the embedded pair one after another, then the same 8 at once, all through
+``csd.batch.Batcher``'s model thread, as in the app; the ratio of their summed tokens per second, with the time spent reading the
 prompts (prefill, the same work alone or together) apart, and what the model thread's passes cost by
 model and by how many runs each served.
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import csd_app
+from csd import threads
 from csd.batch import Batcher
 from csd.cli.common import load_from_args
 from csd.config import GAMMA_AUTO, CSDConfig
@@ -35,16 +36,17 @@ def main(argv: list[str] | None = None) -> None:
     items = load_dataset("prose") + load_dataset("gsm8k", limit=args.runs)
     prompts = [pair.encode_prompt(it.prompt, True) for it in items][:args.runs]
     gamma = GAMMA_AUTO if args.gamma == "auto" else int(args.gamma)
-    alone_dec = Decoder(pair)
-    memory = alone_dec.default_memory()
+    plain = Decoder(pair)
+    memory, costs = plain.default_memory(), plain.costs      # measured on this thread, before the batcher
     batcher = Batcher(pair)
-    together_dec = Decoder(batcher.view(pair.int8_activations), costs=alone_dec.costs)
+    threads.one_core()          # as in the app: the batcher's thread holds the cores (csd.threads)
+    together_dec = Decoder(batcher.view(pair.int8_activations), costs=costs)
     passes = timed_passes(batcher)
 
     def alone(cfg) -> tuple[float, float]:
         t0, tokens, prefill = time.perf_counter(), 0, 0.0
         for p in prompts:
-            run = alone_dec.run(p, cfg, memory.copy())
+            run = together_dec.run(p, cfg, memory.copy())      # through the model thread, as in the app
             list(run)
             tokens, prefill = tokens + run.metrics.new_tokens, prefill + run.metrics.prefill_s
         return tokens / (time.perf_counter() - t0), prefill
