@@ -21,12 +21,12 @@ OMP_PAUSE_HARD = 2      # omp_pause_resource_t: the calling thread's workers end
 def _libgomp():
     """The GNU OpenMP runtime torch loaded, or None (another runtime, or none)."""
     try:
-        with open("/proc/self/maps") as f:
-            path = next((ln.split(None, 5)[5].strip() for ln in f if "libgomp" in ln and ln.count(" ") >= 5), None)
-        lib = ctypes.CDLL(path) if path else None
-        return lib if lib is not None and hasattr(lib, "omp_pause_resource_all") else None
+        with open("/proc/self/maps") as f:       # address, perms, offset, device, inode, path
+            paths = [cols[5].strip() for ln in f if len(cols := ln.split(None, 5)) == 6 and "libgomp" in cols[5]]
+        lib = ctypes.CDLL(paths[0]) if paths else None
     except OSError:
         return None
+    return lib if lib is not None and hasattr(lib, "omp_pause_resource_all") else None
 
 
 def hand_back() -> bool:

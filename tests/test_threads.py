@@ -57,10 +57,11 @@ print(json.dumps(res))
     assert r["again"] == r["before"] + 1
 
 
-def test_with_the_batcher_the_process_keeps_one_team(tmp_path):
-    """The loader's team ends, the batcher's thread runs its passes on the loader's count, request threads
-    run on one thread, and the passes yield to the page's work: after runs decoding together and a request thread's own parallel work, the
-    process holds the threads it started with, the batcher's and its one worker."""
+def test_with_the_batcher_the_process_keeps_one_team():
+    """The loader's team ends, the batcher's thread runs its passes on the loader's count at a lower
+    priority (the page's work first), request threads run on one thread: after runs decoding together
+    and a request thread's own parallel work, the process holds the threads it started with, the
+    batcher's and its one worker."""
     r = run(r"""
 sys.path.insert(0, "tests")
 import copy
