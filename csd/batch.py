@@ -36,6 +36,7 @@ class _Call:
 
 class BatchedLM:
     """An ``LM`` whose forward passes go through a ``Batcher``; everything else (``__getattr__``) is the model's."""
+    shares_passes = True     # a pass's time includes other runs' work: not one run's cost (csd.decode)
 
     def __init__(self, batcher: Batcher, lm, mode: str = "", member: bool = False):
         self.batcher, self.lm, self.mode, self.member = batcher, lm, mode, member

@@ -33,6 +33,7 @@ class Block:
     start: int = 0                               # sequence length before the block
     draft_s: float | None = None                 # seconds the draft took for this block (None: not timed)
     verify_s: float | None = None                # seconds of the verify pass (None: not timed, e.g. on a GPU)
+    wall_s: float | None = None                  # seconds from proposing to the decision, host and transfer included
     pass_tokens: int = 0                         # tokens in the verify pass (the block, its bonus row, catch-up)
 
     @property

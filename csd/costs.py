@@ -9,11 +9,15 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class CostModel:
     """Median ms: ``verify_ms[k]`` a target pass of k tokens (after ``csd.profile.CONTEXT`` cached ones),
-    ``draft_ms`` one draft token."""
+    ``draft_ms`` one draft token. A block's whole cost adds the host's share: ``pass_overhead_ms`` for
+    any pass (the host's time and the transfer of its result beyond the pass itself), and
+    ``draft_overhead_ms`` for a block that drafts (the drafting loop's host time, beyond its steps)."""
     verify_ms: dict[int, float]
     draft_ms: float
     key: dict = field(default_factory=dict)
     measured_at: str = ""
+    pass_overhead_ms: float = 0.0
+    draft_overhead_ms: float = 0.0
 
     def __post_init__(self):
         self.verify_ms = monotone(self.verify_ms)
@@ -31,16 +35,21 @@ class CostModel:
         w = (k - lo) / (hi - lo)
         return (1 - w) * self.verify_ms[lo] + w * self.verify_ms[hi]
 
+    def plain_ms(self) -> float:
+        """One plain target step, the host's share included: what a token costs without a draft."""
+        return self.verify(1) + self.pass_overhead_ms
+
     @property
     def ar_tokens_per_s(self) -> float:
-        return 1000.0 / self.verify(1)
+        return 1000.0 / self.plain_ms()
 
     def block_ms(self, g: int) -> float:
-        return g * self.draft_ms + self.verify(g + 1)
+        """A block of g drafted tokens and its verify pass, the host's share included (g = 0: a plain step)."""
+        return g * self.draft_ms + self.verify(g + 1) + self.pass_overhead_ms + (self.draft_overhead_ms if g else 0.0)
 
     def bound(self, g: int) -> float:
         """Ideal speed-up over AR at block length g: every draft token accepted."""
-        return (g + 1) / self.block_ms(g) * self.verify(1)
+        return (g + 1) / self.block_ms(g) * self.plain_ms()
 
     def best_bound(self, g_max: int = 32) -> tuple[int, float]:
         g = max(range(1, g_max + 1), key=self.bound)
@@ -51,7 +60,7 @@ class CostModel:
         probability a (the textbook model): (1 - a^(g+1)) / (1 - a) tokens per block."""
         a = min(max(acceptance, 0.0), 1.0)
         tokens = g + 1 if a >= 1.0 else (1 - a ** (g + 1)) / (1 - a)
-        return tokens / self.block_ms(g) * self.verify(1)
+        return tokens / self.block_ms(g) * self.plain_ms()
 
     def best_expected(self, acceptance: float, g_max: int = 32) -> tuple[int, float]:
         g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
@@ -65,7 +74,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls({int(k): float(v) for k, v in d["verify_ms"].items()}, float(d["draft_ms"]), d.get("key", {}),
-                   d.get("measured_at", ""))
+                   d.get("measured_at", ""), float(d.get("pass_overhead_ms", 0.0)),
+                   float(d.get("draft_overhead_ms", 0.0)))
 
 
 def monotone(verify_ms: dict[int, float]) -> dict[int, float]:

@@ -22,7 +22,7 @@ from .lm import ids_tensor
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
 from .pair import ModelPair
-from .policy import AutoGamma, FixedGamma, Policy
+from .policy import AutoGamma, FixedGamma, Learned, Policy
 from .rule import Rescue, decide
 from .static import check_room
 from .text import Detokenizer
@@ -53,7 +53,8 @@ class Decoder:
 
     def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
         self.pair, self._costs = pair, costs
-        self.online_costs = online_costs          # gamma auto plans with the run's measured costs (CPU)
+        self.online_costs = online_costs          # gamma auto plans with the runs' measured costs
+        self.learned = Learned()                  # what this decoder's runs measured, handed to the next run
         self._default_memory: CorrectionMemory | None = None
 
     @property
@@ -85,8 +86,8 @@ class Decoder:
             raise ValueError(f"the memory belongs to {memory.pair_id!r}, not to this pair {self.pair.pair_id!r}")
         policy = None
         if cfg.uses_draft:
-            policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs) \
-                if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
+            policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs,
+                               learned=self.learned) if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
 
@@ -142,6 +143,7 @@ class Run:
         self._need_conf = (policy is not None and policy.reads_confidence and not self._on_device) or cfg.explain
         self._vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
         self._step = self._speculate if policy is not None else self._autoregress
+        self._shared = getattr(pair.target_lm, "shares_passes", False)     # csd.batch: passes with other runs
         self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
@@ -396,6 +398,7 @@ class Run:
 
     def _speculate(self) -> Iterator[TokenEvent]:
         """One block of copied tokens (``csd.lookup``) or drafted ones; then steps 2-7."""
+        t0 = time.perf_counter()
         copied = self._lookup_proposals() if self.lookup is not None else []
         block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
         self._check_stop()
@@ -406,6 +409,8 @@ class Run:
             self._decide(block, self.exact, learn=False)
         else:
             self._decide(block, self.rescue, learn=True)
+        if not self._shared:     # the whole block, its transfer included (a shared pass waits for others too)
+            block.wall_s = time.perf_counter() - t0
         try:
             yield from self._emit(block)
         finally:

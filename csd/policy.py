@@ -6,10 +6,14 @@ probability, calibrated per confidence bin), verifying now yields E_j = 1 + sum_
 for C_j = j * draft_ms + verify_ms(j + 1); it drafts on iff some longer block, the run's keep rate per
 position standing in for the chances not drafted yet, has a higher E_m / C_m. A position's evidence
 fades (``FADE`` a block) while it is not tried, so it keeps exploring; ``online``, it plans with the
-run's measured costs.
+run's measured costs. A block's cost is its whole cost: C_0 = verify_ms(1) + the host's share of a pass
+(a plain target step), and a block that drafts adds the drafting loop's host time; both are measured on
+the machine (``csd.profile``) and, ``online``, from each block's wall time, so where a block costs more
+than the plain steps it saves, ``plan`` and ``more`` answer 0 drafted tokens: plain target steps.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .block import DRAFT
@@ -65,14 +69,31 @@ class FixedGamma:
         pass
 
 
+@dataclass
+class Learned:
+    """The costs a policy plans with, moved by what the runs measure (``online``); a decoder hands one
+    record to each of its runs, so that a run starts from what the runs before it measured."""
+    verify_scale: float = 1.0       # measured verify time over the profile's
+    draft_ms: float | None = None   # a draft token (None: the profile's)
+    pass_ms: float | None = None    # the host's share of any pass (None: the profile's)
+    extra_ms: float | None = None   # the host's extra share of a block that drafts (None: the profile's)
+
+    @classmethod
+    def of(cls, costs: CostModel) -> Learned:
+        return cls(1.0, costs.draft_ms, costs.pass_overhead_ms, costs.draft_overhead_ms)
+
+
 class AutoGamma:
     reads_confidence = True
 
     def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE,
-                 online: bool = False):
+                 online: bool = False, learned: Learned | None = None):
         self.costs = costs
         self.online = online
-        self.verify_scale = 1.0       # measured verify time over the profile's (online)
+        self.learned = learned if learned is not None else Learned()
+        for name, value in vars(Learned.of(costs)).items():     # what nothing measured yet: the profile's
+            if getattr(self.learned, name) is None:
+                setattr(self.learned, name, value)
         self.max_len = max_len
         self.floor = min(floor, max_len)
         self.fade = fade
@@ -84,14 +105,27 @@ class AutoGamma:
         self._rates = [0.0] * (max_len + 1)
         self._update_rates()
         self._marginal = [costs.verify(k + 1) - costs.verify(k) for k in range(1, max_len + 2)]
-        self.draft_ms = costs.draft_ms      # the draft's cost per token it plans with (moved if online)
         self.start()
+
+    @property
+    def verify_scale(self) -> float:
+        return self.learned.verify_scale
+
+    @property
+    def draft_ms(self) -> float:
+        """The draft's cost per token it plans with (moved if online)."""
+        return self.learned.draft_ms
+
+    def _step_ms(self, m: int) -> float:
+        """What drafting the m-th token of a block adds: the step, the verify pass's longer length, and
+        for the first one the drafting loop's host time."""
+        return self.draft_ms + self.verify_scale * self._marginal[m - 1] + (self.learned.extra_ms if m == 1 else 0.0)
 
     # -- per block ---------------------------------------------------------------------------
     def start(self) -> None:
         self._prod = 1.0              # chance that every token so far is kept
         self._e = 1.0                 # expected tokens if verified now (the target's own token)
-        self._c = self.verify_scale * self.costs.verify(1)
+        self._c = self.verify_scale * self.costs.verify(1) + self.learned.pass_ms    # a plain target step
 
     def chance(self, confidence: float) -> float:
         b = min(BINS - 1, max(0, int(confidence * BINS)))
@@ -119,7 +153,7 @@ class AutoGamma:
         if j > 0:
             self._prod *= self.chance(confidence)
             self._e += self._prod
-            self._c += self.draft_ms + self.verify_scale * self._marginal[j - 1]
+            self._c += self._step_ms(j)
         return j < self.floor or any(e * self._c > self._e * c for _m, e, c in self._ahead(j, self.max_len))
 
     def plan(self, room: int) -> int:
@@ -140,7 +174,7 @@ class AutoGamma:
         for m in range(j, end):
             prod *= self.position_rate(m + 1)
             e += prod
-            c += self.draft_ms + self.verify_scale * self._marginal[m]
+            c += self._step_ms(m + 1)
             yield m + 1, e, c
 
     # -- after the verify pass -------------------------------------------------------------------
@@ -153,12 +187,25 @@ class AutoGamma:
             self.measured(block)
 
     def measured(self, block: Block) -> None:
-        """Move the planning costs towards a block's measured times (where they were measured)."""
+        """Move the planning costs towards a block's measured times (where they were measured): the
+        passes' (the CPU times them apart), then the host's share, what the block's wall time leaves
+        over the passes (on a GPU the wall time is the one true figure: the transfer waits for the device).
+        A run's first block is not counted: its wall time may include the prompt's passes."""
+        w, c = COST_WEIGHT, self.learned
         if block.verify_s is not None and block.pass_tokens:
             ratio = 1000 * block.verify_s / self.costs.verify(block.pass_tokens)
-            self.verify_scale += COST_WEIGHT * (ratio - self.verify_scale)
-        if block.source == DRAFT and block.draft_s is not None and block.size:
-            self.draft_ms += COST_WEIGHT * (1000 * block.draft_s / block.size - self.draft_ms)
+            c.verify_scale += w * (ratio - c.verify_scale)
+        drafted = block.source == DRAFT and block.size
+        if drafted and block.draft_s is not None:
+            c.draft_ms += w * (1000 * block.draft_s / block.size - c.draft_ms)
+        if block.wall_s is None or block.index == 0 or not block.pass_tokens:
+            return
+        passes = self.verify_scale * self.costs.verify(block.pass_tokens) + (self.draft_ms * block.size if drafted else 0)
+        rest = 1000 * block.wall_s - passes
+        if not block.size:
+            c.pass_ms += w * (max(rest, 0.0) - c.pass_ms)
+        elif drafted:
+            c.extra_ms += w * (max(rest - c.pass_ms, 0.0) - c.extra_ms)
 
     def learn(self, confidences: list[float], kept: list[bool]) -> None:
         """Whether each decided position was kept, and the draft's confidence where it was read; the

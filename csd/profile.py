@@ -84,7 +84,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "static.py", "quant.py")   # the forward passes and how each representation is built
+ENGINE_FILES = ("lm.py", "static.py", "quant.py", "profile.py")   # the passes, the representations, how timed
 
 
 @functools.cache
@@ -113,12 +113,54 @@ def _cache_file(kind: str, key: dict) -> Path:
 
 
 def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None) -> CostModel:
-    """Time the target at each pass length and the draft per token (needs a loaded draft)."""
+    """Time the target at each pass length and the draft per token (needs a loaded draft), then the
+    host's share of a plain step and of a one-token block (``host_overheads``)."""
     verify = time_passes(pair.target_lm, lengths, reps, progress=progress, label="target ")
     draft = time_pass(pair.draft_lm, 1, max(reps, 5)) if pair.draft_lm is not None else float("nan")
+    costs = CostModel(verify, draft, profile_key(pair), _now())
+    if pair.draft_lm is not None:
+        costs.pass_overhead_ms, costs.draft_overhead_ms = host_overheads(pair, costs, max(reps, 5))
     if progress:
         progress("profiling: done", 1.0)
-    return CostModel(verify, draft, profile_key(pair), _now())
+    return costs
+
+
+@torch.inference_mode()
+def host_overheads(pair, costs: CostModel, reps: int = 5, context: int = 16) -> tuple[float, float]:
+    """Median ms beyond the passes themselves of (a) a plain target step whose token comes back to the
+    host, and (b) a block of one token drafted on the device, verified, its scores back on the host: what
+    a block costs beyond ``costs``' passes (launches, the transfer, the host's work between them)."""
+    target, draft = pair.target_lm, pair.draft_lm
+    tc, dc = target.new_cache(), draft.new_cache()
+    prompt = [100 + i for i in range(context)]
+    target.forward(tc, prompt, 1)
+    draft.forward(dc, prompt, 1)
+
+    def plain():
+        target.forward(tc, [7], 1)[-1].argmax().tolist()
+        target.crop(tc, context)
+
+    def block():
+        x = draft.forward(dc, [7], 1)[-1].argmax().view(1)
+        if draft.vocab_ids is not None:
+            x = draft.vocab_ids[x]
+        ids = torch.cat([torch.tensor([7], device=x.device), x.to(torch.long)])
+        torch.stack([target.forward(tc, ids, 2).argmax(-1).float(), ids.float()]).tolist()
+        target.crop(tc, context)
+        draft.crop(dc, context)
+
+    out = []
+    for fn in (plain, block):
+        fn()                                           # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+        out.append(statistics.median(times))
+    target.release(tc)
+    step = max(out[0] - costs.verify(1), 0.0)
+    return step, max(out[1] - costs.draft_ms - costs.verify(2) - step, 0.0)
 
 
 def costs_cached(pair) -> bool:

@@ -1,0 +1,126 @@
+"""gamma auto counts a block's whole cost (the GPU issue: on an H200 it drafted short blocks at 0.82x AR
+where every block cost more than the plain steps it saved). The costs are injected: a cost model whose
+passes are cheap to draft but whose blocks carry the host's share, and blocks whose measured wall times
+say so. No test times anything."""
+import random
+
+import pytest
+
+from conftest import make_pair, perturbed, tiny_model
+from csd.block import DRAFT, Block
+from csd.config import CSDConfig
+from csd.costs import CostModel
+from csd.decode import Decoder
+from csd.events import ACCEPTED, REJECTED
+from csd.memory import CorrectionMemory
+from csd.policy import AutoGamma, Learned
+from csd.rule import Decision, Verdict
+
+PROMPT = [3, 7, 1, 4, 9, 2, 5]
+LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)
+
+
+def gpu_like(pass_ms: float = 0.0, draft_extra_ms: float = 0.0) -> CostModel:
+    """The H200's 0.5B -> 1.5B pair as measured on 2026-12-04: a 1-token verify pass 2.58 ms, 33 tokens
+    2.98 ms, a draft token 1.65 ms; plus the host's share of a pass and of a drafting block."""
+    verify = {k: 2.58 + 0.0125 * (k - 1) for k in LENGTHS}
+    return CostModel(verify, 1.65, pass_overhead_ms=pass_ms, draft_overhead_ms=draft_extra_ms)
+
+
+def _block(index: int, size: int, kept: int, wall_ms: float) -> Block:
+    verdicts = tuple(Verdict(ACCEPTED if i < kept else REJECTED, "match" if i < kept else "mismatch", 5,
+                             5 if i < kept else 6, 1.0, 1.0 if i < kept else 2.0, 0)
+                     for i in range(min(size, kept + 1)))
+    b = Block(index, DRAFT, list(range(size)), [0.9] * size, pass_tokens=size + 1, wall_s=wall_ms / 1000)
+    b.decision = Decision(verdicts=verdicts, n_kept=kept, next_token=6, bonus=kept == size, observed=())
+    return b
+
+
+def _trained(p: AutoGamma, rate: float, blocks: int = 200, size: int = 4) -> AutoGamma:
+    """Teach the policy that each position is kept with this chance, independently (no timing)."""
+    rng = random.Random(0)
+    for _ in range(blocks):
+        kept = []
+        while len(kept) < size and (not kept or kept[-1]):
+            kept.append(rng.random() < rate)
+        p.learn([0.9] * size, kept)
+    return p
+
+
+def test_the_hosts_share_of_a_block_turns_drafting_off():
+    """At a keep rate of 0.75, drafting pays on the passes alone; with the drafting loop's host time
+    measured (1.5 ms a block) every block costs more than the plain steps it saves: 0 drafted tokens."""
+    passes_only = _trained(AutoGamma(gpu_like(), 16), 0.75)
+    whole = _trained(AutoGamma(gpu_like(0.2, 1.5), 16), 0.75)
+    assert passes_only.plan(100) > 0
+    assert whole.plan(100) == 0
+    whole.start()
+    assert not whole.more(0, 1.0)                      # the CPU's confidence-reading loop agrees
+    assert gpu_like(0.2, 1.5).best_expected(0.75)[1] < 1.0    # and so does the textbook arithmetic
+
+
+def test_measured_wall_times_move_the_plan_to_plain_steps():
+    """The profile missed the host's share; the blocks' wall times (the one true figure on a GPU) show it,
+    and the plan follows: plain steps, whose measured cost moves the plain step's estimate too."""
+    p = _trained(AutoGamma(gpu_like(), 16, online=True), 0.75)
+    assert p.plan(100) > 0
+    p.observe(_block(0, 4, 3, wall_ms=500.0))            # a run's first block may hold the prompt: not counted
+    assert p.learned.extra_ms == 0.0
+    for i in range(1, 40):
+        p.observe(_block(i, 4, 3, wall_ms=4 * 1.65 + 2.64 + 4.0))    # 4 ms a block beyond its passes
+    assert p.learned.extra_ms == pytest.approx(4.0, rel=0.05)
+    assert p.plan(100) == 0
+    for i in range(40, 80):                                # plain steps that cost 0.3 ms beyond the pass
+        p.observe(_block(i, 0, 0, wall_ms=2.58 + 0.3))
+    assert p.learned.pass_ms == pytest.approx(0.3, rel=0.05)
+    assert p.learned.extra_ms == pytest.approx(4.0, rel=0.05)     # a plain step says nothing of drafting
+
+
+def test_untimed_or_shared_blocks_teach_no_overhead():
+    p = AutoGamma(gpu_like(), 16, online=True)
+    b = _block(3, 4, 3, wall_ms=1000.0)
+    b.wall_s = None
+    p.observe(b)
+    assert p.learned.extra_ms == 0.0 and p.learned.pass_ms == 0.0
+    offline = AutoGamma(gpu_like(), 16)                    # not online: the profile alone
+    offline.observe(_block(3, 4, 3, wall_ms=1000.0))
+    assert offline.learned.extra_ms == 0.0
+
+
+@pytest.fixture(scope="module")
+def pair(qwen_tokenizer):
+    target = tiny_model(2)
+    return make_pair(qwen_tokenizer, target, perturbed(target, 0.05))
+
+
+def _run(decoder: Decoder, cfg: CSDConfig):
+    run = decoder.run(PROMPT, cfg, CorrectionMemory(decoder.pair.pair_id))
+    list(run)
+    return run
+
+
+def test_a_run_takes_plain_steps_where_blocks_cost_more(pair, one_thread):
+    """The decode loop with injected costs: where a drafting block's host share outweighs what it saves,
+    gamma auto drafts nothing and the run is AR's, token for token, one target pass per token."""
+    ar = _run(Decoder(pair, online_costs=False), CSDConfig(method="ar", max_new_tokens=40))
+    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=40)
+    dear = _run(Decoder(pair, costs=gpu_like(0.2, 50.0), online_costs=False), cfg)
+    cheap = _run(Decoder(pair, costs=gpu_like(0.2, 0.0), online_costs=False), cfg)
+    assert dear.token_ids == ar.token_ids == cheap.token_ids
+    assert dear.metrics.draft_forwards == 0 and dear.metrics.target_forwards == dear.metrics.new_tokens
+    assert cheap.metrics.draft_forwards > 0 and cheap.metrics.target_forwards < cheap.metrics.new_tokens
+
+
+def test_a_decoder_hands_what_it_measured_to_its_next_run(pair, one_thread):
+    """Online, the learned costs live on the decoder: the second run plans from the first one's."""
+    tiny = CostModel({k: 1e-3 * k for k in LENGTHS}, 1e-3)     # passes far cheaper than any real one
+    decoder = Decoder(pair, costs=tiny, online_costs=True)
+    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=24)
+    first = decoder.run(PROMPT, cfg, CorrectionMemory(pair.pair_id))
+    list(first)
+    assert isinstance(decoder.learned, Learned) and decoder.learned.draft_ms is not None
+    assert first.metrics.draft_forwards > 0
+    assert decoder.learned.extra_ms > 0.0      # the loop's host time between passes, from the wall times
+    second = decoder.run(PROMPT, cfg, CorrectionMemory(pair.pair_id))
+    assert second.policy.learned is decoder.learned
+    assert second.policy.draft_ms == decoder.learned.draft_ms
