@@ -281,3 +281,23 @@ def test_a_compiler_that_fails_is_named_with_the_way_out(models, monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     with pytest.raises(CompileError, match=r"the draft's pass .*InvalidCxxCompiler.*use --engine static"):
         make_static(LeanLM(copy.deepcopy(models[1])), 64, draft_shapes(), name="draft", compiled=True)
+
+
+def test_this_file_runs_where_only_torch_and_transformers_are(tmp_path):
+    """bench/gpu.sh runs this file on a bare GPU image (2026-12-04: it could not start there, since the
+    store's fixtures import sqlalchemy). The store's, the app's and the figures' packages are shadowed by
+    ones that fail to import; the file is collected and its first test runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    for name in ("sqlalchemy", "alembic", "psycopg", "gradio", "plotly", "pandas"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} is not on this image')\n")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
+                          "-k", "a_static_pass_computes_the_eager_pass"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
