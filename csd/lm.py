@@ -372,14 +372,17 @@ class LeanLM(LM):
             pad = (0, 0, 0, max(need, 2 * cap) - cap)
             cache.k, cache.v = F.pad(cache.k, pad), F.pad(cache.v, pad)
 
-    def layers_over(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, write, attend) -> torch.Tensor:
+    def layers_over(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, write, attend,
+                    rotate=None) -> torch.Tensor:
         """The decoder blocks over ``x`` (1, T, hidden); ``write(layer, k, v)`` stores keys and values
-        (KV, T, D), ``attend(layer, q)`` attends the queries (1, H, T, D): where ``csd.static`` differs."""
+        (KV, T, D), ``attend(layer, q)`` attends the queries (1, H, T, D), ``rotate(x, cos, sin)`` applies
+        RoPE (default ``_rotate``): where ``csd.static`` differs."""
         t = x.shape[1]
         h_q, h_qk = self.n_heads, self.n_heads + self.n_kv
+        rotate = rotate or self._rotate
         for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(self.layers):
             h = qkv(self._rms(x, ln1)).view(t, h_qk + self.n_kv, self.head_dim)    # (T, H + 2 KV, D)
-            qk = self._rotate(h[:, :h_qk], cos, sin)              # queries and keys rotated in one go
+            qk = rotate(h[:, :h_qk], cos, sin)                    # queries and keys rotated in one go
             write(li, qk[:, h_q:].transpose(0, 1), h[:, h_qk:].transpose(0, 1))
             a = attend(li, qk[:, :h_q].transpose(0, 1)[None])                          # (1, H, T, D)
             x = x + o(a.transpose(1, 2).reshape(1, t, self.q_size))

@@ -2,9 +2,10 @@
 that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python. One KV
 cache of a fixed ``capacity`` per model (a rollback moves a length; a request that could outgrow it is
 refused first, ``check_room``); the pass's first position is a device tensor, keys and values are
-written with ``index_copy_`` and attention runs over the whole capacity under a mask, so no shape
-depends on what the cache holds. ``capture`` records one graph per (pass length, rows kept); other
-shapes run eagerly. ``compiled``: the pass goes through ``torch.compile`` first. Greedy output equals
+written with ``index_copy_`` and attention runs under a mask over the cache's first ``span`` positions,
+the smallest of a few ``attention_spans`` that holds the pass, so that a pass costs what the cache
+holds rather than its capacity, and no shape depends on the exact length. ``capture`` records one graph
+per (pass length, rows kept, span); other shapes run eagerly. ``compiled``: the pass goes through ``torch.compile`` first. Greedy output equals
 the eager path's up to float rounding (``tests/test_static.py``).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .lm import LM, PER_QUERY_MAX, LeanLM, ids_tensor
 log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 4096     # tokens of prompt + answer + one block (7B in bf16: 57 KB a token, 0.23 GB)
+FIRST_SPAN, SPAN_GROWTH = 256, 4   # attention spans 256, 1024, 4096, ...: graphs per shape, the longest read
 ENGINES = ("auto", "eager", "static", "compiled")
 STATIC_ENGINES = ("static", "compiled")       # the engines that run ``StaticLM``
 
@@ -38,6 +40,15 @@ class StaticCache:
 
     def __init__(self, owner: int):
         self.owner, self.n = owner, 0
+
+
+def attention_spans(capacity: int) -> list[int]:
+    """The key lengths a pass may attend over: ``FIRST_SPAN`` growing by ``SPAN_GROWTH``, then the capacity."""
+    spans, s = [], FIRST_SPAN
+    while s < capacity:
+        spans.append(s)
+        s *= SPAN_GROWTH
+    return spans + [capacity]
 
 
 def draft_shapes() -> list[tuple[int, int]]:
@@ -66,8 +77,12 @@ class StaticLM(LM):
         self._kv = lean.new_cache(self.capacity)
         self._pos = torch.zeros(1, dtype=torch.long, device=dev)       # the pass's first position
         self._keys = torch.arange(self.capacity, device=dev)            # key positions; query offsets
+        half = lean.head_dim // 2
+        self._sign = torch.cat([torch.full((half,), -1.0), torch.ones(half)]).to(dev, lean.dtype)   # (D,)
+        self._bias = torch.tensor([float("-inf"), 0.0], device=dev, dtype=lean.dtype)   # masked, visible
         self._owner = 0
-        self.graphs: dict[tuple[int, int], tuple] = {}
+        self.spans = attention_spans(self.capacity)
+        self.graphs: dict[tuple[int, int, int], tuple] = {}
         self.replays = self.eager_passes = 0
         self.capture_s = 0.0
 
@@ -98,36 +113,42 @@ class StaticLM(LM):
                                 f"{self.capacity}; shorten the prompt, lower max_new_tokens or gamma, or load the "
                                 f"pair with a larger --static-capacity")
 
-    @torch.inference_mode()
-    def _step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """The pass at the position in ``self._pos``: fixed shapes for a given (T, keep)."""
-        return self.lean.logits(self._blocks(ids), keep)
+    def span(self, end: int) -> int:
+        """The attention span of a pass whose last position is ``end - 1``."""
+        return next(s for s in self.spans if s >= end)
 
-    def _blocks(self, ids: torch.Tensor) -> torch.Tensor:
-        """The decoder blocks' output (1, T, hidden) for ``ids`` at ``self._pos``: what ``compiled`` compiles."""
+    @torch.inference_mode()
+    def _step(self, ids: torch.Tensor, keep: int, span: int | None = None) -> torch.Tensor:
+        """The pass at the position in ``self._pos``: fixed shapes for a given (T, keep, span)."""
+        return self.lean.logits(self._blocks(ids, span or self.capacity), keep)
+
+    def _blocks(self, ids: torch.Tensor, span: int) -> torch.Tensor:
+        """The decoder blocks' output (1, T, hidden) for ``ids`` at ``self._pos``, attending over the cache's
+        first ``span`` positions: what ``compiled`` compiles."""
         lean, t = self.lean, ids.numel()
         pos = self._pos + self._keys[:t]                                                 # (T,) on the device
         x = lean.embed[ids][None]                                                       # (1, T, hidden)
         cos, sin = lean._rope(pos)
-        mask = self._keys[None, :] <= pos[:, None]                                      # (T, capacity)
-        k, v = self._kv.k, self._kv.v
+        sin = sin * self._sign               # rotate_half's sign folded into sin: RoPE in three ops (_rotate)
+        mask = self._keys[None, :span] <= pos[:, None]                                  # (T, span)
+        k, v = self._kv.k[:, :, :span], self._kv.v[:, :, :span]         # views: the writes land in the cache
         n_kv = k.shape[1]
         group = lean.n_heads // n_kv
         # the query heads sharing a key/value head are folded into the query length, (1, KV, G*T, D): SDPA's
         # enable_gqa with a mask would copy K and V out to every query head on CUDA (docs/gpu.md)
 
         def write(li, kk, vv):
-            k[li].index_copy_(1, pos, kk)
+            k[li].index_copy_(1, pos, kk)          # pos < span: within the view
             v[li].index_copy_(1, pos, vv)
 
         # exact int8: each query attends as a 1-token step would; additive masks made once a pass
         per_query = lean.per_row and 1 < t <= PER_QUERY_MAX
-        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+        bias = torch.where(mask, self._bias[1], self._bias[0])                          # (T, span): 0 or -inf
         folded_masks = ([bias[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
-                        else [bias.repeat(group, 1)])                                   # (G*n, capacity) each
+                        else [bias.repeat(group, 1)])                                   # (G*n, span) each
 
         def folded(li, q, m):
-            """q (1, H, n, D) under the folded mask rows m (G*n, capacity) -> (1, H, n, D)."""
+            """q (1, H, n, D) under the folded mask rows m (G*n, span) -> (1, H, n, D)."""
             n, d = q.shape[2], q.shape[3]
             out = F.scaled_dot_product_attention(q.reshape(1, n_kv, group * n, d), k[li:li + 1], v[li:li + 1],
                                                  attn_mask=m, scale=lean.scaling)
@@ -138,7 +159,7 @@ class StaticLM(LM):
                 return torch.cat([folded(li, q[:, :, i:i + 1], m) for i, m in enumerate(folded_masks)], 2)
             return folded(li, q, folded_masks[0])
 
-        return lean.layers_over(x, cos, sin, write, attend)
+        return lean.layers_over(x, cos, sin, write, attend, _rotate)
 
     def forward(self, cache: StaticCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
         if cache.owner != self._owner:
@@ -148,7 +169,8 @@ class StaticLM(LM):
         t, start = ids.numel(), cache.n
         self.check_room(start + t, "this pass")
         self._pos.fill_(start)                   # a scalar fill: queued, no host sync
-        graph = self.graphs.get((t, keep))
+        span = self.span(start + t)
+        graph = self.graphs.get((t, keep, span))
         if graph is not None:
             g, ids_in, out = graph
             with torch.inference_mode():
@@ -157,27 +179,29 @@ class StaticLM(LM):
             logits = out.clone()                 # the graph's output buffer is rewritten by its next replay
             self.replays += 1
         else:
-            logits = self._step(ids, keep)
+            logits = self._step(ids, keep, span)
             self.eager_passes += 1
         cache.n = start + t
         return logits
 
     def capture(self, shapes: Iterable[tuple[int, int]], progress: Callable[[str, float], None] | None = None,
                 name: str = "model") -> None:
-        """Record one CUDA graph per (pass length, rows kept), the longest first, in one memory pool.
-        Call before any run: the warm-up passes write into the cache."""
+        """Record one CUDA graph per (pass length, rows kept) and attention span that can hold it, the
+        longest first, in one memory pool. Call before any run: the warm-up passes write into the cache."""
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; elsewhere the static path runs eagerly")
         shapes = sorted(set(shapes), reverse=True)
         too_long = [t for t, _ in shapes if t > self.capacity]
         if too_long:
             self.check_room(max(too_long), "a captured pass")
+        shapes = sorted(((t, keep, s) for t, keep in shapes for s in self.spans if s >= t), reverse=True,
+                        key=lambda x: (x[2], x[0]))
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        for i, (t, keep) in enumerate(shapes):
+        for i, (t, keep, span) in enumerate(shapes):
             if progress:
-                progress(f"{'compiling and ' * (self.impl == 'compiled')}capturing CUDA graphs: {name}, pass of {t}",
-                         i / len(shapes))
+                progress(f"{'compiling and ' * (self.impl == 'compiled')}capturing CUDA graphs: {name}, pass of {t} "
+                         f"over {span}", i / len(shapes))
             with torch.inference_mode():           # as the decode loop's ids (a compiled pass checks)
                 ids_in = torch.zeros(t, dtype=torch.long, device=self.device)
             self._pos.zero_()
@@ -185,12 +209,12 @@ class StaticLM(LM):
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):           # warm-up off the capture (allocator, kernel choice)
                 for _ in range(2):
-                    self._step(ids_in, keep)
+                    self._step(ids_in, keep, span)
             torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                out = self._step(ids_in, keep)
-            self.graphs[(t, keep)] = (g, ids_in, out)
+                out = self._step(ids_in, keep, span)
+            self.graphs[(t, keep, span)] = (g, ids_in, out)
         torch.cuda.synchronize()
         self.capture_s += time.perf_counter() - t0
         log.info("%s: %d CUDA graphs captured in %.1f s", name, len(shapes), self.capture_s)
@@ -201,15 +225,22 @@ class StaticLM(LM):
                 "replays": self.replays, "eager_passes": self.eager_passes}
 
 
-def _compiled(blocks: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``blocks`` through ``torch.compile``, the pass length its one symbolic size (two compiles: one token,
-    several). Call it in inference mode on inference tensors only, or it compiles again."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as ``LeanLM._rotate`` computes it, with rotate_half's sign in ``signed_sin``: x * cos +
+    [x2, x1] * [-sin, sin] in one ``addcmul`` (three kernels where ``_rotate`` launches five)."""
+    half = x.shape[-1] // 2
+    return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), -1), signed_sin)
+
+
+def _compiled(blocks: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``blocks`` through ``torch.compile``, the pass length its one symbolic size (two compiles a span: one
+    token, several). Call it in inference mode on inference tensors only, or it compiles again."""
     fn = torch.compile(blocks)
 
-    def run(ids: torch.Tensor) -> torch.Tensor:
+    def run(ids: torch.Tensor, span: int) -> torch.Tensor:
         if ids.shape[0] > 1:
             torch._dynamo.mark_dynamic(ids, 0)
-        return fn(ids)
+        return fn(ids, span)
     return run
 
 
@@ -222,11 +253,12 @@ def make_static(lean: LeanLM, capacity: int, shapes: Iterable[tuple[int, int]], 
             lm.capture(shapes, progress, name)           # compiles too, in its warm-up passes
         elif compiled:             # no graphs here: compile both classes now (1 token, several), not in a request
             t0 = time.perf_counter()
-            for t in (1, 2):
+            todo = [(t, span) for span in lm.spans for t in (1, 2)]
+            for i, (t, span) in enumerate(todo):
                 if progress:
-                    progress(f"compiling the static pass: {name}, pass of {t}", (t - 1) / 2)
+                    progress(f"compiling the static pass: {name}, pass of {t} over {span}", i / len(todo))
                 with torch.inference_mode():       # as the decode loop calls it (the compiled code checks)
-                    lm._step(torch.zeros(t, dtype=torch.long, device=lm.device), 1)
+                    lm._step(torch.zeros(t, dtype=torch.long, device=lm.device), 1, span)
             lm.capture_s = time.perf_counter() - t0
     except (torch.OutOfMemoryError, MemoryError):
         raise

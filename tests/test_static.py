@@ -80,6 +80,24 @@ def test_a_static_pass_computes_the_eager_pass(models):
     assert static.eager_passes == 6 and static.replays == 0      # no graphs on the CPU
 
 
+def test_a_pass_attends_over_the_smallest_span_that_holds_it(models):
+    """Attention reads the cache's first 256, 1024 or all 2048 positions, whichever first holds the pass
+    (the GPU issue: a pass over the whole capacity cost what the cache could hold, not what it held); the
+    logits are the eager pass's on either side of each span's edge."""
+    from csd.static import attention_spans
+    assert attention_spans(2048) == [256, 1024, 2048] and attention_spans(128) == [128]
+    assert attention_spans(256) == [256] and attention_spans(300) == [256, 300]
+    target = models[0]
+    eager, static = LeanLM(target), StaticLM(LeanLM(target), capacity=2048)
+    assert [static.span(n) for n in (1, 256, 257, 1024, 1025, 2048)] == [256, 256, 1024, 1024, 2048, 2048]
+    ce, cs = eager.new_cache(), static.new_cache()
+    g = torch.Generator().manual_seed(1)
+    for t in (200, 50, 7, 1, 800, 7, 1):               # ends 200, 250, 257, 258, 1058, 1065, 1066
+        ids = torch.randint(0, 32, (t,), generator=g)
+        keep = min(t, 7)
+        torch.testing.assert_close(static.forward(cs, ids, keep), eager.forward(ce, ids, keep), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("cfg", [CSDConfig(method="ar", max_new_tokens=40),
                                  CSDConfig(method="sd", gamma=4, max_new_tokens=40, lookup=0),
                                  CSDConfig(method="sd", gamma=6, max_new_tokens=40),
@@ -301,3 +319,19 @@ def test_this_file_runs_where_only_torch_and_transformers_are(tmp_path):
                           "-k", "a_static_pass_computes_the_eager_pass"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_a_static_pass_dispatches_no_more_ops_than_committed():
+    """Fewer, fatter kernels (the GPU issue: a 0.5B draft step launched about a thousand): the computing ops
+    each static call dispatches, counted by a dispatch mode, stay at or under the committed ceiling
+    (docs/bench/static-ops/counts.json holds the counts before and after each reduction)."""
+    import json
+    from pathlib import Path
+
+    from csd.bench.synthetic.kernel_profile import tiny_pass_ops
+    committed = json.loads((Path(__file__).resolve().parents[1] / "docs/bench/static-ops/counts.json").read_text())
+    counts = tiny_pass_ops()
+    assert set(counts) == set(committed["ceiling"])
+    grown = {k: (n, committed["ceiling"][k]) for k, n in counts.items() if n > committed["ceiling"][k]}
+    assert not grown, f"ops a call grew past the committed ceiling (now, ceiling): {grown}"
+    assert counts["draft step"] < committed["before"]["counts"]["draft step"]
