@@ -308,8 +308,9 @@ def import_table(path: str | os.PathLike, pair_id: str, vocab: Vocabulary, force
 
 def is_table(path: str | os.PathLike) -> bool:
     """Whether a file is meant as an SGLang table rather than this project's memory: named ``.jsonl``,
-    or JSON that is a list or an object with ``entries`` and no ``format``; malformed JSON named
-    ``.json`` too (the table reader names the line). An unreadable file is left to the memory loader."""
+    or JSON that is a list of objects or an object with ``entries`` and no ``format``; malformed JSON
+    named ``.json`` too (the table reader names the line). Anything else, an unreadable file included,
+    is left to the memory loader (its refusals say what a memory file is)."""
     name = Path(path).name.removesuffix(".gz")
     if name.endswith(".jsonl"):
         return True
@@ -317,8 +318,9 @@ def is_table(path: str | os.PathLike) -> bool:
         payload = json.loads(read_maybe_gzip(path))
     except (OSError, ValueError) as e:
         return isinstance(e, json.JSONDecodeError) and name.endswith(".json")
-    return isinstance(payload, list) or (isinstance(payload, dict) and "entries" in payload
-                                         and "format" not in payload)
+    if isinstance(payload, list):
+        return all(isinstance(rec, dict) for rec in payload)
+    return isinstance(payload, dict) and "entries" in payload and "format" not in payload
 
 
 def load_memory_or_table(path: str | os.PathLike, pair_id: str, vocab: Vocabulary,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from csd.cli import main
-from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory
+from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory, MemoryFileError
 from csd.pair import EMBEDDED_PAIR_ID
 from csd.sglang_table import (
     EMBEDDED_VOCAB,
@@ -115,6 +115,12 @@ def test_the_app_loader_tells_a_table_from_a_memory(tmp_path):
     export_memory(mem, tmp_path / "t.json", EMBEDDED_VOCAB, 6)
     assert load_memory_or_table(tmp_path / "m.json", EMBEDDED_PAIR_ID, EMBEDDED_VOCAB).meta == {}
     assert "sglang" in load_memory_or_table(tmp_path / "t.json", EMBEDDED_PAIR_ID, EMBEDDED_VOCAB).meta
+    (tmp_path / "list.json").write_text("[1, 2, 3]")                # neither: the memory loader's sentence
+    with pytest.raises(MemoryFileError, match="not a CSD Explorer correction-memory file"):
+        load_memory_or_table(tmp_path / "list.json", EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)
+    (tmp_path / "cut.json").write_text('[{"lhs_token": 1,\n')            # malformed JSON: the table reader's line
+    with pytest.raises(TableError, match="line 2: malformed JSON"):
+        load_memory_or_table(tmp_path / "cut.json", EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)
 
 
 # -- bad input ------------------------------------------------------------------------------------
