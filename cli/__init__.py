@@ -1,4 +1,4 @@
-"""The command line, ``python -m csd generate|calibrate|prepare|bench|runs`` (installed: ``csd ...``).
+"""The command line, ``python -m csd generate|calibrate|prepare|bench|grade|memory|runs`` (installed: ``csd ...``).
 
 This package is the one place that composes the engine (``csd``), the store (``db``) and the
 benchmark (``bench``); every subcommand is registered explicitly in ``build_parser``. The heavy
@@ -18,7 +18,7 @@ from csd.config import ConfigError  # noqa: E402
 from csd.db.cli import add_runs_parser  # noqa: E402
 from csd.memory import MemoryFileError  # noqa: E402
 
-from . import bench, engine, grade  # noqa: E402
+from . import bench, engine, grade, memory  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_parsers(sub)     # generate, calibrate, prepare
     bench.add_parser(sub)       # bench
     grade.add_parser(sub)       # grade
+    memory.add_parser(sub)      # memory export | import (SGLang's CSD table)
     add_runs_parser(sub)        # runs list | export (the store's own parser)
     return ap
 

@@ -257,7 +257,12 @@ class WhatIfGrid:
 
 
 def what_if_grid(source, lams, taus, f: Filter = ANY) -> WhatIfGrid:
-    d = cached_divergences(source, f)
+    return grid_of(cached_divergences(source, f), lams, taus)
+
+
+def grid_of(d: Divergences, lams, taus) -> WhatIfGrid:
+    """The rescues of ``d`` at every (lambda, tau): ``what_if_grid`` on arrays already in hand (the
+    app's memory scope gives them another memory's counts)."""
     lam = np.asarray(lams, dtype=float)[:, None]                                  # (L, 1)
     lt = np.array([log_tau(t) for t in taus])[:, None]                            # (T, 1)
     by_lam = rescues(d.count[None, :], 0.0, lam, -np.inf, use_scg=False)          # (L, N): the memory test

@@ -1,6 +1,6 @@
 """The Analyse tab: four charts of the logged divergences for a scope (Pareto, logit gaps,
-acceptance by position, what-if heatmap), the benchmark's frontier, and the last answer recoloured
-under a what-if rule: CSD's λ/τ sliders, or SD, an ablation or a rival at the bar's parameters.
+acceptance by position, what-if heatmap) or of the session's memory (an uploaded SGLang table, say),
+the benchmark's frontier, and the last answer recoloured under a what-if rule: CSD's λ/τ sliders, or SD, an ablation or a rival at the bar's parameters.
 Nothing here runs the model.
 """
 from __future__ import annotations
@@ -14,9 +14,11 @@ from csd.config import METHOD_SHORT, ConfigError
 from csd.db import analytics as A
 
 from .. import figures, render, rules
+from ..memory_views import memory_pareto_rows, recount
 from ..state import RunSettings, Services, Session
 from .common import (
     NO_STORE,
+    SCOPE_MEMORY,
     SCOPE_SESSION,
     ensure_session,
     error,
@@ -51,6 +53,8 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     csd = s.method in (None, "", "csd")
     tokens = tokens_html(sess.last, (lam, tau) if csd else rule, s.hide_rejected, view="analyse-tokens")
     heading = _heading(sess, rule, csd)
+    if scope == SCOPE_MEMORY:
+        return (*memory_charts(services, sess, lam, tau), heading, tokens, gr.update(), sess)
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
         return e, e, e, e, NO_STORE, heading, tokens, gr.update(), sess
@@ -88,6 +92,36 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
             summary, heading, tokens, targets, sess)
 
 
+def memory_charts(services: Services, sess: Session, lam: float, tau: float):
+    """The charts of the session's memory (an uploaded SGLang table, say): its patterns by count, and this
+    session's logged divergences decided with its counts. -> (pareto, gaps, positions, what-if, summary)."""
+    mem = sess.memory
+    rows = memory_pareto_rows(mem, services.pair.tokenizer, limit=30)
+    sg = mem.meta.get("sglang")
+    where = f"the SGLang table {sg.get('source')}" if isinstance(sg, dict) and sg.get("source") else "this session's memory"
+    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(mem.total, 'divergence')} "
+               f"counted, {mem.n_candidates(lam):,} at or above λ = {lam:g}; the top 20% of patterns hold "
+               f"{100 * mem.top_share(0.2):.0f}% of the counts.")
+    positions = figures.empty_figure("Acceptance by position comes from runs: pick a run scope.")
+    if services.store is None:
+        e = figures.empty_figure(NO_STORE)
+        return figures.make_pareto_figure(rows), e, positions, e, summary + " " + NO_STORE
+    f, _ = scope_filter(services, sess, SCOPE_SESSION)
+    try:
+        d = recount(A.cached_divergences(services.store, f), mem)
+    except Exception as e:
+        log.exception("the store could not answer the analysis")
+        raise error(f"The store could not answer: {e}", expected=False) from None
+    taus = [tau_from_log10(x) for x in WHATIF_LOG10_TAUS]
+    grid, rescued = A.grid_of(d, WHATIF_LAMS, taus), int(d.rescued_mask(lam, tau).sum())
+    summary += (f" A memory holds counts, not logit gaps: the gap and what-if charts take this session's "
+                f"{render.plural(len(d), 'logged divergence')} and decide them with this memory's counts; at "
+                f"λ = {lam:g}, τ = {tau:.3g} the rule would rescue **{rescued}**"
+                + (f" ({100 * rescued / len(d):.1f}%)." if len(d) else ". Generate answers to see them."))
+    return (figures.make_pareto_figure(rows), figures.make_gap_figure(d.gap, d.count, lam, tau), positions,
+            figures.make_whatif_figure(grid.lams, taus, grid.rate, lam, tau, grid.total), summary)
+
+
 def _heading(sess: Session, rule, csd: bool) -> str:
     """The heading of the recoloured answer: the rule, and how many of its decisions it changes."""
     changed = render.changed_decisions(sess.last.events, rule) if sess.last else 0
@@ -112,7 +146,7 @@ def refresh_after(page: Page, dep) -> None:
 def build(page: Page):
     """Lay out the Analyse tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
-    scope_choices = scopes(services)
+    scope_choices = [*scopes(services), SCOPE_MEMORY]
     with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
         gr.HTML(render.render_legend(), elem_id="analyse-legend")
         # the answer the sliders recolour first, near them; the charts of the scope below it

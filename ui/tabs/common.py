@@ -24,6 +24,7 @@ from ..state import RunSettings, RunView, Services, Session, new_session
 log = logging.getLogger(__name__)
 
 SCOPE_RUN, SCOPE_SESSION, SCOPE_ALL = "this run", "this session", "all runs (shared: every user's)"
+SCOPE_MEMORY = "this session's memory (its counts)"   # Analyse only: the memory, e.g. an uploaded SGLang table
 ANY_TARGET = "any"
 NO_STORE = "No store: start the app with --db to record runs."
 # "Show speculation" (on by default): gamma auto drafts at least this many tokens a block, so that the

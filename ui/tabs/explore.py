@@ -21,6 +21,7 @@ from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues
+from csd.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 
 from .. import render
 from ..render import plural
@@ -169,8 +170,20 @@ def memory_view(services: Services, lam, sess: Session | None):
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
           + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
              f"weights are held)." if mismatch else "")
+          + _table_line(mem)
           + " This memory belongs to your session only: your runs update it, nobody else's do.")
     return md, rows, sess
+
+
+def _table_line(mem: CorrectionMemory) -> str:
+    """Where an imported SGLang table came from, and what its allow=false marks mean here."""
+    sg = mem.meta.get("sglang")
+    if not isinstance(sg, dict):
+        return ""
+    n_off = len(disallowed(mem))
+    return (f" Imported from the SGLang CSD table {render.esc_md(str(sg.get('source') or ''))}"
+            + (f": {plural(n_off, 'entry', 'entries')} marked allow=false (SGLang never admits them; this app's rule "
+               "admits by count alone)" if n_off else "") + ".")
 
 
 def _sizes(prompts_mode: bool, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
@@ -289,16 +302,17 @@ def memory_download(services: Services, sess: Session | None):
 
 
 def memory_upload(services: Services, file, lam, sess: Session | None):
-    """Replace the session's memory with an uploaded memory file. A file that is not a memory, is
-    damaged or belongs to another pair is refused with the engine's sentence; a memory calibrated
-    with other representations is loaded, and the summary says so.
+    """Replace the session's memory with an uploaded memory file or SGLang CSD table (.json/.jsonl,
+    ``csd.sglang_table``). A file that is neither, is damaged, belongs to another pair or names ids
+    beyond the pair's vocabulary is refused with the engine's sentence; a memory calibrated with other
+    representations is loaded, and the summary says so.
     -> (summary, rows, message html, session)."""
     sess = ensure_session(services, sess)
     if not file:
         return (*memory_view(services, lam, sess)[:2], "", sess)
     name = Path(file).name
     try:
-        mem = CorrectionMemory.load(file, expected_pair=services.pair.pair_id)
+        mem = load_memory_or_table(file, services.pair.pair_id, vocabulary_of(services.pair))
     except MemoryFileError as e:          # the engine's own refusal: a sentence, no traceback needed
         msg = str(e).replace(str(file), name)
         log.warning("memory upload refused: %s", msg)
@@ -372,8 +386,8 @@ def _memory_panel(s) -> SimpleNamespace:
                 m.reset = gr.Button("Reset to default")
                 m.clear = gr.Button("Clear")
             m.dl_btn = gr.Button("Save memory to a file")
-            m.upload = gr.UploadButton("Upload memory file (.json / .json.gz)", type="filepath",
-                                       file_types=[".json", ".gz"], elem_id="memory-upload")
+            m.upload = gr.UploadButton("Upload memory file or SGLang CSD table (.json / .json.gz / .jsonl)",
+                                       type="filepath", file_types=[".json", ".gz", ".jsonl"], elem_id="memory-upload")
             m.file = gr.DownloadButton("Download csd-memory.json.gz", visible=False)
             m.error = gr.HTML(elem_id="memory-error")
     return m
