@@ -184,6 +184,9 @@ class Run:
     def _piece(self, token_id: int) -> str:
         return self.pair.tokenizer.decode([token_id])
 
+    def _captures(self) -> int:
+        return sum(getattr(lm, "captures", 0) for lm in (self.pair.target_lm, self.pair.draft_lm) if lm is not None)
+
     def _room(self) -> int:
         """Tokens a block may propose: the budget left, less the target's own token."""
         return self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
@@ -251,8 +254,15 @@ class Run:
         return block
 
     def _draft_on_device(self, g: int, feed: list[int]) -> torch.Tensor:
-        """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor."""
+        """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor (a static
+        draft drafts the whole block in one call: one graph on CUDA)."""
         lm = self.pair.draft_lm
+        block = getattr(lm, "draft_block", None)
+        if block is not None and g > 0:
+            with self._lap("draft_s"):
+                xs = block(self.dcache, feed, g)
+            self.metrics.draft_forwards += g
+            return xs
         xs = []
         with self._lap("draft_s"):
             for _ in range(g):
@@ -398,7 +408,7 @@ class Run:
 
     def _speculate(self) -> Iterator[TokenEvent]:
         """One block of copied tokens (``csd.lookup``) or drafted ones; then steps 2-7."""
-        t0 = time.perf_counter()
+        t0, captures = time.perf_counter(), self._captures()
         copied = self._lookup_proposals() if self.lookup is not None else []
         block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
         self._check_stop()
@@ -409,7 +419,9 @@ class Run:
             self._decide(block, self.exact, learn=False)
         else:
             self._decide(block, self.rescue, learn=True)
-        if not self._shared:     # the whole block, its transfer included (a shared pass waits for others too)
+        # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
+        # or a graph was captured on the way (csd.static.StaticLM.draft_block)
+        if not self._shared and self._captures() == captures:
             block.wall_s = time.perf_counter() - t0
         try:
             yield from self._emit(block)

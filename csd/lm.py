@@ -36,6 +36,7 @@ class LM:
     the token id of each logit row (a reduced vocabulary)."""
     vocab_ids: torch.Tensor | None = None
     impl = "hf"
+    captures = 0       # graphs captured so far (csd.static): a block that captured one is not a cost sample
 
     def new_cache(self):
         raise NotImplementedError

@@ -27,6 +27,8 @@ PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior
 POSITION_PRIOR = (0.8, 4.0)   # keep rate of a draft position before the run has seen it: (rate, weight)
 FADE = 0.9           # per block in which a position is not decided, its evidence weighs this share less
 COST_WEIGHT = 0.2    # weight of the newest block in the run's own cost estimates (online)
+OVERHEAD_WEIGHT = 0.5   # weight of the newest block's host share (a machine's host time moves little)
+OVERHEAD_FADE = 0.98    # per plain step, the drafting share not measured since fades back to the profile's
 
 
 class Policy(Protocol):
@@ -201,9 +203,12 @@ class AutoGamma:
         if block.wall_s is None or block.index == 0 or not block.pass_tokens:
             return
         passes = self.verify_scale * self.costs.verify(block.pass_tokens) + (self.draft_ms * block.size if drafted else 0)
-        rest = 1000 * block.wall_s - passes
+        rest, w = 1000 * block.wall_s - passes, OVERHEAD_WEIGHT
         if not block.size:
             c.pass_ms += w * (max(rest, 0.0) - c.pass_ms)
+            # not drafting, the drafting share is not measured: it fades back to the profile's, so that a
+            # spike (a capture, a busy moment) does not stop drafting for good
+            c.extra_ms = self.costs.draft_overhead_ms + OVERHEAD_FADE * (c.extra_ms - self.costs.draft_overhead_ms)
         elif drafted:
             c.extra_ms += w * (max(rest - c.pass_ms, 0.0) - c.extra_ms)
 

@@ -82,8 +82,10 @@ class StaticLM(LM):
         self._bias = torch.tensor([float("-inf"), 0.0], device=dev, dtype=lean.dtype)   # masked, visible
         self._owner = 0
         self.spans = attention_spans(self.capacity)
-        self.graphs: dict[tuple[int, int, int], tuple] = {}
-        self.replays = self.eager_passes = 0
+        self.graphs: dict[tuple, tuple] = {}     # (T, keep, span), or ("block", feed, gamma, span, adjusted)
+        self._pool = None                         # the graphs' one memory pool (CUDA)
+        self._failed: set[tuple] = set()          # draft blocks whose capture failed: eager steps
+        self.replays = self.eager_passes = self.block_replays = 0
         self.capture_s = 0.0
 
     @property
@@ -184,6 +186,86 @@ class StaticLM(LM):
         cache.n = start + t
         return logits
 
+    def draft_block(self, cache: StaticCache, feed: list[int] | torch.Tensor, g: int,
+                    adjust: Callable | None = None) -> torch.Tensor:
+        """g greedy draft steps on the device, the first after feeding ``feed``, each argmax feeding the next:
+        the proposed token ids (g,), what ``csd.decode`` drafts step by step. On CUDA the whole block is one
+        graph, captured on its first use per (feed length, g, span): the capture's two warm-up runs compute
+        the block itself (the same keys and values at the same positions), so it may happen mid-run.
+        ``adjust(logits (1, V), first position (1,), ids)``: a change of each step's logits that reads only
+        device tensors of fixed addresses (the benchmark's scripted draft)."""
+        if cache.owner != self._owner:
+            raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
+                               "one run at a time per model")
+        ids = ids_tensor(feed, self.device)
+        t, start = ids.numel(), cache.n
+        if g < 1:
+            raise ValueError(f"a draft block drafts at least one token, got {g}")
+        end = start + t + g - 1                     # the last proposal is not fed: its key is not written
+        self.check_room(end, "this draft block")
+        span, key = self.span(end), ("block", t, g, self.span(end), adjust is not None)
+        self._pos.fill_(start)
+        graph = self.graphs.get(key)
+        if graph is None and self.device.type == "cuda" and key not in self._failed:
+            graph = self._capture_block(key, ids, start, adjust)
+        if graph is not None:
+            gr, ids_in, out = graph
+            with torch.inference_mode():
+                ids_in.copy_(ids)
+            self._pos.fill_(start)
+            gr.replay()
+            xs = out.clone()
+            self.block_replays += 1
+        else:
+            xs = self._draft_steps(ids, g, span, adjust)
+            self.eager_passes += g
+        cache.n = end
+        return xs
+
+    @torch.inference_mode()
+    def _draft_steps(self, ids: torch.Tensor, g: int, span: int, adjust: Callable | None) -> torch.Tensor:
+        """The block from ``self._pos``: fixed shapes for a given (len(ids), g, span)."""
+        xs, x = [], ids
+        for _ in range(g):
+            logits = self.lean.logits(self._blocks(x, span), 1)                         # (1, V)
+            if adjust is not None:
+                logits = adjust(logits, self._pos, x)
+            self._pos.add_(x.numel())                # the next step's first position, on the device
+            tok = logits[-1].argmax()
+            if self.vocab_ids is not None:
+                tok = self.vocab_ids[tok]
+            xs.append(tok)
+            x = tok.view(1)
+        return torch.stack(xs)                                                           # (g,)
+
+    def _capture_block(self, key: tuple, ids: torch.Tensor, start: int, adjust: Callable | None):
+        """Capture the block of ``key`` at the run's own position (its warm-ups compute the block itself);
+        a capture that fails leaves the block to the eager steps, with a warning, once."""
+        _, t, g, span, _ = key
+        self.captures += 1
+        try:
+            with torch.inference_mode():
+                ids_in = ids.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._pos.fill_(start)
+                    self._draft_steps(ids_in, g, span, adjust)
+            torch.cuda.current_stream().wait_stream(side)
+            gr = torch.cuda.CUDAGraph()
+            self._pos.fill_(start)
+            self._pool = self._pool or torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(gr, pool=self._pool):
+                out = self._draft_steps(ids_in, g, span, adjust)
+        except Exception as e:        # noqa: BLE001 - any capture failure: the eager steps compute the same
+            log.warning("draft block graph (feed %d, gamma %d, span %d) not captured, drafting step by step: %s",
+                        t, g, span, e)
+            self._failed.add(key)
+            return None
+        self.graphs[key] = (gr, ids_in, out)
+        return self.graphs[key]
+
     def capture(self, shapes: Iterable[tuple[int, int]], progress: Callable[[str, float], None] | None = None,
                 name: str = "model") -> None:
         """Record one CUDA graph per (pass length, rows kept) and attention span that can hold it, the
@@ -197,7 +279,7 @@ class StaticLM(LM):
         shapes = sorted(((t, keep, s) for t, keep in shapes for s in self.spans if s >= t), reverse=True,
                         key=lambda x: (x[2], x[0]))
         t0 = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        pool = self._pool = self._pool or torch.cuda.graph_pool_handle()
         for i, (t, keep, span) in enumerate(shapes):
             if progress:
                 progress(f"{'compiling and ' * (self.impl == 'compiled')}capturing CUDA graphs: {name}, pass of {t} "
@@ -222,7 +304,7 @@ class StaticLM(LM):
     def describe(self) -> dict:
         return {"engine": self.impl, "capacity": self.capacity, "graphs": len(self.graphs),
                 "capture_s": round(self.capture_s, 2),
-                "replays": self.replays, "eager_passes": self.eager_passes}
+                "replays": self.replays, "block_replays": self.block_replays, "eager_passes": self.eager_passes}
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from csd.costs import CostModel
 from csd.decode import Decoder
 from csd.events import ACCEPTED, REJECTED
 from csd.memory import CorrectionMemory
-from csd.policy import AutoGamma, Learned
+from csd.policy import OVERHEAD_FADE, AutoGamma, Learned
 from csd.rule import Decision, Verdict
 
 PROMPT = [3, 7, 1, 4, 9, 2, 5]
@@ -73,7 +73,49 @@ def test_measured_wall_times_move_the_plan_to_plain_steps():
     for i in range(40, 80):                                # plain steps that cost 0.3 ms beyond the pass
         p.observe(_block(i, 0, 0, wall_ms=2.58 + 0.3))
     assert p.learned.pass_ms == pytest.approx(0.3, rel=0.05)
-    assert p.learned.extra_ms == pytest.approx(4.0, rel=0.05)     # a plain step says nothing of drafting
+    # unmeasured while not drafting, the drafting share fades back towards the profile's (0 here)
+    assert p.learned.extra_ms == pytest.approx(4.0 * OVERHEAD_FADE ** 40, rel=0.05)
+
+
+def test_after_a_spike_drafting_is_tried_again():
+    """A block slowed once (a busy moment) must not stop drafting for good: plain steps fade the drafting
+    share back to the profile's, and where the profile says drafting pays, the plan drafts again."""
+    p = _trained(AutoGamma(gpu_like(), 16, online=True), 0.9)
+    assert p.plan(100) > 0
+    for i in range(1, 4):
+        p.observe(_block(i, 4, 4, wall_ms=200.0))            # three blocks stalled by 190 ms
+    assert p.plan(100) == 0
+    steps = 0
+    while p.plan(100) == 0 and steps < 1000:
+        p.observe(_block(10 + steps, 0, 0, wall_ms=2.6))
+        steps += 1
+    assert 0 < steps < 1000 and p.plan(100) > 0
+
+
+class _Capturing:
+    """A draft that captures a graph at every pass (as a static draft's first blocks do on CUDA)."""
+
+    def __init__(self, lm):
+        self.lm, self.captures = lm, 0
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def forward(self, cache, ids, keep):
+        self.captures += 1
+        return self.lm.forward(cache, ids, keep)
+
+
+def test_a_block_that_captured_a_graph_is_no_cost_sample(pair, one_thread):
+    from dataclasses import replace
+
+    from csd.lm import LeanLM
+    capturing = replace(pair, draft_lm=_Capturing(LeanLM(pair.draft)))
+    tiny = CostModel({k: 1e-3 * k for k in LENGTHS}, 1e-3)
+    decoder = Decoder(capturing, costs=tiny, online_costs=True)
+    run = _run(decoder, CSDConfig(method="sd", gamma="auto", max_new_tokens=24))
+    assert run.metrics.draft_forwards > 0
+    assert decoder.learned.extra_ms == 0.0         # every drafting block captured: none measured
 
 
 def test_untimed_or_shared_blocks_teach_no_overhead():

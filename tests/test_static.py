@@ -80,6 +80,30 @@ def test_a_static_pass_computes_the_eager_pass(models):
     assert static.eager_passes == 6 and static.replays == 0      # no graphs on the CPU
 
 
+@pytest.mark.parametrize("reduced", [False, True], ids=["full", "reduced-vocabulary"])
+def test_a_draft_block_drafts_what_its_steps_draft(models, reduced):
+    """``StaticLM.draft_block`` (one graph on CUDA) against the steps ``csd.decode`` took one by one: the
+    same proposals, the cache as long, and the next pass sees the same keys."""
+    draft = models[1]
+    ids = torch.arange(0, 32, 2) if reduced else None
+    block_lm, step_lm = (StaticLM(LeanLM(draft, vocab_ids=ids), capacity=300) for _ in range(2))
+    cb, cs = block_lm.new_cache(), step_lm.new_cache()
+    for lm, c in ((block_lm, cb), (step_lm, cs)):
+        lm.forward(c, PROMPT * 40, 1)                     # 240 tokens: the blocks cross the 256 span's edge
+    for feed, g in (([3], 6), ([5, 9], 16), ([1], 1)):
+        got = block_lm.draft_block(cb, feed, g)
+        x, stepped = feed, []
+        for _ in range(g):
+            i = step_lm.forward(cs, x, 1)[-1].argmax()
+            x = [int(ids[i]) if reduced else int(i)]
+            stepped += x
+        assert got.tolist() == stepped and block_lm.length(cb) == step_lm.length(cs)
+        torch.testing.assert_close(block_lm.forward(cb, [4], 1), step_lm.forward(cs, [4], 1))
+    assert block_lm.block_replays == 0 and block_lm.eager_passes > 0          # no graphs on the CPU
+    with pytest.raises(CapacityError, match="draft block"):
+        block_lm.draft_block(cb, [1], 200)
+
+
 def test_a_pass_attends_over_the_smallest_span_that_holds_it(models):
     """Attention reads the cache's first 256, 1024 or all 2048 positions, whichever first holds the pass
     (the GPU issue: a pass over the whole capacity cost what the cache could hold, not what it held); the
@@ -154,7 +178,8 @@ def test_captured_graphs_replay_the_eager_tokens(models, compiled):
     for cfg in (CSDConfig(method="ar", max_new_tokens=32), CSDConfig(method="sd", gamma=4, max_new_tokens=32, lookup=0)):
         a, b = run(eager, cfg), run(static, cfg)
         assert_same_or_near_tie(eager, a.token_ids, b.token_ids)
-    assert static.target_lm.replays > 0 and static.draft_lm.replays > 0
+    assert static.target_lm.replays > 0 and static.draft_lm.block_replays > 0    # a draft block: one replay
+    assert any(k[0] == "block" for k in static.draft_lm.graphs)
 
 
 def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):

@@ -251,3 +251,44 @@ def test_command_line(tmp_path, capsys):
     assert main(["bench", "--synthetic", "--dataset", "gsm8k", "--out", str(tmp_path / "c")]) == 2
     assert "--dataset" in capsys.readouterr().err and not (tmp_path / "c").exists()
     assert synthetic_main(["--acceptance", "1.5", "--out", str(tmp_path / "d")]) == 2
+
+
+def test_on_the_static_engine_the_scripted_block_follows_its_script():
+    """The static engine drafts a block in one call (one graph on CUDA) with the script's coin inside it:
+    on the CPU the same function runs eagerly, and the benchmark's contract holds (greedy SD == AR,
+    the requested acceptance, every run at its script's fixed point, one transfer a block)."""
+    cfg = SyntheticConfig(pair="tiny", acceptance=0.8, prompts=2, max_new_tokens=48, gamma=4, pass_lengths=(1, 5),
+                          reps=1, device="cpu", engine="static")
+    res = run_synthetic(cfg, None)
+    sd = res["summary"]["synthetic-tiny"]["sd"]
+    assert res["sd_equals_ar"]["passed"] and sd["fixed_point"] == 2
+    assert sd["decided"] > 40 and abs(sd["acceptance"] - 0.8) < 0.2 and sd["syncs_per_block"] == 1.0
+
+
+def test_a_scripted_block_proposes_what_the_scripted_steps_propose():
+    """``ScriptedDraft.draft_block`` over a static draft (the coin on device positions, fixed buffers)
+    against the same script over the eager lean draft, stepped one token at a time."""
+    from csd.lm import LeanLM
+    from csd.static import StaticLM
+    model = build_model(ARCHS["tiny-draft"], torch.device("cpu"), 0)
+    static, eager = ScriptedDraft(StaticLM(LeanLM(model), capacity=128)), ScriptedDraft(LeanLM(model))
+    rng = torch.Generator().manual_seed(3)
+    path = torch.randint(0, 384, (60,), generator=rng).tolist()
+    want = [-1] * 10 + path[10:]
+    coins = torch.rand(80, generator=rng) < 0.7
+    for d in (static, eager):
+        d.script(path, want, coins)
+    cs, ce = static.new_cache(), eager.new_cache()
+    static.forward(cs, path[:10], 1)
+    eager.forward(ce, path[:10], 1)
+    for t, g in ((1, 4), (2, 6), (1, 1), (2, 3)):
+        feed = path[10:10 + t]
+        got = static.draft_block(cs, feed, g).tolist()
+        x, stepped = feed, []
+        for _ in range(g):
+            x = [int(eager.forward(ce, x, 1)[-1].argmax())]
+            stepped += x
+        assert got == stepped and static.length(cs) == eager.length(ce) == 10 + t + g - 1
+        assert bool((cs.ok[:10 + t + g] == ce.ok[:10 + t + g]).all())
+        static.crop(cs, 10)
+        eager.crop(ce, 10)

@@ -103,10 +103,23 @@ class ScriptedDraft(LM):
         self.inner = inner
         self.impl = f"scripted-{inner.impl}"
         self._path = self._idx = self._boost = None   # (N,) the script's tables on the device
+        # over a static draft the tables and the one cache's flags keep their addresses (a captured draft
+        # block reads them): sized once to the capacity, written in place
+        cap = getattr(inner, "capacity", None)
+        self._fixed = None if cap is None else {
+            "path": torch.full((cap + 2,), -1, dtype=torch.long, device=inner.device),
+            "idx": torch.zeros(cap + 2, dtype=torch.long, device=inner.device),
+            "boost": torch.zeros(cap + 2, device=inner.device),
+            "ok": torch.zeros(cap + 2, dtype=torch.bool, device=inner.device),
+            "steps": torch.arange(cap + 2, device=inner.device)}
 
     @property
     def device(self) -> torch.device:
         return self.inner.device
+
+    @property
+    def captures(self) -> int:
+        return self.inner.captures
 
     def script(self, path: list[int] | None, want: list[int] | None = None, coins: torch.Tensor | None = None) -> None:
         """``path``: the committed sequence (prompt + new tokens); ``want``: per position, the token
@@ -128,6 +141,15 @@ class ScriptedDraft(LM):
         boost = torch.where(want_t >= 0, boost, torch.tensor(0.0))
         dev = self.device
         self._path, self._idx, self._boost = path_t.to(dev), want_t.clamp_min(0).to(dev), boost.to(dev)
+        if self._fixed is not None:           # in place, cut to the capacity (no position lies beyond it)
+            tables = []
+            for name, t, empty in (("path", self._path, -1), ("idx", self._idx, 0), ("boost", self._boost, 0.0)):
+                buf = self._fixed[name]
+                n = min(len(buf), len(t))
+                buf.fill_(empty)
+                buf[:n] = t[:n]
+                tables.append(buf)
+            self._path, self._idx, self._boost = tables
 
     def _fit(self, n: int) -> None:
         """Tables reach position n - 1 (past the script: no effect)."""
@@ -138,9 +160,37 @@ class ScriptedDraft(LM):
             self._boost = torch.cat([self._boost, self._boost.new_zeros(extra)])
 
     def new_cache(self) -> ScriptedCache:
-        ok = torch.zeros(257, dtype=torch.bool, device=self.device)
+        if self._fixed is not None:           # the static draft's one cache: its flags, reset in place
+            ok = self._fixed["ok"]
+            ok.zero_()
+        else:
+            ok = torch.zeros(257, dtype=torch.bool, device=self.device)
         ok[0] = True
         return ScriptedCache(self.inner.new_cache(), ok)
+
+    def draft_block(self, cache: ScriptedCache, feed, g: int) -> torch.Tensor:
+        """``csd.static.StaticLM.draft_block`` with the script's coin inside the block (one graph on CUDA);
+        over another draft, the steps one by one as ``csd.decode`` takes them."""
+        if self._fixed is None:
+            xs, x = [], feed
+            for _ in range(g):
+                x = self.forward(cache, x, 1)[-1].argmax().view(1)
+                xs.append(x)
+            return torch.cat(xs)
+        return self.inner.draft_block(cache.inner, feed, g, self._adjust(cache) if self._path is not None else None)
+
+    def _adjust(self, cache: ScriptedCache):
+        """``forward``'s coin for one step at a device position: reads and writes fixed buffers only."""
+        steps = self._fixed["steps"]
+
+        def adjust(logits: torch.Tensor, first: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            p = first + steps[:x.numel()]                                               # (t,) positions of x
+            match = (x == self._path[p]).long().cumprod(0).bool()
+            cache.ok[p + 1] = match & cache.ok[first]
+            row = p[-1:] + 1                                                            # the position predicted
+            add = torch.where(cache.ok[row], self._boost[row], torch.zeros_like(self._boost[row]))
+            return logits.scatter_add(1, self._idx[row][:, None], add[:, None])
+        return adjust
 
     def length(self, cache: ScriptedCache) -> int:
         return self.inner.length(cache.inner)
