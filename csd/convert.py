@@ -189,7 +189,7 @@ SHIPPED_MAXIMA = Path(__file__).parent / "data" / "target_maxima.safetensors"
 
 
 def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
-    """The embedded target's shipped activation maxima (``write_shipped_maxima``), if they were measured
+    """The embedded target's shipped activation maxima (``tools/shipped_maxima.py`` writes them), if measured
     on this model and these prompts; else None."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -201,26 +201,6 @@ def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Ten
     if meta.get("sha256") != sha256 or meta.get("prompts") != digest(prompts):
         return None
     return load_file(SHIPPED_MAXIMA)
-
-
-def write_shipped_maxima() -> Path:
-    """Measure the embedded target's maxima on the calibration prompts and write ``SHIPPED_MAXIMA``."""
-    from safetensors.torch import save_file
-
-    from .embedded import assembled, gguf_config
-    from .pair import EMBEDDED, encode_prompt
-    from .refs import resolve
-    from .smoothing import calibration_prompt_ids
-    ref = resolve("embedded", "target", None)
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(ref.path)
-    prompts = calibration_prompt_ids(lambda p: encode_prompt(tok, p))
-    with assembled("target") as path:
-        source = GGUFSource(path)
-        maxima = activation_maxima(source, gguf_config(source.file), prompts)
-    save_file({k: v.contiguous() for k, v in maxima.items()}, SHIPPED_MAXIMA,
-              metadata={"sha256": EMBEDDED["target"].sha256, "prompts": digest(prompts)})
-    return SHIPPED_MAXIMA
 
 
 def maxima_for(model: torch.nn.Module, model_name: str, encode) -> dict[str, torch.Tensor] | None:

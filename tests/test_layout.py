@@ -154,3 +154,29 @@ def test_every_relative_link_in_the_docs_resolves():
                 if anchor not in heads:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+def test_no_import_cycle_among_the_engines_modules():
+    """csd's modules import one another one way (lazy imports inside functions included): a cycle would
+    let a module be half-initialised when another reads it (csd.convert and csd.refs once formed one)."""
+    graph = {}
+    for path in (ROOT / "csd").glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.level == 1:
+                    deps.add(node.module.split(".")[0])
+                elif node.module.startswith("csd.") and node.level == 0:
+                    deps.add(node.module.split(".")[1])
+        graph[path.stem] = deps & {p.stem for p in (ROOT / "csd").glob("*.py")}
+
+    def reach(start):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return seen
+    cycles = sorted(m for m in graph if m in reach(m))
+    assert not cycles, f"modules on an import cycle: {cycles}"
