@@ -4,12 +4,29 @@ identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .lm import HFLM, LM
 from .static import STATIC_ENGINES
+
+
+class _ScalesView:
+    """The shared target's ``LM`` as one request sees it (``ModelPair.with_activations``): its activation
+    scales set before each pass; everything else (``__getattr__``) is the model's."""
+
+    def __init__(self, owner: ModelPair, mode: str):
+        self.owner, self.mode, self.lm = owner, mode, owner.target_lm
+        self.vocab_ids, self.impl = self.lm.vocab_ids, self.lm.impl
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def forward(self, cache, ids, keep: int) -> torch.Tensor:
+        if self.owner.int8_activations != self.mode:
+            self.owner.set_int8_activations(self.mode)
+        return self.lm.forward(cache, ids, keep)
 
 
 class ModelLoadError(RuntimeError):
@@ -106,6 +123,14 @@ class ModelPair:
         if self.draft_loader is not None:
             self.draft = None
         release_memory()
+
+    def with_activations(self, mode: str) -> ModelPair:
+        """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the
+        request as data, and the shared target takes it before each of the request's passes (one run holds
+        the model at a time; ``csd.batch`` does the same for runs that decode together)."""
+        if mode not in ("row", "pass"):
+            raise ValueError(f"int8 activations {mode!r}: choose row or pass")
+        return replace(self, target_lm=_ScalesView(self, mode), int8_activations=mode)
 
     def set_int8_activations(self, mode: str) -> None:
         """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per

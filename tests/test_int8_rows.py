@@ -147,6 +147,13 @@ def test_the_pair_switches_its_int8_activations_both_ways(qwen_tokenizer, one_th
         pair.set_int8_activations("token")
     with pytest.raises(ValueError, match="int8 target on the lean path"):
         make_pair(qwen_tokenizer, target, target).set_int8_activations("row")
+    # a request's scales as data: views in either mode, the shared pair switched only by their passes
+    per_pass_view, row_view = pair.with_activations("pass"), pair.with_activations("row")
+    assert pair.int8_activations == "row" and per_pass_view.int8_activations == "pass"
+    assert _tokens(per_pass_view, "ar") and pair.int8_activations == "pass" and not lean.per_row
+    assert _tokens(row_view, "sd") == ar and pair.int8_activations == "row" and lean.per_row
+    with pytest.raises(ValueError, match="row or pass"):
+        pair.with_activations("token")
 
 
 def test_a_benchmark_column_names_its_int8_activations(qwen_tokenizer, one_thread, tmp_path, monkeypatch):

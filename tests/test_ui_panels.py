@@ -286,9 +286,16 @@ def test_the_exact_mode_switch_is_each_users_own(store):
     assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
     assert pair.int8_activations == "row" and services.decoder is first      # B's model is untouched
     assert common.session_activations(services, b) == "row"
-    services.lane.finish(jobs.take_job(services, a, "generate"))               # A's run takes A's mode
-    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is not first
-    services.lane.finish(jobs.take_job(services, b, "generate"))               # B's run: B's mode and decoder
+    dec_a, dec_b = common.decoder_for(services, a), common.decoder_for(services, b)
+    assert dec_a.pair.int8_activations == "pass" and dec_b.pair.int8_activations == "row"   # the mode is data
+    assert pair.int8_activations == "row" and services.decoder is first      # choosing a decoder switches nothing
+
+    def one_pass(dec):
+        lm = dec.pair.target_lm
+        lm.forward(lm.new_cache(), [3, 4], 1)
+    one_pass(dec_a)                                                             # A's run's passes: A's mode
+    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is first
+    one_pass(dec_b)                                                             # B's: B's mode
     assert pair.int8_activations == "row" and pair.target_lm.per_row and services.decoder is first
     for sess, scales in ((a, "pass"), (b, "token")):                          # what each run records
         services.lane.finish(jobs.take_job(services, sess, "generate"))

@@ -66,7 +66,7 @@ def can_switch_exactness(pair) -> bool:
 
 def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | None = None) -> list:
     """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their
-    session; the shared model takes it at the start of each of their runs (``decoder_for``), so one
+    session; the shared model takes it before each pass of their runs (``decoder_for``), so one
     user's choice never changes another's runs. -> the redrawn texts that state the exactness for this
     user (``Page.exactness``: fn(mode) -> text), then the session."""
     if not can_switch_exactness(services.pair):
@@ -84,27 +84,19 @@ def session_activations(services: Services, sess: Session | None) -> str:
 
 
 def decoder_for(services: Services, sess: Session):
-    """The decoder of this user's run, with their activation scales. Runs that decode together
-    (``services.batcher``) each take a view of the pair in their mode, applied by the model thread
-    before each pass; one at a time, the shared model is switched here, where a run takes it
-    (``jobs.take_job``, in the model group). A decoder is kept for each mode (its measured costs differ)."""
-    mode, pair = session_activations(services, sess), services.pair
-    if not can_switch_exactness(pair):
-        mode = ""
-    if services.batcher is not None:
-        if mode not in services.decoders:
-            from csd.decode import Decoder
-            costs = services.decoder._costs if mode == services.pair.int8_activations else None
-            services.decoders[mode] = Decoder(services.batcher.view(mode), costs=costs,
-                                              online_costs=services.decoder.online_costs)
-        return services.decoders[mode]
-    if not mode or pair.int8_activations == mode:
+    """The decoder of this user's run, with their activation scales: a view of the shared pair in their
+    mode (``csd.batch`` views when runs decode together, else ``ModelPair.with_activations``), whose
+    passes apply the mode where the model runs them; nothing here switches the shared pair. A decoder is
+    kept for each mode (its measured costs differ)."""
+    mode = session_activations(services, sess)
+    if not can_switch_exactness(services.pair) or not mode:
         return services.decoder
-    from csd.decode import Decoder
-    services.decoders[pair.int8_activations] = services.decoder
-    pair.set_int8_activations(mode)
-    services.decoder = services.decoders.get(mode) or Decoder(pair, online_costs=services.decoder.online_costs)
-    return services.decoder
+    if mode not in services.decoders:
+        from csd.decode import Decoder
+        costs = services.decoder._costs if mode == services.default_activations else None
+        view = services.batcher.view(mode) if services.batcher is not None else services.pair.with_activations(mode)
+        services.decoders[mode] = Decoder(view, costs=costs, online_costs=services.decoder.online_costs)
+    return services.decoders[mode]
 
 
 def scopes(services: Services) -> list[str]:
