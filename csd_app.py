@@ -79,8 +79,8 @@ def concurrency_for(requested: int | None, pair) -> int:
     """As asked, else ``BATCHED_CONCURRENCY`` where this pair's runs decode together (lean path, eager), else 1."""
     if requested is not None:
         return requested
-    from csd.batch import can_batch
-    from csd.static import STATIC_ENGINES
+    from csd.runtime.batch import can_batch
+    from csd.runtime.static import STATIC_ENGINES
     return BATCHED_CONCURRENCY if can_batch(pair) and pair.describe()["engine"] not in STATIC_ENGINES else 1
 
 
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     configure_logging()
     from csd.cli.common import load_from_args, open_store
     from csd.db.store import StoreOpenError
-    from csd.pair import ModelLoadError
-    from csd.static import STATIC_ENGINES
+    from csd.runtime.pair import ModelLoadError
+    from csd.runtime.static import STATIC_ENGINES
     from csd.ui import Settings, build_demo, launch_kwargs, make_services
 
     try:       # the store first: a database that cannot be opened costs seconds, not a model load
@@ -125,16 +125,16 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     if pair.draft_lm is not None:   # gamma "auto" needs this machine's costs: measure them now, not in a request
-        from csd.profile import cached_costs, costs_cached
+        from csd.runtime.profile import cached_costs, costs_cached
         if not costs_cached(pair):
             print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
         cached_costs(pair, progress=ConsoleProgress())
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
                                                    shared_scope=args.shared_scope))
-    from csd import threads
+    from csd.runtime import threads
     if services.batcher is not None:
-        threads.one_core()      # the batcher's thread has the cores; this one's workers end (csd.threads)
+        threads.one_core()      # the batcher's thread has the cores; this one's workers end (csd.runtime.threads)
     else:
         threads.hand_back()     # the request thread that decodes holds the only team of workers
     demo = build_demo(services)

@@ -4,7 +4,7 @@
 #   bash bench/gpu.sh OUT_DIR [DEVICE]
 # Steps (STEPS picks a subset): profile (kernels a pass: a draft step, a draft block, 1- and 7-token
 # verify passes of both pairs, through csd.bench.synthetic.kernel_profile), s15 and s7 (the static
-# path, csd.static: 0.5B -> 1.5B and 0.5B -> 7B at gamma 6, acceptance 0.8), s15auto and s7auto (the
+# path, csd.runtime.static: 0.5B -> 1.5B and 0.5B -> 7B at gamma 6, acceptance 0.8), s15auto and s7auto (the
 # same with gamma auto), graphs (tests/test_static.py on the device: captured graphs, plain and
 # compiled, write the eager path's tokens). The default call stops starting steps once TOTAL_S
 # (300 s) is spent and cuts each step's limit to what is left, so it fits five minutes with time for

@@ -296,7 +296,7 @@ class _Run:
         if self.decoder._costs is None:
             return
         self._represent(None)
-        from csd.profile import measure as measure_costs
+        from csd.runtime.profile import measure as measure_costs
         costs = measure_costs(self.pair, progress=self.progress)
         self.results["meta"].setdefault("profile_checks", []).append(_profile_record(costs))
 
@@ -375,7 +375,7 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
     import torch
     import transformers
 
-    from csd.profile import machine_name
+    from csd.runtime.profile import machine_name
 
     costs = _profile_record(decoder.costs) if decoder._costs is not None else None
     base = config.engine()

@@ -118,8 +118,8 @@ def fill_leaves_sd_at(results: dict) -> None:
     items = results.get("items") or []
     if all("leaves_sd_at" in it for it in items) or not any(it["method"] == "sd" for it in items):
         return                   # nothing to fill, or no SD to compare with: no tokenizer needed
-    from csd.embedded import prepare_embedded
-    from csd.pair import EMBEDDED_PAIR_ID
+    from csd.runtime.embedded import prepare_embedded
+    from csd.runtime.pair import EMBEDDED_PAIR_ID
     if (results["meta"].get("models") or {}).get("pair_id") != EMBEDDED_PAIR_ID:
         return
     from transformers import AutoTokenizer

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)     # what was typed (a preset refuses its flags)
     logging.basicConfig(level=os.environ.get("CSD_LOG_LEVEL", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    from csd.pair import ModelLoadError
+    from csd.runtime.pair import ModelLoadError
     try:
         return args.func(args) or 0
     except (ConfigError, ModelLoadError, MemoryFileError, ValueError, FileNotFoundError) as e:

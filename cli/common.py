@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from csd.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
-from csd.quant import INT8_ACTIVATIONS, INT8_ACTIVATIONS_DEFAULT, TARGET_REPRS
-from csd.static import DEFAULT_CAPACITY, ENGINES
+from csd.runtime.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
+from csd.runtime.quant import INT8_ACTIVATIONS, INT8_ACTIVATIONS_DEFAULT, TARGET_REPRS
+from csd.runtime.static import DEFAULT_CAPACITY, ENGINES
 
 
 def tqdm_progress():
@@ -65,8 +65,8 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
 
 
 def load_options(args):
-    """The ``csd.models.LoadOptions`` the model flags (``add_model_args``) name."""
-    from csd.models import LoadOptions
+    """The ``csd.runtime.models.LoadOptions`` the model flags (``add_model_args``) name."""
+    from csd.runtime.models import LoadOptions
     return LoadOptions(dtype=args.dtype, device=args.device, device_map=args.device_map,
                        trust_remote_code=args.trust_remote_code, draft_dtype=args.draft_dtype,
                        draft_impl=args.draft_impl, draft_vocab=args.draft_vocab, target_impl=args.target_impl,
@@ -78,7 +78,7 @@ def load_options(args):
 def load_from_args(args, need_draft: bool = True, check=None, progress=None):
     """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load;
     ``progress``: a (message, fraction) callback (default: tqdm bars on stderr)."""
-    from csd.models import load_pair
+    from csd.runtime.models import load_pair
     pair = load_pair(args.draft if need_draft else None, args.target, options=load_options(args),
                      progress=progress or tqdm_progress(), check=check)
     d = pair.describe()

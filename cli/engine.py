@@ -142,7 +142,7 @@ def cmd_generate(args) -> int:
     store = open_store(args)
 
     def fits(tokenizer, context: int) -> None:    # a prompt over the context is refused before the load
-        from csd.pair import encode_prompt
+        from csd.runtime.pair import encode_prompt
         cfg.validated(context, len(encode_prompt(tokenizer, args.prompt, args.chat)))
 
     pair = load_from_args(args, need_draft=cfg.uses_draft, check=fits)
@@ -198,9 +198,9 @@ def print_run(args, cfg: CSDConfig, pair, run) -> None:
 def cmd_prepare(args) -> int:
     """Make the embedded pair ready once (config, tokenizer, int8 conversion, this machine's costs for gamma
     auto under both int8 activation scalings), so that the first generation pays for none of them."""
-    from csd.fileio import cache_dir
-    from csd.models import load_pair
-    from csd.profile import cached_costs
+    from csd.runtime.fileio import cache_dir
+    from csd.runtime.models import load_pair
+    from csd.runtime.profile import cached_costs
     t0 = time.perf_counter()
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
@@ -235,7 +235,7 @@ def cmd_calibrate(args) -> int:
                                    token_freq=freq)
         freq = dict(freq.most_common())
         if args.vocab_out:
-            from csd.fileio import write_json
+            from csd.runtime.fileio import write_json
             write_json(args.vocab_out, {"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
                                         "ids": [int(k) for k in freq], "counts": list(freq.values())})
     else:
@@ -301,7 +301,7 @@ def balanced(prompts: list[dict], per_kind: int | None, skip: int = 0) -> list[d
 
 
 def cmd_profile(args) -> int:
-    from csd.profile import cached_costs, draft_options, machine_name
+    from csd.runtime.profile import cached_costs, draft_options, machine_name
 
     pair = load_from_args(args)
     costs = cached_costs(pair, refresh=args.refresh, progress=tqdm_progress())
@@ -326,7 +326,7 @@ def cmd_profile(args) -> int:
     if args.drafts:
         import torch
 
-        from csd.models import draft_vocab_ids, resolve, resolve_device
+        from csd.runtime.models import draft_vocab_ids, resolve, resolve_device
         fp32 = resolve(args.draft, "draft", None).float_model(torch.float32, resolve_device(args.device))
         vocab = draft_vocab_ids(pair.pair_id, pair.tokenizer, pair.special_ids,
                                 fp32.get_output_embeddings().out_features, "auto")

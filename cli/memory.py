@@ -52,7 +52,7 @@ def add_vocab_args(p) -> None:
 
 def vocabulary(pair_id: str, tokenizer: str | None, size: int | None):
     """The embedded pair's vocabulary, or the one the flags describe."""
-    from csd.pair import EMBEDDED_PAIR_ID
+    from csd.runtime.pair import EMBEDDED_PAIR_ID
     from csd.sglang_table import EMBEDDED_VOCAB, Vocabulary
     if size is not None and size <= 0:
         raise ValueError(f"--vocab-size must be a positive count, got {size}")
@@ -86,7 +86,7 @@ def cmd_export(args) -> int:
 
 def cmd_import(args) -> int:
     from csd.memory import CorrectionMemory
-    from csd.pair import EMBEDDED_PAIR_ID
+    from csd.runtime.pair import EMBEDDED_PAIR_ID
     from csd.sglang_table import disallowed, import_table
 
     if not args.out.endswith((".json", ".json.gz")):

@@ -16,8 +16,8 @@ import torch
 from .config import CSDConfig
 from .events import Progress
 from .memory import CorrectionMemory
-from .pair import ModelPair
 from .rule import top_share
+from .runtime.pair import ModelPair
 
 log = logging.getLogger(__name__)
 CALIBRATION_INSTRUCTION = "Write the following text."

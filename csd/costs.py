@@ -1,4 +1,4 @@
-"""The cost model of speculative decoding on one machine (measured by ``csd.profile``) and its arithmetic:
+"""The cost model of speculative decoding on one machine (measured by ``csd.runtime.profile``) and its arithmetic:
 a block's time, the ideal speed-up bound at each block length, the expected one at an acceptance rate.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class CostModel:
-    """Median ms: ``verify_ms[k]`` a target pass of k tokens (after ``csd.profile.CONTEXT`` cached ones),
+    """Median ms: ``verify_ms[k]`` a target pass of k tokens (after ``csd.runtime.profile.CONTEXT`` cached ones),
     ``draft_ms`` one draft token. A block's whole cost adds the host's share: ``pass_overhead_ms`` for
     any pass (the host's time and the transfer of its result beyond the pass itself), and
     ``draft_overhead_ms`` for a block that drafts (the drafting loop's host time, beyond its steps)."""

@@ -18,13 +18,13 @@ import torch
 from .block import DRAFT, LOOKUP, Block
 from .config import GAMMA_AUTO, CSDConfig
 from .events import BONUS, CORRECTED, REJECTED, STOP_CANCELLED, STOP_EOS, STOP_MAX, TARGET, RunMetrics, TokenEvent
-from .lm import ids_tensor
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
-from .pair import ModelPair
 from .policy import AutoGamma, FixedGamma, Learned, Policy
 from .rule import Rescue, decide
-from .static import check_room
+from .runtime.lm import ids_tensor
+from .runtime.pair import ModelPair
+from .runtime.static import check_room
 from .text import Detokenizer
 from .verify import point_mass, sample, score_block, verify_sampling
 
@@ -49,7 +49,7 @@ class Cancelled(Exception):
 
 class Decoder:
     """Runs generations on one loaded pair. ``costs``: the cost model for ``gamma="auto"`` (default:
-    ``csd.profile.cached_costs(pair)``, on first need)."""
+    ``csd.runtime.profile.cached_costs(pair)``, on first need)."""
 
     def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
         self.pair, self._costs = pair, costs
@@ -60,7 +60,7 @@ class Decoder:
     @property
     def costs(self):
         if self._costs is None:
-            from .profile import cached_costs
+            from .runtime.profile import cached_costs
             self._costs = cached_costs(self.pair)
         return self._costs
 
@@ -143,7 +143,7 @@ class Run:
         self._need_conf = (policy is not None and policy.reads_confidence and not self._on_device) or cfg.explain
         self._vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
         self._step = self._speculate if policy is not None else self._autoregress
-        self._shared = getattr(pair.target_lm, "shares_passes", False)     # csd.batch: passes with other runs
+        self._shared = getattr(pair.target_lm, "shares_passes", False)     # csd.runtime.batch: passes with other runs
         self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
@@ -420,7 +420,7 @@ class Run:
         else:
             self._decide(block, self.rescue, learn=True)
         # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
-        # or a graph was captured on the way (csd.static.StaticLM.draft_block)
+        # or a graph was captured on the way (csd.runtime.static.StaticLM.draft_block)
         if not self._shared and self._captures() == captures:
             block.wall_s = time.perf_counter() - t0
         try:

@@ -10,8 +10,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from .fileio import read_maybe_gzip, write_json
 from .rule import top_share
+from .runtime.fileio import read_maybe_gzip, write_json
 
 DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 

@@ -8,7 +8,7 @@ position standing in for the chances not drafted yet, has a higher E_m / C_m. A 
 fades (``FADE`` a block) while it is not tried, so it keeps exploring; ``online``, it plans with the
 run's measured costs. A block's cost is its whole cost: C_0 = verify_ms(1) + the host's share of a pass
 (a plain target step), and a block that drafts adds the drafting loop's host time; both are measured on
-the machine (``csd.profile``) and, ``online``, from each block's wall time, so where a block costs more
+the machine (``csd.runtime.profile``) and, ``online``, from each block's wall time, so where a block costs more
 than the plain steps it saves, ``plan`` and ``more`` answer 0 drafted tokens: plain target steps.
 """
 from __future__ import annotations

@@ -19,9 +19,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fileio import atomic_write, read_maybe_gzip
 from .memory import CorrectionMemory, MemoryFileError
-from .pair import EMBEDDED, EMBEDDED_PAIR_ID
+from .runtime.fileio import atomic_write, read_maybe_gzip
+from .runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
 
 MAX_TOKEN_ID = (1 << 31) - 1          # SGLang's CSD_MAX_TOKEN_ID: an id is packed into 32 bits
 EMPTY_KEY = -1                        # SGLang's empty-slot sentinel, never a key

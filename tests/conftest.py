@@ -25,7 +25,7 @@ except ImportError:
 @pytest.fixture(scope="session")
 def real_pair():
     """The embedded Qwen2.5-Coder 0.5B/1.5B pair in float32 (the exact reference dtype)."""
-    from csd.models import load_pair
+    from csd.runtime.models import load_pair
     return load_pair(dtype="float32")
 
 
@@ -33,7 +33,7 @@ def real_pair():
 def qwen_tokenizer():
     from transformers import AutoTokenizer
 
-    from csd.embedded import prepare_embedded
+    from csd.runtime.embedded import prepare_embedded
     return AutoTokenizer.from_pretrained(prepare_embedded("draft"))
 
 
@@ -56,7 +56,7 @@ def tiny_pair(qwen_tokenizer):
     for display text. They disagree often, which exercises rejections and cache rollback."""
     import torch
 
-    from csd.pair import ModelPair
+    from csd.runtime.pair import ModelPair
     return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer, pair_id="tiny-draft->tiny-target",
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
                      dtype=torch.float32, eos_ids=(), context_limit=256)
@@ -80,7 +80,7 @@ def make_pair(tokenizer, target, draft, eos=(), draft_lm=None, special=None, pai
     """A ModelPair of in-process models (float32, CPU)."""
     import torch
 
-    from csd.pair import ModelPair
+    from csd.runtime.pair import ModelPair
     return ModelPair(draft=draft, target=target, tokenizer=tokenizer, pair_id=pair_id, draft_name="draft",
                      target_name="target", device=torch.device("cpu"), dtype=torch.float32, eos_ids=tuple(eos),
                      context_limit=256, draft_lm=draft_lm, special_ids=frozenset(special if special is not None else eos))
@@ -119,7 +119,7 @@ def no_models(monkeypatch):
 def tiny_bench_pair(tokenizer):
     """The benchmark's tiny pair: a tiny float32 target, its perturbed copy as the draft, prompts encoded
     into the 32 token ids the tiny models know, EOS 7."""
-    from csd.pair import ModelPair
+    from csd.runtime.pair import ModelPair
 
     class TinyPair(ModelPair):
         def encode_prompt(self, prompt, chat=True):

@@ -1,4 +1,4 @@
-"""Runs that decode together (csd.batch): one pass serves several runs, and what each run computes is
+"""Runs that decode together (csd.runtime.batch): one pass serves several runs, and what each run computes is
 what it computes alone where the layers are per-row exact (int8 scaled per token). Tiny in-process
 models; the real pair through the app is in tests/test_ui_panels.py."""
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import make_pair, perturbed, tiny_model
-from csd.batch import Batcher
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.lm import LeanLM
 from csd.memory import CorrectionMemory
-from csd.quant import quantize_int8
+from csd.runtime.batch import Batcher
+from csd.runtime.lm import LeanLM
+from csd.runtime.quant import quantize_int8
 
 PROMPTS = [[3, 7, 1, 4], [5, 2], [9, 9, 8, 1, 2, 6, 3], [11, 4, 4]]
 

@@ -183,7 +183,7 @@ def test_where_answers_leave_sd():
 
 def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tokenizer):
     from csd.bench.results import fill_leaves_sd_at
-    from csd.pair import EMBEDDED_PAIR_ID
+    from csd.runtime.pair import EMBEDDED_PAIR_ID
 
     enc = qwen_tokenizer.encode
     sd_ids, csd_ids = enc("```python\ndef f(x):"), enc("```python\nfrom typing import *")

@@ -109,7 +109,7 @@ class _Capturing:
 def test_a_block_that_captured_a_graph_is_no_cost_sample(pair, one_thread):
     from dataclasses import replace
 
-    from csd.lm import LeanLM
+    from csd.runtime.lm import LeanLM
     capturing = replace(pair, draft_lm=_Capturing(LeanLM(pair.draft)))
     tiny = CostModel({k: 1e-3 * k for k in LENGTHS}, 1e-3)
     decoder = Decoder(capturing, costs=tiny, online_costs=True)

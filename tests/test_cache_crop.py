@@ -1,4 +1,4 @@
-"""HFLM.crop on transformers' DynamicCache: written out in our own code (``csd.lm.crop_dynamic_cache``)
+"""HFLM.crop on transformers' DynamicCache: written out in our own code (``csd.runtime.lm.crop_dynamic_cache``)
 rather than through ``DynamicCache.crop``, whose argument changed meaning across releases (5.24:
 tokens to drop, negated; before: the length to keep, so that ``crop(-0)`` emptied the cache). A crop
 to the current length removes nothing, and a crop removes exactly the tokens after the kept length,
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from csd.lm import HFLM, crop_dynamic_cache
+from csd.runtime.lm import HFLM, crop_dynamic_cache
 
 PROMPT = [3, 7, 1, 4, 9, 2, 11, 5, 8, 6, 10, 12, 13]   # 13 tokens: past a sliding window of 6
 

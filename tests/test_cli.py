@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from csd.memory import CorrectionMemory
-from csd.pair import EMBEDDED_PAIR_ID
+from csd.runtime.pair import EMBEDDED_PAIR_ID
 
 pytestmark = pytest.mark.slow
 

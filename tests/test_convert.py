@@ -1,4 +1,4 @@
-"""Convert once, then map (``csd.convert``): the int8 model mapped from the cache computes what the
+"""Convert once, then map (``csd.runtime.convert``): the int8 model mapped from the cache computes what the
 whole-model path computes (the same int8 rows, scales and smoothing), a cache that does not fit is
 rebuilt with a message, a failed conversion leaves nothing a later start would read, and two
 converters at once write one cache. Tiny in-process models; the GGUF reader on the real draft file."""
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from csd import convert
-from csd.convert import CacheError, ModuleSource, activation_maxima, cached_lean, check
-from csd.lm import LeanLM
-from csd.quant import quantize_int8, to_repr
+from csd.runtime import convert
+from csd.runtime.convert import CacheError, ModuleSource, activation_maxima, cached_lean, check
+from csd.runtime.lm import LeanLM
+from csd.runtime.quant import quantize_int8, to_repr
 
 PROMPTS = [[3, 7, 1, 4, 9, 2], [5, 5, 8, 1, 0, 30, 12, 6, 2]]
 
@@ -95,12 +95,12 @@ def test_a_cache_that_does_not_fit_is_rebuilt_with_a_message(tmp_path, caplog, o
     layer.write_bytes(layer.read_bytes()[:-100])             # truncated
     with pytest.raises(CacheError, match="truncated"):
         check(path, key(role="target"))
-    with caplog.at_level(logging.WARNING, logger="csd.convert"):
+    with caplog.at_level(logging.WARNING, logger="csd.runtime.convert"):
         again = build(model, path, key(role="target"))
     assert "truncated" in caplog.text and "converting it again" in caplog.text
     assert torch.equal(logits(again), first)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="csd.convert"):
+    with caplog.at_level(logging.WARNING, logger="csd.runtime.convert"):
         build(model, path, {**key(role="target"), "format": convert.FORMAT + 1})     # another version of the code
     assert "made for another format" in caplog.text
     with pytest.raises(CacheError, match="another smoothing"):
@@ -108,7 +108,7 @@ def test_a_cache_that_does_not_fit_is_rebuilt_with_a_message(tmp_path, caplog, o
 
 
 def test_a_failed_conversion_leaves_nothing_to_read(tmp_path, monkeypatch, one_thread):
-    from csd.pair import ModelLoadError
+    from csd.runtime.pair import ModelLoadError
     model = tiny_model(2)
     path = tmp_path / "t"
     real = convert._convert_layer
@@ -147,7 +147,7 @@ def test_two_converters_at_once_write_one_cache(tmp_path, monkeypatch, one_threa
 def test_gguf_tensors_are_what_transformers_reads_from_the_file():
     """The shipped draft's GGUF tensors, under transformers' names, dequantised: bit for bit the weights
     of the transformers model loaded from the same file."""
-    from csd.embedded import assembled, float_model
+    from csd.runtime.embedded import assembled, float_model
     model = float_model("draft", torch.float32)
     state = model.state_dict()
     with assembled("draft") as path:
@@ -165,8 +165,8 @@ def test_gguf_tensors_are_what_transformers_reads_from_the_file():
 def test_a_cache_of_an_earlier_version_is_emptied_and_leftovers_go(tmp_path, monkeypatch):
     """The first start of this version deletes what no path reads any more (the float32 weights of the
     earlier version, its maxima and representation choices) and the GGUF copy a killed process left."""
-    from csd.embedded import MARKER, model_dir, prepare_embedded
-    from csd.pair import EMBEDDED
+    from csd.runtime.embedded import MARKER, model_dir, prepare_embedded
+    from csd.runtime.pair import EMBEDDED
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
     d = model_dir("draft")
     d.mkdir(parents=True)
@@ -194,7 +194,7 @@ def test_the_mapped_embedded_pair_holds_only_what_runs_and_sd_writes_ar_exactly(
     from csd.config import CSDConfig
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
-    from csd.models import load_pair
+    from csd.runtime.models import load_pair
     pair = load_pair(int8_activations="row")
     assert pair.target is None and pair.draft is None and pair.target_lm.per_row
     for prompt in ("Write a Python function that reverses a string.", "What is 17 * 23? Answer briefly."):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from csd import models
-from csd.models import load_pair
-from csd.pair import ModelLoadError
+from csd.runtime import models
+from csd.runtime.models import load_pair
+from csd.runtime.pair import ModelLoadError
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_a_failed_capture_falls_back_to_eager_with_a_warning(dirs, auto_is_stati
     def broken(*_a, **_k):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
     monkeypatch.setattr(models, "make_static", broken)
-    with caplog.at_level(logging.WARNING, logger="csd.models"):
+    with caplog.at_level(logging.WARNING, logger="csd.runtime.models"):
         pair = load(dirs)
     assert pair.describe()["engine"] == "eager" and pair.target_lm.impl == "lean"
     assert "operation not permitted when stream is capturing" in caplog.text and "--engine eager" in caplog.text
@@ -52,13 +52,13 @@ def test_a_failed_capture_falls_back_to_eager_with_a_warning(dirs, auto_is_stati
 
 
 def test_a_replay_that_computes_something_else_falls_back(dirs, auto_is_static, monkeypatch, caplog, one_thread):
-    from csd.static import StaticLM
+    from csd.runtime.static import StaticLM
     real = StaticLM.forward
 
     def wrong(self, cache, ids, keep):
         return real(self, cache, ids, keep) + 100.0     # a graph that replays garbage
     monkeypatch.setattr(StaticLM, "forward", wrong)
-    with caplog.at_level(logging.WARNING, logger="csd.models"):
+    with caplog.at_level(logging.WARNING, logger="csd.runtime.models"):
         pair = load(dirs)
     assert pair.describe()["engine"] == "eager"
     assert "first pass differs from the eager engine's" in caplog.text
@@ -68,6 +68,6 @@ def test_out_of_memory_while_capturing_falls_back_too(dirs, auto_is_static, monk
     def oom(*_a, **_k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     monkeypatch.setattr(models, "make_static", oom)
-    with caplog.at_level(logging.WARNING, logger="csd.models"):
+    with caplog.at_level(logging.WARNING, logger="csd.runtime.models"):
         assert load(dirs).describe()["engine"] == "eager"
     assert "OutOfMemoryError" in caplog.text

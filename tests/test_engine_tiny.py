@@ -15,9 +15,9 @@ from csd.config import CSDConfig
 from csd.costs import CostModel
 from csd.decode import Decoder, prefill_spans
 from csd.events import ACCEPTED, BONUS, CORRECTED, REJECTED, RESCUED, RULE_SPECIAL, STOP_CANCELLED, STOP_EOS, STOP_MAX
-from csd.lm import HFLM, LeanLM
 from csd.memory import CorrectionMemory
 from csd.policy import AutoGamma, FixedGamma
+from csd.runtime.lm import HFLM, LeanLM
 
 PROMPT = [3, 7, 1, 4]
 V = 32

@@ -9,8 +9,8 @@ import pytest
 from conftest import ROOT, tiny_model
 from csd.config import ConfigError, CSDConfig
 from csd.memory import CorrectionMemory, MemoryFileError
-from csd.models import compare_tokenizers, load_pair
-from csd.pair import ModelLoadError
+from csd.runtime.models import compare_tokenizers, load_pair
+from csd.runtime.pair import ModelLoadError
 
 
 @pytest.mark.parametrize("field,value,needle", [
@@ -75,7 +75,7 @@ def test_memory_files(tmp_path):
 
 
 def test_json_data_files_gzip_by_name_and_read_by_content(tmp_path):
-    from csd.fileio import read_json, write_json
+    from csd.runtime.fileio import read_json, write_json
 
     obj = {"ids": list(range(50)), "counts": [3] * 50}
     write_json(tmp_path / "a.json.gz", obj)
@@ -157,9 +157,9 @@ def test_an_out_of_memory_load_names_the_model_the_representation_and_the_need(m
     import torch
     import transformers
 
-    from csd.embedded import prepare_embedded
-    from csd.models import load_pair, out_of_memory
-    from csd.pair import ModelLoadError
+    from csd.runtime.embedded import prepare_embedded
+    from csd.runtime.models import load_pair, out_of_memory
+    from csd.runtime.pair import ModelLoadError
 
     msg = out_of_memory("target", "embedded", prepare_embedded("target"), torch.bfloat16, torch.device("cpu"))
     assert msg.startswith("out of memory loading the target model 'embedded' in bfloat16 on cpu")

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import tiny_model
-from csd.models import load_pair
-from csd.pair import ModelLoadError
+from csd.runtime.models import load_pair
+from csd.runtime.pair import ModelLoadError
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import torch
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.lm import LeanLM
 from csd.memory import CorrectionMemory
-from csd.quant import RowInt8Linear, quantize_int8
+from csd.runtime.lm import LeanLM
+from csd.runtime.quant import RowInt8Linear, quantize_int8
 
 
 def _int8_linear(k: int = 64, n: int = 48, bias: bool = True, seed: int = 0):
@@ -83,8 +83,8 @@ def test_sd_equals_ar_on_an_int8_target_scaled_per_row(qwen_tokenizer, one_threa
 
 
 def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_tokenizer, one_thread):
-    from csd.models import load_pair
-    from csd.pair import ModelLoadError
+    from csd.runtime.models import load_pair
+    from csd.runtime.pair import ModelLoadError
     d = tmp_path / "tiny"
     tiny_model(2).save_pretrained(d)
     qwen_tokenizer.save_pretrained(d)

@@ -158,17 +158,21 @@ def test_every_relative_link_in_the_docs_resolves():
 
 def test_no_import_cycle_among_the_engines_modules():
     """csd's modules import one another one way (lazy imports inside functions included): a cycle would
-    let a module be half-initialised when another reads it (csd.convert and csd.refs once formed one)."""
-    graph = {}
-    for path in (ROOT / "csd").glob("*.py"):
-        deps = set()
+    let a module be half-initialised when another reads it (csd.runtime.convert and csd.runtime.refs once formed one)."""
+    def name(path: Path) -> str:          # csd/runtime/lm.py -> "runtime.lm"
+        return ".".join(path.relative_to(ROOT / "csd").with_suffix("").parts)
+
+    graph, names = {}, {name(p) for p in (ROOT / "csd").rglob("*.py")}
+    for path in (ROOT / "csd").rglob("*.py"):
+        here, deps = name(path).split(".")[:-1], set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                if node.level == 1:
-                    deps.add(node.module.split(".")[0])
-                elif node.module.startswith("csd.") and node.level == 0:
-                    deps.add(node.module.split(".")[1])
-        graph[path.stem] = deps & {p.stem for p in (ROOT / "csd").glob("*.py")}
+            if isinstance(node, ast.ImportFrom) and node.level:           # from .x / ..x import y
+                base = here[:len(here) - node.level + 1]
+                mods = [node.module] if node.module else [a.name for a in node.names]
+                deps |= {".".join([*base, *m.split(".")]) for m in mods}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csd."):
+                deps.add(node.module.removeprefix("csd."))
+        graph[name(path)] = deps & names
 
     def reach(start):
         seen, todo = set(), list(graph[start])

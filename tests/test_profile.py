@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_pair, tiny_model
-from csd import profile
+from csd.runtime import profile
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_engine_revision_follows_the_engine_files(tmp_path, monkeypatch):
 def test_auto_is_int8_on_the_cpu_without_timing_candidates(tmp_path, qwen_tokenizer, monkeypatch, one_thread):
     """``--dtype auto`` on the CPU is int8 by rule (it won by 3-6x a verify pass on every CPU measured): no
     candidate is loaded or timed at the first start, and nothing about it is cached."""
-    from csd.models import load_pair
+    from csd.runtime.models import load_pair
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
     d = tmp_path / "tiny"
     tiny_model(2).save_pretrained(d)

@@ -11,7 +11,7 @@ import pytest
 
 from csd.cli import main
 from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory, MemoryFileError
-from csd.pair import EMBEDDED_PAIR_ID
+from csd.runtime.pair import EMBEDDED_PAIR_ID
 from csd.sglang_table import (
     EMBEDDED_VOCAB,
     TableError,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from csd.embedded import prepare_embedded
 from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory
-from csd.pair import special_token_ids
+from csd.runtime.embedded import prepare_embedded
+from csd.runtime.pair import special_token_ids
 
 
 def shipped() -> CorrectionMemory:

@@ -1,4 +1,4 @@
-"""csd.smoothing: SmoothQuant before dynamic int8 keeps the float function and brings int8 closer to it
+"""csd.runtime.smoothing: SmoothQuant before dynamic int8 keeps the float function and brings int8 closer to it
 where activations have outlier channels (the case it exists for)."""
 import copy
 
@@ -34,9 +34,9 @@ def logits(model, ids):
 
 
 def test_smoothing_keeps_the_float_function_and_brings_int8_closer():
-    from csd.convert import ModuleSource, activation_maxima
-    from csd.quant import to_repr
-    from csd.smoothing import smooth, supported
+    from csd.runtime.convert import ModuleSource, activation_maxima
+    from csd.runtime.quant import to_repr
+    from csd.runtime.smoothing import smooth, supported
 
     base = tiny_model(5, vocab=64, hidden=64)
     model = with_outliers(base)
@@ -62,10 +62,10 @@ def test_the_shipped_maxima_are_the_embedded_targets_on_todays_prompts():
     measured again: docs/models.md says how)."""
     from transformers import AutoTokenizer
 
-    from csd.convert import shipped_maxima
-    from csd.embedded import prepare_embedded
-    from csd.pair import EMBEDDED, encode_prompt
-    from csd.smoothing import calibration_prompt_ids
+    from csd.runtime.convert import shipped_maxima
+    from csd.runtime.embedded import prepare_embedded
+    from csd.runtime.pair import EMBEDDED, encode_prompt
+    from csd.runtime.smoothing import calibration_prompt_ids
     tok = AutoTokenizer.from_pretrained(prepare_embedded("target"))
     prompts = calibration_prompt_ids(lambda p: encode_prompt(tok, p))
     maxima = shipped_maxima(EMBEDDED["target"].sha256, prompts)
@@ -76,10 +76,10 @@ def test_the_shipped_maxima_are_the_embedded_targets_on_todays_prompts():
 
 
 def test_unsupported_models_are_left_alone():
-    from csd.smoothing import supported
+    from csd.runtime.smoothing import supported
     assert not supported(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="the prompt is empty"):
-        from csd.pair import encode_prompt
+        from csd.runtime.pair import encode_prompt
         encode_prompt(None, "  ")
 
 
@@ -91,8 +91,8 @@ def test_the_first_token_is_prefilled_alone_so_int8_rounds_the_prompt_finely():
     not asserted: README, "The first token alone".)
     """
     from csd.decode import PREFILL_CHUNK, prefill_spans
-    from csd.lm import LeanLM
-    from csd.quant import to_repr
+    from csd.runtime.lm import LeanLM
+    from csd.runtime.quant import to_repr
 
     assert prefill_spans(0) == [] and prefill_spans(1) == [(0, 1)]
     spans = prefill_spans(2 * PREFILL_CHUNK + 5)

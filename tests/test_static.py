@@ -1,4 +1,4 @@
-"""The static decode path (``csd.static``): a fixed-capacity KV cache, positions on the device,
+"""The static decode path (``csd.runtime.static``): a fixed-capacity KV cache, positions on the device,
 attention over the masked capacity, and (on CUDA) one captured graph per pass shape. On the CPU it
 runs the same fixed-shape function eagerly, so the function, the rollbacks and the refusals are
 tested here; the graphs where a CUDA device is present."""
@@ -14,9 +14,9 @@ from csd.bench.synthetic.models import IdTokenizer
 from csd.config import CSDConfig
 from csd.costs import CostModel
 from csd.decode import Decoder
-from csd.lm import LeanLM
 from csd.memory import CorrectionMemory
-from csd.static import CapacityError, StaticLM, draft_shapes, make_static, target_shapes
+from csd.runtime.lm import LeanLM
+from csd.runtime.static import CapacityError, StaticLM, draft_shapes, make_static, target_shapes
 
 PROMPT = [3, 7, 1, 4, 9, 2]
 
@@ -108,7 +108,7 @@ def test_a_pass_attends_over_the_smallest_span_that_holds_it(models):
     """Attention reads the cache's first 256, 1024 or all 2048 positions, whichever first holds the pass
     (the GPU issue: a pass over the whole capacity cost what the cache could hold, not what it held); the
     logits are the eager pass's on either side of each span's edge."""
-    from csd.static import attention_spans
+    from csd.runtime.static import attention_spans
     assert attention_spans(2048) == [256, 1024, 2048] and attention_spans(128) == [128]
     assert attention_spans(256) == [256] and attention_spans(300) == [256, 300]
     target = models[0]
@@ -185,8 +185,8 @@ def test_captured_graphs_replay_the_eager_tokens(models, compiled):
 def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):
     """Qwen2.5-0.5B (151936 output rows) drafting for Qwen2.5-7B (152064) for 151665 tokens: the draft
     proposes among the rows both have, and greedy SD still writes AR's tokens."""
-    from csd.models import shared_rows
-    from csd.pair import ModelLoadError
+    from csd.runtime.models import shared_rows
+    from csd.runtime.pair import ModelLoadError
     assert shared_rows(151936, 151936, 151665) is None
     assert shared_rows(151936, 152064, 151665) == shared_rows(152064, 151936, 151665) == 151936
     with pytest.raises(ModelLoadError, match="lacks rows"):
@@ -201,9 +201,9 @@ def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):
 
 
 def test_the_exact_int8_stays_exact_on_the_static_path(one_thread):
-    """An int8 target with per-token activation scales (csd.quant.RowInt8Linear): a static verify pass
+    """An int8 target with per-token activation scales (csd.runtime.quant.RowInt8Linear): a static verify pass
     gives each position the logits a 1-token static step gives it, bit for bit, so SD writes AR's tokens."""
-    from csd.quant import quantize_int8
+    from csd.runtime.quant import quantize_int8
     target = tiny_model(2, hidden=64)
     int8 = quantize_int8(copy.deepcopy(target)).eval()
     lean = LeanLM(int8)
@@ -287,7 +287,7 @@ def test_the_static_loop_reads_no_device_value_but_its_one_transfer(models, cfg,
 def test_the_profile_times_a_static_cache_smaller_than_its_context():
     """gamma auto's profile times passes after 150 cached tokens; a smaller static cache (``--static-capacity
     64``) is timed after what it holds instead of refusing the pass."""
-    from csd.profile import CONTEXT, time_pass
+    from csd.runtime.profile import CONTEXT, time_pass
 
     lm = make_static(LeanLM(tiny_model(3, vocab=1200)), 64, target_shapes(8), name="target")
     assert CONTEXT + 8 > lm.capacity
@@ -314,7 +314,7 @@ def test_the_compiled_engine_writes_the_static_paths_tokens_from_a_few_compiles(
 def test_a_compiler_that_fails_is_named_with_the_way_out(models, monkeypatch):
     """A machine where torch.compile cannot work (no C compiler, no Triton) gets a sentence naming the
     model and ``--engine static``, not the compiler's traceback."""
-    from csd.static import CompileError
+    from csd.runtime.static import CompileError
 
     def broken(fn):
         def run(*_a, **_k):

@@ -218,8 +218,8 @@ def test_init_is_seeded_and_keeps_the_architecture():
 
 
 def test_architectures_are_the_embedded_pairs():
-    from csd.fileio import cache_dir
-    from csd.pair import EMBEDDED
+    from csd.runtime.fileio import cache_dir
+    from csd.runtime.pair import EMBEDDED
 
     for role, arch in (("draft", "qwen2.5-coder-0.5b-instruct"), ("target", "qwen2.5-coder-1.5b-instruct")):
         f = cache_dir() / "models" / EMBEDDED[role].name / "config.json"
@@ -268,8 +268,8 @@ def test_on_the_static_engine_the_scripted_block_follows_its_script():
 def test_a_scripted_block_proposes_what_the_scripted_steps_propose():
     """``ScriptedDraft.draft_block`` over a static draft (the coin on device positions, fixed buffers)
     against the same script over the eager lean draft, stepped one token at a time."""
-    from csd.lm import LeanLM
-    from csd.static import StaticLM
+    from csd.runtime.lm import LeanLM
+    from csd.runtime.static import StaticLM
     model = build_model(ARCHS["tiny-draft"], torch.device("cpu"), 0)
     static, eager = ScriptedDraft(StaticLM(LeanLM(model), capacity=128)), ScriptedDraft(LeanLM(model))
     rng = torch.Generator().manual_seed(3)

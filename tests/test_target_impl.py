@@ -13,11 +13,11 @@ import torch
 from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.lm import HFLM, LeanLM, _is_int8
 from csd.memory import CorrectionMemory
-from csd.models import load_pair
-from csd.pair import ModelLoadError
-from csd.quant import quantize_int8
+from csd.runtime.lm import HFLM, LeanLM, _is_int8
+from csd.runtime.models import load_pair
+from csd.runtime.pair import ModelLoadError
+from csd.runtime.quant import quantize_int8
 
 PROMPT = [3, 7, 1, 4]
 
@@ -108,7 +108,7 @@ def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_t
 
 
 def test_an_int8_target_is_smoothed_unless_asked_not_to(tmp_path, qwen_tokenizer, tiny_dirs, monkeypatch, one_thread):
-    """load_pair smooths an int8 target (csd.smoothing) with maxima measured on the shipped
+    """load_pair smooths an int8 target (csd.runtime.smoothing) with maxima measured on the shipped
     calibration prompts and says so in describe(); a model the prompts do not fit (32 token ids) is
     quantised as it is."""
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))

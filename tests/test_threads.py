@@ -1,4 +1,4 @@
-"""One team of CPU threads (csd.threads): a thread's OpenMP workers end when it hands them back, and in the
+"""One team of CPU threads (csd.runtime.threads): a thread's OpenMP workers end when it hands them back, and in the
 app's arrangement (the batcher's thread holds the cores, every other thread one) the process keeps one team
 however many threads use torch. Each case runs in a fresh interpreter, whose threads it counts."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = r"""
 import json, os, sys, threading, time
 import torch
-from csd import threads
+from csd.runtime import threads
 
 def tasks():
     return len(os.listdir("/proc/self/task"))
@@ -68,13 +68,13 @@ import copy
 from dataclasses import replace
 from transformers import AutoTokenizer
 from conftest import make_pair, perturbed, tiny_model
-from csd.batch import Batcher
+from csd.runtime.batch import Batcher
 from csd.config import CSDConfig
 from csd.decode import Decoder
-from csd.embedded import prepare_embedded
-from csd.lm import LeanLM
+from csd.runtime.embedded import prepare_embedded
+from csd.runtime.lm import LeanLM
 from csd.memory import CorrectionMemory
-from csd.quant import quantize_int8
+from csd.runtime.quant import quantize_int8
 
 tok = AutoTokenizer.from_pretrained(prepare_embedded("draft"))
 target = tiny_model(2, hidden=64)

@@ -200,7 +200,7 @@ def test_runs_decode_together_by_default_where_they_can():
     from dataclasses import replace
 
     import csd_app
-    from csd.lm import LeanLM
+    from csd.runtime.lm import LeanLM
     pair = tiny_services().pair                                   # a transformers draft and target
     lean = replace(pair, target_lm=LeanLM(pair.target), draft_lm=LeanLM(pair.draft))
     assert csd_app.parse_args([]).concurrency is None
@@ -257,8 +257,8 @@ def test_the_exact_mode_switch_is_each_users_own(store):
     from dataclasses import replace
 
     from csd.config import CSDConfig
-    from csd.lm import HFLM, LeanLM
-    from csd.quant import quantize_int8
+    from csd.runtime.lm import HFLM, LeanLM
+    from csd.runtime.quant import quantize_int8
     from csd.ui import build_demo, make_services
     from csd.ui.state import new_session
     from csd.ui.tabs import common, jobs
@@ -321,8 +321,8 @@ def test_users_decoding_together_keep_their_own_scales_and_answers(store):
     from dataclasses import replace
 
     from csd.config import CSDConfig
-    from csd.lm import LeanLM
-    from csd.quant import quantize_int8
+    from csd.runtime.lm import LeanLM
+    from csd.runtime.quant import quantize_int8
     from csd.ui import make_services
     from csd.ui.state import new_session
     from csd.ui.tabs import common, jobs

@@ -20,9 +20,9 @@ import torch
 
 from conftest import perturbed, tiny_model
 from csd.costs import CostModel
-from csd.lm import HFLM
 from csd.memory import CorrectionMemory
-from csd.pair import ModelPair
+from csd.runtime.lm import HFLM
+from csd.runtime.pair import ModelPair
 
 XSS = "<img src=x onerror=alert(1)>"
 PIECES = [" the", " a", " cat", " dog", " sat", " on", " mat", " ran", " to", " park", " and", " then", " it",

@@ -1,6 +1,6 @@
 """What decoding together can give on this machine, without the app (docs/users.md, "The ceiling"):
 8 greedy CSD runs of the embedded pair one after another, then the same 8 at once, all through
-``csd.batch.Batcher``'s model thread as in the app; the ratio of their summed tokens per second, with
+``csd.runtime.batch.Batcher``'s model thread as in the app; the ratio of their summed tokens per second, with
 the time spent reading the prompts (prefill, the same work alone or together) apart, and what the
 model thread's passes cost by model and by how many runs each served.
 
@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import csd_app
-from csd import threads
-from csd.batch import Batcher
 from csd.cli.common import load_from_args
 from csd.config import GAMMA_AUTO, CSDConfig
 from csd.decode import Decoder
 from csd.evaluation.datasets import load_dataset
+from csd.runtime import threads
+from csd.runtime.batch import Batcher
 from tools.users import cpu_label
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     plain = Decoder(pair)
     memory, costs = plain.default_memory(), plain.costs      # measured on this thread, before the batcher
     batcher = Batcher(pair)
-    threads.one_core()          # as in the app: the batcher's thread holds the cores (csd.threads)
+    threads.one_core()          # as in the app: the batcher's thread holds the cores (csd.runtime.threads)
     together_dec = Decoder(batcher.view(pair.int8_activations), costs=costs)
     passes = timed_passes(batcher)
 

@@ -1,6 +1,6 @@
 """A class at once, through the app's API: how many requests are refused, how long each user waits,
 and the tokens per second all users get together, with the app serving one generation at a time
-(``--concurrency 1``) and with runs decoding together (``--concurrency N``, ``csd.batch``).
+(``--concurrency 1``) and with runs decoding together (``--concurrency N``, ``csd.runtime.batch``).
 
     python -m tools.users --out docs/bench/users [--clients 1,8,20] [--concurrency 1,8] [--tokens 48]
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from csd.evaluation.datasets import load_dataset
-from csd.profile import machine_name
+from csd.runtime.profile import machine_name
 
 
 def cpu_label() -> str:

@@ -6,13 +6,13 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from csd.batch import Batcher, can_batch
 from csd.bench import frontier
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.events import RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
-from csd.pair import ModelPair
+from csd.runtime.batch import Batcher, can_batch
+from csd.runtime.pair import ModelPair
 
 from .lane import KINDS, Job, Lane
 from .rules import RIVAL_FIELDS
@@ -76,7 +76,7 @@ class Services:
     lane: Lane = field(default_factory=Lane)      # every user's requests for model work, in order
     default_activations: str = ""     # an int8 target's activation scales a new session runs with ("row"/"pass")
     decoders: dict = field(default_factory=dict)  # the decoder of each activation mode met so far
-    batcher: object | None = None     # csd.batch.Batcher: the runs in flight decode together (concurrency > 1)
+    batcher: object | None = None     # csd.runtime.batch.Batcher: the runs in flight decode together (concurrency > 1)
 
     def new_memory(self) -> CorrectionMemory:
         if self.base_memory is None:

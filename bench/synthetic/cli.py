@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from csd.config import parse_gamma
-from csd.profile import PASS_LENGTHS
-from csd.static import ENGINES
+from csd.runtime.profile import PASS_LENGTHS
+from csd.runtime.static import ENGINES
 
 from ..io import command_line
 from .models import PAIR_CHOICES
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from csd.config import ConfigError
-    from csd.pair import ModelLoadError
+    from csd.runtime.pair import ModelLoadError
 
     args = build_parser().parse_args(argv)
     try:

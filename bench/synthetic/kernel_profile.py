@@ -53,8 +53,8 @@ def launches(ops: Counter) -> int:
 
 def static_lm(arch: str, device: torch.device, dtype: torch.dtype, capacity: int, shapes):
     """A ``StaticLM`` over seeded random weights of ``arch``, its ``shapes`` captured where CUDA is."""
-    from csd.lm import LeanLM
-    from csd.static import make_static
+    from csd.runtime.lm import LeanLM
+    from csd.runtime.static import make_static
     model = build_model(ARCHS[arch], device, seed=0).to(dtype)
     return make_static(LeanLM(model), capacity, shapes, name=arch)
 
@@ -63,7 +63,7 @@ def tiny_pass_ops(gamma: int = 6) -> dict[str, int]:
     """Computing ops of the tiny synthetic pair's static calls on the CPU (what ``tests/test_static.py``
     holds to the counts committed in ``docs/bench/static-ops/counts.json``): per draft step, draft block
     of ``gamma``, and verify pass of 1 and 7 tokens."""
-    from csd.static import draft_shapes
+    from csd.runtime.static import draft_shapes
     cpu = torch.device("cpu")
     draft = static_lm("tiny-draft", cpu, torch.float32, 128, draft_shapes())
     target = static_lm("tiny-target", cpu, torch.float32, 128, draft_shapes())
@@ -136,7 +136,7 @@ def _kernels(fn, reps: int) -> dict:
 def profile_pair(name: str, device: torch.device, dtype: torch.dtype, gamma: int = 6, capacity: int = 512,
                  context: int = 100) -> dict:
     """The four calls of the pair ``name`` (its draft, its target) after ``context`` cached tokens."""
-    from csd.static import draft_shapes
+    from csd.runtime.static import draft_shapes
     d_arch, t_arch = PAIRS[name]
     draft = static_lm(d_arch, device, dtype, capacity, draft_shapes())
     target = static_lm(t_arch, device, dtype, capacity, [(t, t) for t in VERIFY_LENGTHS])
@@ -179,7 +179,7 @@ def render(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from csd.profile import machine_name
+    from csd.runtime.profile import machine_name
     p = argparse.ArgumentParser(prog="python -m csd.bench.synthetic.kernel_profile",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from csd.lm import LM, ids_tensor
+from csd.runtime.lm import LM, ids_tensor
 
 # -- the architectures ------------------------------------------------------------------------------
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -24,7 +24,7 @@ ARCHS: dict[str, dict] = {
     # Qwen2.5-7B
     "qwen2.5-7b": dict(_QWEN2, vocab_size=VOCAB, hidden_size=3584, intermediate_size=18944,
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
-    # the CPU and test pair (vocab > 250: csd.profile.time_pass feeds ids up to 249)
+    # the CPU and test pair (vocab > 250: csd.runtime.profile.time_pass feeds ids up to 249)
     "tiny-draft": dict(_QWEN2, vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
     "tiny-target": dict(_QWEN2, vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
@@ -169,7 +169,7 @@ class ScriptedDraft(LM):
         return ScriptedCache(self.inner.new_cache(), ok)
 
     def draft_block(self, cache: ScriptedCache, feed, g: int) -> torch.Tensor:
-        """``csd.static.StaticLM.draft_block`` with the script's coin inside the block (one graph on CUDA);
+        """``csd.runtime.static.StaticLM.draft_block`` with the script's coin inside the block (one graph on CUDA);
         over another draft, the steps one by one as ``csd.decode`` takes them."""
         if self._fixed is None:
             xs, x = [], feed
@@ -219,13 +219,13 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, reprs:
               draft_impl: str = "auto", static: tuple[str, int] = ("eager", 0)):
     """A ``ModelPair`` of the two models in ``reprs`` (the target's, the draft's; converted in place) with a
     ``ScriptedDraft`` over the lean (or hf) draft. ``static``: (engine, cache capacity); "static" or
-    "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as ``csd.models.load_pair`` does."""
+    "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as ``csd.runtime.models.load_pair`` does."""
     (target_repr, draft_repr), (engine, capacity) = reprs, static
     from csd.config import GAMMA_RANGE
-    from csd.lm import HFLM, LeanLM
-    from csd.pair import ModelPair
-    from csd.quant import DTYPES, quantize_int8, to_repr
-    from csd.static import STATIC_ENGINES, draft_shapes, make_static, target_shapes
+    from csd.runtime.lm import HFLM, LeanLM
+    from csd.runtime.pair import ModelPair
+    from csd.runtime.quant import DTYPES, quantize_int8, to_repr
+    from csd.runtime.static import STATIC_ENGINES, draft_shapes, make_static, target_shapes
 
     d_arch, t_arch = PAIRS[name]
     if target_repr != "float32" or target_model.dtype != torch.float32:

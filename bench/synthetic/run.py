@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from csd.config import GAMMA_RANGE, CSDConfig
-from csd.profile import CONTEXT, PASS_LENGTHS
-from csd.static import ENGINES
+from csd.runtime.profile import CONTEXT, PASS_LENGTHS
+from csd.runtime.static import ENGINES
 
 from ..io import now, write_json
 from .models import ARCHS, ATTN_LOGIT_STD, LOGIT_STD, PAIR_CHOICES, PAIRS, build_model, make_pair
@@ -41,7 +41,7 @@ class SyntheticConfig:
     dtype: str = "auto"              # the target's representation; auto: bfloat16 on CUDA, float32 on the CPU
     draft_dtype: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
     draft_impl: str = "auto"         # lean (auto) or hf
-    engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA (csd.static)
+    engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA (csd.runtime.static)
     pass_lengths: tuple[int, ...] = PASS_LENGTHS   # tokens per target pass in the verify-time table
     reps: int = 3                    # timed repetitions per pass length (median)
     warmup: bool = True              # one short untimed generation per method first
@@ -188,8 +188,8 @@ def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int
 
 
 def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
-    from csd.models import DRAFT_DTYPES, check_repr
-    from csd.pair import ModelLoadError
+    from csd.runtime.models import DRAFT_DTYPES, check_repr
+    from csd.runtime.pair import ModelLoadError
 
     target = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     target = check_repr(target, device)
@@ -205,7 +205,7 @@ def run_synthetic(cfg: SyntheticConfig, out_dir: str | os.PathLike | None = "ben
                   log=None) -> dict:
     """The synthetic benchmark; writes results.json and results.md to ``out_dir`` (None: nothing).
     ``log``: a callable for progress lines (None: silent)."""
-    from csd.models import resolve_device
+    from csd.runtime.models import resolve_device
 
     cfg.validated()
     device = resolve_device(cfg.device)
@@ -240,7 +240,7 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     """1. build the random models; 2. check SD == AR in float32, convert them; 3. time the target's passes;
     4. run every method on every prompt; 5. count CUDA synchronisations; 6. write the figures."""
     from csd.decode import Decoder
-    from csd.profile import measure
+    from csd.runtime.profile import measure
 
     say = log or (lambda _msg: None)
     target_repr, draft_repr = _reprs(cfg, device)
@@ -372,7 +372,7 @@ def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: 
              run_meta: dict) -> dict:
     import transformers
 
-    from csd.profile import machine_name
+    from csd.runtime.profile import machine_name
 
     d_name, t_name = PAIRS[cfg.pair]
     ar = [r for r in records if r.method == "ar"]

@@ -85,7 +85,7 @@ def session_activations(services: Services, sess: Session | None) -> str:
 
 def decoder_for(services: Services, sess: Session):
     """The decoder of this user's run, with their activation scales: a view of the shared pair in their
-    mode (``csd.batch`` views when runs decode together, else ``ModelPair.with_activations``), whose
+    mode (``csd.runtime.batch`` views when runs decode together, else ``ModelPair.with_activations``), whose
     passes apply the mode where the model runs them; nothing here switches the shared pair. A decoder is
     kept for each mode (its measured costs differ)."""
     mode = session_activations(services, sess)

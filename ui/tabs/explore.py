@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from csd import threads
 from csd.calibrate import Stop as CalibrationStop
 from csd.calibrate import calibrate, calibrate_prompts
 from csd.config import ConfigError
@@ -21,6 +20,7 @@ from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
 from csd.rule import rescues
+from csd.runtime import threads
 from csd.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 
 from .. import render
@@ -234,7 +234,7 @@ def _run_calibration(job, run) -> str:
         job.summary = "Failed."
         raise error(f"The calibration failed: {type(e).__name__}: {e}", expected=False) from None
     finally:
-        threads.hand_back()     # this request thread's workers, where it ran the passes (csd.threads)
+        threads.hand_back()     # this request thread's workers, where it ran the passes (csd.runtime.threads)
     return ""
 
 

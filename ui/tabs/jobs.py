@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 import gradio as gr
 
-from csd import threads
 from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
 from csd.db.store import NullRecorder, recording, run_fields
+from csd.runtime import threads
 
 from .. import render
 from ..lane import Job
@@ -219,7 +219,7 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
                 view.first_token_s = time.perf_counter() - t0
             if ev.pass_end:
                 view.metrics = run.metrics_snapshot()
-                threads.hand_back()     # the next pass may run on another request thread (csd.threads)
+                threads.hand_back()     # the next pass may run on another request thread (csd.runtime.threads)
                 yield view
     except Exception as e:
         log.exception("generation failed")

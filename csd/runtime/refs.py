@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from ..events import Progress
 from .convert import GGUFSource, ModuleSource, digest
 from .embedded import assembled, float_model, model_dir, prepare_embedded
-from .events import Progress
 from .fileio import cache_dir
 from .pair import EMBEDDED, ModelLoadError
 
@@ -62,7 +62,7 @@ class ModelRef:
 
     @contextmanager
     def source(self, progress: Progress | None = None):
-        """Its float weights a tensor at a time (``csd.convert``): the GGUF file, or the loaded model."""
+        """Its float weights a tensor at a time (``csd.runtime.convert``): the GGUF file, or the loaded model."""
         if self.embedded:
             with assembled(self.role, progress) as gguf:
                 yield GGUFSource(gguf)

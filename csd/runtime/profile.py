@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .costs import CostModel
-from .events import Progress
+from ..costs import CostModel
+from ..events import Progress
 from .fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM
 from .quant import quantize_int8, to_repr
@@ -48,7 +48,7 @@ def _now() -> str:
 
 @torch.inference_mode()
 def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
-    """Median ms of a k-token forward of an ``csd.lm.LM`` after ``context`` cached tokens (fewer where a
+    """Median ms of a k-token forward of an ``csd.runtime.lm.LM`` after ``context`` cached tokens (fewer where a
     static KV cache holds fewer: its attention reads the whole capacity whatever it holds)."""
     return time_passes(lm, (k,), reps, context)[k]
 

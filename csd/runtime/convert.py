@@ -1,7 +1,7 @@
 """Convert once, then map: a model's weights as the CPU runs them, written to the cache and read back.
 
-``convert`` writes the int8 lean model (``csd.lm.LeanLM``) a decoder layer at a time from a GGUF file
-(``GGUFSource``) or a transformers model (``ModuleSource``), a target smoothed first (``csd.smoothing``):
+``convert`` writes the int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file
+(``GGUFSource``) or a transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``):
 ``layer-NNN``, ``head``, ``embed`` (as the source holds it), ``maxima`` (.safetensors), ``config.json``
 and, last, ``manifest.json``. ``load`` maps them back. A cache is used only when its manifest matches
 the format, source and options and every file its size; it is built in a temporary directory renamed
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .events import Progress
+from ..events import Progress
 from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
 from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
@@ -100,7 +100,7 @@ class ModuleSource:
 
 
 def layer_tensors(source, i: int) -> dict[str, torch.Tensor]:
-    """Layer ``i``'s float32 weights under ``csd.smoothing.LAYER_KEYS`` (biases as "q_b" ...)."""
+    """Layer ``i``'s float32 weights under ``csd.runtime.smoothing.LAYER_KEYS`` (biases as "q_b" ...)."""
     w = {k: source.tensor(layer_name(i, k)) for k in HF_LAYER}
     for k in ("q", "k", "v", "o", "gate", "up", "down"):
         if layer_name(i, k, True) in source:
@@ -185,7 +185,7 @@ def activation_maxima(source, config, prompts: list[list[int]]) -> dict[str, tor
     return {f"{i}.{k}": v for i, _w, x_max in smoothed_layers(source, config, prompts) for k, v in x_max.items()}
 
 
-SHIPPED_MAXIMA = Path(__file__).parent / "data" / "target_maxima.safetensors"
+SHIPPED_MAXIMA = Path(__file__).parent.parent / "data" / "target_maxima.safetensors"
 
 
 def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
@@ -324,7 +324,7 @@ def _linear_from(f, prefix: str, rows: bool):
 
 def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
     """The lean model mapped from a cache made for ``key``. ``rows``: every layer a
-    ``csd.quant.RowInt8Linear`` (scales per token or per pass, switchable), else torch's packed dynamic
+    ``csd.runtime.quant.RowInt8Linear`` (scales per token or per pass, switchable), else torch's packed dynamic
     int8 layers (5-10% faster a 1-token pass on the CPU)."""
     from safetensors import safe_open
 
@@ -412,5 +412,5 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name:
 
 
 def lean_supported(config) -> str | None:
-    """``csd.lm.lean_unsupported`` on a config alone."""
+    """``csd.runtime.lm.lean_unsupported`` on a config alone."""
     return lean_unsupported(SimpleNamespace(config=config))

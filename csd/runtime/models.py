@@ -1,6 +1,6 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair. ``load_pair``
-puts together, as ``LoadOptions`` say, ``csd.embedded``, ``csd.convert``, ``csd.quant`` and ``csd.lm``
-into a ``csd.pair.ModelPair``; none of them imports this module.
+puts together, as ``LoadOptions`` say, ``csd.runtime.embedded``, ``csd.runtime.convert``, ``csd.runtime.quant`` and ``csd.runtime.lm``
+into a ``csd.runtime.pair.ModelPair``; none of them imports this module.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
+from ..config import GAMMA_RANGE, CSDConfig
+from ..events import Progress
 from . import smoothing
-from .config import GAMMA_RANGE, CSDConfig
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
-from .events import Progress
 from .fileio import read_json
 from .lm import HFLM, LeanLM
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
@@ -38,7 +38,7 @@ DEFAULT_PAIR = "embedded"
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
-DRAFT_VOCAB_FILE = Path(__file__).parent / "data" / "draft_vocab.json.gz"
+DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
 
 
 def resolve_device(device: str | None = None) -> torch.device:
@@ -356,7 +356,7 @@ def auto_engine(dev: torch.device, device_map=None) -> str:
 
 
 def static_pair(target_lm, draft_lm, capacity: int, compiled: bool, progress: Progress | None = None):
-    """Both lean models as static ones (``csd.static``), each checked once against its eager pass."""
+    """Both lean models as static ones (``csd.runtime.static``), each checked once against its eager pass."""
     longest = max(GAMMA_RANGE[1], CSDConfig().gamma_max) + 1      # a block of the longest gamma, or copies
     target = make_static(target_lm, capacity, target_shapes(longest), progress, "target", compiled)
     draft = make_static(draft_lm, capacity, draft_shapes(), progress, "draft", compiled) if draft_lm is not None \

@@ -36,7 +36,7 @@ class LM:
     the token id of each logit row (a reduced vocabulary)."""
     vocab_ids: torch.Tensor | None = None
     impl = "hf"
-    captures = 0       # graphs captured so far (csd.static): a block that captured one is not a cost sample
+    captures = 0       # graphs captured so far (csd.runtime.static): a block that captured one is not a cost sample
 
     def new_cache(self):
         raise NotImplementedError
@@ -54,7 +54,7 @@ class LM:
         raise NotImplementedError
 
     def release(self, cache) -> None:
-        """The run that made ``cache`` is over (a batched model stops waiting for it: ``csd.batch``)."""
+        """The run that made ``cache`` is over (a batched model stops waiting for it: ``csd.runtime.batch``)."""
 
     @property
     def device(self) -> torch.device:
@@ -180,7 +180,7 @@ class PackedInt8Linear(torch.nn.Module):
 
     @classmethod
     def from_int8(cls, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
-        """From int8 rows and their per-row scales (``csd.quant.quantize_rows``), packed once."""
+        """From int8 rows and their per-row scales (``csd.runtime.quant.quantize_rows``), packed once."""
         return cls(torch.ops.quantized.linear_prepack(int8_weight(rows, scales), bias), rows.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -279,7 +279,7 @@ class LeanLM(LM):
     @classmethod
     def from_parts(cls, config, embed, layers: list[tuple], norm: torch.Tensor, head, vocab_ids=None,
                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LeanLM:
-        """A decoder from its parts (``csd.convert``): ``embed[ids]`` gives rows, each layer is (input norm,
+        """A decoder from its parts (``csd.runtime.convert``): ``embed[ids]`` gives rows, each layer is (input norm,
         fused q/k/v, o, post-attention norm, fused gate/up, down), ``head`` the output layer."""
         lm = cls.__new__(cls)
         lm._setup(config, embed, layers, norm, head, vocab_ids, dtype, torch.device(device))
@@ -312,7 +312,7 @@ class LeanLM(LM):
 
     def int8_per_row(self) -> int:
         """Make a pass of a few tokens compute bit for bit what 1-token steps compute (docs/exactness.md):
-        int8 activations scaled per token (``csd.quant.RowInt8Linear``), and a pass of up to
+        int8 activations scaled per token (``csd.runtime.quant.RowInt8Linear``), and a pass of up to
         ``PER_QUERY_MAX`` tokens attends one query at a time. Returns how many layers changed."""
         self.per_row = True
         changed = 0
@@ -377,7 +377,7 @@ class LeanLM(LM):
                     rotate=None) -> torch.Tensor:
         """The decoder blocks over ``x`` (1, T, hidden); ``write(layer, k, v)`` stores keys and values
         (KV, T, D), ``attend(layer, q)`` attends the queries (1, H, T, D), ``rotate(x, cos, sin)`` applies
-        RoPE (default ``_rotate``): where ``csd.static`` differs."""
+        RoPE (default ``_rotate``): where ``csd.runtime.static`` differs."""
         t = x.shape[1]
         h_q, h_qk = self.n_heads, self.n_heads + self.n_kv
         rotate = rotate or self._rotate
@@ -400,7 +400,7 @@ class LeanLM(LM):
 
     @torch.inference_mode()
     def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
-        """``forward`` for several sequences in one pass (``csd.batch``): their tokens are the rows of one
+        """``forward`` for several sequences in one pass (``csd.runtime.batch``): their tokens are the rows of one
         product per layer, each with its own positions, cache and attention. A row's result is independent
         of the others only where the layers are per-row exact (``int8_per_row``)."""
         ids = [ids_tensor(i, self._device) for i in ids]

@@ -1,4 +1,4 @@
-"""How a model's weights are held: a float dtype, or dynamic int8 (CPU), smoothed first (``csd.smoothing``).
+"""How a model's weights are held: a float dtype, or dynamic int8 (CPU), smoothed first (``csd.runtime.smoothing``).
 ``to_repr`` turns a float32 transformers model into one of ``TARGET_REPRS``; nothing here loads a model.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ docs/bench-representation.md): input channel j of a linear layer is divided by
 s_j = max|x_j|^alpha / max|W_j|^(1 - alpha) and the weight column j multiplied by it, the division folded
 into what produces the input: the RMSNorm weights (q/k/v, gate/up), the up projection's rows (down), the
 v projection's rows (o, one factor per v channel shared by its query heads). The maxima are measured on
-float32 passes over a few calibration prompts (``csd.convert``).
+float32 passes over a few calibration prompts (``csd.runtime.convert``).
 """
 from __future__ import annotations
 
@@ -95,6 +95,6 @@ def smooth(model: torch.nn.Module, maxima: dict[str, torch.Tensor], alpha: float
 
 def calibration_prompt_ids(encode) -> list[list[int]]:
     """Token ids of the prompts the maxima are measured on (``encode``: a pair's ``encode_prompt``)."""
-    from .corpus import read_prompts
+    from ..corpus import read_prompts
     rows = read_prompts()[::20][:CALIBRATION_PROMPTS]
     return [encode(r["prompt"]) for r in rows]
