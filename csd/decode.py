@@ -290,10 +290,12 @@ class Run:
         block.verify_s, block.draft_s = (lap.s, block.draft_s) if timed else (None, None)
         return logits
 
-    def _decide(self, block: Block, rule: Rescue, learn: bool) -> None:
-        """Steps 3-4: ``rule`` on the target's logits, then, if ``learn``, the memory counts the block's
-        divergences. Greedy: one host transfer for the block, whose proposals become a host list."""
+    def _decide(self, block: Block, rule: Rescue) -> None:
+        """Step 3: ``rule`` on the target's logits. Greedy: one host transfer for the block, whose
+        proposals become a host list; sampling a copied block, its proposals are point masses."""
         cfg, tl = self.cfg, block.logits
+        if block.source == LOOKUP and cfg.temperature > 0:
+            block.q_rows = list(point_mass(block.proposed, tl))
         self.metrics.host_syncs += 1
         if cfg.temperature == 0:
             with self._lap("transfer_s"):
@@ -310,7 +312,11 @@ class Run:
                 block.probs = p = torch.softmax(tl / cfg.temperature, -1)
                 q = torch.stack(block.q_rows).to(p.device) if block.q_rows else p[:0]
                 block.decision = verify_sampling(block.proposed, q, p, tl, self.memory.count, rule, self.gen)
-            for x_t, t_t in block.decision.observed if learn else ():
+
+    def _learn(self, block: Block) -> None:
+        """Step 4: the Online Correction Memory counts the block's divergences (x~, t*)."""
+        with self._lap("bookkeeping_s"):
+            for x_t, t_t in block.decision.observed:
                 self.memory.observe(x_t, t_t)
 
     def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
@@ -354,9 +360,10 @@ class Run:
             discarded=list(block.proposed[i + 1:]) if not kept else None,
             source=block.source if block.source != DRAFT else None, **v.logged(), **explain)
 
-    def _emit(self, block: Block) -> Iterator[TokenEvent]:
+    def _emit(self, block: Block, rollback: Callable[[], None]) -> Iterator[TokenEvent]:
         """Step 5: one event per decided draft position, then the target's own token (a rejected copy
-        is not an event)."""
+        is not an event); ``rollback`` (step 6) runs before that last event, so that a viewer sees the
+        state it describes."""
         m, d = self.metrics, block.decision
         copied = block.source == LOOKUP
         self._count(block)
@@ -396,7 +403,7 @@ class Run:
                         target_text=self._piece(t_top), target_logit=z_top,
                         target_prob=self._prob(block, row, nxt, z_top), block_len=block.size, pass_end=True,
                         special=nxt in self.pair.special_ids, **explain)
-        self._rollback()          # step 6, before the pass's last event: a viewer sees the state it describes
+        rollback()
         yield ev
 
     def _rollback(self) -> None:
@@ -407,24 +414,22 @@ class Run:
             self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
 
     def _speculate(self) -> Iterator[TokenEvent]:
-        """One block of copied tokens (``csd.lookup``) or drafted ones; then steps 2-7."""
+        """One block. Copies from the context (``csd.lookup``) take the exact rule and teach the memory
+        nothing: the output stays distributed as the target's."""
         t0, captures = time.perf_counter(), self._captures()
         copied = self._lookup_proposals() if self.lookup is not None else []
-        block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()
+        block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()   # 1. propose
         self._check_stop()
-        block.logits = self._verify(block)
-        if copied:       # the exact rule, no memory update: the output stays distributed as the target's
-            if self.cfg.temperature > 0:
-                block.q_rows = list(point_mass(block.proposed, block.logits))
-            self._decide(block, self.exact, learn=False)
-        else:
-            self._decide(block, self.rescue, learn=True)
+        block.logits = self._verify(block)                                  # 2. the target scores the block
+        self._decide(block, self.exact if copied else self.rescue)          # 3. the rule decides each position
+        if not copied:
+            self._learn(block)                                              # 4. the memory counts divergences
         # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
         # or a graph was captured on the way (csd.runtime.static.StaticLM.draft_block)
         if not self._shared and self._captures() == captures:
             block.wall_s = time.perf_counter() - t0
         try:
-            yield from self._emit(block)
+            yield from self._emit(block, self._rollback)     # 5. the events; 6. both caches back to the kept prefix
         finally:
             with self._lap("policy_s"):
                 for p in self._observers:              # step 7
