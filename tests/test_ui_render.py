@@ -333,6 +333,27 @@ def test_lane_orders_requests_and_forgets_abandoned_ones():
     assert lane.ahead(c) == [] and a.summary == "done" and a.finished
 
 
+def test_a_request_counts_every_request_queued_before_it_whichever_way_it_came():
+    """Gradio's queue holds two API requests (no job until their handler starts), then page B's run; page C's
+    click has not reached the queue yet: B has 1 running and 2 queued ahead, C the running one and all 3
+    queued (B's among them)."""
+    queue = [("api1", "generate"), ("api2", "compare"), ("pageB", "generate")]
+    lane = Lane(queue=lambda: list(queue))
+    running = lane.request("api0", "generate")
+    lane.start(running)
+    b = lane.request("s-b", "generate", "pageB", "generate")
+    c = lane.request("s-c", "generate", "pageC", "generate")
+    pb, pc = lane.position(b), lane.position(c)
+    assert (pb.running, pb.waiting, pb.queued, len(pb)) == ([running], 2, True, 3) and b.reached
+    assert (pc.waiting, pc.queued, len(pc), c.reached) == (3, False, 4, False)
+    queue[:] = [("api2", "compare"), ("pageB", "generate"), ("pageC", "generate")]      # the queue moves
+    assert lane.position(c).waiting == 2 and lane.position(c).queued and lane.position(b).waiting == 1
+    # the same page's second request of a kind is its second queued event of that name
+    d = lane.request("s-b", "generate", "pageB", "generate")
+    queue.append(("pageB", "generate"))
+    assert lane.position(d).waiting == 3 and lane.position(b).waiting == 1
+
+
 def test_a_rejected_newline_is_a_marker_not_a_line_break():
     """A token outside the answer (rejected) holding newlines is drawn with ⏎, so it adds no blank lines that
     the answer does not have; the answer's own newlines stay line breaks."""

@@ -16,7 +16,7 @@ from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
 from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
-from .tabs.page import HIDE_PRESENT, Page
+from .tabs.page import HIDE_PRESENT, MODEL_GROUP, Page
 
 # a rival's parameter -> (label, hint, the number box's range and step), in the bar's folded panel
 RIVAL_INPUTS = {
@@ -111,4 +111,13 @@ def build_demo(services: Services) -> gr.Blocks:
             wire()
 
     demo.queue(max_size=s.queue_size, default_concurrency_limit=s.concurrency)
+    services.lane.queue = partial(model_queue, demo)
     return demo
+
+
+def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
+    """Gradio's queue of model work, oldest first: (session hash, api_name) of each event waiting in it, from
+    pages and API clients alike (the lane counts them ahead of a page's request: ``Lane.position``)."""
+    q = getattr(demo, "_queue", None)
+    events = q.event_queue_per_concurrency_id.get(MODEL_GROUP) if q is not None else None
+    return [(e.session_hash, e.fn.api_name or "") for e in list(events.queue)] if events is not None else []
