@@ -448,6 +448,6 @@ def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, 
     page.wait_for_function("w => [...document.querySelectorAll('.toast-body')].some(t => t.textContent.includes(w))",
                            arg=words, timeout=WAIT_MS)
     page.wait_for_timeout(500)
-    assert page.locator(f"#{elem_id} input[type=number]").input_value() == str(typed)   # shown as typed
+    assert page.locator(f"#{elem_id} input[data-csd-number]").input_value() == str(typed)   # shown as typed
     wait_status(page, "Not run")                # the status line says so: no stale "Starting…"
     assert gate.calls == 0 and "Starting" not in status(page)

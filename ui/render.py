@@ -69,7 +69,8 @@ def static_text(name: str) -> str:
 
 
 CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
-JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys
+JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys,
+JS += f"<script>\n{static_text('numbers.js')}</script>\n"     # and the number boxes taken as typed
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 

@@ -89,18 +89,6 @@
       : s.scrollLeft + s.clientWidth >= s.scrollWidth - 2 ? 'end' : 'more';
     if (box.getAttribute('data-scrolls') !== state) box.setAttribute('data-scrolls', state);
   });
-  // A value typed into a slider's number box beyond its range: gradio's slider clamps it when the box
-  // loses focus, while the box keeps what was typed, so the run would use a value the page does not show
-  // (λ -1 ran as 0, γ 1000 as 32). The clamp is kept from running: the value stays as typed, and the
-  // server's check of the slider (csd.ui.tabs.inputs) refuses it with its range named, at the box and at
-  // the click, before anything runs.
-  document.addEventListener('blur', (e) => {
-    const box = e.target;
-    if (!(box instanceof HTMLInputElement) || box.type !== 'number' || !box.closest('.block')) return;
-    if (!box.closest('.block').querySelector('input[type=range]')) return;      // a slider's box only
-    const v = Number(box.value), lo = Number(box.min), hi = Number(box.max);
-    if (box.value.trim() !== '' && (v < lo || v > hi)) e.stopImmediatePropagation();
-  }, true);
   window.addEventListener('resize', markScrollers);
   document.addEventListener('scroll', (e) => { if (e.target.classList && e.target.classList.contains('csd-scroll')) markScrollers(); }, true);
   // Teach: after a click on Run, Next or Back, bring the iteration it drew into view once (at 1280x720

@@ -138,7 +138,7 @@ def _settings_column(s) -> dict:
                            label="Temperature (0 = greedy)", elem_id="temperature"),
         max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
                               value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
-        seed=number("Seed", value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
+        seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
         lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens that "
                            "followed the last few earlier, where the costs say it pays (sd and csd; underlined)",
                            elem_id="lookup"))
