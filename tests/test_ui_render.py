@@ -358,6 +358,17 @@ def test_a_rejected_newline_is_a_marker_not_a_line_break():
     """A token outside the answer (rejected) holding newlines is drawn with ⏎, so it adds no blank lines that
     the answer does not have; the answer's own newlines stay line breaks."""
     html = render.render_tokens([ev(ACCEPTED, "a\n", pos=0), ev(REJECTED, "\n\n<b>", pos=1)])
-    rejected = re.search(r'<span class="tok tok-rejected[^>]*>([^<]*)</span>', html).group(1)
-    assert rejected == "⏎⏎&lt;b&gt;"
-    assert re.search(r'<span class="tok tok-accepted[^>]*>a\n</span>', html)
+    rejected = html[html.index("tok-rejected"):]
+    assert rejected[rejected.index(">") + 1:].startswith(2 * render.NEWLINE_MARK + "&lt;b&gt;</span>")
+    assert "&lt;b&gt;</span>\n" not in html                                        # no line break after it
+    assert re.search(r'<span class="tok tok-accepted tok-has-nl[^>]*>a<span class="tok-nl">⏎</span></span>\n', html)
+
+
+@pytest.mark.parametrize("status", [ACCEPTED, RESCUED, CORRECTED, BONUS])
+def test_every_token_holding_a_newline_shows_its_mark_on_one_line(status):
+    """A rescued ``.\\n`` was an amber ``.`` whose box and star split over two lines: the mark is inside the span
+    (in the token's colours, which stays on one line), the line break right after it."""
+    html = render.render_tokens([ev(status, ".\n\n", pos=0), ev(ACCEPTED, "Next", pos=1)])
+    span = re.search(r'<span class="tok [^"]*"[^>]*>(.*?)</span>(\n*)<span class="tok ', html)
+    assert "tok-has-nl" in html and span.group(1) == "." + 2 * render.NEWLINE_MARK and span.group(2) == "\n\n"
+    assert ".tok-has-nl { white-space: pre; }" in render.CSS

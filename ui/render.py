@@ -265,19 +265,37 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     return "\n".join(lines)
 
 
-def token_text_html(ev: TokenEvent) -> tuple[str, list[str]]:
-    """(escaped visible text, extra classes) of a token: a special token is a labelled marker, an
-    incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?"."""
+NEWLINE_MARK = '<span class="tok-nl">⏎</span>'
+
+
+def token_text_html(ev: TokenEvent) -> tuple[str, list[str], str]:
+    """(escaped visible text, extra classes, what follows the token's span) of a token: a special token is a
+    labelled marker, an incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?".
+
+    Every newline is drawn as ⏎ inside the span, in the token's colours (a rescued ``.\\n`` was an amber ``.``
+    whose box and star split over two lines). A token in the answer ending in newlines breaks the line after its
+    span (the answer keeps its lines; class ``tok-has-nl`` keeps the span on one line); a rarer one with text
+    after its last newline keeps its breaks inside. A token not in the answer (rejected, unused) breaks no line:
+    real line breaks would add blank lines that the answer does not have."""
     if ev.special:
-        return esc(special_label(ev.text)), ["tok-special"]
+        return esc(special_label(ev.text)), ["tok-special"], ""
     if ev.text == "":
-        return "", ["partial"]
-    # a token not in the answer (rejected, unused) draws its newlines as ⏎: as real line breaks they would
-    # add blank lines that the answer does not have, and panes with the same answer would look different
-    text = ev.text if ev.in_output else ev.text.replace("\r", "").replace("\n", "⏎")
-    if "\ufffd" in text:
-        return esc(text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>'), []
-    return esc(text), []
+        return "", ["partial"], ""
+    text = ev.text.replace("\r", "")
+    if "\n" not in text:
+        return _bytes_html(text), [], ""
+    lines = text.split("\n")
+    if not ev.in_output:
+        return NEWLINE_MARK.join(map(_bytes_html, lines)), ["tok-has-nl"], ""
+    if lines[-1] == "":            # ends in newlines: the marks in the span, the breaks after it
+        head = text.rstrip("\n")
+        return _bytes_html(head) + NEWLINE_MARK * (len(text) - len(head)), ["tok-has-nl"], "\n" * (len(text) - len(head))
+    return (NEWLINE_MARK + "\n").join(map(_bytes_html, lines)), [], ""
+
+
+def _bytes_html(text: str) -> str:
+    """Escaped text, a lone byte (U+FFFD after decoding) drawn as ⟨byte⟩."""
+    return esc(text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>')
 
 
 def _prompt_html(prompt: str | None) -> str:
@@ -295,7 +313,7 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
     if not isinstance(ev, TokenEvent):
         raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
     diff_positions, latest_block = marks
-    text, extra = token_text_html(ev)
+    text, extra, after = token_text_html(ev)
     cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
            *filter(None, [whatif_class(ev, whatif) if whatif is not None else None])]
     if diff_positions and ev.in_output and ev.position in diff_positions:
@@ -307,7 +325,7 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
     attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
              + (' data-pass-end="1"' if ev.pass_end else ""))
     run = (cfg.lam, cfg.tau, whatif, cfg.method, cfg.relax) if cfg is not None else (None, None, whatif)
-    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>'
+    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
 
 
 def _nav_bar(n: dict) -> str:
