@@ -80,7 +80,9 @@ def build_demo(services: Services) -> gr.Blocks:
             with gr.Column(scale=1, min_width=200):
                 present = gr.Checkbox(False, label="Presentation mode (large answer, settings hidden)",
                                       elem_id="present")
-        with gr.Row(equal_height=True, elem_classes=HIDE_PRESENT):
+        # the bar, folded on a phone by the page's script (the prompt and Generate on the first screen)
+        with gr.Accordion("Settings: γ, λ, τ and the rivals' parameters", open=True, elem_id="bar",
+                          elem_classes=HIDE_PRESENT), gr.Row(equal_height=True):
             gamma = slider("γ (the draft block length)", *GAMMA_RANGE, value=6, step=1, label="γ (draft block length)",
                            elem_id="gamma")
             with gr.Column(min_width=200):

@@ -266,6 +266,7 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
 
 
 NEWLINE_MARK = '<span class="tok-nl">⏎</span>'
+NEWLINE_SENTENCE = "a newline in a token, drawn in the token's colours"
 
 
 def token_text_html(ev: TokenEvent) -> tuple[str, list[str], str]:
@@ -362,10 +363,13 @@ def detail_panel() -> str:
             'aria-label="close">✕</button><div class="csd-detail-body"></div></div>')
 
 
-def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None) -> str:
-    """One plain sentence per colour and mark."""
+def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None,
+                  key: bool = False) -> str:
+    """One plain sentence per colour and mark; ``key``: the marks alone on a line or two (each sentence a
+    tooltip), to sit beside an answer."""
     def item(cls: str, label: str, sentence: str) -> str:
-        return f'<li><span class="tok {cls}">{esc(label)}</span><span class="s">{esc(sentence)}</span></li>'
+        return (f'<li><span class="tok {cls}" title="{esc(sentence)}">{esc(label)}</span>'
+                f'<span class="s">{esc(sentence)}</span></li>')
 
     items = [item(cls, label, sentence)
              for st, (cls, label, sentence) in STATUS_STYLE.items() if statuses is None or st in statuses]
@@ -375,7 +379,11 @@ def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence
         items.append(item(f"tok-rescued {WHATIF_REJECT}", *WHATIF_STYLE[WHATIF_REJECT]))
     if diff:
         items.append(item("tok-accepted diff", "departs", DIFF_SENTENCE))
-    return f'<div class="csd-legend" role="note"><ul>{"".join(items)}</ul></div>'
+    if key:
+        items.insert(0, '<li class="k">Colours:</li>')
+        items.append(f'<li><span class="tok tok-accepted tok-has-nl" title="{esc(NEWLINE_SENTENCE)}">'
+                     f'{NEWLINE_MARK}</span><span class="s">{esc(NEWLINE_SENTENCE)}</span></li>')
+    return f'<div class="csd-legend{" csd-key" if key else ""}" role="note"><ul>{"".join(items)}</ul></div>'
 
 
 def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = None) -> int:

@@ -108,8 +108,19 @@
     const top = next && next.offsetParent !== null ? Math.min(next.getBoundingClientRect().top, r.top) : r.top;
     window.scrollBy(0, (r.bottom - top <= window.innerHeight - 16 ? top : r.top) - 8);
   }
+  // a phone: the bar of settings starts folded, so that the prompt and Generate are on the first screen
+  // (clicked until it shows folded: a click before gradio has wired the toggle does nothing; then left alone)
+  let barFolded = window.innerWidth >= 700, barTries = 0;
+  const foldBar = () => {
+    const toggle = !barFolded && document.querySelector('#bar .label-wrap');
+    if (!toggle) return;
+    if (!toggle.classList.contains('open') || ++barTries > 50) { barFolded = true; return; }
+    toggle.click();
+    setTimeout(foldBar, 100);
+  };
   // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
   new MutationObserver(() => {
+    foldBar();
     showTeach();
     for (const [view, i] of Object.entries(pins)) {
       const box = document.querySelector('[data-csd-view="' + view + '"]');

@@ -164,6 +164,8 @@ def build(page: Page):
                 summary = gr.HTML("", elem_id="summary")
                 whatif_md = gr.Markdown(elem_id="whatif-line")
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
+                # the colours' key at the column's top: in view beside the answer as it streams (1440x900)
+                gr.HTML(render.render_legend(key=True, whatif=False), elem_id="legend-key")
                 own = _settings_column(s)
         gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
                     elem_id="examples")
