@@ -10,6 +10,7 @@ import gradio as gr
 from csd.config import GAMMA_RANGE, CSDConfig, Rivals
 
 from . import render
+from .render import plural
 from .rules import RIVAL_FIELDS
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
@@ -43,7 +44,8 @@ def launch_kwargs() -> dict:
 
 def header(services: Services, mode: str = "") -> str:
     """The models and how they run here (``pair.describe()``; ``mode``: this user's int8 activation scales,
-    default: the app's), and the paper."""
+    default: the app's; the threads of the model's passes, ``services.model_threads``, not the page's), and the
+    paper."""
     d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
     md = render.esc_md
     return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
@@ -51,7 +53,8 @@ def header(services: Services, mode: str = "") -> str:
             + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
             + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
             f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-            + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
+            + f" · {md(d['device'])}, the model on {plural(services.model_threads or d['threads'], 'thread')}"
+            f" · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
 
 def rival_controls() -> list:
