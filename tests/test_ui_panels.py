@@ -201,7 +201,7 @@ def test_the_header_names_the_models_threads_not_the_pages(services):
     t = threading.Thread(target=page_thread)
     t.start()
     t.join()
-    assert "the model on 7 threads" in said["text"] and "1 threads" not in said["text"]
+    assert "7 model threads" in said["text"] and "1 threads" not in said["text"]
 
 
 def test_command_line_options():

@@ -53,7 +53,7 @@ def header(services: Services, mode: str = "") -> str:
             + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
             + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
             f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-            + f" · {md(d['device'])}, the model on {plural(services.model_threads or d['threads'], 'thread')}"
+            + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}"
             f" · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
 
