@@ -69,6 +69,17 @@ def test_analyse_keeps_a_slider_and_what_it_recolours_in_view(browser, tiny_url,
         assert pg.locator("#analyse-legend").is_hidden()          # the full legend folded; its key in view
         in_view(pg, "#analyse-key", 900)
         pg.screenshot(path=str(shots / "analyse-1440x900.png"))
+        # scrolled down to the Pareto and gap charts, the bar (and its sliders) stays at the top
+        pg.locator("#pareto-plot").evaluate("e => e.scrollIntoView({block: 'end'})")
+        pg.wait_for_timeout(300)
+        assert pg.evaluate("() => window.scrollY") > 200
+        lam = in_view(pg, "#lam", 900)
+        pareto = pg.locator("#pareto-plot").bounding_box()
+        assert lam["y"] + lam["height"] <= pareto["y"] and pareto["y"] + pareto["height"] <= 901, (lam, pareto)
+        pg.screenshot(path=str(shots / "analyse-1440x900-pareto.png"))
+        open_tab(pg, "Generate")                  # elsewhere the bar scrolls away with the page
+        pg.evaluate("() => window.scrollTo(0, 600)")
+        assert pg.locator("#lam").bounding_box()["y"] < 0
     finally:
         pg.context.close()
 
