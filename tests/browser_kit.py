@@ -74,8 +74,9 @@ def new_page(browser, url: str, width: int = 1400, height: int = 1000):
 
 
 def set_number(page, elem_id: str, value) -> None:
-    """Type a value into the number box of a slider or number component and commit it."""
-    box = page.locator(f"#{elem_id} input[type=number]").first
+    """Type a value into the number box of a slider or number component (a text box: ui/static/numbers.js) and
+    commit it."""
+    box = page.locator(f"#{elem_id} input[data-csd-number]").first
     box.fill(str(value))
     box.press("Enter")
     box.blur()

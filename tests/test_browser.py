@@ -313,6 +313,8 @@ def test_one_toast_at_a_time(page, shots):
 def test_legends_on_generate_compare_and_analyse(page):
     for tab, elem in (("Generate", "#legend"), ("Compare", "#compare-legend"), ("Analyse", "#analyse-legend")):
         open_tab(page, tab)
+        if tab == "Analyse":                      # folded there, its key above the answer
+            page.click("#analyse-legend-panel .label-wrap")
         legend = page.locator(elem)
         legend.wait_for(state="visible", timeout=WAIT_MS)
         text = legend.inner_text()
@@ -448,6 +450,6 @@ def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, 
     page.wait_for_function("w => [...document.querySelectorAll('.toast-body')].some(t => t.textContent.includes(w))",
                            arg=words, timeout=WAIT_MS)
     page.wait_for_timeout(500)
-    assert page.locator(f"#{elem_id} input[type=number]").input_value() == str(typed)   # shown as typed
+    assert page.locator(f"#{elem_id} input[data-csd-number]").input_value() == str(typed)   # shown as typed
     wait_status(page, "Not run")                # the status line says so: no stale "Starting…"
     assert gate.calls == 0 and "Starting" not in status(page)

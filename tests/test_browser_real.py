@@ -110,7 +110,7 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     open_tab(page, "Analyse")
     page.wait_for_function("() => document.querySelectorAll('#pareto-plot .bars path').length > 0", timeout=WAIT_MS)
     assert "divergences logged" in page.locator("#analyse-summary").inner_text()
-    assert page.locator("#analyse-legend").is_visible()
+    assert page.locator("#analyse-key").is_visible() and page.locator("#analyse-legend").is_hidden()   # folded
     page.screenshot(path=str(shots / "analyse.png"), full_page=True)
 
     # 6. Compare: the exact-mode switch off and on again (the page's exactness texts follow the target),

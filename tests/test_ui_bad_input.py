@@ -64,6 +64,8 @@ OUT_OF_RANGE = [
     ("gamma", None, "from 1 to 32; got nothing."),
     ("lam", "six", "from 0 to 64; got 'six'."),
     ("log10-tau", float("nan"), "between -4 and 0"),
+    ("tau-lossy", None, "The lossy rule's tau must be between 0.001 and 1; got nothing."),   # not "tau_lossy is missing"
+    ("cal-prompts", None, "Prompts must be a whole number from 1 to 10000; got nothing."),
 ]
 
 
@@ -76,6 +78,8 @@ def test_in_range_values_pass_as_gradio_would_pass_them(demo):
     assert component(demo, "gamma").preprocess(32) == 32
     assert component(demo, "log10-tau").preprocess(-4) == -4
     assert component(demo, "seed").preprocess(None) is None          # an empty seed box: no seed
+    assert "csd-optional" in component(demo, "seed").elem_classes     # the page's script lets it be empty
+    assert "csd-optional" not in (component(demo, "tau-lossy").elem_classes or [])
     assert component(demo, "seed").preprocess(7) == 7
     assert component(demo, "method").preprocess("sd") == "sd"
 

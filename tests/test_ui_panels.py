@@ -184,6 +184,26 @@ def test_a_request_the_queue_never_ran_stops_waiting(services):
     assert "Done: 4 tokens" in lines[0] and timer.active is False and not sess.pending["generate"]
 
 
+def test_the_header_names_the_models_threads_not_the_pages(services):
+    """The app keeps every thread but the model's to one CPU thread (csd.runtime.threads.one_core) once it has started,
+    so the header, drawn later on such a thread, said "1 threads": it names the count the model runs on."""
+    import threading
+    from dataclasses import replace
+
+    from csd.ui.app import header
+    assert services.model_threads == services.pair.describe()["threads"] >= 1   # counted when made
+    said = {}
+
+    def page_thread():                    # a thread kept to one CPU thread, as the app's request threads are
+        from csd.runtime import threads
+        threads.own_cores(1)
+        said["text"] = header(replace(services, model_threads=7))
+    t = threading.Thread(target=page_thread)
+    t.start()
+    t.join()
+    assert "7 model threads" in said["text"] and "1 threads" not in said["text"]
+
+
 def test_command_line_options():
     import csd_app
     args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])

@@ -333,10 +333,42 @@ def test_lane_orders_requests_and_forgets_abandoned_ones():
     assert lane.ahead(c) == [] and a.summary == "done" and a.finished
 
 
+def test_a_request_counts_every_request_queued_before_it_whichever_way_it_came():
+    """Gradio's queue holds two API requests (no job until their handler starts), then page B's run; page C's
+    click has not reached the queue yet: B has 1 running and 2 queued ahead, C the running one and all 3
+    queued (B's among them)."""
+    queue = [("api1", "generate"), ("api2", "compare"), ("pageB", "generate")]
+    lane = Lane(queue=lambda: list(queue))
+    running = lane.request("api0", "generate")
+    lane.start(running)
+    b = lane.request("s-b", "generate", "pageB", "generate")
+    c = lane.request("s-c", "generate", "pageC", "generate")
+    pb, pc = lane.position(b), lane.position(c)
+    assert (pb.running, pb.waiting, pb.queued, len(pb)) == ([running], 2, True, 3) and b.reached
+    assert (pc.waiting, pc.queued, len(pc), c.reached) == (3, False, 4, False)
+    queue[:] = [("api2", "compare"), ("pageB", "generate"), ("pageC", "generate")]      # the queue moves
+    assert lane.position(c).waiting == 2 and lane.position(c).queued and lane.position(b).waiting == 1
+    # the same page's second request of a kind is its second queued event of that name
+    d = lane.request("s-b", "generate", "pageB", "generate")
+    queue.append(("pageB", "generate"))
+    assert lane.position(d).waiting == 3 and lane.position(b).waiting == 1
+
+
 def test_a_rejected_newline_is_a_marker_not_a_line_break():
     """A token outside the answer (rejected) holding newlines is drawn with ⏎, so it adds no blank lines that
     the answer does not have; the answer's own newlines stay line breaks."""
     html = render.render_tokens([ev(ACCEPTED, "a\n", pos=0), ev(REJECTED, "\n\n<b>", pos=1)])
-    rejected = re.search(r'<span class="tok tok-rejected[^>]*>([^<]*)</span>', html).group(1)
-    assert rejected == "⏎⏎&lt;b&gt;"
-    assert re.search(r'<span class="tok tok-accepted[^>]*>a\n</span>', html)
+    rejected = html[html.index("tok-rejected"):]
+    assert rejected[rejected.index(">") + 1:].startswith(2 * render.NEWLINE_MARK + "&lt;b&gt;</span>")
+    assert "&lt;b&gt;</span>\n" not in html                                        # no line break after it
+    assert re.search(r'<span class="tok tok-accepted tok-has-nl[^>]*>a<span class="tok-nl">⏎</span></span>\n', html)
+
+
+@pytest.mark.parametrize("status", [ACCEPTED, RESCUED, CORRECTED, BONUS])
+def test_every_token_holding_a_newline_shows_its_mark_on_one_line(status):
+    """A rescued ``.\\n`` was an amber ``.`` whose box and star split over two lines: the mark is inside the span
+    (in the token's colours, which stays on one line), the line break right after it."""
+    html = render.render_tokens([ev(status, ".\n\n", pos=0), ev(ACCEPTED, "Next", pos=1)])
+    span = re.search(r'<span class="tok [^"]*"[^>]*>(.*?)</span>(\n*)<span class="tok ', html)
+    assert "tok-has-nl" in html and span.group(1) == "." + 2 * render.NEWLINE_MARK and span.group(2) == "\n\n"
+    assert ".tok-has-nl { white-space: pre; }" in render.CSS

@@ -10,13 +10,14 @@ import gradio as gr
 from csd.config import GAMMA_RANGE, CSDConfig, Rivals
 
 from . import render
+from .render import plural
 from .rules import RIVAL_FIELDS
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
 from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
-from .tabs.page import HIDE_PRESENT, Page
+from .tabs.page import HIDE_PRESENT, MODEL_GROUP, Page
 
 # a rival's parameter -> (label, hint, the number box's range and step), in the bar's folded panel
 RIVAL_INPUTS = {
@@ -43,7 +44,8 @@ def launch_kwargs() -> dict:
 
 def header(services: Services, mode: str = "") -> str:
     """The models and how they run here (``pair.describe()``; ``mode``: this user's int8 activation scales,
-    default: the app's), and the paper."""
+    default: the app's; the threads of the model's passes, ``services.model_threads``, not the page's), and the
+    paper."""
     d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
     md = render.esc_md
     return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
@@ -51,7 +53,8 @@ def header(services: Services, mode: str = "") -> str:
             + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
             + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
             f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-            + f" · {md(d['device'])}, {d['threads']} threads · paper: [arXiv 2604.13634]({render.PAPER_URL})")
+            + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}"
+            f" · paper: [arXiv 2604.13634]({render.PAPER_URL})")
 
 
 def rival_controls() -> list:
@@ -80,7 +83,9 @@ def build_demo(services: Services) -> gr.Blocks:
             with gr.Column(scale=1, min_width=200):
                 present = gr.Checkbox(False, label="Presentation mode (large answer, settings hidden)",
                                       elem_id="present")
-        with gr.Row(equal_height=True, elem_classes=HIDE_PRESENT):
+        # the bar, folded on a phone by the page's script (the prompt and Generate on the first screen)
+        with gr.Accordion("Settings: γ, λ, τ and the rivals' parameters", open=True, elem_id="bar",
+                          elem_classes=HIDE_PRESENT), gr.Row(equal_height=True):
             gamma = slider("γ (the draft block length)", *GAMMA_RANGE, value=6, step=1, label="γ (draft block length)",
                            elem_id="gamma")
             with gr.Column(min_width=200):
@@ -111,4 +116,13 @@ def build_demo(services: Services) -> gr.Blocks:
             wire()
 
     demo.queue(max_size=s.queue_size, default_concurrency_limit=s.concurrency)
+    services.lane.queue = partial(model_queue, demo)
     return demo
+
+
+def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
+    """Gradio's queue of model work, oldest first: (session hash, api_name) of each event waiting in it, from
+    pages and API clients alike (the lane counts them ahead of a page's request: ``Lane.position``)."""
+    q = getattr(demo, "_queue", None)
+    events = q.event_queue_per_concurrency_id.get(MODEL_GROUP) if q is not None else None
+    return [(e.session_hash, e.fn.api_name or "") for e in list(events.queue)] if events is not None else []

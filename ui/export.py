@@ -62,9 +62,10 @@ def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str,
     spans = []
     for ev in events:
         cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
-        text, extra = token_text_html(ev)
+        text, extra, after = token_text_html(ev)
         spans.append(f'<span class="{" ".join(cls + extra)}" '
-                     f'title="{esc(token_detail(ev, cfg.lam, cfg.tau, method=method, relax=cfg.relax))}">{text}</span>')
+                     f'title="{esc(token_detail(ev, cfg.lam, cfg.tau, method=method, relax=cfg.relax))}">{text}</span>'
+                     + after)
     fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"

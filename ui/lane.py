@@ -2,10 +2,12 @@
 they came; what the page says about gradio's queue (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 KINDS = ("generate", "compare", "teach", "calibrate")
@@ -28,6 +30,9 @@ class Job:
     max_tokens: int = 0
     progress: str = ""                # a progress line for work without a Run (calibration)
     summary: str = ""                 # what the job did, once finished
+    session_hash: str = ""            # gradio's session of the page that asked (its queued event carries it)
+    event: str = ""                   # the api_name of the run the page queues for it
+    reached: bool = False             # its event has been seen in gradio's queue
 
     @property
     def waiting(self) -> bool:
@@ -48,20 +53,37 @@ class Job:
         return (self.finished_at or now) - self.started_at
 
 
+@dataclass
+class Position:
+    """Where a waiting job stands: the jobs that hold the model now (oldest first), how many requests wait for
+    it before this one, whichever way they came (a page or the API), and whether gradio's queue holds its run."""
+    running: list[Job]
+    waiting: int
+    queued: bool = False
+
+    def __len__(self) -> int:
+        return len(self.running) + self.waiting
+
+
 class Lane:
     """The unfinished jobs of all sessions. A waiting job that its page stopped asking about for
-    ``stale_s`` seconds (a closed tab, a request the queue refused) no longer counts as ahead."""
+    ``stale_s`` seconds (a closed tab, a request the queue refused) no longer counts as ahead.
 
-    def __init__(self, stale_s: float = 30.0):
+    ``queue``: set by the app, gradio's queue of model work as (session hash, api_name) of each waiting event,
+    oldest first. A request made through the API has no job until its handler starts, so only the queue
+    knows it is there (``position``)."""
+
+    def __init__(self, stale_s: float = 30.0, queue: Callable[[], list[tuple[str, str]]] | None = None):
         self.stale_s = stale_s
+        self.queue = queue
         self._lock = threading.Lock()
         self._tickets = itertools.count(1)
         self._jobs: dict[int, Job] = {}
         self._took: deque[float] = deque(maxlen=20)     # how long the last jobs that ran to their end took
 
-    def request(self, session_id: str, kind: str) -> Job:
+    def request(self, session_id: str, kind: str, session_hash: str = "", event: str = "") -> Job:
         with self._lock:
-            job = Job(next(self._tickets), session_id, kind)
+            job = Job(next(self._tickets), session_id, kind, session_hash=session_hash, event=event)
             self._jobs[job.ticket] = job
             return job
 
@@ -91,16 +113,51 @@ class Lane:
             return [j for t, j in sorted(self._jobs.items()) if t < job.ticket and j is not job and
                     (j.running or now - j.seen_at < self.stale_s)]
 
-    def estimate(self, ahead: int, slots: int) -> tuple[float, int] | None:
-        """(seconds until a job with ``ahead`` jobs before it starts, ``slots`` at a time each taking the median
-        of the last jobs' durations; how many jobs that median is of); None before any job has ended."""
+    def position(self, job: Job) -> Position:
+        """The jobs running and the requests waiting before ``job``. With gradio's ``queue``: the events queued
+        before its own (every one if its own is not there yet), plus the pages' requests not yet queued that
+        came before it; a page's k-th waiting job of a kind is its session's k-th queued event of that name.
+        Without: the waiting jobs before it, as ``ahead``."""
+        now = time.monotonic()
+        events = self.queue() if self.queue is not None else None
+        with self._lock:
+            jobs = [j for _, j in sorted(self._jobs.items())]
+        running = [j for j in jobs if j.running and j is not job]
+        if events is None:
+            return Position(running, sum(1 for j in jobs if j.ticket < job.ticket and j.waiting
+                                         and now - j.seen_at < self.stale_s))
+        where: dict[tuple[str, str], list[int]] = {}
+        for i, key in enumerate(events):
+            where.setdefault(key, []).append(i)
+        at: dict[int, int] = {}
+        for j in jobs:
+            spots = where.get((j.session_hash, j.event))
+            if j.waiting and j.session_hash and spots:
+                at[j.ticket] = spots.pop(0)
+                j.reached = True
+        if job.ticket in at:
+            return Position(running, at[job.ticket], queued=True)
+        early = sum(1 for j in jobs if j.ticket < job.ticket and j.waiting and j.ticket not in at and not j.reached
+                    and now - j.seen_at < self.stale_s)
+        return Position(running, len(events) + early)
+
+    def estimate(self, waiting: int, running: list[Job], slots: int,
+                 now: float | None = None) -> tuple[float, int] | None:
+        """(seconds until a job starts with ``running`` jobs on the model and ``waiting`` before it, ``slots`` at a
+        time, each run taking the median of the last jobs' durations (a running one: what is left of it); how
+        many jobs that median is of); None before any job has ended. It falls as the runs ahead go on."""
         with self._lock:
             took = sorted(self._took)
         if not took:
             return None
-        slots = max(1, slots)
-        rounds = -(-(ahead - slots + 1) // slots) if ahead >= slots else 0
-        return took[len(took) // 2] * rounds, len(took)
+        now = time.monotonic() if now is None else now
+        median = took[len(took) // 2]
+        free = [max(0.0, median - j.elapsed(now)) for j in running][:max(1, slots)]
+        free += [0.0] * (max(1, slots) - len(free))
+        heapq.heapify(free)
+        for _ in range(waiting):
+            heapq.heappush(free, heapq.heappop(free) + median)
+        return free[0], len(took)
 
     def __len__(self) -> int:
         with self._lock:

@@ -69,7 +69,8 @@ def static_text(name: str) -> str:
 
 
 CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
-JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys
+JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys,
+JS += f"<script>\n{static_text('numbers.js')}</script>\n"     # and the number boxes taken as typed
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 
@@ -264,19 +265,38 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     return "\n".join(lines)
 
 
-def token_text_html(ev: TokenEvent) -> tuple[str, list[str]]:
-    """(escaped visible text, extra classes) of a token: a special token is a labelled marker, an
-    incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?"."""
+NEWLINE_MARK = '<span class="tok-nl">⏎</span>'
+NEWLINE_SENTENCE = "a newline in a token, drawn in the token's colours"
+
+
+def token_text_html(ev: TokenEvent) -> tuple[str, list[str], str]:
+    """(escaped visible text, extra classes, what follows the token's span) of a token: a special token is a
+    labelled marker, an incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?".
+
+    Every newline is drawn as ⏎ inside the span, in the token's colours (a rescued ``.\\n`` was an amber ``.``
+    whose box and star split over two lines). A token in the answer ending in newlines breaks the line after its
+    span (the answer keeps its lines; class ``tok-has-nl`` keeps the span on one line); a rarer one with text
+    after its last newline keeps its breaks inside. A token not in the answer (rejected, unused) breaks no line:
+    real line breaks would add blank lines that the answer does not have."""
     if ev.special:
-        return esc(special_label(ev.text)), ["tok-special"]
+        return esc(special_label(ev.text)), ["tok-special"], ""
     if ev.text == "":
-        return "", ["partial"]
-    # a token not in the answer (rejected, unused) draws its newlines as ⏎: as real line breaks they would
-    # add blank lines that the answer does not have, and panes with the same answer would look different
-    text = ev.text if ev.in_output else ev.text.replace("\r", "").replace("\n", "⏎")
-    if "\ufffd" in text:
-        return esc(text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>'), []
-    return esc(text), []
+        return "", ["partial"], ""
+    text = ev.text.replace("\r", "")
+    if "\n" not in text:
+        return _bytes_html(text), [], ""
+    lines = text.split("\n")
+    if not ev.in_output:
+        return NEWLINE_MARK.join(map(_bytes_html, lines)), ["tok-has-nl"], ""
+    if lines[-1] == "":            # ends in newlines: the marks in the span, the breaks after it
+        head = text.rstrip("\n")
+        return _bytes_html(head) + NEWLINE_MARK * (len(text) - len(head)), ["tok-has-nl"], "\n" * (len(text) - len(head))
+    return (NEWLINE_MARK + "\n").join(map(_bytes_html, lines)), [], ""
+
+
+def _bytes_html(text: str) -> str:
+    """Escaped text, a lone byte (U+FFFD after decoding) drawn as ⟨byte⟩."""
+    return esc(text).replace("\ufffd", '<span class="tok-bytes">⟨byte⟩</span>')
 
 
 def _prompt_html(prompt: str | None) -> str:
@@ -294,7 +314,7 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
     if not isinstance(ev, TokenEvent):
         raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
     diff_positions, latest_block = marks
-    text, extra = token_text_html(ev)
+    text, extra, after = token_text_html(ev)
     cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
            *filter(None, [whatif_class(ev, whatif) if whatif is not None else None])]
     if diff_positions and ev.in_output and ev.position in diff_positions:
@@ -306,7 +326,7 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
     attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
              + (' data-pass-end="1"' if ev.pass_end else ""))
     run = (cfg.lam, cfg.tau, whatif, cfg.method, cfg.relax) if cfg is not None else (None, None, whatif)
-    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>'
+    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
 
 
 def _nav_bar(n: dict) -> str:
@@ -343,10 +363,13 @@ def detail_panel() -> str:
             'aria-label="close">✕</button><div class="csd-detail-body"></div></div>')
 
 
-def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None) -> str:
-    """One plain sentence per colour and mark."""
+def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None,
+                  key: bool = False) -> str:
+    """One plain sentence per colour and mark; ``key``: the marks alone on a line or two (each sentence a
+    tooltip), to sit beside an answer."""
     def item(cls: str, label: str, sentence: str) -> str:
-        return f'<li><span class="tok {cls}">{esc(label)}</span><span class="s">{esc(sentence)}</span></li>'
+        return (f'<li><span class="tok {cls}" title="{esc(sentence)}">{esc(label)}</span>'
+                f'<span class="s">{esc(sentence)}</span></li>')
 
     items = [item(cls, label, sentence)
              for st, (cls, label, sentence) in STATUS_STYLE.items() if statuses is None or st in statuses]
@@ -356,7 +379,11 @@ def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence
         items.append(item(f"tok-rescued {WHATIF_REJECT}", *WHATIF_STYLE[WHATIF_REJECT]))
     if diff:
         items.append(item("tok-accepted diff", "departs", DIFF_SENTENCE))
-    return f'<div class="csd-legend" role="note"><ul>{"".join(items)}</ul></div>'
+    if key:
+        items.insert(0, '<li class="k">Colours:</li>')
+        items.append(f'<li><span class="tok tok-accepted tok-has-nl" title="{esc(NEWLINE_SENTENCE)}">'
+                     f'{NEWLINE_MARK}</span><span class="s">{esc(NEWLINE_SENTENCE)}</span></li>')
+    return f'<div class="csd-legend{" csd-key" if key else ""}" role="note"><ul>{"".join(items)}</ul></div>'
 
 
 def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = None) -> int:

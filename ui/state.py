@@ -77,6 +77,7 @@ class Services:
     default_activations: str = ""     # an int8 target's activation scales a new session runs with ("row"/"pass")
     decoders: dict = field(default_factory=dict)  # the decoder of each activation mode met so far
     batcher: object | None = None     # csd.runtime.batch.Batcher: the runs in flight decode together (concurrency > 1)
+    model_threads: int = 0            # CPU threads of the model's passes (not of the thread that reads the page)
 
     def new_memory(self) -> CorrectionMemory:
         if self.base_memory is None:
@@ -89,8 +90,10 @@ def make_services(pair: ModelPair, store=None, settings: Settings | None = None,
     settings = settings or Settings()
     decoder = Decoder(pair, costs=costs)
     batcher = Batcher(pair) if settings.concurrency > 1 and can_batch(pair) else None
+    # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
+    threads = batcher.threads if batcher is not None else pair.describe()["threads"]
     return Services(pair, decoder, store, settings, decoder.default_memory(),
-                    default_activations=pair.int8_activations, batcher=batcher)
+                    default_activations=pair.int8_activations, batcher=batcher, model_threads=threads)
 
 
 @dataclass

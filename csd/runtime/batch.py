@@ -76,7 +76,8 @@ class Batcher:
         self._members: set[int] = set()     # the runs in flight (their target caches' ids)
         self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
         ready = threading.Event()
-        threading.Thread(target=self._serve, args=(torch.get_num_threads(), ready), name="csd-batcher",
+        self.threads = torch.get_num_threads()     # the model thread's (its creator's count: csd.runtime.threads)
+        threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher",
                          daemon=True).start()
         ready.wait()        # the model thread holds its cores before the caller's next step (csd.runtime.threads)
 

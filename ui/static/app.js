@@ -89,18 +89,6 @@
       : s.scrollLeft + s.clientWidth >= s.scrollWidth - 2 ? 'end' : 'more';
     if (box.getAttribute('data-scrolls') !== state) box.setAttribute('data-scrolls', state);
   });
-  // A value typed into a slider's number box beyond its range: gradio's slider clamps it when the box
-  // loses focus, while the box keeps what was typed, so the run would use a value the page does not show
-  // (λ -1 ran as 0, γ 1000 as 32). The clamp is kept from running: the value stays as typed, and the
-  // server's check of the slider (csd.ui.tabs.inputs) refuses it with its range named, at the box and at
-  // the click, before anything runs.
-  document.addEventListener('blur', (e) => {
-    const box = e.target;
-    if (!(box instanceof HTMLInputElement) || box.type !== 'number' || !box.closest('.block')) return;
-    if (!box.closest('.block').querySelector('input[type=range]')) return;      // a slider's box only
-    const v = Number(box.value), lo = Number(box.min), hi = Number(box.max);
-    if (box.value.trim() !== '' && (v < lo || v > hi)) e.stopImmediatePropagation();
-  }, true);
   window.addEventListener('resize', markScrollers);
   document.addEventListener('scroll', (e) => { if (e.target.classList && e.target.classList.contains('csd-scroll')) markScrollers(); }, true);
   // Teach: after a click on Run, Next or Back, bring the iteration it drew into view once (at 1280x720
@@ -120,8 +108,19 @@
     const top = next && next.offsetParent !== null ? Math.min(next.getBoundingClientRect().top, r.top) : r.top;
     window.scrollBy(0, (r.bottom - top <= window.innerHeight - 16 ? top : r.top) - 8);
   }
+  // a phone: the bar of settings starts folded, so that the prompt and Generate are on the first screen
+  // (clicked until it shows folded: a click before gradio has wired the toggle does nothing; then left alone)
+  let barFolded = window.innerWidth >= 700, barTries = 0;
+  const foldBar = () => {
+    const toggle = !barFolded && document.querySelector('#bar .label-wrap');
+    if (!toggle) return;
+    if (!toggle.classList.contains('open') || ++barTries > 50) { barFolded = true; return; }
+    toggle.click();
+    setTimeout(foldBar, 100);
+  };
   // keep a pinned token pinned while the answer streams in (the HTML is replaced at every pass)
   new MutationObserver(() => {
+    foldBar();
     showTeach();
     for (const [view, i] of Object.entries(pins)) {
       const box = document.querySelector('[data-csd-view="' + view + '"]');

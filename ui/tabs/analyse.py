@@ -148,14 +148,21 @@ def build(page: Page):
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     scope_choices = [*scopes(services), SCOPE_MEMORY]
     with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
-        gr.HTML(render.render_legend(), elem_id="analyse-legend")
-        # the answer the sliders recolour first, near them; the charts of the scope below it
-        a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
-                             label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the folded "
-                                   "panel's parameters)", elem_id="whatif-rule")
-        a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
-        a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
-        gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
+        # the answer the λ/τ sliders recolour and the what-if map they move over, side by side right under the
+        # bar, so that a slider and what it changes are in view together; the full legend folded
+        gr.HTML(render.render_legend(key=True), elem_id="analyse-key")
+        with gr.Accordion("What the colours and marks mean", open=False, elem_id="analyse-legend-panel"):
+            gr.HTML(render.render_legend(), elem_id="analyse-legend")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=320):
+                a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
+                                     label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the "
+                                           "folded panel's parameters)", elem_id="whatif-rule")
+                a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")
+                a_tokens = gr.HTML(render.render_tokens([], view="analyse-tokens"), elem_id="analyse-tokens")
+                gr.HTML(render.detail_panel(), elem_id="analyse-tokens-detail")
+            with gr.Column(scale=1, min_width=320):
+                heat = gr.Plot(label="What-if heatmap", show_label=False, elem_id="whatif-plot")
         with gr.Row():
             scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="scope",
                              info="'all runs' is shared: it shows every user's answers" if s.shared_scope
@@ -166,9 +173,7 @@ def build(page: Page):
         with gr.Row():
             pareto = gr.Plot(label="Pareto chart", show_label=False, elem_id="pareto-plot")
             gaps = gr.Plot(label="Logit gaps", show_label=False, elem_id="gap-plot")
-        with gr.Row():
-            positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
-            heat = gr.Plot(label="What-if heatmap", show_label=False, elem_id="whatif-plot")
+        positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
         with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
                           elem_id="frontier-panel"):
             frontier_data = figures.load_frontier(s.frontier_file)

@@ -336,7 +336,7 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
     with gr.Row():
         scope = gr.Radio(scope_choices, value=SCOPE_SESSION, label="Scope", elem_id="e-scope",
                          info="'all runs' is shared: it shows every user's answers" if s.shared_scope else None)
-        run = number("Run id", value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
+        run = number("Run id", optional=True, value=0, precision=0, label="Run id (0 = the scope)", minimum=0)
         status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
                                   elem_id="e-status")
     with gr.Row():

@@ -138,7 +138,7 @@ def _settings_column(s) -> dict:
                            label="Temperature (0 = greedy)", elem_id="temperature"),
         max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
                               value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
-        seed=number("Seed", value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
+        seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
         lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens that "
                            "followed the last few earlier, where the costs say it pays (sd and csd; underlined)",
                            elem_id="lookup"))
@@ -164,6 +164,8 @@ def build(page: Page):
                 summary = gr.HTML("", elem_id="summary")
                 whatif_md = gr.Markdown(elem_id="whatif-line")
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
+                # the colours' key at the column's top: in view beside the answer as it streams (1440x900)
+                gr.HTML(render.render_legend(key=True, whatif=False), elem_id="legend-key")
                 own = _settings_column(s)
         gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
                     elem_id="examples")

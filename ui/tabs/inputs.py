@@ -39,7 +39,7 @@ def _check_slider(self: gr.Slider, payload):
 
 
 def _check_number(self: gr.Number, payload):
-    if payload is not None:       # an empty box: the handler decides (an empty seed is no seed)
+    if payload is not None or not self.csd_optional:    # an empty optional box: no value (an empty seed is no seed)
         check_range(self.csd_what, payload, self.minimum, self.maximum, whole=self.precision == 0,
                     note=self.csd_note)
     return type(self).preprocess(self, payload)
@@ -63,9 +63,14 @@ def slider(what: str, minimum: float, maximum: float, *, note: str = "", **kw) -
     return _named(gr.Slider(minimum, maximum, **kw), _check_slider, what, note)
 
 
-def number(what: str, *, note: str = "", **kw) -> gr.Number:
-    """A gr.Number whose refusals name ``what`` and its range (an empty box passes)."""
-    return _named(gr.Number(**kw), _check_number, what, note)
+def number(what: str, *, note: str = "", optional: bool = False, **kw) -> gr.Number:
+    """A gr.Number whose refusals name ``what`` and its range; an empty box passes only if ``optional`` (its class
+    ``csd-optional`` tells the page's script, ``static/numbers.js``, which checks the box as typed)."""
+    if optional:
+        kw["elem_classes"] = [*(kw.get("elem_classes") or []), "csd-optional"]
+    comp = _named(gr.Number(**kw), _check_number, what, note)
+    comp.csd_optional = optional
+    return comp
 
 
 def dropdown(what: str, choices, **kw) -> gr.Dropdown:

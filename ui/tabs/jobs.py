@@ -21,16 +21,18 @@ from .common import decoder_for, ensure_session, error, warn
 
 log = logging.getLogger(__name__)
 
-ORPHAN_S = 20.0     # a request waiting this long with nothing ahead of it never reached the queue
+ORPHAN_S = 20.0     # a request this long in the lane and never seen in gradio's queue never reached it
 
 
-def request_job(services: Services, kind: str, sess: Session | None, prompt: str | None = None, chat: bool = True):
-    """A click asking for model work, answered at once: a bad prompt is refused, else the request joins the lane.
-    -> (session, status line, status timer)."""
+def request_job(services: Services, kind: str, sess: Session | None, prompt: str | None = None, chat: bool = True,
+                session_hash: str = "", event: str = ""):
+    """A click asking for model work, answered at once: a bad prompt is refused, else the request joins the lane
+    (``session_hash``, ``event``: the page's gradio session and the api_name of the run it queues next, by which
+    the lane finds that run in gradio's queue). -> (session, status line, status timer)."""
     sess = ensure_session(services, sess)
     if prompt is not None:
         prompt_ids(services, prompt, chat)
-    job = services.lane.request(sess.session_id, kind)
+    job = services.lane.request(sess.session_id, kind, session_hash, event)
     sess.pending[kind].append(job)
     sess.jobs[kind] = job
     return sess, status_line(services, sess, kind), gr.Timer(active=True)
@@ -107,26 +109,29 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         return render.render_status(f"Stopping… ({what}) · {_ago(job.elapsed(now))}", "stopping")
     if job.waiting:
         services.lane.touch(job)
-        ahead = services.lane.ahead(job)
-        if _orphan(services, sess, job, ahead, now):
+        pos = services.lane.position(job)
+        if _orphan(services, sess, job, pos, now):
             return render.render_status(job.summary, "stopped")
-        if not ahead:
+        slots = max(1, services.settings.concurrency)
+        if not pos.waiting and len(pos.running) < slots:
             return render.render_status(f"Starting… (waited {_ago(now - job.queued_at)})", "waiting")
-        running = [j for j in ahead if j.running]
-        first = running[0] if running else None
-        doing = f" The one running: {_run_progress(first, now)}." if first else ""
-        n, slots = len(ahead), services.settings.concurrency
-        est = services.lane.estimate(n, slots)
-        more = f"; about {_ago(est[0])} more, from the last {plural(est[1], 'run')}" if est else ""
-        return render.render_status(f"Waiting for the model: {plural(n, 'request')} ahead of yours "
+        first = pos.running[0] if pos.running else None
+        doing = f" The one running: {_run_progress(first, now)}." if len(pos.running) == 1 else \
+            f" {len(pos.running)} running; the first: {_run_progress(first, now)}." if first else ""
+        est = services.lane.estimate(pos.waiting, pos.running, slots, now)
+        more = "" if est is None else f"; about {_ago(est[0])} more, from the last {plural(est[1], 'run')}" \
+            if est[0] >= 1 else f"; any moment now, from the last {plural(est[1], 'run')}"
+        return render.render_status(f"Waiting for the model: {plural(len(pos), 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
 
 
-def _orphan(services: Services, sess: Session, job: Job, ahead: list[Job], now: float) -> bool:
-    """True, and the job finished, if it waits with nothing ahead long after the queue would have started it
-    (refused on its way)."""
-    if ahead or now - job.queued_at <= ORPHAN_S:
+def _orphan(services: Services, sess: Session, job: Job, pos, now: float) -> bool:
+    """True, and the job finished, if its run never reached gradio's queue long after the click (refused on its
+    way). Without a view of the queue (the handlers alone): if it waits with nothing ahead that long."""
+    if now - job.queued_at <= ORPHAN_S:
+        return False
+    if (job.reached or pos.queued) if services.lane.queue is not None else len(pos):
         return False
     q = sess.pending[job.kind]
     if job in q:
@@ -142,7 +147,7 @@ def poll_status(services: Services, sess: Session | None):
         for job in sess.all_jobs():
             if job.waiting and job is not sess.jobs.get(job.kind):
                 services.lane.touch(job)
-                _orphan(services, sess, job, services.lane.ahead(job), now)
+                _orphan(services, sess, job, services.lane.position(job), now)
     lines = [status_line(services, sess, k) for k in ("generate", "compare", "teach", "calibrate")]
     busy = isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())
     return (*lines, gr.Timer(active=busy))

@@ -93,8 +93,9 @@ class Page:
         prompt_in = [named[k] for k in ("prompt", "chat") if k in named]
         n = len(prompt_in)
 
-        def ask_for(sess, *values):     # the prompt (and chat), then the checked settings
-            return request_job(services, kind, sess, *values[:n])
+        def ask_for(request: gr.Request, sess, *values):     # the prompt (and chat), then the checked settings
+            return request_job(services, kind, sess, *values[:n], session_hash=request.session_hash or "",
+                               event=api_name)
 
         ask = btn.click(ask_for, [sess, *prompt_in, *check_in],
                         [sess, self.status[kind], self.status_timer], show_progress="hidden",
