@@ -12,7 +12,6 @@ from pathlib import Path
 from csd.config import (
     DEFAULT_LOOKUP,
     GAMMA_AUTO,
-    METHOD_HELP,
     METHODS,
     PRESETS,
     ConfigError,
@@ -20,6 +19,7 @@ from csd.config import (
     default_lookup,
     parse_gamma,
 )
+from csd.rule import FLY, LOSSY, TOPK, TYPICAL
 
 from .common import (
     add_model_args,
@@ -29,6 +29,21 @@ from .common import (
     rival_values,
     tqdm_progress,
 )
+
+METHOD_HELP = {   # --method's help: a sentence a method
+    "ar": "the target alone, autoregressive (baseline)",
+    "sd": "standard speculative decoding (a draft token is kept only where it is the target's top-1)",
+    "csd": "SD + Online Correction Memory + Semantic Consistency Gate",
+    "ocm-only": "ablation: memory without gate (rescue any pattern with count >= lambda)",
+    "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
+    LOSSY: "rival, lossy SD: keep a draft token whose target probability is at least --tau-lossy times the top-1's",
+    TOPK: "rival, TensorRT-LLM's relaxed acceptance: keep a draft token in the target's --topk within --delta "
+          "of the top-1's probability",
+    TYPICAL: "rival, vLLM/Medusa typical acceptance: keep a draft token with p > min(--posterior-threshold, "
+             "--posterior-alpha * exp(-entropy))",
+    FLY: "rival, FLy: forgive a mismatch when the next --win-len - 1 draft tokens match and the target's top-3 "
+         "entropy is at least --entropy-thre (needs blocks longer than --win-len: use a fixed --gamma, e.g. 15)",
+}
 
 
 def add_parsers(sub) -> None:

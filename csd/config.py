@@ -9,26 +9,6 @@ from dataclasses import dataclass, field, fields
 from .rule import ALL_SCORES, FLY, LOSSY, RIVALS, TOPK, TYPICAL, Relax, Rescue, log_tau
 
 METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only") + RIVALS
-METHOD_SHORT = {   # the app's method picker: fits a narrow column
-    "ar": "target alone", "sd": "speculative, top-1 match", "csd": "SD + memory + gate",
-    "ocm-only": "memory, no gate", "scg-only": "gate, no memory",
-    LOSSY: "rival: p ≥ τ·p(top-1)", TOPK: "rival: top-k within δ", TYPICAL: "rival: typical acceptance",
-    FLY: "rival: FLy deferred window",
-}
-METHOD_HELP = {
-    "ar": "the target alone, autoregressive (baseline)",
-    "sd": "standard speculative decoding (a draft token is kept only where it is the target's top-1)",
-    "csd": "SD + Online Correction Memory + Semantic Consistency Gate",
-    "ocm-only": "ablation: memory without gate (rescue any pattern with count >= lambda)",
-    "scg-only": "ablation: gate without memory (rescue any divergence with gap >= log tau)",
-    LOSSY: "rival, lossy SD: keep a draft token whose target probability is at least --tau-lossy times the top-1's",
-    TOPK: "rival, TensorRT-LLM's relaxed acceptance: keep a draft token in the target's --topk within --delta "
-          "of the top-1's probability",
-    TYPICAL: "rival, vLLM/Medusa typical acceptance: keep a draft token with p > min(--posterior-threshold, "
-             "--posterior-alpha * exp(-entropy))",
-    FLY: "rival, FLy: forgive a mismatch when the next --win-len - 1 draft tokens match and the target's top-3 "
-         "entropy is at least --entropy-thre (needs blocks longer than --win-len: use a fixed --gamma, e.g. 15)",
-}
 GAMMA_RANGE = (1, 32)
 LOOKUP_NGRAM_MAX = 4   # the longest suffix csd.lookup matches
 GAMMA_AUTO = "auto"   # the block length chosen per block by csd.policy.AutoGamma

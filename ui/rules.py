@@ -11,6 +11,12 @@ from csd.rule import FLY, LOSSY, TOPK, TYPICAL, Relax, Rescue
 RIVAL_FIELDS = tuple(p for ps in RIVAL_PARAMS.values() for p in ps)   # the app's order of the rivals' inputs
 INT_FIELDS = ("topk", "win_len")
 WHATIF_METHODS = ("csd", "sd", "ocm-only", "scg-only", LOSSY, TOPK, TYPICAL, FLY)   # Analyse's what-if choices
+METHOD_SHORT = {   # the app's method picker: fits a narrow column
+    "ar": "target alone", "sd": "speculative, top-1 match", "csd": "SD + memory + gate",
+    "ocm-only": "memory, no gate", "scg-only": "gate, no memory",
+    LOSSY: "rival: p ≥ τ·p(top-1)", TOPK: "rival: top-k within δ", TYPICAL: "rival: typical acceptance",
+    FLY: "rival: FLy deferred window",
+}
 
 
 def num(x: float | None, nd: int = 2) -> str:

@@ -10,7 +10,7 @@ import logging
 import gradio as gr
 import numpy as np
 
-from csd.config import METHOD_SHORT, ConfigError
+from csd.config import ConfigError
 from csd.db import analytics as A
 
 from .. import figures, render, rules
@@ -155,7 +155,7 @@ def build(page: Page):
             gr.HTML(render.render_legend(), elem_id="analyse-legend")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=320):
-                a_rule = gr.Dropdown([(f"{m} — {METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
+                a_rule = gr.Dropdown([(f"{m} — {rules.METHOD_SHORT[m]}", m) for m in rules.WHATIF_METHODS], value="csd",
                                      label="What-if rule for the last answer (csd: the λ/τ sliders; a rival: the "
                                            "folded panel's parameters)", elem_id="whatif-rule")
                 a_heading = gr.Markdown("**Last answer under the λ/τ sliders**", elem_id="analyse-heading")

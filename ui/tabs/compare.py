@@ -10,11 +10,12 @@ from functools import partial
 
 import gradio as gr
 
-from csd.config import METHOD_SHORT, METHODS
+from csd.config import METHODS
 from csd.events import KEPT_DIVERGENCES, REJECTED, RELAXED, common_prefix
 
 from .. import figures, render
 from ..render import plural
+from ..rules import METHOD_SHORT
 from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import (

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from csd.config import DEFAULT_LOOKUP, METHOD_SHORT, METHODS
+from csd.config import DEFAULT_LOOKUP, METHODS
 from csd.events import RunMetrics
 
 from .. import export, render
+from ..rules import METHOD_SHORT
 from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
