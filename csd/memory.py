@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from .rule import top_share
-from .runtime.fileio import read_maybe_gzip, write_json
+from .runtime.fileio import read_or_raise, write_json
 
 DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 
@@ -102,12 +102,7 @@ class CorrectionMemory:
     @classmethod
     def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> CorrectionMemory:
         path = Path(path)
-        try:
-            raw = read_maybe_gzip(path)
-        except OSError as e:
-            raise MemoryFileError(f"cannot read memory file {str(path)!r}: {e.strerror}") from None
-        except ValueError as e:
-            raise MemoryFileError(str(e)) from None
+        raw = read_or_raise(path, MemoryFileError, "memory file ")
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):

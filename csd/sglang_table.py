@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .memory import CorrectionMemory, MemoryFileError
-from .runtime.fileio import atomic_write, read_maybe_gzip
+from .runtime.fileio import atomic_write, read_maybe_gzip, read_or_raise
 from .runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
 
 MAX_TOKEN_ID = (1 << 31) - 1          # SGLang's CSD_MAX_TOKEN_ID: an id is packed into 32 bits
@@ -192,12 +192,7 @@ def parse_table(text: str, jsonl: bool, vocab: Vocabulary | None = None) -> Tabl
 def read_table(path: str | os.PathLike, vocab: Vocabulary | None = None) -> Table:
     """``parse_table`` on a file (gzip allowed); JSON lines when the name ends in ``.jsonl`` (or ``.jsonl.gz``)."""
     path = Path(path)
-    try:
-        raw = read_maybe_gzip(path)
-    except OSError as e:
-        raise TableError(f"cannot read {str(path)!r}: {e.strerror}") from None
-    except ValueError as e:
-        raise TableError(str(e)) from None
+    raw = read_or_raise(path, TableError)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -71,6 +71,16 @@ def read_maybe_gzip(path: str | os.PathLike) -> bytes:
     return raw
 
 
+def read_or_raise(path: str | os.PathLike, error: type[Exception], what: str = "") -> bytes:
+    """``read_maybe_gzip``, its failures raised as ``error``: "cannot read {what}'path': why", or the damage."""
+    try:
+        return read_maybe_gzip(path)
+    except OSError as e:
+        raise error(f"cannot read {what}{str(path)!r}: {e.strerror}") from None
+    except ValueError as e:
+        raise error(str(e)) from None
+
+
 def read_json(path: str | os.PathLike):
     """JSON from a plain or gzipped file (OSError: unreadable; ValueError: damaged or not JSON)."""
     return json.loads(read_maybe_gzip(path))
