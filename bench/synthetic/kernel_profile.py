@@ -71,22 +71,11 @@ def tiny_pass_ops(gamma: int = 6) -> dict[str, int]:
     draft.forward(dc, list(range(20)), 1)
     target.forward(tc, list(range(20)), 1)
     out = {"draft step": launches(count_ops(lambda: draft.forward(dc, [7], 1))),
-           f"draft block of {gamma}": launches(count_ops(lambda: _block(draft, dc, torch.tensor([7]), gamma)))}
+           f"draft block of {gamma}": launches(count_ops(lambda: draft.draft_block(dc, torch.tensor([7]), gamma)))}
     for t in VERIFY_LENGTHS:
         target.crop(tc, 20)
         out[f"verify pass of {t}"] = launches(count_ops(lambda t=t: target.forward(tc, [7] * t, t)))
     return out
-
-
-def _block(lm, cache, x: torch.Tensor, gamma: int) -> torch.Tensor:
-    """A draft block as the decode loop drafts it on the device (``csd.decode``)."""
-    if hasattr(lm, "draft_block"):
-        return lm.draft_block(cache, x, gamma)
-    xs = []
-    for _ in range(gamma):                         # argmax feeds the next step
-        x = lm.forward(cache, x, 1)[-1].argmax().view(1)
-        xs.append(x)
-    return torch.cat(xs)
 
 
 def _sync(device: torch.device) -> None:
@@ -151,8 +140,8 @@ def profile_pair(name: str, device: torch.device, dtype: torch.dtype, gamma: int
         return measure_call(lm, run)
 
     calls = {"draft step": call(draft, dc, lambda: draft.forward(dc, [7], 1)),
-             f"draft block of {gamma}": call(draft, dc, lambda: _block(draft, dc, torch.tensor([7], device=device),
-                                                                      gamma))}
+             f"draft block of {gamma}": call(draft, dc, lambda: draft.draft_block(dc, torch.tensor([7], device=device),
+                                                                                  gamma))}
     for t in VERIFY_LENGTHS:
         calls[f"verify pass of {t}"] = call(target, tc, lambda t=t: target.forward(tc, [7] * t, t))
     if device.type == "cuda":

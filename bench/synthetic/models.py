@@ -112,6 +112,8 @@ class ScriptedDraft(LM):
             "boost": torch.zeros(cap + 2, device=inner.device),
             "ok": torch.zeros(cap + 2, dtype=torch.bool, device=inner.device),
             "steps": torch.arange(cap + 2, device=inner.device)}
+        if self._fixed is not None:
+            self.draft_block = self._draft_block
 
     @property
     def device(self) -> torch.device:
@@ -168,15 +170,9 @@ class ScriptedDraft(LM):
         ok[0] = True
         return ScriptedCache(self.inner.new_cache(), ok)
 
-    def draft_block(self, cache: ScriptedCache, feed, g: int) -> torch.Tensor:
-        """``csd.runtime.static.StaticLM.draft_block`` with the script's coin inside the block (one graph on CUDA);
-        over another draft, the steps one by one as ``csd.decode`` takes them."""
-        if self._fixed is None:
-            xs, x = [], feed
-            for _ in range(g):
-                x = self.forward(cache, x, 1)[-1].argmax().view(1)
-                xs.append(x)
-            return torch.cat(xs)
+    def _draft_block(self, cache: ScriptedCache, feed, g: int) -> torch.Tensor:
+        """``csd.runtime.static.StaticLM.draft_block`` with the script's coin inside the block (one graph on
+        CUDA); the ``draft_block`` of a scripted static draft only (over another, csd.decode steps itself)."""
         return self.inner.draft_block(cache.inner, feed, g, self._adjust(cache) if self._path is not None else None)
 
     def _adjust(self, cache: ScriptedCache):

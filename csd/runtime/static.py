@@ -108,6 +108,11 @@ class StaticLM(LM):
             raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
         cache.n = length          # what lies beyond is overwritten before any query can see it
 
+    def _check_owner(self, cache: StaticCache) -> None:
+        if cache.owner != self._owner:
+            raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
+                               "one run at a time per model")
+
     def check_room(self, tokens: int, what: str = "this request") -> None:
         """Refuse, before any pass, a run that would hold more than the cache's capacity."""
         if tokens > self.capacity:
@@ -164,9 +169,7 @@ class StaticLM(LM):
         return lean.layers_over(x, cos, sin, write, attend, _rotate)
 
     def forward(self, cache: StaticCache, ids: list[int] | torch.Tensor, keep: int) -> torch.Tensor:
-        if cache.owner != self._owner:
-            raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
-                               "one run at a time per model")
+        self._check_owner(cache)
         ids = ids_tensor(ids, self.device)
         t, start = ids.numel(), cache.n
         self.check_room(start + t, "this pass")
@@ -194,16 +197,15 @@ class StaticLM(LM):
         the block itself (the same keys and values at the same positions), so it may happen mid-run.
         ``adjust(logits (1, V), first position (1,), ids)``: a change of each step's logits that reads only
         device tensors of fixed addresses (the benchmark's scripted draft)."""
-        if cache.owner != self._owner:
-            raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
-                               "one run at a time per model")
+        self._check_owner(cache)
         ids = ids_tensor(feed, self.device)
         t, start = ids.numel(), cache.n
         if g < 1:
             raise ValueError(f"a draft block drafts at least one token, got {g}")
         end = start + t + g - 1                     # the last proposal is not fed: its key is not written
         self.check_room(end, "this draft block")
-        span, key = self.span(end), ("block", t, g, self.span(end), adjust is not None)
+        span = self.span(end)
+        key = ("block", t, g, span, adjust is not None)
         self._pos.fill_(start)
         graph = self.graphs.get(key)
         if graph is None and self.device.type == "cuda" and key not in self._failed:
@@ -246,18 +248,7 @@ class StaticLM(LM):
         try:
             with torch.inference_mode():
                 ids_in = ids.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._pos.fill_(start)
-                    self._draft_steps(ids_in, g, span, adjust)
-            torch.cuda.current_stream().wait_stream(side)
-            gr = torch.cuda.CUDAGraph()
-            self._pos.fill_(start)
-            self._pool = self._pool or torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(gr, pool=self._pool):
-                out = self._draft_steps(ids_in, g, span, adjust)
+            gr, out = self._record(lambda: self._draft_steps(ids_in, g, span, adjust), lambda: self._pos.fill_(start))
         except Exception as e:        # noqa: BLE001 - any capture failure: the eager steps compute the same
             log.warning("draft block graph (feed %d, gamma %d, span %d) not captured, drafting step by step: %s",
                         t, g, span, e)
@@ -265,6 +256,24 @@ class StaticLM(LM):
             return None
         self.graphs[key] = (gr, ids_in, out)
         return self.graphs[key]
+
+    def _record(self, run: Callable[[], torch.Tensor], reset: Callable[[], object]):
+        """(graph, its output buffer): ``run`` twice off the capture on a side stream (allocator, kernel
+        choice), then captured into the model's one memory pool; ``reset`` sets the position before each
+        (outside the graph, whose replays start wherever the caller put it)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                reset()
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        reset()
+        self._pool = self._pool or torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = run()
+        return graph, out
 
     def capture(self, shapes: Iterable[tuple[int, int]], progress: Callable[[str, float], None] | None = None,
                 name: str = "model") -> None:
@@ -279,23 +288,14 @@ class StaticLM(LM):
         shapes = sorted(((t, keep, s) for t, keep in shapes for s in self.spans if s >= t), reverse=True,
                         key=lambda x: (x[2], x[0]))
         t0 = time.perf_counter()
-        pool = self._pool = self._pool or torch.cuda.graph_pool_handle()
         for i, (t, keep, span) in enumerate(shapes):
             if progress:
                 progress(f"{'compiling and ' * (self.impl == 'compiled')}capturing CUDA graphs: {name}, pass of {t} "
                          f"over {span}", i / len(shapes))
             with torch.inference_mode():           # as the decode loop's ids (a compiled pass checks)
                 ids_in = torch.zeros(t, dtype=torch.long, device=self.device)
-            self._pos.zero_()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):           # warm-up off the capture (allocator, kernel choice)
-                for _ in range(2):
-                    self._step(ids_in, keep, span)
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self._step(ids_in, keep, span)
+            g, out = self._record(lambda ids_in=ids_in, keep=keep, span=span: self._step(ids_in, keep, span),
+                                  self._pos.zero_)
             self.graphs[(t, keep, span)] = (g, ids_in, out)
         torch.cuda.synchronize()
         self.capture_s += time.perf_counter() - t0
