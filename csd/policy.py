@@ -13,7 +13,9 @@ than the plain steps it saves, ``plan`` and ``more`` answer 0 drafted tokens: pl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .block import DRAFT
@@ -26,9 +28,10 @@ BINS = 10            # confidence bins of the online calibration
 PRIOR_WEIGHT = 2.0   # pseudo-observations of each bin's prior
 POSITION_PRIOR = (0.8, 4.0)   # keep rate of a draft position before the run has seen it: (rate, weight)
 FADE = 0.9           # per block in which a position is not decided, its evidence weighs this share less
-COST_WEIGHT = 0.2    # weight of the newest block in the run's own cost estimates (online)
-OVERHEAD_WEIGHT = 0.5   # weight of the newest block's host share (a machine's host time moves little)
-OVERHEAD_FADE = 0.98    # per plain step, the drafting share not measured since fades back to the profile's
+WINDOW = 5           # the newest samples of each measured cost (online); their median is what the policy plans with
+SEEDS = 2            # the profile's value counts as this many samples (one or two slow blocks move nothing)
+OVERHEAD_FADE = 0.98    # per plain step, the drafting share not measured since fades back to the profile's...
+TIMED_FADE = 0.7        # ...faster where the passes are timed apart (the CPU): a burst's share is then the host's alone
 
 
 class Policy(Protocol):
@@ -74,15 +77,44 @@ class FixedGamma:
 @dataclass
 class Learned:
     """The costs a policy plans with, moved by what the runs measure (``online``); a decoder hands one
-    record to each of its runs, so that a run starts from what the runs before it measured."""
-    verify_scale: float = 1.0       # measured verify time over the profile's
+    record to each of its runs, so that a run starts from what the runs before it measured.
+
+    A busy machine (a compile, a browser) slows a draft step, a verify pass and the host's work alike, in
+    bursts. So each sample is taken relative to its own block's slowdown (the block's verify time over
+    the profile's), and each cost is the median of its newest ``WINDOW`` samples, the profile's value
+    counting as ``SEEDS`` of them: one or two slow blocks move nothing, a lasting change moves it within
+    three, and uniform contention leaves the plan as it was (every cost scales with ``verify_scale``)."""
+    verify_scale: float = 1.0       # the machine's slowdown now: measured verify time over the profile's
     draft_ms: float | None = None   # a draft token (None: the profile's)
     pass_ms: float | None = None    # the host's share of any pass (None: the profile's)
     extra_ms: float | None = None   # the host's extra share of a block that drafts (None: the profile's)
+    samples: dict[str, deque] = field(default_factory=dict)   # per cost, its newest samples at quiet speed
 
     @classmethod
     def of(cls, costs: CostModel) -> Learned:
         return cls(1.0, costs.draft_ms, costs.pass_overhead_ms, costs.draft_overhead_ms)
+
+    def note(self, name: str, quiet_value: float, prior: float) -> None:
+        """A sample of a cost at quiet speed (its block's time divided by that block's slowdown)."""
+        window = self.samples.setdefault(name, deque([prior] * SEEDS, maxlen=WINDOW))
+        window.append(quiet_value)
+        self._set(name)
+
+    def fade(self, name: str, prior: float, share: float) -> None:
+        """Each sample of a cost moves towards ``prior``, keeping this ``share`` of its distance."""
+        if name in self.samples:
+            self.samples[name] = deque((prior + share * (x - prior) for x in self.samples[name]), maxlen=WINDOW)
+            self._set(name)
+
+    def _set(self, name: str) -> None:
+        value = statistics.median(self.samples[name])
+        if name == "verify_scale":
+            self.verify_scale = value
+            for other in ("draft_ms", "pass_ms", "extra_ms"):     # every cost at the machine's speed now
+                if other in self.samples:
+                    self._set(other)
+        else:
+            setattr(self, name, value * self.verify_scale)
 
 
 class AutoGamma:
@@ -189,28 +221,30 @@ class AutoGamma:
             self.measured(block)
 
     def measured(self, block: Block) -> None:
-        """Move the planning costs towards a block's measured times (where they were measured): the
-        passes' (the CPU times them apart), then the host's share, what the block's wall time leaves
-        over the passes (on a GPU the wall time is the one true figure: the transfer waits for the device).
-        A run's first block is not counted: its wall time may include the prompt's passes."""
-        w, c = COST_WEIGHT, self.learned
+        """Move the planning costs towards a block's measured times (``Learned``): the passes' where the CPU
+        times them apart, then the host's share, what the block's wall time leaves over its passes (on a GPU
+        the wall time is the one true figure: the transfer waits for the device). A run's first block is not
+        counted: its wall time may include the prompt's passes."""
+        c, costs = self.learned, self.costs
+        slow = 1.0                  # this block's slowdown: its verify pass over the profile's
         if block.verify_s is not None and block.pass_tokens:
-            ratio = 1000 * block.verify_s / self.costs.verify(block.pass_tokens)
-            c.verify_scale += w * (ratio - c.verify_scale)
+            slow = max(1000 * block.verify_s / costs.verify(block.pass_tokens), 1e-3)
+            c.note("verify_scale", slow, 1.0)
         drafted = block.source == DRAFT and block.size
         if drafted and block.draft_s is not None:
-            c.draft_ms += w * (1000 * block.draft_s / block.size - c.draft_ms)
+            c.note("draft_ms", 1000 * block.draft_s / block.size / slow, costs.draft_ms)
         if block.wall_s is None or block.index == 0 or not block.pass_tokens:
             return
-        passes = self.verify_scale * self.costs.verify(block.pass_tokens) + (self.draft_ms * block.size if drafted else 0)
-        rest, w = 1000 * block.wall_s - passes, OVERHEAD_WEIGHT
+        verify_ms = 1000 * block.verify_s if block.verify_s is not None else self.verify_scale * costs.verify(block.pass_tokens)
+        draft_ms = (1000 * block.draft_s if block.draft_s is not None else self.draft_ms * block.size) if drafted else 0.0
+        rest = max(1000 * block.wall_s - verify_ms - draft_ms, 0.0) / slow
         if not block.size:
-            c.pass_ms += w * (max(rest, 0.0) - c.pass_ms)
+            c.note("pass_ms", rest, costs.pass_overhead_ms)
             # not drafting, the drafting share is not measured: it fades back to the profile's, so that a
-            # spike (a capture, a busy moment) does not stop drafting for good
-            c.extra_ms = self.costs.draft_overhead_ms + OVERHEAD_FADE * (c.extra_ms - self.costs.draft_overhead_ms)
+            # burst (a capture, a busy moment) does not stop drafting for good
+            c.fade("extra_ms", costs.draft_overhead_ms, OVERHEAD_FADE if block.verify_s is None else TIMED_FADE)
         elif drafted:
-            c.extra_ms += w * (max(rest - c.pass_ms, 0.0) - c.extra_ms)
+            c.note("extra_ms", max(rest - c.pass_ms / self.verify_scale, 0.0), costs.draft_overhead_ms)
 
     def learn(self, confidences: list[float], kept: list[bool]) -> None:
         """Whether each decided position was kept, and the draft's confidence where it was read; the
