@@ -100,7 +100,7 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.cli.common import load_from_args, open_store
+    from csd.cli.common import choose_draft, load_from_args, open_store
     from csd.db.store import StoreOpenError
     from csd.runtime.pair import ModelLoadError
     from csd.runtime.static import STATIC_ENGINES
@@ -113,6 +113,7 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
+        choose_draft(args, ConsoleProgress())      # once a machine: int8 or int4, whichever runs faster here
         pair = load_from_args(args, progress=ConsoleProgress())
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)

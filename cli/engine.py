@@ -24,6 +24,7 @@ from csd.rule import FLY, LOSSY, TOPK, TYPICAL
 from .common import (
     add_model_args,
     add_rival_args,
+    choose_draft,
     load_from_args,
     open_store,
     rival_values,
@@ -217,6 +218,9 @@ def cmd_prepare(args) -> int:
     from csd.runtime.models import load_pair
     from csd.runtime.profile import cached_costs
     t0 = time.perf_counter()
+    defaults = argparse.ArgumentParser()
+    add_model_args(defaults, store=False)
+    choose_draft(defaults.parse_args([]))      # --draft-dtype auto: int8 or int4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
     if pair.target_repr == "int8":     # the app's exact int8 (per-token activations) has its own costs

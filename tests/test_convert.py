@@ -114,7 +114,7 @@ def test_a_failed_conversion_leaves_nothing_to_read(tmp_path, monkeypatch, one_t
     real = convert._convert_layer
     calls = []
 
-    def full_disk(w):
+    def full_disk(w, *how):
         calls.append(1)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")

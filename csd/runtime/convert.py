@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..events import Progress
 from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
-from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
+from .quant import Int4Linear, RowInt8Linear, in_threads, quantize_int4, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
 
 log = logging.getLogger(__name__)
@@ -232,10 +232,15 @@ def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[st
     return {k: torch.cat([p[k] for p in parts]) for k in ("head.w", "head.s")}
 
 
-def _convert_layer(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _int4(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
+    packed, sz = quantize_int4(w)
+    return {f"{prefix}.q4": packed, f"{prefix}.sz": sz}
+
+
+def _convert_layer(w: dict[str, torch.Tensor], bits: int = 8) -> dict[str, torch.Tensor]:
     out = {"ln1": w["ln1"], "ln2": w["ln2"]}
     for name, keys in PROJECTIONS.items():
-        out |= _int8(torch.cat([w[k] for k in keys]), name)
+        out |= (_int4 if bits == 4 else _int8)(torch.cat([w[k] for k in keys]), name)
         biases = [w.get(f"{k}_b") for k in keys]
         if any(b is not None for b in biases):
             out[f"{name}.b"] = torch.cat([b if b is not None else torch.zeros(w[k].shape[0])
@@ -245,9 +250,10 @@ def _convert_layer(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None = None,
             maxima: dict[str, torch.Tensor] | None = None, vocab_ids: torch.Tensor | None = None, key: dict,
-            progress: Progress | None = None) -> Path:
+            progress: Progress | None = None, bits: int = 8) -> Path:
     """Write the int8 lean model of ``source`` to the new directory ``out``. Smoothed with ``maxima``, or
-    with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows."""
+    with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows.
+    ``bits=4``: the decoder layers' weights in 4 bits (``csd.runtime.quant.Int4Linear``; a draft's), the head int8."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -255,7 +261,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
     n_layers = config.num_hidden_layers
 
     def write(i: int, w: dict[str, torch.Tensor]) -> None:
-        save_file(_convert_layer(w), out / f"layer-{i:03d}.safetensors")
+        save_file(_convert_layer(w, bits), out / f"layer-{i:03d}.safetensors")
         w.clear()
         release_memory(collect=False)
 
@@ -317,8 +323,11 @@ def check(path: Path, key: dict) -> dict:
 
 
 def _linear_from(f, prefix: str, rows: bool):
-    w, s = f.get_tensor(f"{prefix}.w"), f.get_tensor(f"{prefix}.s").clone()
     b = f.get_tensor(f"{prefix}.b").clone() if f"{prefix}.b" in f.keys() else None
+    if f"{prefix}.q4" in f.keys():
+        packed = f.get_tensor(f"{prefix}.q4").clone()
+        return Int4Linear(packed, f.get_tensor(f"{prefix}.sz").clone(), b, 2 * packed.shape[1])
+    w, s = f.get_tensor(f"{prefix}.w"), f.get_tensor(f"{prefix}.s").clone()
     return RowInt8Linear(w, s, b) if rows else PackedInt8Linear.from_int8(w, s, b)
 
 

@@ -13,16 +13,18 @@ import torch
 
 from ..config import GAMMA_RANGE, CSDConfig
 from ..events import Progress
-from . import smoothing
+from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
 from .fileio import read_json
 from .lm import HFLM, LeanLM
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
+    CPU_DRAFT_REPRS,
     DTYPES,
     INT8_ACTIVATIONS,
     INT8_ACTIVATIONS_DEFAULT,
     TARGET_REPRS,
+    int4_missing,
     memory_gib,
     quantize_int8,
     release_memory,
@@ -35,7 +37,7 @@ from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, dra
 log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
-DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8")
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
@@ -109,6 +111,7 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
 SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"
 
 
+
 @dataclass(frozen=True)
 class LoadOptions:
     """How ``load_pair`` loads a pair: the model flags of the command line and the app (their help says
@@ -158,9 +161,10 @@ class LoadOptions:
             raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {self.draft_vocab!r}")
         if self.int8_activations not in INT8_ACTIVATIONS:
             raise ModelLoadError(f"int8 activations {self.int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
-        draft_dtype = ("int8" if dev.type == "cpu" else "same") if self.draft_dtype == "auto" else self.draft_dtype
-        if draft_dtype == "int8" and dev.type != "cpu":
-            raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
+        draft_dtype = (profile.chosen_draft_repr() if dev.type == "cpu" else "same") if self.draft_dtype == "auto" \
+            else self.draft_dtype
+        if draft_dtype in CPU_DRAFT_REPRS and dev.type != "cpu":
+            raise ModelLoadError(f"draft dtype {draft_dtype} runs on the CPU only")
         return replace(self, device=dev, engine=engine, dtype=dtype, draft_dtype=draft_dtype,
                        fallback=self.fallback or self.engine == "auto")
 
@@ -285,7 +289,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     config = ref.config()
     vd, vt = config.vocab_size, t_config.vocab_size
     rows = shared_rows(vd, vt, len(tok))
-    int8 = o.draft_dtype == "int8"
+    int8 = o.draft_dtype in CPU_DRAFT_REPRS      # int8 or int4 weights, float32 activations
     dt = o.act_dtype if o.draft_dtype == "same" else (torch.float32 if int8 else DTYPES[o.draft_dtype])
     why = lean_supported(config)
     if o.draft_impl == "lean" and why:
@@ -302,12 +306,23 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
     if o.draft_impl == "auto" and why:
         log.info("draft %s runs through transformers: %s", ref.disp, why)
-    d_repr = "int8" if int8 else str(dt).removeprefix("torch.")
-    if lean and int8:           # int8 runs on the CPU only (LoadOptions.validated)
+    d_repr = o.draft_dtype if int8 else str(dt).removeprefix("torch.")
+    if d_repr == "int4" and (why or o.draft_impl == "hf" or int4_missing()):
+        log.warning("the draft cannot run in int4 here (%s): int8 runs instead",
+                    int4_missing() or why or "the transformers path has no int4 layers")
+        d_repr = "int8"
+    if lean and int8:           # int8 and int4 run on the CPU only (LoadOptions.validated)
         key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
-               "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None}
-        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=False, name=ref.disp,
-                         progress=progress, vocab_ids=vocab_ids)
+               "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None,
+               **({"bits": 4} if d_repr == "int4" else {})}
+        path = ref.int8_dir()
+        try:
+            lm = cached_lean(path.with_name(f"{path.name}-int4") if d_repr == "int4" else path, key,
+                             lambda: ref.source(progress), config, rows=False, name=ref.disp, progress=progress,
+                             vocab_ids=vocab_ids, bits=4 if d_repr == "int4" else 8)
+        except ValueError as e:    # shapes torch's int4 packing cannot take
+            log.warning("the draft cannot run in int4 (%s): int8 runs instead", e)
+            return load_draft(ref, t_config, tok, pair, replace(o, draft_dtype="int8"), progress)
         return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
     model = ref.float_model(dt, o.device, progress=progress)
     if progress and lean:

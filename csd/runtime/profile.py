@@ -20,7 +20,7 @@ from ..costs import CostModel
 from ..events import Progress
 from .fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM
-from .quant import quantize_int8, to_repr
+from .quant import CPU_DRAFT_REPRS, quantize_int8, to_repr
 
 log = logging.getLogger(__name__)
 
@@ -192,3 +192,45 @@ def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, r
     if draft_fp32.device.type == "cpu":
         out["hf int8"] = time_pass(HFLM(quantize_int8(to_repr(draft_fp32, "float32", copy=True))), 1, reps)
     return out
+
+
+def draft_choice_file() -> Path:
+    """Where ``python -m csd prepare`` records which CPU draft representation ran faster on this machine."""
+    key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision()}
+    return _cache_file("draft-repr", key)
+
+
+def chosen_draft_repr() -> str:
+    """``--draft-dtype auto`` on the CPU: what prepare measured to run faster here (``choose_draft_repr``),
+    int8 where nothing was measured."""
+    try:
+        choice = json.loads(draft_choice_file().read_text()).get("choice")
+    except (OSError, ValueError, AttributeError):
+        return "int8"
+    return choice if choice in CPU_DRAFT_REPRS else "int8"
+
+
+def choose_draft_repr(load_draft_lm, reps: int = 9) -> dict:
+    """Time the draft's one-token step in int8 and int4 on this machine (``load_draft_lm(repr)`` gives the
+    draft's ``LM``; the two alternate, each run's median counts) and record the faster one for
+    ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_repr``); int4 only where it is at least
+    ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
+    from .fileio import write_json
+    from .quant import int4_missing
+    lms = {"int8": load_draft_lm("int8")}
+    missing = int4_missing()
+    if not missing:
+        lms["int4"] = load_draft_lm("int4")
+    times: dict[str, list[float]] = {r: [] for r in lms}
+    for _ in range(3):
+        for r, lm in lms.items():
+            times[r].append(time_pass(lm, 1, reps))
+    ms = {r: round(statistics.median(t), 2) for r, t in times.items()}
+    choice = "int4" if "int4" in ms and ms["int4"] <= (1 - INT4_MARGIN) * ms["int8"] else "int8"
+    out = {"choice": choice, "draft_ms": ms, "measured_at": _now(), "machine": machine_name("cpu"),
+           **({"int4_missing": missing} if missing else {})}
+    write_json(draft_choice_file(), out)
+    return out
+
+
+INT4_MARGIN = 0.08
