@@ -5,7 +5,7 @@ aten ops dispatched per decoder layer (views apart), the share outside the matri
 neither the ops nor the products account for (Python and dispatch between them). Each of ``--draft-dtype``'s
 representations is loaded and profiled in turn.
 
-    python -m bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4] [--reps 15]
+    python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4] [--reps 15]
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def kind_of(name: str) -> str:
 @torch.inference_mode()
 def profile_call(lm, tokens: int, reps: int) -> dict:
     """One kind of call: ``tokens`` fed after ``CONTEXT`` cached ones, timed, profiled and its ops counted."""
-    from bench.synthetic.kernel_profile import count_ops, launches
+    from .synthetic.kernel_profile import count_ops, launches
     cache = lm.new_cache()
     vocab = lm.embed.shape[0]
     lm.forward(cache, [(100 + i) % vocab for i in range(CONTEXT)], 1)
@@ -84,7 +84,7 @@ def run(draft_dtypes: list[str], reps: int, int8_activations: str) -> dict:
     out = {"machine": machine_name("cpu"), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "int8_activations": int8_activations,
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m bench.cpu_profile", *sys.argv[1:]]), "runs": []}
+           "command": " ".join(["python -m csd.bench.cpu_profile", *sys.argv[1:]]), "runs": []}
     for dd in draft_dtypes:
         pair = load_pair(draft_dtype=dd, int8_activations=int8_activations)
         calls = {"draft step": profile_call(pair.draft_lm, 1, reps)}
@@ -122,7 +122,7 @@ def markdown(out: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.cpu_profile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m csd.bench.cpu_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for profile.json and profile.md")
     p.add_argument("--draft-dtype", default="int8,int4", help="comma-separated draft representations to profile")
     p.add_argument("--int8-activations", default="row", choices=("row", "pass"),

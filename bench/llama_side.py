@@ -5,7 +5,7 @@ embedded GGUF files are assembled from their packages into a temporary directory
 ``--tokens`` tokens with ``-t THREADS`` (``-p 0``: no prompt pass), ``--reps`` times; then
 ``python -m csd bench`` runs AR, SD and CSD on the benchmark's items with the same new-token count.
 
-    python -m bench.llama_side --llama-bench PATH/llama-bench --out docs/bench/llama-side-NAME \\
+    python -m csd.bench.llama_side --llama-bench PATH/llama-bench --out docs/bench/llama-side-NAME \\
         [--dataset humaneval:4,gsm8k:4] [--tokens 128] [--threads 2] [--reps 3]
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ def table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.llama_side", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m csd.bench.llama_side", description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-bench", required=True, help="path of a built llama-bench binary")
     p.add_argument("--out", required=True)
     p.add_argument("--dataset", default="humaneval:4,gsm8k:4")
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"machine": machine_name("cpu"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m bench.llama_side", *(argv if argv is not None else sys.argv[1:])]),
+           "command": " ".join(["python -m csd.bench.llama_side", *(argv if argv is not None else sys.argv[1:])]),
            "llama.cpp": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for role in ("target", "draft"):

@@ -9,7 +9,7 @@ from conftest import tiny_model
 
 
 def test_a_pass_profile_sorts_the_ops_and_counts_them_per_layer(one_thread):
-    from bench.cpu_profile import kind_of, profile_call
+    from csd.bench.cpu_profile import kind_of, profile_call
     from csd.runtime.lm import LeanLM
     lm = LeanLM(tiny_model(2, layers=3), int8=True)
     out = profile_call(lm, 1, reps=2)
@@ -21,7 +21,7 @@ def test_a_pass_profile_sorts_the_ops_and_counts_them_per_layer(one_thread):
 
 
 def test_the_side_by_side_refuses_a_missing_llama_bench(tmp_path, capsys):
-    from bench.llama_side import main
+    from csd.bench.llama_side import main
     with pytest.raises(SystemExit) as e:
         main(["--llama-bench", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert e.value.code == 2 and "no such file" in capsys.readouterr().err
@@ -29,7 +29,7 @@ def test_the_side_by_side_refuses_a_missing_llama_bench(tmp_path, capsys):
 
 
 def test_the_side_by_side_table_is_relative_to_llama_cpps_plain_decoding():
-    from bench.llama_side import table
+    from csd.bench.llama_side import table
     res = {"machine": "m", "date": "d", "command": "c",
            "llama.cpp": {"target": {"tokens_per_s": 20.0, "stddev": 0.5, "command": "x", "build": "b"},
                          "draft": {"tokens_per_s": 40.0, "ms_per_token": 25.0}},
