@@ -28,17 +28,33 @@ def num(x: float | None, nd: int = 2) -> str:
     return f"{x:.{nd}f}".replace("-", "−")
 
 
+def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None) -> Rescue:
+    """The one door from a slider to the rule: ``method`` at λ, τ and the rivals' parameters, checked by the
+    engine's config (``ConfigError`` names a value out of range). Every what-if below goes through it."""
+    return CSDConfig.of(method=method, lam=float(lam), tau=float(tau), **(rivals or {})).validated().rule()
+
+
 def as_rule(whatif) -> Rescue:
-    """A what-if rule: a ``Rescue`` as it is, or CSD's (λ, τ)."""
+    """A what-if as a rule: a ``Rescue`` (made by ``whatif_rule``) as it is, or CSD's (λ, τ) through the door."""
     if isinstance(whatif, Rescue):
         return whatif
     lam, tau = whatif
-    return Rescue.of(True, True, float(lam), float(tau))
+    return whatif_rule("csd", lam, tau)
 
 
-def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None) -> Rescue:
-    """The rule of ``method`` at the λ/τ sliders and the rivals' parameters (checked by the engine's config)."""
-    return CSDConfig.of(method=method, lam=float(lam), tau=float(tau), **(rivals or {})).validated().rule()
+def memory_knows(count, lam: float):
+    """The memory's half of CSD's rule at λ (count >= λ): a bool, or a mask of a numpy array of counts."""
+    return whatif_rule("ocm-only", lam, CSDConfig.tau).keeps_logged(count=count)
+
+
+def gate_passes(gap, tau: float):
+    """The gate's half of CSD's rule at τ (gap >= log τ): a bool, or a mask of a numpy array of gaps."""
+    return whatif_rule("scg-only", CSDConfig.lam, tau).keeps_logged(gap=gap)
+
+
+def describe_relax(relax: Relax) -> str:
+    """A rival's rule and its parameters, in a few words."""
+    return describe(Rescue(False, False, relax=relax))
 
 
 def rule_method(rule: Rescue) -> str:
