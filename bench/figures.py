@@ -1,7 +1,7 @@
-"""The speed tables of the README and docs/, re-derived from the committed ``results.json`` files,
+"""The speed tables of docs/, re-derived from the committed ``results.json`` files,
 so that a table cannot drift from its measurement (markers: docs/benchmarks.md, "How the benchmark measures").
 
-``python -m csd.bench.figures check README.md docs/*.md``: exit 1 and the differing tables when a figure
+``python -m csd.bench.figures check docs/*.md``: exit 1 and the differing tables when a figure
 differs; ``python -m csd.bench.figures write FILE...`` rewrites the marked tables in place.
 """
 from __future__ import annotations

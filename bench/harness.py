@@ -134,7 +134,7 @@ class BenchConfig:
         if self.memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
         try:
-            return CSDConfig(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+            return CSDConfig.of(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
                              max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
         except ConfigError as e:
             raise ValueError(str(e)) from None

@@ -32,7 +32,7 @@ class Method:
 
 SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram", *PARAM_METHOD)
 ACTS_KEY = "int8_activations"   # a column's representation, not a rule's setting: row or pass (int8 target)
-INT_KEYS = ("lookup", "lookup_ngram", *(k for k in PARAM_METHOD if isinstance(getattr(CSDConfig, k), int)))
+INT_KEYS = ("lookup", "lookup_ngram", *(k for k in PARAM_METHOD if isinstance(CSDConfig().value(k), int)))
 
 
 def setting_name(setting: dict, base: CSDConfig) -> str:
@@ -40,7 +40,7 @@ def setting_name(setting: dict, base: CSDConfig) -> str:
     from that method's column, e.g. csd[lam=3,tau=0.1], sd[lookup=8] or lossy[tau_lossy=0.4]."""
     method = setting.get("method", "csd")
     diff = [f"{k}={setting[k]:g}" if isinstance(setting[k], float) else f"{k}={setting[k]}"
-            for k in SWEEP_KEYS if k in setting and setting[k] != getattr(base, k)]
+            for k in SWEEP_KEYS if k in setting and setting[k] != base.value(k)]
     if setting.get(ACTS_KEY):
         diff.append(f"{ACTS_KEY}={setting[ACTS_KEY]}")
     return f"{method}[{','.join(diff)}]" if diff else method
@@ -86,7 +86,7 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
                     "method", ACTS_KEY}):
                 raise ValueError("a sweep column is sd, csd or an ablation, or a rival (lossy, topk, typical, fly); "
                                  "ar only with int8_activations alone")
-            CSDConfig(**{k: v for k, v in setting.items() if k != ACTS_KEY}).validated()
+            CSDConfig.of(**{k: v for k, v in setting.items() if k != ACTS_KEY}).validated()
         except (ValueError, ConfigError) as e:
             raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None
         if setting not in out:
@@ -113,8 +113,8 @@ def make_methods(methods: str | Iterable[str], base: CSDConfig, sweep=None) -> l
         name = setting_name(setting, base)
         fields = {k: v for k, v in setting.items() if k != ACTS_KEY}
         if not any(x.name == name for x in out):
-            out.append(Method(name, replace(plain if fields.get("method") == "ar" else base,
-                                            **{"method": "csd", **fields}), acts=setting.get(ACTS_KEY, "")))
+            out.append(Method(name, (plain if fields.get("method") == "ar" else base).updated(
+                **{"method": "csd", **fields}), acts=setting.get(ACTS_KEY, "")))
     if not out:
         raise ValueError("no method to benchmark")
     return out

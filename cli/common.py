@@ -117,20 +117,39 @@ def open_store(args):
     return Store.open(args.db)
 
 
+# the rivals' parameters in the command line's help ("{:g}": the default; the record is csd.rule.Rivals)
+RIVAL_HELP = {
+    "tau_lossy": "lossy: keep a draft token x when p(x) >= tau * p(top-1), tau in (0, 1] (default {:g}, CSD's "
+                 "baseline; 1: exact SD)",
+    "topk": "topk: x must be among the target's top k, k >= 1 (default {:g}: TensorRT-LLM's published example; its "
+            "own default 1 with delta 0 is exact SD)",
+    "delta": "topk: and p(x) >= p(top-1) - delta, in probability, delta >= 0 (default {:g}, the example's; "
+             "TensorRT-LLM's default 0)",
+    "posterior_threshold": "typical: keep x when p(x) > min(threshold, alpha * exp(-H)), threshold in (0, 1] "
+                           "(default {:g}, vLLM's and Medusa's)",
+    "posterior_alpha": "typical: alpha > 0 (default {:g}, vLLM's and Medusa's)",
+    "win_len": "fly: forgive a mismatch when the next win_len - 1 draft tokens match, 2..32 (default {:g}, FLy's "
+               "config); only blocks longer than win_len can forgive, so use a fixed --gamma above it (FLy: 15)",
+    "entropy_thre": "fly: and only where the target's top-3 entropy is >= this, >= 0 (default {:g}, FLy's config; "
+                    "<= 0.01 turns the gate off)",
+}
+
+
 def add_rival_args(p: argparse.ArgumentParser, what: str = "") -> None:
-    """The rivals' parameters (csd.config.Rivals), each read by its method only; the engine checks
+    """The rivals' parameters (csd.rule.Rivals), each read by its method only; the engine checks
     their ranges before any model loads. ``what``: how the help names the runs they apply to."""
     from csd.config import RIVAL_FIELDS
     g = p.add_argument_group("rivals (relaxed acceptance rules, greedy only; docs/rivals.md)" + what)
     for f in RIVAL_FIELDS:
         g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f.metadata["help"].format(f.default))
+                       help=RIVAL_HELP[f.name].format(f.default))
 
 
 def rival_values(args, changed_only: bool = False) -> dict:
     """The rivals' parameters from parsed ``add_rival_args`` options, as CSDConfig fields (``changed_only``:
     those that differ from the defaults)."""
-    from csd.config import PARAM_METHOD, CSDConfig
-    d = CSDConfig()
+    from csd.config import PARAM_METHOD
+    from csd.rule import Rivals
+    d = Rivals()
     return {name: getattr(args, name) for name in PARAM_METHOD
             if not changed_only or getattr(args, name) != getattr(d, name)}

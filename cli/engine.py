@@ -146,10 +146,10 @@ def cmd_generate(args) -> int:
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
 
-    cfg = CSDConfig(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
-                    temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                    lookup=default_lookup(args.method) if args.lookup is None else args.lookup,
-                    lookup_ngram=args.lookup_ngram, **rival_values(args)).validated()
+    cfg = CSDConfig.of(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
+                       temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                       lookup=default_lookup(args.method) if args.lookup is None else args.lookup,
+                       lookup_ngram=args.lookup_ngram, **rival_values(args)).validated()
     if getattr(args, "preset", None):
         cfg = apply_preset(cfg, args.preset, getattr(args, "argv", []))
     if not args.prompt.strip():

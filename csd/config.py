@@ -4,9 +4,9 @@ Candidate Selection for Efficient Inference" (arXiv 2604.13634); vary it with ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
-from .rule import ALL_SCORES, FLY, LOSSY, RIVALS, TOPK, TYPICAL, Relax, Rescue, log_tau
+from .rule import ALL_SCORES, RIVALS, Relax, Rescue, Rivals, log_tau
 
 METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only") + RIVALS
 GAMMA_RANGE = (1, 32)
@@ -29,61 +29,34 @@ class ConfigError(ValueError):
     """A decoding parameter is out of range; the message says which and why."""
 
 
-def _rival(default, method: str, test, range_: str, what: str, help_: str):
-    """One rival parameter: its default, the method reading it, its range (test, wording), its name in a
-    message and the command line's help ("{:g}" is the default)."""
-    return field(default=default, metadata=dict(method=method, test=test, range=range_, what=what, help=help_))
-
-
-@dataclass(frozen=True)
-class Rivals:
-    """The rivals' parameters (greedy; docs/rivals.md), declared once: CSDConfig's fields, the command line's
-    options (csd.cli.common.add_rival_args), the benchmark's sweep keys; each is read by its method only."""
-    tau_lossy: float = _rival(0.6, LOSSY, lambda v: 0 < v <= 1, "in (0, 1]", "the lossy rule's tau",
-                              "lossy: keep a draft token x when p(x) >= tau * p(top-1), tau in (0, 1] (default {:g}, "
-                              "CSD's baseline; 1: exact SD)")
-    topk: int = _rival(15, TOPK, lambda v: v >= 1, ">= 1", "the topk rule's k",
-                       "topk: x must be among the target's top k, k >= 1 (default {:g}: TensorRT-LLM's published "
-                       "example; its own default 1 with delta 0 is exact SD)")
-    delta: float = _rival(0.5, TOPK, lambda v: v >= 0, ">= 0", "the topk rule's probability gap",
-                          "topk: and p(x) >= p(top-1) - delta, in probability, delta >= 0 (default {:g}, the "
-                          "example's; TensorRT-LLM's default 0)")
-    posterior_threshold: float = _rival(0.09, TYPICAL, lambda v: 0 < v <= 1, "in (0, 1]", "the typical rule's",
-                                        "typical: keep x when p(x) > min(threshold, alpha * exp(-H)), threshold in "
-                                        "(0, 1] (default {:g}, vLLM's and Medusa's)")
-    posterior_alpha: float = _rival(0.3, TYPICAL, lambda v: v > 0, "> 0", "the typical rule's alpha",
-                                    "typical: alpha > 0 (default {:g}, vLLM's and Medusa's)")
-    win_len: int = _rival(6, FLY, lambda v: 2 <= v <= GAMMA_RANGE[1], f"in 2..{GAMMA_RANGE[1]}", "FLy's window",
-                          "fly: forgive a mismatch when the next win_len - 1 draft tokens match, 2..32 (default {:g}, "
-                          "FLy's config); only blocks longer than win_len can forgive, so use a fixed --gamma above "
-                          "it (FLy: 15)")
-    entropy_thre: float = _rival(0.3, FLY, lambda v: v >= 0, ">= 0", "FLy's entropy gate",
-                                 "fly: and only where the target's top-3 entropy is >= this, >= 0 (default {:g}, FLy's "
-                                 "config; <= 0.01 turns the gate off)")
-
-    def relaxed(self, method: str) -> Relax:
-        """The relaxed rule of the rival ``method`` with these parameters."""
-        return Relax(method, log_tau(self.tau_lossy), self.topk, self.delta, self.posterior_threshold,
-                     self.posterior_alpha, self.win_len, self.entropy_thre)
-
-    def check_rivals(self) -> None:
-        """Raise ConfigError naming the first parameter out of its range."""
-        for f in RIVAL_FIELDS:
-            v, m, integer = getattr(self, f.name), f.metadata, isinstance(f.default, int)
-            if not (_is_int(v) if integer else _finite(v)) or not m["test"](v):
-                raise ConfigError(f"{f.name} ({m['what']}) must be {'an integer ' if integer else ''}{m['range']}, "
-                                  f"got {v!r}")
-
-
+# each rival parameter's range (test, wording) and its name in a message; the record is csd.rule.Rivals
+RIVAL_RANGES = {
+    "tau_lossy": (lambda v: 0 < v <= 1, "in (0, 1]", "the lossy rule's tau"),
+    "topk": (lambda v: v >= 1, ">= 1", "the topk rule's k"),
+    "delta": (lambda v: v >= 0, ">= 0", "the topk rule's probability gap"),
+    "posterior_threshold": (lambda v: 0 < v <= 1, "in (0, 1]", "the typical rule's"),
+    "posterior_alpha": (lambda v: v > 0, "> 0", "the typical rule's alpha"),
+    "win_len": (lambda v: 2 <= v <= GAMMA_RANGE[1], f"in 2..{GAMMA_RANGE[1]}", "FLy's window"),
+    "entropy_thre": (lambda v: v >= 0, ">= 0", "FLy's entropy gate"),
+}
 RIVAL_FIELDS = fields(Rivals)
-# each rival's parameters (CSDConfig fields): the command line's options and the benchmark's sweep keys
+# each rival's parameters (the rivals' record): the command line's options and the benchmark's sweep keys
 RIVAL_PARAMS = {m: tuple(f.name for f in RIVAL_FIELDS if f.metadata["method"] == m) for m in RIVALS}
 PARAM_METHOD = {f.name: f.metadata["method"] for f in RIVAL_FIELDS}
 
 
+def check_rivals(rivals: Rivals) -> None:
+    """Raise ConfigError naming the first rival parameter out of its range."""
+    for f in RIVAL_FIELDS:
+        v, integer = getattr(rivals, f.name), isinstance(f.default, int)
+        test, range_, what = RIVAL_RANGES[f.name]
+        if not (_is_int(v) if integer else _finite(v)) or not test(v):
+            raise ConfigError(f"{f.name} ({what}) must be {'an integer ' if integer else ''}{range_}, got {v!r}")
+
+
 @dataclass(frozen=True)
-class CSDConfig(Rivals):
-    """A run's parameters; the rivals' (``Rivals``, greedy) come first."""
+class CSDConfig:
+    """A run's parameters; the rivals' (greedy) in one record, ``rivals``."""
     method: str = "csd"          # one of METHODS
     gamma: int | str = 6         # draft block length (paper default 6), or "auto" (csd.policy.AutoGamma)
     gamma_max: int = 16          # the longest block "auto" may draft
@@ -98,6 +71,22 @@ class CSDConfig(Rivals):
     lookup: int = 0              # propose up to this many tokens copied from the context when they pay (0: off)
     lookup_ngram: int = 3        # the shortest recurring suffix (in tokens) that the lookup copies after (1..4)
     score_all: bool = False      # compute every rival's scores on each block so the what-if can replay any rule (app)
+    rivals: Rivals = field(default_factory=Rivals)   # the rivals' parameters, each read by its method only
+
+    @classmethod
+    def of(cls, **params) -> CSDConfig:
+        """A config from flat parameters, as the command line, a sweep and the app name them."""
+        return cls().updated(**params)
+
+    def updated(self, **params) -> CSDConfig:
+        """A copy with ``params`` changed; a rival's parameter (tau_lossy, topk, ...) goes into ``rivals``."""
+        theirs = {k: params.pop(k) for k in list(params) if k in PARAM_METHOD}
+        return replace(self, **params, **({"rivals": replace(self.rivals, **theirs)} if theirs else {}))
+
+    def value(self, name: str):
+        """A parameter by its flat name (a rival's from ``rivals``)."""
+        return getattr(self.rivals if name in PARAM_METHOD else self, name)
+
 
     @property
     def uses_draft(self) -> bool:
@@ -118,7 +107,7 @@ class CSDConfig(Rivals):
     @property
     def relax(self) -> Relax | None:
         """The rival's relaxed rule of this method, None for ar, sd, csd and the ablations."""
-        return self.relaxed(self.method) if self.method in RIVALS else None
+        return Relax(self.method, self.rivals) if self.method in RIVALS else None
 
     def rule(self, special=()) -> Rescue:
         """The run's rule for ``csd.rule.decide``: CSD's modules, or the rival's relaxed rule."""
@@ -127,7 +116,7 @@ class CSDConfig(Rivals):
 
     def rule_params(self) -> dict | None:
         """The rival's parameters by name (what a stored run records), None for the other methods."""
-        return {p: getattr(self, p) for p in RIVAL_PARAMS[self.method]} if self.method in RIVALS else None
+        return {p: getattr(self.rivals, p) for p in RIVAL_PARAMS[self.method]} if self.method in RIVALS else None
 
     def validated(self, context_limit: int | None = None, prompt_tokens: int = 0) -> CSDConfig:
         """Return self if every field is in range, else raise ConfigError with a clear message."""
@@ -156,7 +145,7 @@ class CSDConfig(Rivals):
         _integer("lookup_ngram", self.lookup_ngram, 1, LOOKUP_NGRAM_MAX)
         if self.seed is not None and not (_is_int(self.seed) and self.seed >= 0):
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        self.check_rivals()
+        check_rivals(self.rivals)
         if self.method in RIVALS and self.temperature > 0:
             raise ConfigError(f"{self.method} is a greedy rule here (as TensorRT-LLM's relaxed acceptance and the "
                               f"rivals' published settings): use temperature 0, or sd / csd to sample")

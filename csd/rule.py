@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -125,24 +125,40 @@ def fly_keeps(index, block_len, after, top3_entropy, win_len: int, entropy_thre:
     return _out(ok)
 
 
+def _param(default, method: str):
+    return field(default=default, metadata={"method": method})
+
+
+@dataclass(frozen=True)
+class Rivals:
+    """The rivals' parameters (greedy; docs/rivals.md), one record with their defaults; each is read by its
+    method only (the field's ``method``). Their ranges: ``csd.config``; their help: the command line's."""
+    tau_lossy: float = _param(0.6, LOSSY)               # lossy: keep x when p(x) >= tau * p(top-1) (CSD's baseline)
+    topk: int = _param(15, TOPK)                         # topk: x among the target's top k (TensorRT-LLM's example)
+    delta: float = _param(0.5, TOPK)                     # topk: and p(x) >= p(top-1) - delta, in probability
+    posterior_threshold: float = _param(0.09, TYPICAL)   # typical: p(x) > min(threshold, alpha * exp(-H)) (vLLM's)
+    posterior_alpha: float = _param(0.3, TYPICAL)        # typical: alpha (vLLM's and Medusa's)
+    win_len: int = _param(6, FLY)                        # fly: the deferred window (FLy's config)
+    entropy_thre: float = _param(0.3, FLY)               # fly: the top-3 entropy gate (<= FLY_GATE_OFF: off)
+
+
 @dataclass(frozen=True)
 class Relax:
-    """A rival's relaxed acceptance rule and its parameters (greedy: ``csd.config`` refuses sampling); built by
-    ``csd.config.Rivals.relaxed``, which holds the defaults and the ranges."""
-    method: str           # one of RIVALS
-    log_tau: float        # lossy: log tau_lossy
-    k: int                # topk: the target's top k
-    delta: float          # topk: the probability gap to the top-1
-    threshold: float      # typical: posterior_threshold
-    alpha: float          # typical: posterior_alpha
-    win_len: int          # fly: the deferred window
-    entropy_thre: float   # fly: the top-3 entropy gate
+    """A rival's relaxed acceptance rule: its method and the rivals' parameters it reads (greedy:
+    ``csd.config`` refuses sampling and checks the ranges)."""
+    method: str                          # one of RIVALS
+    params: Rivals = field(default_factory=Rivals)
+
+    @property
+    def log_tau(self) -> float:
+        """lossy: log tau_lossy."""
+        return log_tau(self.params.tau_lossy)
 
     @property
     def needs(self) -> frozenset[str]:
         """The scores beyond t*, the logits and the normalisers that this rule reads."""
         return {TOPK: frozenset({RANK}), TYPICAL: frozenset({ENTROPY}),
-                FLY: frozenset({TOP3_ENTROPY}) if self.entropy_thre > FLY_GATE_OFF else frozenset()
+                FLY: frozenset({TOP3_ENTROPY}) if self.params.entropy_thre > FLY_GATE_OFF else frozenset()
                 }.get(self.method, frozenset())
 
     @property
@@ -157,14 +173,15 @@ class Relax:
         """Whether the rule keeps divergent draft tokens (scalars or numpy arrays of logged values, named as
         the event's fields; a value not logged, None or NaN, is never kept). ``index``: the position in its
         block. Special tokens are the caller's: they are never relaxed."""
+        p = self.params
         if self.method == LOSSY:
             return lossy_keeps(gap, self.log_tau)
         if self.method == TOPK:
-            return topk_keeps(target_rank, p_x, gap, self.k, self.delta)
+            return topk_keeps(target_rank, p_x, gap, p.topk, p.delta)
         if self.method == TYPICAL:
-            return typical_keeps(p_x, entropy, self.threshold, self.alpha)
+            return typical_keeps(p_x, entropy, p.posterior_threshold, p.posterior_alpha)
         if self.method == FLY:
-            return fly_keeps(index, block_len, matches_after, top3_entropy, self.win_len, self.entropy_thre)
+            return fly_keeps(index, block_len, matches_after, top3_entropy, p.win_len, p.entropy_thre)
         raise ValueError(f"unknown relaxed rule {self.method!r}; choose one of {', '.join(RIVALS)}")
 
 

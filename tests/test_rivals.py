@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from csd.config import ConfigError, CSDConfig, Rivals
+from csd.config import ConfigError, CSDConfig
 from csd.events import (
     ACCEPTED,
     REJECTED,
@@ -26,6 +26,7 @@ from csd.rule import (
     ENTROPY,
     RANK,
     TOP3_ENTROPY,
+    Relax,
     Rescue,
     fly_keeps,
     lossy_keeps,
@@ -56,7 +57,7 @@ def counts(table=None):
 
 def rule(method, special=(), **params):
     """The run's rule for ``method`` (``CSDConfig.rule``), with the rival's parameters."""
-    return CSDConfig(method=method, **params).validated().rule(special)
+    return CSDConfig.of(method=method, **params).validated().rule(special)
 
 
 def greedy(drafts, lg, count, r):
@@ -231,7 +232,7 @@ def test_score_block_carries_only_what_the_rule_reads():
 
 
 def test_keeps_logged_is_the_rule_on_arrays():
-    lossy = Rescue.of(False, False, 6, 0.01, relax=Rivals().relaxed("lossy"))
+    lossy = Rescue.of(False, False, 6, 0.01, relax=Relax("lossy"))
     gap = np.array([-0.1, -1.0, np.nan])
     assert lossy.keeps_logged(gap=gap).tolist() == [True, False, False]
     assert lossy.keeps_logged(gap=None) is False                 # not logged: never kept
@@ -257,7 +258,7 @@ def test_keeps_logged_is_the_rule_on_arrays():
 ])
 def test_out_of_range_rival_parameters_are_refused(field, value, needle):
     with pytest.raises(ConfigError) as e:
-        CSDConfig(method="topk", **{field: value}).validated()
+        CSDConfig.of(method="topk", **{field: value}).validated()
     assert needle in str(e.value)
 
 
@@ -267,7 +268,17 @@ def test_rivals_are_greedy_only_and_record_their_parameters():
             CSDConfig(method=method, temperature=0.7).validated()
     assert CSDConfig(method="topk").run_fields()["rule_params"] == {"topk": 15, "delta": 0.5}
     assert CSDConfig(method="csd").run_fields()["rule_params"] is None
-    assert CSDConfig(method="sd").rule().relax is None and CSDConfig(method="fly").relax.win_len == 6
+    assert CSDConfig(method="sd").rule().relax is None and CSDConfig(method="fly").relax.params.win_len == 6
+
+
+def test_the_config_holds_the_rivals_as_one_record_and_inherits_nothing():
+    """One record of the rivals' parameters, held (not inherited) by the config and read by their rule; a flat
+    name (the command line's, a sweep's) still reaches it."""
+    from csd.rule import Rivals
+    assert CSDConfig.__mro__[1:] == (object,) and not hasattr(CSDConfig(), "win_len")
+    cfg = CSDConfig.of(method="fly", win_len=4, lam=3.0)
+    assert cfg.rivals == Rivals(win_len=4) and cfg.lam == 3.0 and cfg.relax == Relax("fly", cfg.rivals)
+    assert cfg.value("win_len") == 4 and cfg.updated(topk=3).rivals == Rivals(topk=3, win_len=4)
 
 
 # -- in the decode loop, on tiny in-process models (float32) ----------------------------------------
@@ -307,7 +318,7 @@ def runs():
 @pytest.mark.parametrize("method", list(STRICTEST))
 def test_each_rule_at_its_strictest_is_ar_token_for_token(close_pair, method):
     run_all, ar_ids = runs()
-    run = run_all(close_pair, CSDConfig(method=method, gamma=4, max_new_tokens=48, **STRICTEST[method]))
+    run = run_all(close_pair, CSDConfig.of(method=method, gamma=4, max_new_tokens=48, **STRICTEST[method]))
     assert run.token_ids == ar_ids(close_pair, 48)
     assert not any(e.status == RELAXED for e in run.events) and run.metrics.relaxed == 0
     # one host transfer per block, the rule's scores included
@@ -317,7 +328,7 @@ def test_each_rule_at_its_strictest_is_ar_token_for_token(close_pair, method):
 def test_fly_with_its_gate_above_any_top3_entropy_is_ar_even_with_windows(close_pair):
     # win_len 2 lets every window through, but no top-3 entropy reaches 10 nats (at most 3/e)
     run_all, ar_ids = runs()
-    run = run_all(close_pair, CSDConfig(method="fly", gamma=8, win_len=2, entropy_thre=10.0, max_new_tokens=48))
+    run = run_all(close_pair, CSDConfig.of(method="fly", gamma=8, win_len=2, entropy_thre=10.0, max_new_tokens=48))
     assert run.token_ids == ar_ids(close_pair, 48)
 
 
@@ -325,7 +336,7 @@ def test_fly_with_its_gate_above_any_top3_entropy_is_ar_even_with_windows(close_
                                            ("typical", {}), ("fly", dict(win_len=2, entropy_thre=0.0))])
 def test_relaxed_keeps_are_counted_logged_and_replayed_by_the_what_if(loose_pair, method, params):
     run_all, _ = runs()
-    cfg = CSDConfig(method=method, gamma=6, max_new_tokens=60, **params)
+    cfg = CSDConfig.of(method=method, gamma=6, max_new_tokens=60, **params)
     run = run_all(loose_pair, cfg)
     m, evs = run.metrics, run.events
     relaxed = [e for e in evs if e.status == RELAXED]
@@ -400,7 +411,7 @@ def test_bench_takes_the_rivals_as_methods_and_sweeps(no_models, capsys):
     cols = {m.name: m.cfg for m in config.columns()}
     assert list(cols) == ["sd", "csd", "lossy", "fly", "lossy[tau_lossy=0.4]", "topk[topk=3,delta=0.2]",
                           "fly[gamma=15]"]
-    assert cols["fly"].win_len == 4 and cols["fly[gamma=15]"].gamma == 15 and cols["topk[topk=3,delta=0.2]"].topk == 3
+    assert cols["fly"].rivals.win_len == 4 and cols["fly[gamma=15]"].gamma == 15 and cols["topk[topk=3,delta=0.2]"].rivals.topk == 3
     assert cols["lossy[tau_lossy=0.4]"].relax.log_tau == pytest.approx(math.log(0.4))
     assert isinstance(config, BenchConfig)
     assert parse_sweep("posterior_threshold=0.05,posterior_alpha=0.2") == [

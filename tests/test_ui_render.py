@@ -146,7 +146,7 @@ def test_plain_first_line_of_each_decision():
 
 # -- the rule: one implementation ------------------------------------------------------------------
 def test_what_if_is_csd_rule_rescues():
-    assert render.log_tau is rule.log_tau and render.rescues is rule.rescues
+    assert render.log_tau is rule.log_tau
     counts, gaps = np.arange(0, 12), np.linspace(-9, 0, 12)
     for lam in (0, 3, 6, 11):
         for tau in (1e-4, 0.01, 0.5, 1.0):
@@ -159,6 +159,31 @@ def test_what_if_is_csd_rule_rescues():
     for module in (render, teach):       # the Teach view explains the rule: it uses it too
         assert not re.search(r"math\.log\(|def log_tau|>= lam", Path(module.__file__).read_text())
     assert not re.search(r"math\.log\(tau|def log_tau|c >= lam", Path(figures.__file__).read_text())
+    for lam in (0, 3, 6, 11):           # each half of the rule, as the details and the charts ask it
+        assert list(rules.memory_knows(counts, lam)) == list(rule.rescues(counts, None, lam, 0, use_scg=False))
+    for tau in (1e-4, 0.01, 0.5, 1.0):
+        assert [rules.gate_passes(float(g), tau) for g in gaps] == list(
+            rule.rescues(None, gaps, 0, rule.log_tau(tau), use_ocm=False))
+
+
+def test_one_door_from_a_slider_to_the_rule():
+    """Every what-if reaches the rule through ``rules.whatif_rule``, which the engine's config validates: a
+    value out of range is refused with the config's message, and no other module of the app builds or
+    evaluates a rule of its own (``rescues``, ``Rescue(...)``, ``Rescue.of``)."""
+    from csd.config import ConfigError
+    for bad in ((6, 0.0), (6, 1.5), (-1, 0.01), (6, float("nan"))):
+        with pytest.raises(ConfigError, match="tau must be in|lambda must be"):
+            rules.as_rule(bad)
+        with pytest.raises(ConfigError):
+            rules.would_keep(ev(REJECTED, count=9, gap=-1.0), bad)
+    with pytest.raises(ConfigError, match="tau must be in"):
+        rules.gate_passes(-1.0, 0.0)
+    with pytest.raises(ConfigError, match="lambda must be"):
+        rules.memory_knows(3, -2)
+    ui = Path(rules.__file__).parent
+    doors = {str(p.relative_to(ui)) for p in ui.rglob("*.py") if p.name != "rules.py"
+             and re.search(r"\brescues\(|\bRescue\(|Rescue\.of\(", p.read_text(encoding="utf-8"))}
+    assert doors == set()
 
 
 def test_whatif_recolouring_marks_changed_decisions_only():

@@ -149,7 +149,7 @@ def test_teach_steps_through_a_rivals_decisions(services):
     sess = common.ensure_session(services, None)
     *_, (view, status, sess) = teach.teach_run(services, PROMPT, RunSettings(method="topk", gamma=4, max_new_tokens=24,
                                                                       rivals={"topk": 20, "delta": 0.9}), sess)
-    assert "Done:" in status and "top-k at k = 20, δ = 0.9" in view and sess.teach.cfg.relax.k == 20
+    assert "Done:" in status and "top-k at k = 20, δ = 0.9" in view and sess.teach.cfg.relax.params.topk == 20
     events = sess.teach.events
     decided = [e for e in events if e.rule in (RULE_RELAXED, RULE_NOT_RELAXED)]
     assert decided

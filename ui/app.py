@@ -2,12 +2,11 @@
 mode) with the tabs of ``csd.ui.tabs`` composed in it, and the launch options (docs/design.md, "The web app")."""
 from __future__ import annotations
 
-from dataclasses import fields
 from functools import partial
 
 import gradio as gr
 
-from csd.config import GAMMA_RANGE, CSDConfig, Rivals
+from csd.config import GAMMA_RANGE, RIVAL_RANGES, CSDConfig
 
 from . import render
 from .render import plural
@@ -60,13 +59,13 @@ def header(services: Services, mode: str = "") -> str:
 def rival_controls() -> list:
     """The rivals' parameters in ``RIVAL_FIELDS`` order, folded in the bar (read when a rival is chosen)."""
     d = CSDConfig()
-    what = {f.name: f.metadata["what"].capitalize() for f in fields(Rivals)}   # as refusals name them
+    what = {name: r[2].capitalize() for name, r in RIVAL_RANGES.items()}   # as refusals name them
     with gr.Accordion("Rivals' parameters (lossy, top-k, typical, FLy)", open=False, elem_id="rivals-panel",
                       elem_classes=HIDE_PRESENT):
         gr.Markdown("Relaxed acceptance rules, greedy only; their definitions and sources: docs/rivals.md.",
                     elem_id="rivals-note")
         with gr.Row(equal_height=True):    # compact numbers, two to a line in the bar's narrow column
-            return [number(what[f], value=getattr(d, f), label=label, info=info, min_width=100,
+            return [number(what[f], value=getattr(d.rivals, f), label=label, info=info, min_width=100,
                            elem_id=f.replace("_", "-"), **box)
                     for f in RIVAL_FIELDS for label, info, box in [RIVAL_INPUTS[f]]]
 

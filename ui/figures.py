@@ -13,9 +13,10 @@ from plotly.subplots import make_subplots
 
 from csd.bench import frontier
 from csd.events import RunMetrics
-from csd.rule import log_tau, rescues, top_share
+from csd.rule import log_tau, top_share
 
 from .render import plural, show_token
+from .rules import memory_knows, whatif_rule
 
 COLORS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00", "ocm-only": "#2ca02c", "scg-only": "#9467bd",
           "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
@@ -95,13 +96,13 @@ def make_gap_figure(gaps: Sequence[float], counts: Sequence[float] | None, lam: 
         return empty_figure("No divergences with logged gaps in this scope yet.", title)
     lo = float(min(g.min(), lt)) - 0.5
     edges = dict(start=lo, end=0.0, size=max((0.0 - lo) / bins, 0.05))
-    known = rescues(c, 0.0, lam, -math.inf, use_scg=False)    # the memory half of the rule
+    known = memory_knows(c, lam)    # the memory half of the rule
     fig = go.Figure()
     fig.add_trace(go.Histogram(x=g[known], xbins=edges, name=f"memory count ≥ λ ({lam:g})", marker_color="#e07b00"))
     fig.add_trace(go.Histogram(x=g[~known], xbins=edges, name="memory count < λ", marker_color="#9aa5b1"))
     fig.add_vrect(x0=lt, x1=0.0, fillcolor="#2e7d32", opacity=0.12, line_width=0)
     fig.add_vline(x=lt, line_color="#2e7d32", line_width=2)
-    n_rescue = int(np.sum(rescues(c, g, lam, lt)))
+    n_rescue = int(np.sum(whatif_rule("csd", lam, tau).keeps_logged(count=c, gap=g)))
     fig.add_annotation(text=f"log τ = {lt:.2f} · rescue region: {n_rescue} of {plural(g.size, 'divergence')}",
                        x=lt, y=1.02, xref="x", yref="paper", showarrow=False, xanchor="left", yanchor="bottom",
                        font=dict(color="#2e7d32"))

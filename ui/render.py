@@ -26,7 +26,7 @@ from csd.events import (
     TARGET,
     TokenEvent,
 )
-from csd.rule import Relax, log_tau, rescues
+from csd.rule import Relax, log_tau
 
 from . import rules
 
@@ -155,8 +155,8 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
     use_mem, use_gate = rescue_modules(method)
     c, gap = ev.memory_count, ev.gap
     lt = log_tau(tau) if tau is not None else None
-    mem_ok = rescues(c, None, lam, 0, use_scg=False) if use_mem and lam is not None and c is not None else None
-    gate_ok = rescues(None, gap, 0, lt, use_ocm=False) if use_gate and lt is not None and gap is not None else None
+    mem_ok = rules.memory_knows(c, lam) if use_mem and lam is not None and c is not None else None
+    gate_ok = rules.gate_passes(gap, tau) if use_gate and lt is not None and gap is not None else None
     if ev.status == REJECTED and mem_ok is not False and gate_ok is not False:   # thresholds unknown: the rule
         mem_ok = False if ev.rule == RULE_MEMORY_RARE else mem_ok
         gate_ok = False if ev.rule == RULE_GAP_LOW else gate_ok
@@ -238,13 +238,13 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     use_mem, use_gate = rescue_modules(method)
     if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
         lt = log_tau(tau) if tau and relax is None else None
-        ok = lt is not None and rescues(None, ev.gap, 0, lt, use_ocm=False)
+        ok = lt is not None and rules.gate_passes(ev.gap, tau)
         lines.append(f"gate: logit gap z(x~) − z(t*) = {rules.num(ev.gap)}"
                      + (f" vs log τ = {rules.num(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
                      + ("" if use_gate or relax is not None else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
         show = lam is not None and relax is None
-        ok = show and rescues(ev.memory_count, None, lam, 0, use_scg=False)
+        ok = show and rules.memory_knows(ev.memory_count, lam)
         lines.append(f"memory: count(x~ → t*) = {ev.memory_count}"
                      + (f" vs λ = {lam:g} {'✓' if ok else '✗'}" if show else "")
                      + ("" if use_mem or relax is not None else " (this method uses no memory)"))

@@ -28,17 +28,33 @@ def num(x: float | None, nd: int = 2) -> str:
     return f"{x:.{nd}f}".replace("-", "−")
 
 
+def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None) -> Rescue:
+    """The one door from a slider to the rule: ``method`` at λ, τ and the rivals' parameters, checked by the
+    engine's config (``ConfigError`` names a value out of range). Every what-if below goes through it."""
+    return CSDConfig.of(method=method, lam=float(lam), tau=float(tau), **(rivals or {})).validated().rule()
+
+
 def as_rule(whatif) -> Rescue:
-    """A what-if rule: a ``Rescue`` as it is, or CSD's (λ, τ)."""
+    """A what-if as a rule: a ``Rescue`` (made by ``whatif_rule``) as it is, or CSD's (λ, τ) through the door."""
     if isinstance(whatif, Rescue):
         return whatif
     lam, tau = whatif
-    return Rescue.of(True, True, float(lam), float(tau))
+    return whatif_rule("csd", lam, tau)
 
 
-def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None) -> Rescue:
-    """The rule of ``method`` at the λ/τ sliders and the rivals' parameters (checked by the engine's config)."""
-    return CSDConfig(method=method, lam=float(lam), tau=float(tau), **(rivals or {})).validated().rule()
+def memory_knows(count, lam: float):
+    """The memory's half of CSD's rule at λ (count >= λ): a bool, or a mask of a numpy array of counts."""
+    return whatif_rule("ocm-only", lam, CSDConfig.tau).keeps_logged(count=count)
+
+
+def gate_passes(gap, tau: float):
+    """The gate's half of CSD's rule at τ (gap >= log τ): a bool, or a mask of a numpy array of gaps."""
+    return whatif_rule("scg-only", CSDConfig.lam, tau).keeps_logged(gap=gap)
+
+
+def describe_relax(relax: Relax) -> str:
+    """A rival's rule and its parameters, in a few words."""
+    return describe(Rescue(False, False, relax=relax))
 
 
 def rule_method(rule: Rescue) -> str:
@@ -55,9 +71,9 @@ def describe(rule: Rescue) -> str:
     return {"csd": f"CSD at λ = {rule.lam:g}, {tau}", "sd": "SD (no relaxation: top-1 matches only)",
             "ocm-only": f"the memory alone at λ = {rule.lam:g}", "scg-only": f"the gate alone at {tau}",
             LOSSY: r and f"lossy SD at τ = {math.exp(r.log_tau):.3g}",
-            TOPK: r and f"top-k at k = {r.k}, δ = {r.delta:g}",
-            TYPICAL: r and f"typical acceptance at threshold {r.threshold:g}, α = {r.alpha:g}",
-            FLY: r and f"FLy at window {r.win_len}, entropy gate {r.entropy_thre:g}"
+            TOPK: r and f"top-k at k = {r.params.topk}, δ = {r.params.delta:g}",
+            TYPICAL: r and f"typical acceptance at threshold {r.params.posterior_threshold:g}, α = {r.params.posterior_alpha:g}",
+            FLY: r and f"FLy at window {r.params.win_len}, entropy gate {r.params.entropy_thre:g}"
             + (" (off)" if r and not r.needs else "")}[m]
 
 
@@ -87,7 +103,7 @@ def relax_sentence(ev: TokenEvent, relax: Relax | None) -> str:
     """Why a rival's rule kept or refused this divergence, with its numbers (plain text)."""
     if relax is None:
         return "the run's relaxed rule decided"
-    m = relax.method
+    m, p = relax.method, relax.params
     if m == LOSSY:
         ratio = math.exp(ev.gap) if ev.gap is not None else None
         ok = ratio is not None and ev.gap >= relax.log_tau
@@ -95,16 +111,16 @@ def relax_sentence(ev: TokenEvent, relax: Relax | None) -> str:
     if m == TOPK:
         rank = "–" if ev.target_rank is None else f"#{ev.target_rank + 1}"
         diff = ev.target_prob * math.expm1(-ev.gap) if None not in (ev.target_prob, ev.gap) and ev.gap > -700 else None
-        return (f"top-k: x~ is the target's {rank} (k = {relax.k}) and p(t*) − p(x~) = {num(diff, 3)} "
-                f"(δ = {relax.delta:g})")
+        return (f"top-k: x~ is the target's {rank} (k = {p.topk}) and p(t*) − p(x~) = {num(diff, 3)} "
+                f"(δ = {p.delta:g})")
     if m == TYPICAL:
-        thr = min(relax.threshold, relax.alpha * math.exp(-ev.entropy)) if ev.entropy is not None else None
-        return (f"typical acceptance: p(x~) = {num(ev.target_prob, 3)} against min({relax.threshold:g}, "
-                f"{relax.alpha:g}·e^−H) = {num(thr, 3)} (H = {num(ev.entropy)} nats)")
+        thr = min(p.posterior_threshold, p.posterior_alpha * math.exp(-ev.entropy)) if ev.entropy is not None else None
+        return (f"typical acceptance: p(x~) = {num(ev.target_prob, 3)} against min({p.posterior_threshold:g}, "
+                f"{p.posterior_alpha:g}·e^−H) = {num(thr, 3)} (H = {num(ev.entropy)} nats)")
     if m == FLY:
-        gate = (f"top-3 entropy {num(ev.top3_entropy)} against {relax.entropy_thre:g}" if relax.needs
+        gate = (f"top-3 entropy {num(ev.top3_entropy)} against {p.entropy_thre:g}" if relax.needs
                 else "entropy gate off")
         return (f"FLy: {num(ev.matches_after, 0) if ev.matches_after is not None else '–'} of the next draft tokens "
-                f"match the target (the window needs {relax.win_len - 1}); position {ev.index_in_block + 1} of "
-                f"{ev.block_len or '–'}, forgivable only before the block's last {relax.win_len}; {gate}")
+                f"match the target (the window needs {p.win_len - 1}); position {ev.index_in_block + 1} of "
+                f"{ev.block_len or '–'}, forgivable only before the block's last {p.win_len}; {gate}")
     return f"rule {m}"

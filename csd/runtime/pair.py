@@ -134,7 +134,8 @@ class ModelPair:
 
     def set_int8_activations(self, mode: str) -> None:
         """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per
-        pass ("pass"); the first switch to rows converts its layers. Not during a run."""
+        pass ("pass"); the first switch to rows converts its layers. Between passes, never inside one: a
+        request's view (``with_activations``) calls it before each of its passes when the mode differs."""
         if mode not in ("row", "pass"):
             raise ValueError(f"int8 activations {mode!r}: choose row or pass")
         lm = self.target_lm

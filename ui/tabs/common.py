@@ -162,7 +162,7 @@ def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) 
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     seed = None if s.seed is None or s.seed == "" else as_int("seed", s.seed)
-    cfg = CSDConfig(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_int("gamma", s.gamma), lam=float(s.lam),
+    cfg = CSDConfig.of(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_int("gamma", s.gamma), lam=float(s.lam),
                     tau=tau_from_log10(s.log10_tau), temperature=float(s.temperature),
                     max_new_tokens=as_int("max new tokens", s.max_new_tokens), seed=seed, explain=explain,
                     lookup=default_lookup(method) if s.lookup else 0,   # ar drafts nothing to copy into

@@ -19,11 +19,10 @@ from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError
-from csd.rule import rescues
 from csd.runtime import threads
 from csd.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 
-from .. import render
+from .. import render, rules
 from ..render import plural
 from ..state import Services, Session
 from .common import (
@@ -158,7 +157,7 @@ def memory_view(services: Services, lam, sess: Session | None):
     mem, lam = sess.memory, float(lam)
     tok = services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
-             "yes" if rescues(c, None, lam, 0, use_scg=False) else ""] for (d, t), c in mem.top(40)]
+             "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
     cal = mem.meta.get("calibration") or []
     cal = cal if isinstance(cal, list) else []
     cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
