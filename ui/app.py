@@ -2,9 +2,11 @@
 mode) with the tabs of ``csd.ui.tabs`` composed in it, and the launch options (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import logging
 from dataclasses import fields
 from functools import partial
 
+import anyio
 import gradio as gr
 
 from csd.config import GAMMA_RANGE, CSDConfig, Rivals
@@ -17,7 +19,9 @@ from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
 from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
-from .tabs.page import HIDE_PRESENT, MODEL_GROUP, Page
+from .tabs.page import HIDE_PRESENT, LIGHT_GROUP, MODEL_GROUP, Page
+
+log = logging.getLogger(__name__)
 
 # a rival's parameter -> (label, hint, the number box's range and step), in the bar's folded panel
 RIVAL_INPUTS = {
@@ -117,6 +121,7 @@ def build_demo(services: Services) -> gr.Blocks:
 
     demo.queue(max_size=s.queue_size, default_concurrency_limit=s.concurrency)
     services.lane.queue = partial(model_queue, demo)
+    services.lane.withdraw = partial(withdraw, demo)
     return demo
 
 
@@ -126,3 +131,27 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
     q = getattr(demo, "_queue", None)
     events = q.event_queue_per_concurrency_id.get(MODEL_GROUP) if q is not None else None
     return [(e.session_hash, e.fn.api_name or "") for e in list(events.queue)] if events is not None else []
+
+
+def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
+    """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
+    group's, where their handler runs at once and ends the stopped request without the model (Stop on a queued
+    request, ``jobs.take_back``). The queue's lists change on gradio's event loop, between its own changes.
+    -> how many were moved."""
+    def move() -> int:
+        q = getattr(demo, "_queue", None)
+        groups = q.event_queue_per_concurrency_id if q is not None else {}
+        model, light = groups.get(MODEL_GROUP), groups.get(LIGHT_GROUP)
+        if model is None or light is None:
+            return 0
+        events = [e for e in list(model.queue) if (e.session_hash, e.fn.api_name or "") == (session_hash, api_name)]
+        for e in events[:n]:
+            model.queue.remove(e)
+            e.concurrency_id = LIGHT_GROUP
+            light.queue.append(e)
+        return len(events[:n])
+    try:
+        return anyio.from_thread.run_sync(move)     # from a handler's worker thread: on the event loop
+    except RuntimeError:                            # already on the event loop (or no loop: nothing queued)
+        log.debug("withdrawing %d queued %s event(s) from the event loop's thread", n, api_name)
+        return move()

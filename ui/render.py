@@ -460,9 +460,13 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
     return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'
 
 
-def render_status(text: str, state: str = "idle") -> str:
-    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle)."""
-    return f'<div class="csd-status-line" data-state="{esc(state)}" role="status" aria-live="polite">{esc(text)}</div>'
+def render_status(text: str, state: str = "idle", n: int | None = None) -> str:
+    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle). ``n``: a
+    number that makes this line differ from an earlier one of the same words, so that the page draws it again
+    over what its script wrote there (a refusal after a refusal)."""
+    mark = "" if n is None else f' data-n="{n}"'
+    return (f'<div class="csd-status-line" data-state="{esc(state)}"{mark} role="status" aria-live="polite">'
+            f'{esc(text)}</div>')
 
 
 def render_error(msg: str) -> str:

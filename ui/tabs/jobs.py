@@ -2,6 +2,7 @@
 end, its status line, and the run it holds (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -13,8 +14,8 @@ from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
 from csd.db.store import NullRecorder, recording, run_fields
 from csd.runtime import threads
 
-from .. import render
-from ..lane import Job
+from .. import render, wait
+from ..lane import KINDS, Job
 from ..render import plural
 from ..state import RunView, Services, Session
 from .common import decoder_for, ensure_session, error, warn
@@ -54,24 +55,35 @@ def stop(services: Services, kind: str | None, sess: Session | None):
     for job in sess.all_jobs(kind):
         if not job.finished:
             job.cancel = True
+    for k in KINDS if kind is None else (kind,):
+        take_back(services, sess, k)
     return status_line(services, sess, kind or "generate")
 
 
+def take_back(services: Services, sess: Session, kind: str) -> None:
+    """The stopped requests of ``kind`` still waiting in gradio's queue of model work leave it for the light
+    group, where their handler ends them at once ("Stopped before it started"): the requests behind move up."""
+    stopped = [j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn]
+    if stopped:
+        services.lane.take_back(stopped)
+
+
 REFUSED = "Not run: the request was refused (the message says why)."
+_refusals = itertools.count(1)      # each refusal's line differs from the last: the page draws every one
 
 
 def refused(services: Services, kind: str, sess: Session | None):
     """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
     it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
     if not isinstance(sess, Session):
-        return render.render_status(REFUSED, "stopped")
+        return render.render_status(REFUSED, "stopped", next(_refusals))
     q = sess.pending[kind]
     if q and q[-1].waiting:
         services.lane.finish(q.pop(), REFUSED)
     job = sess.jobs.get(kind)
     if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
         return status_line(services, sess, kind)
-    return render.render_status(REFUSED, "stopped")
+    return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
 def _ago(s: float) -> str:
@@ -103,8 +115,10 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
     now = time.monotonic()
     if job.finished:
         failed = job.cancel or job.summary.startswith(("Not run", "Failed", "The request did not"))
-        return render.render_status(job.summary or "Done.", "stopped" if failed else "done")
+        return render.render_status(job.summary or "Done.", "stopped" if failed else "done", job.ticket)
     if job.cancel:
+        if job.waiting:
+            take_back(services, sess, kind)     # its run reached the queue after the click on Stop
         what = "it will not start" if job.waiting else "after the current step"
         return render.render_status(f"Stopping… ({what}) · {_ago(job.elapsed(now))}", "stopping")
     if job.waiting:
@@ -118,9 +132,7 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         first = pos.running[0] if pos.running else None
         doing = f" The one running: {_run_progress(first, now)}." if len(pos.running) == 1 else \
             f" {len(pos.running)} running; the first: {_run_progress(first, now)}." if first else ""
-        est = services.lane.estimate(pos.waiting, pos.running, slots, now)
-        more = "" if est is None else f"; about {_ago(est[0])} more, from the last {plural(est[1], 'run')}" \
-            if est[0] >= 1 else f"; any moment now, from the last {plural(est[1], 'run')}"
+        more = wait.describe(services.lane.estimate(pos.waiting, pos.running, slots, now), pos.waiting)
         return render.render_status(f"Waiting for the model: {plural(len(pos), 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
