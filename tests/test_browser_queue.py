@@ -193,3 +193,17 @@ def test_an_empty_table_is_refused_in_the_page_and_the_memory_kept(browser, serv
             assert pg.locator("#memory-summary").inner_text() == before
     finally:
         pg.context.close()
+
+
+def test_the_header_says_what_runs_in_plain_words_with_the_detail_folded(browser, served_app):
+    _, url = served_app
+    pg = new_page(browser, url)
+    try:
+        head = pg.locator("#header").inner_text()
+        assert "Tiny-Draft drafts for Tiny-Target; weights in 32-bit floats; exact: SD gives the target's own " \
+               "answer" in head, head
+        assert "arXiv 2604.13634" in head and "path)" not in head          # the technical words are folded
+        pg.locator("#header summary").click()
+        assert "Draft tiny-draft → target tiny-target" in pg.locator("#header").inner_text()
+    finally:
+        pg.context.close()

@@ -3,6 +3,7 @@ mode) with the tabs of ``csd.ui.tabs`` composed in it, and the launch options (d
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import fields
 from functools import partial
 
@@ -46,19 +47,52 @@ def launch_kwargs() -> dict:
                 run_history=False, footer_links=["api", "settings"], max_file_size="64mb")
 
 
+# a representation in a student's words
+REPR_WORDS = {"int8": "8-bit integers", "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)",
+              "float16": "16-bit floats"}
+
+
+def plain_name(name: str) -> str:
+    """A model's file name as a person says it: 'qwen2.5-coder-0.5b-instruct-q4_k_m' -> 'Qwen2.5-Coder 0.5B'
+    (the quantisation of its source file and "instruct" dropped: the header's fold names them)."""
+    base = re.sub(r"[-_.](q\d[\w]*|f16|f32|bf16|gguf)$", "", name.strip().split("/")[-1], flags=re.I)
+    base = re.sub(r"-(instruct|chat|it)$", "", base, flags=re.I)
+    parts = [p for p in base.split("-") if p]
+    sizes = [p.upper() for p in parts if re.fullmatch(r"\d+(\.\d+)?[bmk]", p, re.I)]
+    words = [p[:1].upper() + p[1:] for p in parts if not re.fullmatch(r"\d+(\.\d+)?[bmk]", p, re.I)]
+    return " ".join(filter(None, ("-".join(words), *sizes))) or name
+
+
+def plain_words(d: dict) -> str:
+    """What runs, in a student's words: which model drafts for which, the weights' numbers, and whether SD gives
+    the target's own answer here (docs/exactness.md)."""
+    target = plain_name(d["target"])
+    head = f"{plain_name(d['draft'])} drafts for {target}" if d.get("draft") else f"{target} alone (no draft)"
+    tw, dw = (REPR_WORDS.get(r, r) for r in (d["target_repr"], d.get("draft_repr") or d["target_repr"]))
+    weights = f"weights in {tw}" if tw == dw else f"the target's weights in {tw}, the draft's in {dw}"
+    if d["target_repr"] == "float32" or (d["target_repr"] == "int8" and d.get("int8_activations") == "row"):
+        exact = "exact: SD gives the target's own answer"
+    elif d["target_repr"] == "int8":
+        exact = "not exact: SD can differ from the target's own answer where two tokens nearly tie"
+    else:
+        exact = "not exact in this representation: SD can differ from the target's own answer"
+    return f"{head}; {weights}; {exact}"
+
+
 def header(services: Services, mode: str = "") -> str:
-    """The models and how they run here (``pair.describe()``; ``mode``: this user's int8 activation scales,
-    default: the app's; the threads of the model's passes, ``services.model_threads``, not the page's), and the
-    paper."""
+    """What runs, in plain words (``plain_words``), then, folded, the models and how they run here
+    (``pair.describe()``; ``mode``: this user's int8 activation scales, default: the app's; the threads of the
+    model's passes, ``services.model_threads``, not the page's), and the paper."""
     d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
     md = render.esc_md
-    return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
-            + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
-            + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
-            + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
-            f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-            + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}"
-            f" · paper: [arXiv 2604.13634]({render.PAPER_URL})")
+    detail = (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
+              + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
+              + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
+              + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), ""))
+              + f", draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
+              + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}")
+    return (f'<details><summary title="How it runs here (technical)">{render.esc(plain_words(d))} · paper: '
+            f'<a href="{render.PAPER_URL}">arXiv 2604.13634</a></summary>\n\n{detail}\n\n</details>')
 
 
 def rival_controls() -> list:

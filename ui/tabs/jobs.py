@@ -294,4 +294,5 @@ def speculation_sentence(view: RunView, block, costs) -> str:
                 f"{verify_ms:.0f} ms for a verify pass, so drafting did not pay; Show speculation drafts anyway.")
     floor = f" (Show speculation asks for at least {cfg.gamma_min})" if cfg.gamma_min else ""
     return (f"γ auto drafted {drafted:.1f} tokens a block, not the bar's {block}{floor}: here a draft token took "
-            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of drafts were kept.")
+            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of the drafted tokens "
+            f"were kept (kept = accepted + {'relaxed' if m.relaxed else 'rescued'}).")
