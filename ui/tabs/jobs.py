@@ -44,7 +44,8 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
-    job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
+    if not job.cancel:                             # a stopped one ends at once (in the light group): no model
+        job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
     return job
 
 
