@@ -103,6 +103,8 @@ class CorrectionMemory:
     def load(cls, path: str | os.PathLike, expected_pair: str | None = None) -> CorrectionMemory:
         path = Path(path)
         raw = read_or_raise(path, MemoryFileError, "memory file ")
+        if not raw.strip():
+            raise MemoryFileError(f"{path} is empty: not a CSD Explorer correction-memory file")
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):

@@ -190,14 +190,21 @@ def parse_table(text: str, jsonl: bool, vocab: Vocabulary | None = None) -> Tabl
 
 
 def read_table(path: str | os.PathLike, vocab: Vocabulary | None = None) -> Table:
-    """``parse_table`` on a file (gzip allowed); JSON lines when the name ends in ``.jsonl`` (or ``.jsonl.gz``)."""
+    """``parse_table`` on a file (gzip allowed); JSON lines when the name ends in ``.jsonl`` (or ``.jsonl.gz``).
+    An empty or blank file, or a table without one entry, is refused (``TableError`` naming the file)."""
     path = Path(path)
     raw = read_or_raise(path, TableError)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TableError(f"{path.name} is not UTF-8 text (byte {e.start})") from None
-    return parse_table(text, path.name.removesuffix(".gz").endswith(".jsonl"), vocab)
+    if not text.strip():
+        raise TableError(f"{path.name} is empty (no bytes, or only blank lines): not an SGLang CSD table; "
+                         "nothing was loaded")
+    table = parse_table(text, path.name.removesuffix(".gz").endswith(".jsonl"), vocab)
+    if not len(table):
+        raise TableError(f"{path.name} holds no entries: an empty SGLang CSD table; nothing was loaded")
+    return table
 
 
 # -- table <-> memory --------------------------------------------------------------------------

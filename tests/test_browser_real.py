@@ -65,7 +65,11 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     wait_status(page, "Done:")
     metrics = page.locator("#metrics").inner_text()
     assert "target passes" in metrics and "accepted: draft = target" in metrics and "rescued by CSD" in metrics
-    assert "target" in page.locator("#header").inner_text() and "arXiv 2604.13634" in page.inner_text("#header")
+    head = page.locator("#header").inner_text()         # plain words first, the technical detail folded
+    assert "Qwen2.5-Coder 0.5B drafts for Qwen2.5-Coder 1.5B; weights in 8-bit integers; exact: SD gives the " \
+        "target's own answer" in head and "arXiv 2604.13634" in head and "q4_k_m" not in head
+    page.locator("#header summary").click()
+    assert "q4_k_m" in page.locator("#header").inner_text()
     # a click pins the token's details, with a plain first line
     page.locator("#tokens .tok").nth(1).click()
     detail = page.locator("#tokens-detail .csd-detail-body .first")
@@ -120,11 +124,15 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     page.locator("#exact-mode input").uncheck()
     page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('one scale')",
                            timeout=WAIT_MS)
+    page.evaluate("() => { document.querySelector('#header details').open = true; }")         # the fold, drawn again closed
     assert "scaled per pass" in page.locator("#header").inner_text()
+    assert "not exact: SD can differ" in page.locator("#header").inner_text()
     page.locator("#exact-mode input").check()
     page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('scaled on their own')",
                            timeout=WAIT_MS)
+    page.evaluate("() => { document.querySelector('#header details').open = true; }")
     assert "scaled per token (exact)" in page.locator("#header").inner_text()
+    assert "; exact: SD gives" in page.locator("#header").inner_text()
     set_number(page, "c-max-new", 8)
     page.click("#compare-btn")
     page.wait_for_function("() => document.querySelectorAll('#compare-plot .bars path').length >= 3",

@@ -152,8 +152,36 @@ def test_another_tokenizer_is_refused_unless_forced(tmp_path):
         import_table(src, EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)
     assert import_table(src, EMBEDDED_PAIR_ID, EMBEDDED_VOCAB, force=True).count(1, 2) == 6
     # the same tokenizer under a server's local path is the same tokenizer
-    src.write_text('{"type": "metadata", "metadata": {"tokenizer": "/data/model/Qwen2.5-Coder-1.5B-Instruct"}}\n')
-    assert len(import_table(src, EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)) == 0
+    src.write_text('{"type": "metadata", "metadata": {"tokenizer": "/data/model/Qwen2.5-Coder-1.5B-Instruct"}}\n'
+                   '{"lhs_token": 1, "rhs_token": 2, "freq": 4}\n')
+    assert import_table(src, EMBEDDED_PAIR_ID, EMBEDDED_VOCAB).count(1, 2) == 4
+
+
+EMPTY = {"empty.jsonl": ("", "empty.jsonl is empty"), "blank.jsonl": ("\n  \n\t\n", "blank.jsonl is empty"),
+         "empty.json": ("", "empty.json is empty"), "blank.json": ("\n\n", "blank.json is empty"),
+         "none.json": ('{"metadata": {}, "entries": []}', "none.json holds no entries"),
+         "list.json": ("[]", "list.json holds no entries"),
+         "meta.jsonl": ('{"type": "metadata", "metadata": {}}\n', "meta.jsonl holds no entries"),
+         "empty.json.gz": ("", "empty.json.gz is empty")}
+
+
+def test_empty_and_blank_files_are_refused_naming_the_file(tmp_path, capsys):
+    """An empty table would replace a memory of thousands of patterns with none: refused like a malformed one,
+    by the app's loader and by the command line, which writes nothing."""
+    old = tmp_path / "m.json.gz"
+    CorrectionMemory(EMBEDDED_PAIR_ID, {(3, 4): 2}).save(old)
+    before = old.read_bytes()
+    for name, (text, message) in EMPTY.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(MemoryFileError) as e:
+            load_memory_or_table(tmp_path / name, EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)
+        assert message in str(e.value), name
+        assert main(["memory", "import", str(tmp_path / name), "--out", str(old)]) == 2
+        assert message in capsys.readouterr().err, name
+        assert old.read_bytes() == before, name
+    (tmp_path / "blank.mem").write_text(" \n")                       # neither named a table nor JSON: a memory's
+    with pytest.raises(MemoryFileError, match="blank.mem is empty: not a CSD Explorer correction-memory file"):
+        load_memory_or_table(tmp_path / "blank.mem", EMBEDDED_PAIR_ID, EMBEDDED_VOCAB)
 
 
 def test_the_command_line_refuses_bad_input_and_writes_nothing(tmp_path, capsys):

@@ -196,3 +196,39 @@ def test_teach_table_carries_its_scroll_hint():
     css = render.CSS
     assert re.search(r"\.csd-scroll-hint \{ display: none;", css)
     assert '.csd-scroll-box[data-scrolls="more"] .csd-scroll-hint' in css and "data-scrolls" in render.JS
+
+
+def test_positions_in_a_block_are_counted_as_they_stand():
+    """A bonus token follows the block's drafts: it is no draft position ("draft position 5 of 4" was said); a
+    correction takes a rejected draft's place; an AR token names no draft position."""
+    from csd.events import BONUS, CORRECTED, TARGET
+    from csd.ui.render import token_detail
+
+    def place(status, index, block_len, draft_id=None):
+        ev = TokenEvent(position=9, token_id=4, text=" x", status=status, block=2, index_in_block=index,
+                        draft_id=draft_id, block_len=block_len)
+        return token_detail(ev, 6, 0.01).splitlines()[1]
+    assert place(BONUS, 4, 4).endswith("verify pass 3, after the 4 drafted tokens")
+    assert place(ACCEPTED, 3, 4, draft_id=4).endswith("verify pass 3, draft position 4 of 4")
+    assert place(CORRECTED, 1, 4).endswith("verify pass 3, in place of draft position 2 of 4")
+    assert place(TARGET, 0, None).endswith("verify pass 3")
+    for status, index, n in ((BONUS, 4, 4), (BONUS, 1, 1), (CORRECTED, 3, 4), (ACCEPTED, 0, 4)):
+        line = place(status, index, n, draft_id=4 if status == ACCEPTED else None)
+        m = re.search(r"position (\d+) of (\d+)", line)
+        assert m is None or int(m.group(1)) <= int(m.group(2)), line
+
+
+@pytest.mark.parametrize("method,saved", [("csd", "rescued"), ("lossy", "relaxed")])
+def test_every_percentage_names_what_it_counts(method, saved):
+    """The cards said "79% accepted" where the status line said "81% of drafts were kept" (rescues included):
+    each share says which it counts, and kept = accepted + rescued (or relaxed) is a card of its own."""
+    from csd.events import RunMetrics
+    from csd.ui.export import render_metrics
+    m = RunMetrics(new_tokens=120, target_forwards=30, drafted=100, accepted=79, wall_s=10.0,
+                   **{"rescued" if saved == "rescued" else "relaxed": 2})
+    page = html.unescape(render_metrics(m, method=method))
+    cells = re.findall(r'<div class="v">([^<]*)</div><div class="k">([^<]*)</div>', page)
+    shares = [(v, k) for v, k in cells if v.endswith("%")]
+    assert shares and all(re.match(r"(accepted|rescued|relaxed|kept)\b", k) for _, k in shares), shares
+    assert ("81%", f"kept = accepted + {saved} (81 of 100 drafted)") in shares
+    assert ("79%", "accepted: draft = target (79 of 100 drafted)") in shares

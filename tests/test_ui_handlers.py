@@ -139,33 +139,6 @@ def test_a_waiting_request_sees_what_is_ahead(services, gate):
     assert len(list(gen(services, second))) == 1                  # it never ran
 
 
-def test_the_wait_estimate_comes_from_the_last_runs_and_falls_as_they_go():
-    from csd.ui.lane import Lane
-    lane = Lane()
-    assert lane.estimate(3, [], 1) is None                       # nothing has run yet: no guess
-    for took in (4.0, 2.0, 30.0):
-        job = lane.request("s", "generate")
-        lane.start(job)
-        job.started_at -= took
-        lane.finish(job)
-    stopped = lane.request("s", "generate")
-    lane.start(stopped)
-    stopped.started_at -= 100.0
-    stopped.cancel = True
-    lane.finish(stopped)                                         # a stopped job says nothing about a run's length
-    # (waiting before it, slots): nothing running, so each round of `slots` runs takes the median, 4 s
-    est = {(w, slots): lane.estimate(w, [], slots, now=0.0) for w, slots in ((0, 1), (1, 1), (2, 1), (2, 8), (9, 8))}
-    assert all(n == 3 for _, n in est.values())
-    assert [round(s, 1) for s, _ in est.values()] == [0.0, 4.0, 8.0, 0.0, 4.0]
-    # a run in progress: what is left of its median, less as it goes on, nothing once past it
-    running = lane.request("s", "generate")
-    lane.start(running)
-    t0 = running.started_at
-    assert [round(lane.estimate(2, [running], 1, now=t0 + dt)[0], 1) for dt in (0.0, 1.0, 3.0, 9.0)] == \
-        [12.0, 11.0, 9.0, 8.0]
-    assert round(lane.estimate(0, [running], 2, now=t0 + 1.0)[0], 1) == 0.0   # a free slot: it starts now
-
-
 def test_the_live_status_shows_passes_and_the_rate(services, gate):
     """While a run is in its third verify pass, its status names the pass and its tokens per second."""
     import re

@@ -226,7 +226,8 @@ def test_an_answer_without_rescues_says_why():
 def test_accepted_and_rescued_shares_are_shown_apart():
     m = RunMetrics(new_tokens=12, target_forwards=3, drafted=10, accepted=9, rescued=1, wall_s=2.0)
     out = export.render_metrics(m, method="csd")
-    assert ">90%<" in out and ">10%<" in out and "100%" not in out
+    assert ">90%<" in out and ">10%<" in out          # apart, and their sum only under its own name
+    assert out.count("100%") == 1 and '100%</div><div class="k">kept = accepted + rescued (10 of 10 drafted)' in out
     assert "target passes (9 fewer than AR)" in out
 
 

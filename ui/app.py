@@ -2,8 +2,11 @@
 mode) with the tabs of ``csd.ui.tabs`` composed in it, and the launch options (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import logging
+import re
 from functools import partial
 
+import anyio
 import gradio as gr
 
 from csd.config import GAMMA_RANGE, RIVAL_RANGES, CSDConfig
@@ -16,7 +19,9 @@ from .tabs import analyse, compare, explore, generate, teach
 from .tabs.common import SHOW_SPECULATION, describe_tau
 from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
-from .tabs.page import HIDE_PRESENT, MODEL_GROUP, Page
+from .tabs.page import HIDE_PRESENT, LIGHT_GROUP, MODEL_GROUP, Page
+
+log = logging.getLogger(__name__)
 
 # a rival's parameter -> (label, hint, the number box's range and step), in the bar's folded panel
 RIVAL_INPUTS = {
@@ -41,19 +46,52 @@ def launch_kwargs() -> dict:
                 run_history=False, footer_links=["api", "settings"], max_file_size="64mb")
 
 
+# a representation in a student's words
+REPR_WORDS = {"int8": "8-bit integers", "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)",
+              "float16": "16-bit floats"}
+
+
+def plain_name(name: str) -> str:
+    """A model's file name as a person says it: 'qwen2.5-coder-0.5b-instruct-q4_k_m' -> 'Qwen2.5-Coder 0.5B'
+    (the quantisation of its source file and "instruct" dropped: the header's fold names them)."""
+    base = re.sub(r"[-_.](q\d[\w]*|f16|f32|bf16|gguf)$", "", name.strip().split("/")[-1], flags=re.I)
+    base = re.sub(r"-(instruct|chat|it)$", "", base, flags=re.I)
+    parts = [p for p in base.split("-") if p]
+    sizes = [p.upper() for p in parts if re.fullmatch(r"\d+(\.\d+)?[bmk]", p, re.I)]
+    words = [p[:1].upper() + p[1:] for p in parts if not re.fullmatch(r"\d+(\.\d+)?[bmk]", p, re.I)]
+    return " ".join(filter(None, ("-".join(words), *sizes))) or name
+
+
+def plain_words(d: dict) -> str:
+    """What runs, in a student's words: which model drafts for which, the weights' numbers, and whether SD gives
+    the target's own answer here (docs/exactness.md)."""
+    target = plain_name(d["target"])
+    head = f"{plain_name(d['draft'])} drafts for {target}" if d.get("draft") else f"{target} alone (no draft)"
+    tw, dw = (REPR_WORDS.get(r, r) for r in (d["target_repr"], d.get("draft_repr") or d["target_repr"]))
+    weights = f"weights in {tw}" if tw == dw else f"the target's weights in {tw}, the draft's in {dw}"
+    if d["target_repr"] == "float32" or (d["target_repr"] == "int8" and d.get("int8_activations") == "row"):
+        exact = "exact: SD gives the target's own answer"
+    elif d["target_repr"] == "int8":
+        exact = "not exact: SD can differ from the target's own answer where two tokens nearly tie"
+    else:
+        exact = "not exact in this representation: SD can differ from the target's own answer"
+    return f"{head}; {weights}; {exact}"
+
+
 def header(services: Services, mode: str = "") -> str:
-    """The models and how they run here (``pair.describe()``; ``mode``: this user's int8 activation scales,
-    default: the app's; the threads of the model's passes, ``services.model_threads``, not the page's), and the
-    paper."""
+    """What runs, in plain words (``plain_words``), then, folded, the models and how they run here
+    (``pair.describe()``; ``mode``: this user's int8 activation scales, default: the app's; the threads of the
+    model's passes, ``services.model_threads``, not the page's), and the paper."""
     d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
     md = render.esc_md
-    return (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
-            + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
-            + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
-            + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), "")) + ", "
-            f"draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-            + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}"
-            f" · paper: [arXiv 2604.13634]({render.PAPER_URL})")
+    detail = (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
+              + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
+              + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
+              + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), ""))
+              + f", draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
+              + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}")
+    return (f'<details><summary title="How it runs here (technical)">{render.esc(plain_words(d))} · paper: '
+            f'<a href="{render.PAPER_URL}">arXiv 2604.13634</a></summary>\n\n{detail}\n\n</details>')
 
 
 def rival_controls() -> list:
@@ -116,6 +154,7 @@ def build_demo(services: Services) -> gr.Blocks:
 
     demo.queue(max_size=s.queue_size, default_concurrency_limit=s.concurrency)
     services.lane.queue = partial(model_queue, demo)
+    services.lane.withdraw = partial(withdraw, demo)
     return demo
 
 
@@ -125,3 +164,27 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
     q = getattr(demo, "_queue", None)
     events = q.event_queue_per_concurrency_id.get(MODEL_GROUP) if q is not None else None
     return [(e.session_hash, e.fn.api_name or "") for e in list(events.queue)] if events is not None else []
+
+
+def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
+    """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
+    group's, where their handler runs at once and ends the stopped request without the model (Stop on a queued
+    request, ``jobs.take_back``). The queue's lists change on gradio's event loop, between its own changes.
+    -> how many were moved."""
+    def move() -> int:
+        q = getattr(demo, "_queue", None)
+        groups = q.event_queue_per_concurrency_id if q is not None else {}
+        model, light = groups.get(MODEL_GROUP), groups.get(LIGHT_GROUP)
+        if model is None or light is None:
+            return 0
+        events = [e for e in list(model.queue) if (e.session_hash, e.fn.api_name or "") == (session_hash, api_name)]
+        for e in events[:n]:
+            model.queue.remove(e)
+            e.concurrency_id = LIGHT_GROUP
+            light.queue.append(e)
+        return len(events[:n])
+    try:
+        return anyio.from_thread.run_sync(move)     # from a handler's worker thread: on the event loop
+    except RuntimeError:                            # already on the event loop (or no loop: nothing queued)
+        log.debug("withdrawing %d queued %s event(s) from the event loop's thread", n, api_name)
+        return move()

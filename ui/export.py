@@ -28,9 +28,13 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
               f"{m.target_forwards}"),
              ("new tokens", f"{m.new_tokens}"), ("tokens / s", f"{m.tokens_per_s:.2f}")]
     if spec:
-        kept = ((f"relaxed by the {method} rule ({m.relaxed} of {m.drafted} drafted)", _pct(m.relaxed_share))
-                if method in RIVALS else (f"rescued by CSD ({m.rescued} of {m.drafted} drafted)", _pct(m.rescued_share)))
-        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)), kept,
+        # every share names what it counts, of the drafted tokens: accepted, rescued (relaxed), and kept = both
+        saved_by, n, share = ((f"relaxed by the {method} rule", m.relaxed, m.relaxed_share) if method in RIVALS
+                              else ("rescued by CSD", m.rescued, m.rescued_share))
+        also = "relaxed" if method in RIVALS else "rescued"
+        cells += [(f"accepted: draft = target ({m.accepted} of {m.drafted} drafted)", _pct(m.accepted_share)),
+                  (f"{saved_by} ({n} of {m.drafted} drafted)", _pct(share)),
+                  (f"kept = accepted + {also} ({m.accepted + n} of {m.drafted} drafted)", _pct(m.acceptance_rate)),
                   ("tokens per target pass", f"{m.mean_accepted_length:.2f}"),
                   ("draft block length γ (mean)", f"{m.mean_block_len:.1f}")]
     cells.append(("wall time", f"{m.wall_s:.1f} s"))

@@ -144,8 +144,8 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
     x = [math.log10(t) for t in taus]
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=[float(v) for v in lams], zmin=0, zmax=1, colorscale="YlOrBr",
-        colorbar=dict(title="rescued", tickformat=".0%"),
-        hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued %{z:.1%}<extra></extra>"))
+        colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
+        hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued: %{z:.1%} of divergences<extra></extra>"))
     fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
                              marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),
                              hovertemplate="current λ = %{y:g}, log₁₀ τ = %{x:.2f}<extra></extra>"))

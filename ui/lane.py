@@ -2,13 +2,14 @@
 they came; what the page says about gradio's queue (docs/design.md, "The web app")."""
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from . import wait
 
 KINDS = ("generate", "compare", "teach", "calibrate")
 
@@ -33,6 +34,7 @@ class Job:
     session_hash: str = ""            # gradio's session of the page that asked (its queued event carries it)
     event: str = ""                   # the api_name of the run the page queues for it
     reached: bool = False             # its event has been seen in gradio's queue
+    withdrawn: bool = False           # stopped while waiting, its event taken out of the model's queue
 
     @property
     def waiting(self) -> bool:
@@ -79,7 +81,8 @@ class Lane:
         self._lock = threading.Lock()
         self._tickets = itertools.count(1)
         self._jobs: dict[int, Job] = {}
-        self._took: deque[float] = deque(maxlen=20)     # how long the last jobs that ran to their end took
+        self._took: deque[wait.Ran] = deque(maxlen=20)  # how long the last jobs that ran to their end took
+        self.withdraw: Callable[[str, str, int], int] | None = None   # set by the app: see ``take_back``
 
     def request(self, session_id: str, kind: str, session_hash: str = "", event: str = "") -> Job:
         with self._lock:
@@ -99,7 +102,8 @@ class Lane:
             if job.finished_at is None:
                 job.finished_at = time.monotonic()
                 if job.started_at is not None and not job.cancel:
-                    self._took.append(job.finished_at - job.started_at)
+                    m = getattr(job.run, "metrics", None) if job.kind == "generate" else None
+                    self._took.append(wait.Ran(job.finished_at - job.started_at, getattr(m, "new_tokens", 0)))
             job.run = None
             self._jobs.pop(job.ticket, None)
 
@@ -141,24 +145,36 @@ class Lane:
                     and now - j.seen_at < self.stale_s)
         return Position(running, len(events) + early)
 
-    def estimate(self, waiting: int, running: list[Job], slots: int,
-                 now: float | None = None) -> tuple[float, int] | None:
-        """(seconds until a job starts with ``running`` jobs on the model and ``waiting`` before it, ``slots`` at a
-        time, each run taking the median of the last jobs' durations (a running one: what is left of it); how
-        many jobs that median is of); None before any job has ended. It falls as the runs ahead go on."""
+    def estimate(self, waiting: int, running: list[Job], slots: int, now: float | None = None) -> wait.Wait | None:
+        """``csd.ui.wait.estimate`` of a request with ``running`` jobs on the model and ``waiting`` before it,
+        ``slots`` at a time: from the runs in progress (their live rates) and the last 20 that ran to their end."""
         with self._lock:
-            took = sorted(self._took)
-        if not took:
-            return None
+            took = list(self._took)
         now = time.monotonic() if now is None else now
-        median = took[len(took) // 2]
-        free = [max(0.0, median - j.elapsed(now)) for j in running][:max(1, slots)]
-        free += [0.0] * (max(1, slots) - len(free))
-        heapq.heapify(free)
-        for _ in range(waiting):
-            heapq.heappush(free, heapq.heappop(free) + median)
-        return free[0], len(took)
+        return wait.estimate(waiting, [live(j, now) for j in running], took, slots)
+
+    def take_back(self, jobs: list[Job]) -> int:
+        """Take the runs of waiting ``jobs`` (stopped, of one session and kind, oldest first) out of gradio's queue
+        of model work, to be ended at once (``withdraw``, set by the app). -> how many were taken out."""
+        keys = {(j.session_hash, j.event) for j in jobs if j.waiting and j.session_hash}
+        if self.withdraw is None or len(keys) != 1:
+            return 0
+        (session_hash, event), = keys
+        n = self.withdraw(session_hash, event, len(jobs))
+        for j in jobs[:n]:
+            j.withdrawn = True
+        return n
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._jobs)
+
+
+def live(job: Job, now: float) -> wait.Live:
+    """A running job as ``csd.ui.wait`` reads it: its live Run's counters (read without a lock)."""
+    run = job.run
+    m = getattr(run, "metrics", None)
+    if m is None or not m.new_tokens:
+        return wait.Live(job.elapsed(now), asked=job.max_tokens)
+    wall = run.metrics_snapshot().wall_s
+    return wait.Live(job.elapsed(now), m.new_tokens, job.max_tokens, m.new_tokens / wall if wall else None)

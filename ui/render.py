@@ -223,14 +223,27 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
 
+def block_place(ev: TokenEvent) -> str:
+    """Where a token stands in its verify pass's block: ", draft position 3 of 4"; a token past the drafts (a
+    bonus, or the target's correction after every draft was kept) is no draft position: ", after the 4 drafted
+    tokens"; a run without drafts (AR) names none."""
+    n = ev.block_len or 0
+    if ev.status == BONUS or (n and ev.index_in_block >= n):
+        return f", after the {plural(n, 'drafted token')}" if n else ", the target's own token"
+    if ev.status == CORRECTED:
+        return f", in place of draft position {ev.index_in_block + 1}" + (f" of {n}" if n else "")
+    if ev.draft_id is None and not n:
+        return ""
+    return f", draft position {ev.index_in_block + 1}" + (f" of {n}" if n else "")
+
+
 def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = None,
                  whatif=None, method: str | None = None, relax: Relax | None = None) -> str:
     """A token's details, plain text (the caller escapes), ``plain_sentence`` first. ``whatif``: CSD's (lam, tau)
     or a ``csd.rule.Rescue``; ``method``: the run's (None: CSD's); ``relax``: the run's rival rule, if any."""
     label = STATUS_STYLE.get(ev.status, ("", ev.status, ""))[1]
     lines = [plain_sentence(ev, lam, tau, method=method, relax=relax),
-             f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}, draft position "
-             f"{ev.index_in_block + 1}" + (f" of {ev.block_len}" if ev.block_len else "")]
+             f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}{block_place(ev)}"]
     if ev.draft_id is not None:
         lines.append(f"draft x~ = {show_token(ev.draft_text)}   target top-1 t* = {show_token(ev.target_text)}")
     elif ev.target_text is not None:
@@ -460,9 +473,13 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
     return f'<div class="csd-summary" data-csd-for="{esc(view)}">{body}</div>'
 
 
-def render_status(text: str, state: str = "idle") -> str:
-    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle)."""
-    return f'<div class="csd-status-line" data-state="{esc(state)}" role="status" aria-live="polite">{esc(text)}</div>'
+def render_status(text: str, state: str = "idle", n: int | None = None) -> str:
+    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle). ``n``: a
+    number that makes this line differ from an earlier one of the same words, so that the page draws it again
+    over what its script wrote there (a refusal after a refusal)."""
+    mark = "" if n is None else f' data-n="{n}"'
+    return (f'<div class="csd-status-line" data-state="{esc(state)}"{mark} role="status" aria-live="polite">'
+            f'{esc(text)}</div>')
 
 
 def render_error(msg: str) -> str:

@@ -47,6 +47,7 @@
     if (!message) {
       box.removeAttribute('aria-invalid');
       if (line) line.remove();
+      settled();
       return;
     }
     box.setAttribute('aria-invalid', 'true');
@@ -127,11 +128,27 @@
     bad.forEach(b => note(b, problem(b)));
     const line = document.querySelector('#' + STATUS[btn.id] + ' .csd-status-line');
     if (line) {
+      if (!line.hasAttribute('data-csd-box')) {      // what the line said before: back once the boxes are fixed
+        line.setAttribute('data-csd-was', line.textContent);
+        line.setAttribute('data-csd-was-state', line.getAttribute('data-state') || 'idle');
+      }
+      line.setAttribute('data-csd-box', btn.id);
       line.textContent = `Not run: ${problem(bad[0])}`;
       line.setAttribute('data-state', 'stopped');
     }
     bad[0].focus();
   }, true);
+  // a box corrected: a status line that still names a box's refusal says again what it said before (Ready. after a
+  // refusal), once no box its button reads holds what is not a number (a line the server sent since is kept)
+  const settled = () => document.querySelectorAll('.csd-status-line[data-csd-box]').forEach(line => {
+    const btn = document.getElementById(line.getAttribute('data-csd-box'));
+    const panel = (btn && btn.closest('[role=tabpanel]')) || document;
+    if ([...boxes()].some(b => (panel.contains(b) || !b.closest('#tabs')) && problem(b))) return;
+    const state = line.getAttribute('data-csd-was-state') || 'idle';     // an older refusal is not said again
+    line.textContent = state === 'stopped' ? 'Ready.' : line.getAttribute('data-csd-was') || 'Ready.';
+    line.setAttribute('data-state', state === 'stopped' ? 'idle' : state);
+    ['data-csd-box', 'data-csd-was', 'data-csd-was-state'].forEach(a => line.removeAttribute(a));
+  });
   adopt();
   new MutationObserver(adopt).observe(document.documentElement, {childList: true, subtree: true});
 })();

@@ -77,12 +77,12 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     where = render.esc_md(scope) + (f", target {render.esc_md(str(target))}" if f.target_reprs else "")
     summary = (f"**{where}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
                f"τ = {tau:.3g} the rule "
-               f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}%). Top 20% of patterns cover "
+               f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}% of them rescued). Top 20% of patterns cover "
                f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
                + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")
     if other is not None:
         (kept, missing), label = other, render.esc_md(rules.describe(rule))
-        summary += (f" Under **{label}** the logged divergences would keep **{kept.rescued}** ({100 * kept.rate:.1f}%)"
+        summary += (f" Under **{label}** the logged divergences would keep **{kept.rescued}** ({100 * kept.rate:.1f}% of them kept)"
                     + (f"; {missing} lack a score it reads (older runs, or runs that did not log it)" if missing
                        else "") + ".")
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(div.gap, div.count, lam, tau),
@@ -117,7 +117,7 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     summary += (f" A memory holds counts, not logit gaps: the gap and what-if charts take this session's "
                 f"{render.plural(len(d), 'logged divergence')} and decide them with this memory's counts; at "
                 f"λ = {lam:g}, τ = {tau:.3g} the rule would rescue **{rescued}**"
-                + (f" ({100 * rescued / len(d):.1f}%)." if len(d) else ". Generate answers to see them."))
+                + (f" ({100 * rescued / len(d):.1f}% of them rescued)." if len(d) else ". Generate answers to see them."))
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(d.gap, d.count, lam, tau), positions,
             figures.make_whatif_figure(grid.lams, taus, grid.rate, lam, tau, grid.total), summary)
 

@@ -2,6 +2,7 @@
 end, its status line, and the run it holds (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -13,8 +14,8 @@ from csd.config import GAMMA_AUTO, ConfigError, CSDConfig
 from csd.db.store import NullRecorder, recording, run_fields
 from csd.runtime import threads
 
-from .. import render
-from ..lane import Job
+from .. import render, wait
+from ..lane import KINDS, Job
 from ..render import plural
 from ..state import RunView, Services, Session
 from .common import decoder_for, ensure_session, error, warn
@@ -43,7 +44,8 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
-    job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
+    if not job.cancel:                             # a stopped one ends at once (in the light group): no model
+        job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
     return job
 
 
@@ -54,24 +56,35 @@ def stop(services: Services, kind: str | None, sess: Session | None):
     for job in sess.all_jobs(kind):
         if not job.finished:
             job.cancel = True
+    for k in KINDS if kind is None else (kind,):
+        take_back(services, sess, k)
     return status_line(services, sess, kind or "generate")
 
 
+def take_back(services: Services, sess: Session, kind: str) -> None:
+    """The stopped requests of ``kind`` still waiting in gradio's queue of model work leave it for the light
+    group, where their handler ends them at once ("Stopped before it started"): the requests behind move up."""
+    stopped = [j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn]
+    if stopped:
+        services.lane.take_back(stopped)
+
+
 REFUSED = "Not run: the request was refused (the message says why)."
+_refusals = itertools.count(1)      # each refusal's line differs from the last: the page draws every one
 
 
 def refused(services: Services, kind: str, sess: Session | None):
     """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
     it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
     if not isinstance(sess, Session):
-        return render.render_status(REFUSED, "stopped")
+        return render.render_status(REFUSED, "stopped", next(_refusals))
     q = sess.pending[kind]
     if q and q[-1].waiting:
         services.lane.finish(q.pop(), REFUSED)
     job = sess.jobs.get(kind)
     if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
         return status_line(services, sess, kind)
-    return render.render_status(REFUSED, "stopped")
+    return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
 def _ago(s: float) -> str:
@@ -103,8 +116,10 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
     now = time.monotonic()
     if job.finished:
         failed = job.cancel or job.summary.startswith(("Not run", "Failed", "The request did not"))
-        return render.render_status(job.summary or "Done.", "stopped" if failed else "done")
+        return render.render_status(job.summary or "Done.", "stopped" if failed else "done", job.ticket)
     if job.cancel:
+        if job.waiting:
+            take_back(services, sess, kind)     # its run reached the queue after the click on Stop
         what = "it will not start" if job.waiting else "after the current step"
         return render.render_status(f"Stopping… ({what}) · {_ago(job.elapsed(now))}", "stopping")
     if job.waiting:
@@ -118,9 +133,7 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         first = pos.running[0] if pos.running else None
         doing = f" The one running: {_run_progress(first, now)}." if len(pos.running) == 1 else \
             f" {len(pos.running)} running; the first: {_run_progress(first, now)}." if first else ""
-        est = services.lane.estimate(pos.waiting, pos.running, slots, now)
-        more = "" if est is None else f"; about {_ago(est[0])} more, from the last {plural(est[1], 'run')}" \
-            if est[0] >= 1 else f"; any moment now, from the last {plural(est[1], 'run')}"
+        more = wait.describe(services.lane.estimate(pos.waiting, pos.running, slots, now), pos.waiting)
         return render.render_status(f"Waiting for the model: {plural(len(pos), 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
@@ -282,4 +295,5 @@ def speculation_sentence(view: RunView, block, costs) -> str:
                 f"{verify_ms:.0f} ms for a verify pass, so drafting did not pay; Show speculation drafts anyway.")
     floor = f" (Show speculation asks for at least {cfg.gamma_min})" if cfg.gamma_min else ""
     return (f"γ auto drafted {drafted:.1f} tokens a block, not the bar's {block}{floor}: here a draft token took "
-            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of drafts were kept.")
+            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of the drafted tokens "
+            f"were kept (kept = accepted + {'relaxed' if m.relaxed else 'rescued'}).")

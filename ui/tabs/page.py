@@ -19,6 +19,7 @@ from .jobs import poll_status, refused, request_job
 EXAMPLES = list(json.loads(static_text("examples.json")).values())
 
 MODEL_GROUP = "model"
+LIGHT_GROUP = "light"       # charts, tables, bookkeeping: never held up by model work
 HIDE_PRESENT = ["csd-hide-present"]
 
 
@@ -48,7 +49,7 @@ class Page:
     @property
     def light(self) -> dict:
         """The group of the chart, table and bookkeeping handlers, which no model work holds up."""
-        return dict(concurrency_limit=8, concurrency_id="light")
+        return dict(concurrency_limit=8, concurrency_id=LIGHT_GROUP)
 
     @property
     def model(self) -> dict:
