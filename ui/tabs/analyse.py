@@ -6,6 +6,7 @@ Nothing here runs the model.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import gradio as gr
 import numpy as np
@@ -30,6 +31,7 @@ from .common import (
     tau_from_log10,
     tokens_html,
 )
+from .inputs import number
 from .page import Page
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,28 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
             figures.make_whatif_figure(grid.lams, taus, grid.rate, lam, tau, grid.total), summary)
 
 
+def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, sess: Session | None, target=None):
+    """What a memory of ``capacity`` patterns (its strongest: the smallest count goes) would have rescued on the
+    scope's logged divergences at the λ/τ sliders, beside what the unbounded memory rescues. No model runs.
+    -> (markdown, session)."""
+    sess = ensure_session(services, sess)
+    if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
+        raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
+    if services.store is None:
+        return NO_STORE, sess
+    f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
+    if f is None:
+        return why, sess
+    lam, tau = float(lam), tau_from_log10(log10_tau)
+    d = A.cached_divergences(services.store, f)
+    kept, full = A.capacity_what_if(d, int(capacity), lam, tau)
+    n = len(d.patterns)
+    return (f"A memory of **{int(capacity):,}** {'pattern' if int(capacity) == 1 else 'patterns'} (of the "
+            f"{n:,} logged) would have rescued **{kept}** of the {render.plural(full, 'divergence')} the unbounded "
+            f"memory rescues at λ = {lam:g}, τ = {tau:.3g}" + (f" ({100 * kept / full:.0f}%)." if full else ".")
+            + " It keeps the patterns with the largest logged counts."), sess
+
+
 def _heading(sess: Session, rule, csd: bool) -> str:
     """The heading of the recoloured answer: the rule, and how many of its decisions it changes."""
     changed = render.changed_decisions(sess.last.events, rule) if sess.last else 0
@@ -174,6 +198,11 @@ def build(page: Page):
             pareto = gr.Plot(label="Pareto chart", show_label=False, elem_id="pareto-plot")
             gaps = gr.Plot(label="Logit gaps", show_label=False, elem_id="gap-plot")
         positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
+        with gr.Row(equal_height=True):
+            cap = number("Memory of N patterns", precision=0, minimum=1, value=100, scale=0, min_width=200,
+                         label="What-if: a memory of N patterns", elem_id="capacity-whatif")
+            cap_btn = gr.Button("What would it rescue?", scale=0, elem_id="capacity-whatif-btn")
+            cap_out = gr.Markdown(elem_id="capacity-whatif-out")
         with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
                           elem_id="frontier-panel"):
             frontier_data = figures.load_frontier(s.frontier_file)
@@ -193,6 +222,8 @@ def build(page: Page):
     def wire():
         run = page.handler(analyse, "scope", ("target",))
         a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
+        cap_btn.click(partial(capacity_what_if, services), [scope, cap, page.lam, page.log10_tau, sess, target],
+                      [cap_out, sess], api_name="capacity_what_if", **light)
         for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)
     return wire
