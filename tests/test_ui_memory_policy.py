@@ -59,7 +59,7 @@ def test_an_uploaded_memory_keeps_its_policy(services, tmp_path):
     assert "bad.json" in err and "capacity must be" in err and sess.memory.policy == MemoryPolicy(capacity=2)
 
 
-def test_a_run_records_its_memory_policy_in_the_table_and_the_csv(services, store):
+def test_a_run_records_its_memory_policy_in_the_table_and_the_csv(services, store, tmp_path):
     sess = common.ensure_session(services, None)
     explore.memory_set_policy(services, 5, None, 6, sess)
     *_, final = gen(services, sess)
@@ -71,7 +71,9 @@ def test_a_run_records_its_memory_policy_in_the_table_and_the_csv(services, stor
                                           "", "any", sess)
     with open(button["value"], newline="") as fh:
         assert {r["memory_policy"] for r in csv.DictReader(fh)} == {"capacity 5"}
-    assert len(sess.memory) <= 5
+    assert len(sess.memory) <= 5                     # what the run kept, and what it saves
+    saved = CorrectionMemory.load(sess.memory.save(tmp_path / "after.json.gz"))
+    assert len(saved) <= 5 and saved.policy == MemoryPolicy(capacity=5)
 
 
 def test_the_capacity_what_if_counts_the_rescues_of_the_strongest_patterns(services, store):
