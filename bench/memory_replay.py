@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import platform
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from csd.config import CSDConfig
 from csd.events import RESCUED
 from csd.memory import DEFAULT_MEMORY_FILE, PATTERN_BYTES, CorrectionMemory, MemoryPolicy
 from csd.rule import BlockScores, Rescue, decide
+from csd.runtime.profile import machine_name
 
 from .io import write_json
 
@@ -109,14 +109,19 @@ def rolling(values: list[float], weights: list[float], w: int = WINDOW) -> list[
     return out
 
 
-def recovery(rate: list[float], starts: list[int]) -> list[int | None]:
-    """After each topic change: the items until the rolling rate first reaches 90% of that topic's own level
-    (its mean over the topic's second half); None if it never does."""
-    out = []
-    bounds = starts + [len(rate)]
+def recovery(rescued: list[int], tokens: list[int], starts: list[int], w: int = WINDOW) -> list:
+    """After each topic change: the items until the rescue rate over the new topic's items alone (the last ``w``,
+    never reaching back over the change) first reaches 90% of that topic's own level (its rate over its second
+    half); "-" when the topic has no rescues there."""
+    out, bounds = [], starts + [len(rescued)]
     for a, b in zip(bounds[1:-1], bounds[2:]):
-        level = sum(rate[(a + b) // 2:b]) / max(1, b - (a + b) // 2)
-        out.append(next((k + 1 for k in range(b - a) if rate[a + k] >= 0.9 * level), None) if level > 0 else "-")
+        mid = (a + b) // 2
+        level = 100 * sum(rescued[mid:b]) / max(1, sum(tokens[mid:b]))
+        if level <= 0:
+            out.append("-")
+            continue
+        rate = rolling(rescued[a:b], tokens[a:b], w)
+        out.append(next((k + 1 for k, r in enumerate(rate) if r >= 0.9 * level), None))
     return out
 
 
@@ -140,8 +145,9 @@ def summarize(arm: Arm, res: dict, starts: list[int], topics: list[str]) -> dict
             "rescues_matching_reference": tot["rescued_ref"] / max(1, tot["rescued"]),
             "final_patterns": len(mem), "final_bytes": mem.nbytes, "file_bytes_gz": file_bytes,
             "peak_patterns": max(r["size"] for r in items), "per_topic": per_topic,
-            "recovery_items": recovery(rate, starts),
-            "series": {"size": [r["size"] for r in items], "rescues_per_100_rolling": [round(x, 3) for x in rate]}}
+            "recovery_items": recovery([r["rescued"] for r in items], [r["tokens"] for r in items], starts),
+            "series": {"size": [r["size"] for r in items], "rescues_per_100_rolling": [round(x, 3) for x in rate],
+                       "rescued": [r["rescued"] for r in items], "tokens": [r["tokens"] for r in items]}}
 
 
 def arms_for(final_size: int, half_lives: tuple[float, ...]) -> list[Arm]:
@@ -202,8 +208,7 @@ def replay_run(run: Path, lam: float | None = None, tau: float | None = None,
     per_topic_div = sum(sum(a != b for a, b in zip(r["d"], r["t"])) for r in stream["items"]) / 3
     half_lives = half_lives or (round(per_topic_div / 4, -1), round(per_topic_div, -1))
     out = {"what": "teacher-forced replay of memory policies over a stream that changes topic (docs/memory.md)",
-           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.processor()
-           or platform.machine(), "gamma": d.gamma, "lam": lam, "tau": tau, "half_lives": list(half_lives),
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_name('cpu'), "gamma": d.gamma, "lam": lam, "tau": tau, "half_lives": list(half_lives),
            "stream": {"items": len(stream["items"]), "pair": stream["pair"], "target_repr": stream["target_repr"],
                       "draft_repr": stream["draft_repr"], "max_text_tokens": stream["max_text_tokens"],
                       "positions": sum(len(r["ref"]) for r in stream["items"]), "read_s": stream.get("read_s")},

@@ -57,9 +57,13 @@ def test_the_sketch_never_counts_below_the_truth():
 
 
 def test_recovery_counts_items_to_ninety_percent_of_the_topics_level():
-    rate = [5, 5, 5, 5, 0, 1, 4, 5, 5, 5, 0, 0, 0, 0]
-    assert recovery(rate, [0, 4, 10]) == [4, "-"]     # 90% of 5 first at the fourth item; no rescues: "-"
-    assert recovery([1, 1, 0, 3, 3, 3], [0, 2]) == [2]
+    rescued = [5, 5, 5, 5, 0, 0, 5, 10, 10, 10, 10, 10, 0, 0, 0, 0]
+    tokens = [100] * 16
+    # the second topic (items 4-11) levels at 10 per 100 tokens (its second half); windows of 3 of its own items:
+    # 0, 0, 5/3, 15/3, 25/3 < 9, then 30/3 >= 9 at its sixth item; the third topic has no rescues
+    assert recovery(rescued, tokens, [0, 4, 12], w=3) == [6, "-"]
+    assert recovery([1, 1, 0, 3, 3, 3], [100] * 6, [0, 2], w=2) == [3]
+    assert recovery([1, 1, 0, 3, 3, 3], [100] * 6, [0, 2]) == [None]    # the window's early 0 keeps it under 2.7
 
 
 def test_replay_run_writes_results_and_a_chart(tmp_path):
