@@ -101,7 +101,7 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     rows = memory_pareto_rows(mem, services.pair.tokenizer, limit=30)
     sg = mem.meta.get("sglang")
     where = f"the SGLang table {sg.get('source')}" if isinstance(sg, dict) and sg.get("source") else "this session's memory"
-    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(mem.total, 'divergence')} "
+    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(round(mem.total), 'divergence')} "
                f"counted, {mem.n_candidates(lam):,} at or above λ = {lam:g}; the top 20% of patterns hold "
                f"{100 * mem.top_share(0.2):.0f}% of the counts.")
     positions = figures.empty_figure("Acceptance by position comes from runs: pick a run scope.")

@@ -165,7 +165,7 @@ def memory_view(services: Services, lam, sess: Session | None):
     cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
     mismatch = mem.mismatch(services.pair)
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
-    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,}** "
+    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
           f"{'divergence' if mem.total == 1 else 'divergences'} counted, **{n_cand:,}** "
           f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
@@ -291,7 +291,7 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
         last = (work.meta.get("calibration") or [{}])[-1]
         what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {plural(work.total - before, 'divergence')} added.{note}")
+                       f": {plural(round(work.total - before), 'divergence')} added.{note}")
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
