@@ -272,7 +272,7 @@ class _Run:
             r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
             item_records[m.name] = r
             if self.store is not None:
-                _record(self.store, self.pair, m, it, r, run, self.bench_id)
+                _record(self.store, self.pair, m, it, r, run, self.bench_id, self.start_memory.policy.label)
             self.done += 1
             self.bar.update(1)
         for ref in ("ar", "sd"):
@@ -332,7 +332,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_")
 
 
-def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str) -> None:
+def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str, policy: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
     from csd.db.store import run_fields
     from csd.events import RunMetrics
@@ -343,6 +343,8 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
     if m.hf is None and m.cfg.uses_draft:
         fields.update({k: v for k, v in m.cfg.run_fields().items()
                        if k in ("gamma", "lam", "tau", "lookup", "rule_params")})
+    if m.reads_memory:
+        fields["memory_policy"] = policy
     with store.record(**fields) as rec:
         if run is None:
             rec.result(r.text, {"new_tokens": r.new_tokens, "target_forwards": r.target_passes,
@@ -405,7 +407,8 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
                    "hf_assisted_fixed": "the same with num_assistant_tokens = gamma, constant schedule, "
                                         "assistant_confidence_threshold 0"},
         "memory": {"patterns": len(memory), "total": memory.total, "candidates_at_lambda": memory.n_candidates(base.lam),
-                   "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration")},
+                   "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration"),
+                   "policy": memory.policy.to_dict()},
     }
 
 

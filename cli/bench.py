@@ -12,7 +12,15 @@ from csd.bench.synthetic import add_synthetic_args
 from csd.config import DEFAULT_LOOKUP, PARAM_METHOD, CSDConfig, parse_gamma
 from csd.evaluation.datasets import BUILTIN, validate_datasets
 
-from .common import add_model_args, add_rival_args, load_from_args, open_store, rival_values
+from .common import (
+    add_memory_policy_args,
+    add_model_args,
+    add_rival_args,
+    load_from_args,
+    memory_policy,
+    open_store,
+    rival_values,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -49,6 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
+    add_memory_policy_args(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
     p.add_argument("--bound-checks", type=_count, default=2, metavar="N",
                    help="with gamma auto, re-measure the profile N times beside the run and judge CSD against the "
@@ -71,7 +80,7 @@ def _count(text: str) -> int:
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
-_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "draft", "target", "draft_vocab", "device_map", "db",
+_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "memory_capacity", "memory_half_life", "draft", "target", "draft_vocab", "device_map", "db",
                   *PARAM_METHOD)
 
 
@@ -81,6 +90,7 @@ def cmd_bench(args) -> int:
     from csd.memory import CorrectionMemory
 
     methods = validate_methods(args.methods.split(","))
+    policy = memory_policy(args)                   # refused before any model loads or file is written
     parse_sweep(args.sweep)
     validate_datasets(args.dataset)
     if args.limit < 0 or args.max_new_tokens < 1:
@@ -99,6 +109,10 @@ def cmd_bench(args) -> int:
     pair = load_from_args(args, need_draft=any(m not in ("ar", HF_AR) for m in methods) or bool(args.sweep))
     if memory is not None:
         memory.check_pair(pair.pair_id)
+    if policy is not None:
+        from csd.memory import default_memory
+        memory = memory if memory is not None else default_memory(pair)
+        memory.set_policy(policy)
     out = Path(config.out_dir)
     try:
         res = run_bench(pair, config, store=store, memory=memory)

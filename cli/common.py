@@ -153,3 +153,22 @@ def rival_values(args, changed_only: bool = False) -> dict:
     d = Rivals()
     return {name: getattr(args, name) for name in PARAM_METHOD
             if not changed_only or getattr(args, name) != getattr(d, name)}
+
+
+def add_memory_policy_args(p: argparse.ArgumentParser) -> None:
+    """``--memory-capacity`` and ``--memory-half-life``: what the run's correction memory forgets (docs/memory.md)."""
+    p.add_argument("--memory-capacity", default=None, metavar="N",
+                   help="keep at most N patterns in the correction memory (when full, the smallest count goes; "
+                        "default: unbounded, the paper's)")
+    p.add_argument("--memory-half-life", default=None, metavar="H",
+                   help="halve every count each H observed divergences, so that old patterns fade (default: never)")
+
+
+def memory_policy(args):
+    """The ``csd.memory.MemoryPolicy`` the flags ask for, or None when neither is given; a value that is not a
+    number > 0 (a capacity: a whole number) is refused with a sentence naming its flag (``ValueError``)."""
+    from csd.memory import policy_from
+    cap, half = getattr(args, "memory_capacity", None), getattr(args, "memory_half_life", None)
+    if cap is None and half is None:
+        return None
+    return policy_from(cap, half, ("--memory-capacity", "--memory-half-life"))

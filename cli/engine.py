@@ -22,10 +22,12 @@ from csd.config import (
 from csd.rule import FLY, LOSSY, TOPK, TYPICAL
 
 from .common import (
+    add_memory_policy_args,
     add_model_args,
     add_rival_args,
     choose_draft,
     load_from_args,
+    memory_policy,
     open_store,
     rival_values,
     tqdm_progress,
@@ -64,6 +66,7 @@ def add_parsers(sub) -> None:
                    help="wrap the prompt in the chat template (default on)")
     g.add_argument("--memory", default=None, help="correction-memory file to start from (default: the pair's calibrated memory)")
     g.add_argument("--save-memory", default=None, help="write the memory after the run (with its online updates)")
+    add_memory_policy_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, events, metrics)")
     add_model_args(g)
     g.set_defaults(func=cmd_generate)
@@ -105,6 +108,7 @@ def add_calibrate_parser(sub) -> None:
     c.add_argument("--out", required=True, help="memory file to write (.json or .json.gz)")
     c.add_argument("--memory", default=None, help="memory file to extend instead of starting empty")
     c.add_argument("--vocab-out", default=None, help="prompt mode: also write the answers' token frequencies here")
+    add_memory_policy_args(c)
     add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 
@@ -154,6 +158,7 @@ def cmd_generate(args) -> int:
         cfg = apply_preset(cfg, args.preset, getattr(args, "argv", []))
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
+    policy = memory_policy(args)                                                # refused before anything loads
     file_memory = CorrectionMemory.load(args.memory) if args.memory else None   # a bad file costs seconds, not a load
     store = open_store(args)
 
@@ -167,11 +172,14 @@ def cmd_generate(args) -> int:
     memory = file_memory if file_memory is not None else decoder.default_memory()
     if file_memory is not None:
         file_memory.check_pair(pair.pair_id)
+    if policy is not None:
+        memory.set_policy(policy)
     if cfg.use_ocm and (why := memory.mismatch(pair)):      # said, never refused
         print(f"note: {why}; its patterns still apply", file=sys.stderr)
     run = decoder.run(prompt_ids, cfg, memory)
     cancelled = False
-    with recording(store, **run_fields(pair, cfg, kind="generate", prompt=args.prompt)) as rec:
+    with recording(store, **run_fields(pair, cfg, kind="generate", prompt=args.prompt,
+                                       memory_policy=memory.policy.label)) as rec:
         try:
             for ev in run:
                 rec.add(ev)
@@ -186,11 +194,11 @@ def cmd_generate(args) -> int:
         store.close()
     if args.save_memory:
         memory.save(args.save_memory)
-    print_run(args, cfg, pair, run)
+    print_run(args, cfg, pair, run, memory)
     return 130 if cancelled else 0
 
 
-def print_run(args, cfg: CSDConfig, pair, run) -> None:
+def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
     """A generation's result: one JSON object (``--json``), else its metrics on stderr after the text."""
     if args.json:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
@@ -198,7 +206,9 @@ def print_run(args, cfg: CSDConfig, pair, run) -> None:
                           "config": {**{k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
                                                                      "max_new_tokens", "seed", "lookup")},
                                      **(cfg.rule_params() or {})},
-                          "events": [e.to_dict() for e in run.events], "metrics": run.metrics.to_dict()}))
+                          "events": [e.to_dict() for e in run.events], "metrics": run.metrics.to_dict(),
+                          "memory": {"policy": memory.policy.to_dict(), "patterns": len(memory),
+                                     "evicted": memory.evicted}}))
     else:
         m = run.metrics
         kept, n_kept = (("relaxed", m.relaxed), m.relaxed_share) if cfg.relax else (("rescued", m.rescued), m.rescued_share)
@@ -207,8 +217,8 @@ def print_run(args, cfg: CSDConfig, pair, run) -> None:
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
               f"accepted {m.accepted_share:.1%} and {kept[0]} {n_kept:.1%} of {m.drafted} draft tokens "
-              f"({kept[1]} {kept[0]}){copies}; target {pair.target_repr}, draft {pair.draft_dtype or '-'}",
-              file=sys.stderr)
+              f"({kept[1]} {kept[0]}){copies}; target {pair.target_repr}, draft {pair.draft_dtype or '-'}; "
+              f"memory {len(memory):,} patterns, {memory.policy.describe()}", file=sys.stderr)
 
 
 def cmd_prepare(args) -> int:
@@ -237,12 +247,16 @@ def cmd_calibrate(args) -> int:
     from csd.db.store import run_fields
     from csd.memory import CorrectionMemory
 
+    policy = memory_policy(args)                   # refused before anything loads or is written
     mode, data, heldout = calibration_input(args)
     memory = CorrectionMemory.load(args.memory) if args.memory else None    # before the load: a bad file costs seconds
     store = open_store(args)
     pair = load_from_args(args)
     if memory is not None:
         memory.check_pair(pair.pair_id)
+    if policy is not None:
+        memory = memory if memory is not None else CorrectionMemory(pair.pair_id)
+        memory.set_policy(policy)
     t0 = time.perf_counter()
     lam = CSDConfig().lam
     if mode == "prompts":
@@ -265,11 +279,13 @@ def cmd_calibrate(args) -> int:
     info = memory.meta["calibration"][-1]
     if store is not None:
         run_id = store.start_run(**run_fields(pair, kind="calibrate", method="calibrate",
-                                              prompt=str(args.prompts or args.corpus or f"default {mode}")))
+                                              prompt=str(args.prompts or args.corpus or f"default {mode}"),
+                                              memory_policy=memory.policy.label))
         store.save_memory(memory, run_id=run_id, label=f"calibration ({mode}) {args.prompts or args.corpus or 'default'}")
         store.finish_run(run_id, "", info)
         store.close()
-    print(calibration_summary(mode, info, memory, lam) + f"; target {pair.target_repr}, draft {pair.draft_dtype}; "
+    print(calibration_summary(mode, info, memory, lam) + f"; memory {len(memory):,} patterns, "
+          f"{memory.policy.describe()}; target {pair.target_repr}, draft {pair.draft_dtype}; "
           f"{time.perf_counter() - t0:.0f} s; written to {args.out}", file=sys.stderr)
     return 0
 

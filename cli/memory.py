@@ -78,7 +78,7 @@ def cmd_export(args) -> int:
     if args.tau is not None and not (math.isfinite(args.tau) and args.tau > 0):
         raise ValueError(f"tau must be > 0, got {args.tau!r}")
     path = export_memory(memory, args.file, vocab, lam, args.tau)
-    print(f"wrote {path}: {len(memory):,} entries, {memory.total:,} counted divergences, "
+    print(f"wrote {path}: {len(memory):,} entries, {memory.total:,.0f} counted divergences, "
           f"{memory.n_candidates(lam):,} at freq >= {lam:g}; tokenizer {vocab.tokenizer}; "
           f"serve with --speculative-csd-freq-threshold {math.ceil(lam)}", file=sys.stderr)
     return 0
@@ -100,6 +100,6 @@ def cmd_import(args) -> int:
         notes.append(f"{sg['duplicates']:,} repeated pairs summed")
     if sg["metadata"].get("content") == "raw_delta_counts":
         notes.append("a delta file (raw_delta_counts)")
-    print(f"wrote {args.out}: {len(memory):,} patterns, {memory.total:,} counted divergences for pair "
+    print(f"wrote {args.out}: {len(memory):,} patterns, {memory.total:,.0f} counted divergences for pair "
           f"{pair_id} ({'; '.join(notes)})", file=sys.stderr)
     return 0

@@ -2,12 +2,19 @@
 divergence patterns (draft token x~, target token t*), updated in ``observe`` only; a pattern is a rescue
 candidate once its count reaches lambda. A memory file records its pair (another pair's is refused) and,
 in ``meta["calibration"]``, how it was calibrated.
+
+The paper's memory only grows. A ``MemoryPolicy`` (kept in the file's ``policy`` block; a file without one is
+unbounded) may bound it to ``capacity`` patterns, the smallest count going first (ties: the least recently
+seen), and may let counts halve every ``half_life`` observed divergences (docs/memory.md: the measurement that
+chose the rule).
 """
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import os
-from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .rule import top_share
@@ -17,54 +24,235 @@ DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 
 FORMAT = "csd-explorer-memory"
 VERSION = 1
+PATTERN_BYTES = 12        # a pattern on the device: two int32 token ids and a float32 count (docs/scale.md)
+EVICT = ("count", "recent")   # when full: the smallest count goes (ties: least recent), or the least recent
+PRUNE = 1 / 8             # a decayed count below this (a single sighting three half-lives ago) is forgotten
+RESCALE = 1               # half-lives between two rescalings of the stored values (and prunings of faded patterns)
 
 
 class MemoryFileError(ValueError):
     """A file is not a correction memory, or belongs to another model pair."""
 
 
+def _positive(value, what: str, whole: bool) -> None:
+    ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+    if not ok or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a {'whole number' if whole else 'number'} > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """What the memory forgets. The default, neither set, is the paper's memory that only grows."""
+    capacity: int | None = None      # the most patterns kept; None: unbounded
+    half_life: float | None = None   # counts halve every this many observed divergences; None: never
+    evict: str = "count"             # which pattern goes when full (EVICT; docs/memory.md says why "count")
+
+    def __post_init__(self):
+        if self.capacity is not None:
+            _positive(self.capacity, "the memory capacity", whole=True)
+        if self.half_life is not None:
+            _positive(self.half_life, "the memory half-life", whole=False)
+        if self.evict not in EVICT:
+            raise ValueError(f"the eviction rule must be one of {', '.join(EVICT)}, got {self.evict!r}")
+
+    @property
+    def unbounded(self) -> bool:
+        return self.capacity is None and self.half_life is None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> MemoryPolicy:
+        """A file's ``policy`` block (None: unbounded); ``MemoryFileError`` naming what is wrong."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict) or set(data) - {"capacity", "half_life", "evict"}:
+            raise MemoryFileError("malformed memory policy: expected an object with capacity, half_life and "
+                                  f"evict, got {str(data)[:80]}")
+        try:
+            return cls(data.get("capacity"), data.get("half_life"), data.get("evict", "count"))
+        except ValueError as e:
+            raise MemoryFileError(f"malformed memory policy: {e}") from None
+
+    @property
+    def label(self) -> str:
+        """A short name (the store's runs, the CSV): "unbounded", "capacity 1000", "half-life 500", ..."""
+        parts = [f"capacity {self.capacity}" + (" (least recent)" if self.evict == "recent" else "")] \
+            if self.capacity else []
+        parts += [f"half-life {self.half_life:g}"] if self.half_life else []
+        return ", ".join(parts) or "unbounded"
+
+    def describe(self) -> str:
+        """The policy in words (the app, the command line)."""
+        parts = [f"capacity {self.capacity:,} patterns (the {'smallest count' if self.evict == 'count' else 'least recent'}"
+                 " goes)"] if self.capacity else []
+        if self.half_life:
+            parts.append(f"counts halve every {self.half_life:,g} divergences")
+        return ", ".join(parts) or "unbounded (the paper's)"
+
+
+UNBOUNDED = MemoryPolicy()
+
+
+def policy_from(capacity, half_life, names: tuple[str, str] = ("the capacity", "the half-life")) -> MemoryPolicy:
+    """A policy from typed values (text or numbers; None or "" leaves it unset), a value that is not a number
+    > 0 (a capacity: a whole number) refused with a sentence naming it as ``names`` say (a flag, a box)."""
+    values = []
+    for name, value, whole in ((names[0], capacity, True), (names[1], half_life, False)):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            values.append(None)
+            continue
+        try:
+            v = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            v = math.nan
+        if not (math.isfinite(v) and v > 0) or (whole and not v.is_integer()):
+            kind = "a whole number of patterns" if whole else "a number of divergences"
+            raise ValueError(f"{name} must be {kind} greater than 0, got {value!r}")
+        values.append(int(v) if whole else v)
+    return MemoryPolicy(*values)
+
+
 class CorrectionMemory:
-    def __init__(self, pair_id: str, counts: dict[tuple[int, int], int] | None = None, meta: dict | None = None):
+    def __init__(self, pair_id: str, counts: dict[tuple[int, int], float] | None = None, meta: dict | None = None,
+                 policy: MemoryPolicy = UNBOUNDED):
         self.pair_id = pair_id
-        self._counts: Counter = Counter(counts or {})
         self.meta: dict = dict(meta or {})
+        self.policy = policy
+        self.evicted = 0            # patterns this memory forgot (capacity or decay) since it was made
+        self._v: dict = {}          # pattern -> stored value: its count times 2**(age / half_life); in recency order
+        self._age = 0.0             # divergences observed since the stored values were last rescaled
+        self._tick: dict = {}       # pattern -> when last seen (capacity: ties go least recent first)
+        self._clock = 0
+        self._heap: list = []       # (value, tick, pattern), lazily invalidated: the smallest count first
+        for k, c in (counts or {}).items():
+            if c > 0:
+                self._put(k, c)
+        self._trim(None)
 
     # -- the narrow surface used by the decode loop ------------------------------------------
-    def count(self, x_tilde: int, t_star: int) -> int:
-        return self._counts.get((x_tilde, t_star), 0)
+    def count(self, x_tilde: int, t_star: int) -> float:
+        v = self._v.get((x_tilde, t_star), 0)
+        return v * self._decay() if v and self.policy.half_life else v
 
     def observe(self, x_tilde: int, t_star: int, n: int = 1) -> None:
-        if x_tilde != t_star:
-            self._counts[(x_tilde, t_star)] += n
+        if x_tilde == t_star:
+            return
+        key, h = (x_tilde, t_star), self.policy.half_life
+        if h:
+            self._age += n
+            if self._age > RESCALE * h:
+                self._rescale()
+        self._put(key, self._v.pop(key, 0) + (n * 2 ** (self._age / h) if h else n))
+        self._trim(key)
+
+    def set_policy(self, policy: MemoryPolicy) -> None:
+        """Apply ``policy`` from now on (counts as they stand; a capacity below the size drops the weakest)."""
+        self._rescale()
+        self.policy = policy
+        self._rescale()
+        self._trim(None)
+
+    # -- the policy's bookkeeping --------------------------------------------------------------
+    def _decay(self) -> float:
+        return 2 ** (-self._age / self.policy.half_life)
+
+    def _put(self, key, value) -> None:
+        self._v[key] = value
+        if self.policy.capacity:
+            self._clock += 1
+            self._tick[key] = self._clock
+            if self.policy.evict == "count":
+                heapq.heappush(self._heap, (value, self._clock, key))
+                if len(self._heap) > 2 * len(self._v) + 64:
+                    self._heapify()
+
+    def _heapify(self) -> None:
+        self._heap = [(v, self._tick.get(k, 0), k) for k, v in self._v.items()]
+        heapq.heapify(self._heap)
+
+    def _drop(self, key) -> None:
+        del self._v[key]
+        self._tick.pop(key, None)
+        self.evicted += 1
+
+    def _trim(self, newcomer) -> None:
+        """Drop the weakest patterns above the capacity; the pattern just seen (``newcomer``) stays."""
+        cap, held = self.policy.capacity, None
+        while cap and len(self._v) > cap:
+            if self.policy.evict == "recent":
+                self._drop(next(k for k in self._v if k != newcomer))
+                continue
+            v, tick, key = heapq.heappop(self._heap)
+            if self._v.get(key) != v or self._tick.get(key) != tick:
+                continue                                 # a stale entry: the pattern was seen again or dropped
+            if key == newcomer:
+                held = (v, tick, key)
+                continue
+            self._drop(key)
+        if held:
+            heapq.heappush(self._heap, held)
+
+    def _rescale(self) -> None:
+        """Fold the decay into the stored values (age 0 again) and forget counts below ``PRUNE``."""
+        if self.policy.half_life and self._age:
+            f = self._decay()
+            for k in [k for k, v in self._v.items() if v * f < PRUNE]:
+                self._drop(k)
+            self._v = {k: v * f for k, v in self._v.items()}
+        self._age = 0.0
+        self._tick = {k: self._tick.get(k, 0) for k in self._v} if self.policy.capacity else {}
+        if self.policy.capacity and self.policy.evict == "count":
+            self._heapify()
+        else:
+            self._heap = []
 
     # -- inspection --------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._counts)
+        return len(self._v)
 
     @property
-    def total(self) -> int:
-        return sum(self._counts.values())
+    def nbytes(self) -> int:
+        """What the patterns take on a device (``PATTERN_BYTES`` each)."""
+        return len(self._v) * PATTERN_BYTES
+
+    @property
+    def total(self) -> float:
+        return sum(c for _k, c in self.items())
 
     def items(self):
-        return self._counts.items()
+        """(pattern, count as it stands), least recently seen first."""
+        if not self.policy.half_life:
+            return self._v.items()
+        f = self._decay()
+        return [(k, v * f) for k, v in self._v.items()]
 
-    def top(self, n: int | None = None) -> list[tuple[tuple[int, int], int]]:
-        return sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    def top(self, n: int | None = None) -> list[tuple[tuple[int, int], float]]:
+        return sorted(self.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
     def n_candidates(self, lam: float) -> int:
-        return sum(1 for c in self._counts.values() if c >= lam)
+        return sum(1 for _k, c in self.items() if c >= lam)
 
     def top_share(self, fraction: float = 0.2) -> float:
         """Share of all counted divergences covered by the top ``fraction`` of patterns."""
-        return top_share(self._counts.values(), fraction)
+        return top_share([c for _k, c in self.items()], fraction)
 
     def copy(self) -> CorrectionMemory:
-        return CorrectionMemory(self.pair_id, dict(self._counts), dict(self.meta))
+        mem = CorrectionMemory(self.pair_id, None, dict(self.meta), self.policy)
+        for k, c in self.items():
+            mem._put(k, c)
+        mem.evicted = self.evicted
+        return mem
 
     # -- files -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "pair": self.pair_id, "meta": self.meta,
-                "counts": [[d, t, c] for (d, t), c in self.top()]}
+        """The file: counts as they stand (decayed, to 4 decimals); a bounded memory lists its patterns least
+        recently seen first (so that a reload keeps the order ties are broken in) and records its policy."""
+        rows = self.top() if self.policy.unbounded else list(self.items())
+        out = {"format": FORMAT, "version": VERSION, "pair": self.pair_id, "meta": self.meta,
+               "counts": [[d, t, c if isinstance(c, int) else round(c, 4)] for (d, t), c in rows]}
+        return out if self.policy.unbounded else {**out, "policy": self.policy.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict, expected_pair: str | None = None) -> CorrectionMemory:
@@ -77,20 +265,22 @@ class CorrectionMemory:
             raise MemoryFileError(f"malformed memory file: 'meta' must be an object, not {type(meta).__name__}")
         if not isinstance(data.get("pair", ""), str):
             raise MemoryFileError("malformed memory file: 'pair' must be a string")
+        policy = MemoryPolicy.from_dict(data.get("policy"))
         rows = data.get("counts")
         if not isinstance(rows, list):
             raise MemoryFileError("malformed memory file: 'counts' must be a list of [draft_id, target_id, count]")
         counts = {}
         for n, row in enumerate(rows):
             if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                                    for v in row)):
+                                                                    for v in row[:2])
+                    and _count_value(row[2], policy)):
                 raise MemoryFileError(f"malformed memory counts: entry {n} is {str(row)[:60]}, "
                                       "expected [draft_id, target_id, count] of whole numbers")
             d, t, c = row
             if d < 0 or t < 0 or c < 0:
                 raise MemoryFileError(f"malformed memory counts: entry {n} has a negative id or count ({row})")
             counts[(d, t)] = counts.get((d, t), 0) + c
-        mem = cls(data.get("pair", ""), counts, meta)
+        mem = cls(data.get("pair", ""), counts, meta, policy)
         if expected_pair is not None:
             mem.check_pair(expected_pair)
         return mem
@@ -109,7 +299,10 @@ class CorrectionMemory:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise MemoryFileError(f"{path} is not a CSD Explorer correction-memory file (not JSON)") from None
-        return cls.from_dict(data, expected_pair)
+        try:
+            return cls.from_dict(data, expected_pair)
+        except MemoryFileError as e:
+            raise MemoryFileError(f"{path}: {e}") from None
 
     def check_pair(self, pair_id: str) -> None:
         """Refuse a memory of another model pair (``MemoryFileError``)."""
@@ -133,7 +326,15 @@ class CorrectionMemory:
         return "the correction memory was calibrated with " + ", ".join(diffs)
 
     def __repr__(self) -> str:
-        return f"CorrectionMemory(pair={self.pair_id!r}, patterns={len(self)}, total={self.total})"
+        return f"CorrectionMemory(pair={self.pair_id!r}, patterns={len(self)}, total={self.total:g}, " \
+               f"policy={self.policy.describe()!r})"
+
+
+def _count_value(c, policy: MemoryPolicy) -> bool:
+    """A count in a file: a whole number; a memory whose counts decay may hold any finite number."""
+    if isinstance(c, bool):
+        return False
+    return isinstance(c, int) or (policy.half_life is not None and isinstance(c, float) and math.isfinite(c))
 
 
 def default_memory(pair) -> CorrectionMemory:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .memory import CorrectionMemory, MemoryFileError
+from .memory import CorrectionMemory, MemoryFileError, MemoryPolicy
 from .runtime.fileio import atomic_write, read_maybe_gzip, read_or_raise
 from .runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
 
@@ -231,7 +231,8 @@ def table_to_memory(table: Table, pair_id: str, vocab: Vocabulary, force: bool =
     meta = {"sglang": {"source": source, "metadata": table.metadata, "entries": len(table),
                        "duplicates": table.duplicates, "disallowed": disallowed, "forced": bool(force),
                        "tokenizer": vocab.tokenizer}}
-    return CorrectionMemory(pair_id, dict(table.freq), meta)
+    policy = MemoryPolicy.from_dict(table.metadata.get("memory_policy"))   # written by memory_to_table
+    return CorrectionMemory(pair_id, dict(table.freq), meta, policy)
 
 
 def disallowed(memory: CorrectionMemory) -> set[tuple[int, int]]:
@@ -263,13 +264,17 @@ def memory_to_table(memory: CorrectionMemory, vocab: Vocabulary, lam: float,
                       "vocab_size": vocab.size, "freq_threshold": lam, "lambda": lam}
     if tau is not None:
         table.metadata["prob_ratio"] = tau
+    if not memory.policy.unbounded:     # SGLang ignores it; an import here restores it
+        table.metadata["memory_policy"] = memory.policy.to_dict()
+    else:
+        table.metadata.pop("memory_policy", None)
     blocked = disallowed(memory)
     for (d, t), c in memory.items():
         for what, i in (("draft", d), ("target", t)):
             if i >= vocab.size:
                 raise TableError(f"pattern {d}:{t}: token id {i} ({what}) is beyond the vocabulary of "
                                  f"{vocab.tokenizer}: {vocab.size:,} ids")
-        table.add((d, t), int(c), (d, t) not in blocked)
+        table.add((d, t), round(c), (d, t) not in blocked)     # a decayed count as it stands, to the nearest
     return table
 
 
@@ -305,7 +310,12 @@ def export_memory(memory: CorrectionMemory, path: str | os.PathLike, vocab: Voca
 
 def import_table(path: str | os.PathLike, pair_id: str, vocab: Vocabulary, force: bool = False) -> CorrectionMemory:
     """Read an SGLang table or delta file into a memory of ``pair_id`` (nothing is written)."""
-    return table_to_memory(read_table(path, vocab), pair_id, vocab, force, source=Path(path).name)
+    try:
+        return table_to_memory(read_table(path, vocab), pair_id, vocab, force, source=Path(path).name)
+    except TableError:
+        raise
+    except MemoryFileError as e:                      # the metadata's memory_policy
+        raise TableError(f"{path}: {e}") from None
 
 
 def is_table(path: str | os.PathLike) -> bool:

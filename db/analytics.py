@@ -25,8 +25,9 @@ from csd.events import ACCEPTED, DIVERGENCE_STATUSES, REJECTED, RELAXED, RESCUED
 from csd.rule import Rescue, log_tau, rescues
 from csd.rule import top_share as _top_share
 
-ROW_FIELDS = ["run_id", "seq", *(f.name for f in fields(TokenEvent)), "context"]   # one exported event
-_COLUMNS = [c for c in ROW_FIELDS if c not in ("draft_top", "target_top")]
+ROW_FIELDS = ["run_id", "seq", *(f.name for f in fields(TokenEvent)), "context",   # one exported event
+              "memory_policy"]                                                  # its run's (csd.memory)
+_COLUMNS = [c for c in ROW_FIELDS if c not in ("draft_top", "target_top", "memory_policy")]
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,18 @@ def _what_if(d: Divergences, mask: np.ndarray, lam: float, tau: float) -> WhatIf
     return WhatIf(lam, tau, len(d), int(mask.sum()), by_pattern)
 
 
+def capacity_what_if(d: Divergences, capacity: int, lam: float, tau: float) -> tuple[int, int]:
+    """What a memory of ``capacity`` patterns would have rescued on logged divergences: it keeps the patterns
+    with the largest logged counts (csd.memory's eviction: the smallest count goes), so a divergence is rescued
+    when the rule rescues it and its pattern is among those. -> (rescued with the capacity, rescued unbounded)."""
+    mask = d.rescued_mask(lam, tau)
+    strength = np.zeros(len(d.patterns))
+    np.maximum.at(strength, d.pattern, np.nan_to_num(d.count, nan=0.0))
+    kept = np.zeros(len(d.patterns), bool)
+    kept[np.argsort(-strength, kind="stable")[:max(0, int(capacity))]] = True
+    return int((mask & kept[d.pattern]).sum()), int(mask.sum())
+
+
 @dataclass
 class WhatIfGrid:
     lams: list[float]
@@ -329,10 +342,11 @@ def rescued_by_kind(source, f: Filter = ANY) -> dict[str, int]:
 
 
 # -- Listing and export -----------------------------------------------------------------------
-def _event_dict(row) -> dict:
+def _event_dict(row, memory_policy: str | None) -> dict:
     d = {c: getattr(row, c) for c in _COLUMNS}
     explain = row.explain or {}
     d["draft_top"], d["target_top"] = explain.get("draft_top"), explain.get("target_top")
+    d["memory_policy"] = memory_policy
     return {k: d[k] for k in ROW_FIELDS}
 
 
@@ -343,11 +357,12 @@ class LoggedEvent:
     seq: int                     # order within the run, from 0
     context: str                 # ~40 characters of output text before the token
     event: TokenEvent
+    memory_policy: str | None = None   # the run's memory policy (csd.memory.MemoryPolicy.label; None: not recorded)
 
 
 def logged_events(source, f: Filter = ANY, limit: int | None = 100, offset: int = 0) -> list[LoggedEvent]:
     """Events as typed records, in run and decision order (what the app draws and the figures use)."""
-    return [LoggedEvent(d["run_id"], d["seq"], d["context"], TokenEvent.from_dict(d))
+    return [LoggedEvent(d["run_id"], d["seq"], d["context"], TokenEvent.from_dict(d), d["memory_policy"])
             for d in events(source, f, limit, offset)]
 
 
@@ -363,10 +378,11 @@ def count_events(source, f: Filter = ANY) -> int:
 
 
 def _iter_events(source, f: Filter, limit: int | None = None, offset: int = 0) -> Iterator[dict]:
-    q = f.apply(select(E)).order_by(E.run_id, E.seq).limit(limit).offset(offset)
+    q = f.apply(select(E, Run.memory_policy).join(Run, Run.id == E.run_id), runs_joined=True)
+    q = q.order_by(E.run_id, E.seq).limit(limit).offset(offset)
     with _session(source) as s:
-        for r in s.scalars(q.execution_options(yield_per=2000)):
-            yield _event_dict(r)
+        for r, policy in s.execute(q.execution_options(yield_per=2000)):
+            yield _event_dict(r, policy)
 
 
 def _export(source, f: Filter, file, as_csv: bool) -> int:

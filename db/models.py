@@ -62,6 +62,7 @@ class RunRow(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     target_repr: Mapped[str | None] = mapped_column(String(32))        # float32, bfloat16, float16, int8
     draft_repr: Mapped[str | None] = mapped_column(String(32))
+    memory_policy: Mapped[str | None] = mapped_column(String(80))      # csd.memory.MemoryPolicy.label; NULL: not recorded
 
 
 class TokenEventRow(Base):

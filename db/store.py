@@ -233,7 +233,7 @@ class Store:
         with self._write_engine.begin() as conn:
             return conn.execute(insert(MemorySnapshot).values(
                 run_id=run_id, pair_id=_clean(memory.pair_id), label=_clean(label), n_patterns=len(memory),
-                total=memory.total, counts=memory.to_dict())).inserted_primary_key[0]
+                total=round(memory.total), counts=memory.to_dict())).inserted_primary_key[0]
 
 
 class RunRecorder:

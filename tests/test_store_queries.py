@@ -228,7 +228,7 @@ def test_open_upgrades_an_old_empty_database(db_url):
     assert {"runs", "token_events", "memory_snapshots", "alembic_version"} <= names
     from alembic.script import ScriptDirectory
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0005"                         # the newest migration (the rivals: parameters, scores)
+    assert head == "0006"                         # the newest migration (the run's memory policy)
     with engine.connect() as c:
         assert c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
     # downgraded to the empty schema, the next open upgrades it again
@@ -241,7 +241,7 @@ def test_open_upgrades_an_old_empty_database(db_url):
         c.exec_driver_sql("INSERT INTO runs (created_at, kind, pair_id, prompt, status, label) "
                           "VALUES ('2026-11-29 00:00:00', 'generate', 'p', 'old', 'finished', '')")
     with Store.open(db_url) as store:             # ... is upgraded in place and keeps its runs
-        assert [(r["prompt"], r["lookup"]) for r in A.runs_list(store)] == [("old", None)]   # unknown, not 0
+        assert [(r["prompt"], r["lookup"], r["memory_policy"]) for r in A.runs_list(store)] == [("old", None, None)]
         record(store, [ev(0, REJECTED, 3, 4)])
     with engine.begin() as c:
         command.downgrade(alembic_config(connection=c), "base")

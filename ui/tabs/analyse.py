@@ -6,6 +6,7 @@ Nothing here runs the model.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import gradio as gr
 import numpy as np
@@ -30,6 +31,7 @@ from .common import (
     tau_from_log10,
     tokens_html,
 )
+from .inputs import number
 from .page import Page
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     rows = memory_pareto_rows(mem, services.pair.tokenizer, limit=30)
     sg = mem.meta.get("sglang")
     where = f"the SGLang table {sg.get('source')}" if isinstance(sg, dict) and sg.get("source") else "this session's memory"
-    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(mem.total, 'divergence')} "
+    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(round(mem.total), 'divergence')} "
                f"counted, {mem.n_candidates(lam):,} at or above λ = {lam:g}; the top 20% of patterns hold "
                f"{100 * mem.top_share(0.2):.0f}% of the counts.")
     positions = figures.empty_figure("Acceptance by position comes from runs: pick a run scope.")
@@ -120,6 +122,28 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
                 + (f" ({100 * rescued / len(d):.1f}% of them rescued)." if len(d) else ". Generate answers to see them."))
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(d.gap, d.count, lam, tau), positions,
             figures.make_whatif_figure(grid.lams, taus, grid.rate, lam, tau, grid.total), summary)
+
+
+def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, sess: Session | None, target=None):
+    """What a memory of ``capacity`` patterns (its strongest: the smallest count goes) would have rescued on the
+    scope's logged divergences at the λ/τ sliders, beside what the unbounded memory rescues. No model runs.
+    -> (markdown, session)."""
+    sess = ensure_session(services, sess)
+    if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
+        raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
+    if services.store is None:
+        return NO_STORE, sess
+    f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
+    if f is None:
+        return why, sess
+    lam, tau = float(lam), tau_from_log10(log10_tau)
+    d = A.cached_divergences(services.store, f)
+    kept, full = A.capacity_what_if(d, int(capacity), lam, tau)
+    n = len(d.patterns)
+    return (f"A memory of **{int(capacity):,}** {'pattern' if int(capacity) == 1 else 'patterns'} (of the "
+            f"{n:,} logged) would have rescued **{kept}** of the {render.plural(full, 'divergence')} the unbounded "
+            f"memory rescues at λ = {lam:g}, τ = {tau:.3g}" + (f" ({100 * kept / full:.0f}%)." if full else ".")
+            + " It keeps the patterns with the largest logged counts."), sess
 
 
 def _heading(sess: Session, rule, csd: bool) -> str:
@@ -174,6 +198,11 @@ def build(page: Page):
             pareto = gr.Plot(label="Pareto chart", show_label=False, elem_id="pareto-plot")
             gaps = gr.Plot(label="Logit gaps", show_label=False, elem_id="gap-plot")
         positions = gr.Plot(label="Acceptance by position", show_label=False, elem_id="position-plot")
+        with gr.Row(equal_height=True):
+            cap = number("Memory of N patterns", precision=0, minimum=1, value=100, scale=0, min_width=200,
+                         label="What-if: a memory of N patterns", elem_id="capacity-whatif")
+            cap_btn = gr.Button("What would it rescue?", scale=0, elem_id="capacity-whatif-btn")
+            cap_out = gr.Markdown(elem_id="capacity-whatif-out")
         with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
                           elem_id="frontier-panel"):
             frontier_data = figures.load_frontier(s.frontier_file)
@@ -193,6 +222,8 @@ def build(page: Page):
     def wire():
         run = page.handler(analyse, "scope", ("target",))
         a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
+        cap_btn.click(partial(capacity_what_if, services), [scope, cap, page.lam, page.log10_tau, sess, target],
+                      [cap_out, sess], api_name="capacity_what_if", **light)
         for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
             trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)
     return wire

@@ -18,7 +18,7 @@ from csd.config import ConfigError
 from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
-from csd.memory import CorrectionMemory, MemoryFileError
+from csd.memory import CorrectionMemory, MemoryFileError, policy_from
 from csd.runtime import threads
 from csd.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 
 
 # -- events ------------------------------------------------------------------------------------
-EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", "draft x~", "target t*", "gap", "count", "rule", "context"]
+EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", "draft x~", "target t*", "gap", "count", "rule", "context",
+                 "memory"]
 
 
 def parse_pattern(value) -> tuple[int, int] | None:
@@ -84,7 +85,7 @@ def _event_row(le: A.LoggedEvent) -> list:
             render.show_token(e.draft_text) if e.draft_id is not None else "",
             render.show_token(e.target_text) if e.target_text is not None else "",
             None if e.gap is None else round(e.gap, 3), e.memory_count, e.rule or "",
-            render.show_text(le.context)[-60:]]
+            render.show_text(le.context)[-60:], le.memory_policy or ""]
 
 
 def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, target, sess: Session | None):
@@ -163,15 +164,34 @@ def memory_view(services: Services, lam, sess: Session | None):
     cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
     mismatch = mem.mismatch(services.pair)
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
-    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,}** "
+    md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
           f"{'divergence' if mem.total == 1 else 'divergences'} counted, **{n_cand:,}** "
           f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
           + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
              f"weights are held)." if mismatch else "")
-          + _table_line(mem)
+          + _table_line(mem) + _policy_line(mem)
           + " This memory belongs to your session only: your runs update it, nobody else's do.")
     return md, rows, sess
+
+
+def _policy_line(mem: CorrectionMemory) -> str:
+    forgot = f"; {plural(mem.evicted, 'pattern')} forgotten so far" if mem.evicted else ""
+    return f" Size: {mem.nbytes:,} bytes on a device. Policy: **{mem.policy.describe()}**{forgot}."
+
+
+def memory_set_policy(services: Services, capacity, half_life, lam, sess: Session | None):
+    """Give the session's memory a capacity and/or a half-life (an empty box: none; both empty: unbounded, the
+    paper's). 0, a negative or a fractional capacity is refused with a sentence naming the box, the memory
+    unchanged. -> (summary, rows, session)."""
+    sess = ensure_session(services, sess)
+    try:
+        policy = policy_from(capacity, half_life, ("Memory capacity", "Memory half-life"))
+    except ValueError as e:
+        raise error(f"{e}; leave the box empty for none.") from None
+    sess.memory.set_policy(policy)
+    info(f"Memory policy: {sess.memory.policy.describe()}")
+    return memory_view(services, lam, sess)
 
 
 def _table_line(mem: CorrectionMemory) -> str:
@@ -270,7 +290,7 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
         last = (work.meta.get("calibration") or [{}])[-1]
         what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
         job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {plural(work.total - before, 'divergence')} added.{note}")
+                       f": {plural(round(work.total - before), 'divergence')} added.{note}")
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
@@ -288,7 +308,9 @@ def _save_calibrated(services: Services, work: CorrectionMemory, before: int, na
 def memory_reset(services: Services, to: str, lam, sess: Session | None):
     """Reset the session's memory to the default one, or clear it."""
     sess = ensure_session(services, sess)
+    policy = sess.memory.policy                         # the session's policy outlives a reset
     sess.memory = CorrectionMemory(services.pair.pair_id) if to == "clear" else services.new_memory()
+    sess.memory.set_policy(policy)
     return memory_view(services, lam, sess)
 
 
@@ -384,6 +406,12 @@ def _memory_panel(s) -> SimpleNamespace:
             with gr.Row():
                 m.reset = gr.Button("Reset to default")
                 m.clear = gr.Button("Clear")
+            with gr.Row(equal_height=True):
+                m.capacity = number("Memory capacity", optional=True, precision=0, minimum=1, value=None,
+                                    label="Capacity (patterns; empty: unbounded)", elem_id="memory-capacity")
+                m.half_life = number("Memory half-life", optional=True, minimum=1, value=None,
+                                     label="Half-life (divergences; empty: never)", elem_id="memory-half-life")
+                m.policy = gr.Button("Apply", scale=0, min_width=80, elem_id="memory-policy-btn")
             m.dl_btn = gr.Button("Save memory to a file")
             m.upload = gr.UploadButton("Upload memory file or SGLang CSD table (.json / .json.gz / .jsonl)",
                                        type="filepath", file_types=[".json", ".gz", ".jsonl"], elem_id="memory-upload")
@@ -421,6 +449,8 @@ def build(page: Page):
                       **light)
         m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
                       **light)
+        m.policy.click(partial(memory_set_policy, services), [m.capacity, m.half_life, lam, sess], mem_out,
+                       api_name="memory_policy", **light)
         m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download",
                        **light)
         m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],

@@ -205,7 +205,8 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
     """The run's recorder (a no-op one without a store); a failing database costs a warning, never the run."""
     pair = decoder_for(services, sess).pair       # the user's view: its activation scales go into the record
-    fields = run_fields(pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label)
+    fields = run_fields(pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label,
+                        memory_policy=sess.memory.policy.label if cfg.use_ocm else None)
     try:
         rec = recording(services.store, **fields)
     except Exception as e:   # the database is down or full: generate anyway
