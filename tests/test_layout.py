@@ -211,13 +211,13 @@ def _area_files(area: str) -> list[Path]:
     }[area])
 
 
-AREA_BUDGETS = {
-    "csd": 2647,                              # issue 53's target: 2,500 (2,647 on 2026-12-05)
+AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
+    "csd": 2901,                              # issue 53's target: 2,500 (2,647 before issues 52 and 54)
     "csd subpackages": 3800,
-    "ui": 3400,
-    "db": 1000,
-    "cli, tools, app.py, csd_app.py": 1321,   # issue 53's target: 1,300 (1,321 on 2026-12-05)
-    "bench, evaluation": 4497,                # issue 53's target: 4,200 (4,497 on 2026-12-05)
+    "ui": 3673,                               # issue 53's target: 3,400 (3,384 before issues 54 and 55)
+    "db": 1002,                               # issue 53's target: 1,000 (985 before issue 54's policy column)
+    "cli, tools, app.py, csd_app.py": 1394,   # issue 53's target: 1,300 (1,321 before issues 52 and 54)
+    "bench, evaluation": 5270,                # issue 53's target: 4,200 (4,497 before issues 52 and 54)
 }
 
 
