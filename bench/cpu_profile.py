@@ -10,15 +10,15 @@ representations is loaded and profiled in turn.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from .io import command_line, now, write_json
 
 CONTEXT = 150
 KINDS = (   # (kind, substrings of the op's name), first match wins
@@ -83,8 +83,7 @@ def run(draft_dtypes: list[str], reps: int, int8_activations: str) -> dict:
     from csd.runtime.profile import machine_name
     out = {"machine": machine_name("cpu"), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "int8_activations": int8_activations,
-           "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m csd.bench.cpu_profile", *sys.argv[1:]]), "runs": []}
+           "measured_at": now(), "command": command_line("csd.bench.cpu_profile"), "runs": []}
     for dd in draft_dtypes:
         pair = load_pair(draft_dtype=dd, int8_activations=int8_activations)
         calls = {"draft step": profile_call(pair.draft_lm, 1, reps)}
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
     out = run(dtypes, args.reps, args.int8_activations)
     d = Path(args.out)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "profile.json").write_text(json.dumps(out, indent=1))
+    write_json(d / "profile.json", out)
     (d / "profile.md").write_text(markdown(out))
     print(markdown(out))
     return 0

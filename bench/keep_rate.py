@@ -9,10 +9,10 @@ are the decode loop's own (``RunMetrics.per_position_drafted`` / ``per_position_
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
+
+from .io import command_line, now, write_json
 
 
 def keep_rates(pair, items, gamma: int, max_new_tokens: int) -> dict:
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
     for spec in validate_datasets(args.dataset):
         name, skip, n = item_range(spec)
         items += load_dataset(name, n)[skip:]
-    out = {"machine": machine_name("cpu"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m csd.bench.keep_rate", *(argv if argv is not None else sys.argv[1:])]),
+    out = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.keep_rate"),
            "items": len(items), "gamma": args.gamma, "runs": {}}
     for dd in dtypes:
         pair = load_pair(draft_dtype=dd)
@@ -69,7 +68,7 @@ def main(argv=None) -> int:
                      + f" | {r['tokens_per_pass']} |")
     d = Path(args.out)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "keep_rate.json").write_text(json.dumps(out, indent=1))
+    write_json(d / "keep_rate.json", out)
     (d / "keep_rate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

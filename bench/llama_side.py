@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .io import command_line, now, write_json
+
 
 def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -> dict:
     """llama-bench's token-generation figures for one GGUF file: mean and spread of tok/s over ``reps``."""
@@ -78,21 +80,18 @@ def main(argv=None) -> int:
         p.error(f"--llama-bench {args.llama_bench}: no such file (build llama-bench first: docs/cpu.md)")
     if args.tokens < 1 or args.threads < 1 or args.reps < 1:
         p.error("--tokens, --threads and --reps must be at least 1")
-    from datetime import datetime, timezone
-
     from csd.runtime.embedded import EMBEDDED, assemble_gguf
     from csd.runtime.profile import machine_name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"machine": machine_name("cpu"), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join(["python -m csd.bench.llama_side", *(argv if argv is not None else sys.argv[1:])]),
+    res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.llama_side"),
            "llama.cpp": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for role in ("target", "draft"):
             gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
     res["ours"] = ours(args.dataset, args.tokens, out / "ours")
-    (out / "side.json").write_text(json.dumps(res, indent=1))
+    write_json(out / "side.json", res)
     (out / "side.md").write_text(table(res))
     print(table(res))
     return 0
