@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_model_args(ap, store=False)     # the command line's model options, the same flags and defaults
     # except one: the app teaches what SD keeps of the target's answer, so its int8 target is the exact one
     # (activations per token: SD writes AR's tokens), at 7-17% more time a pass (docs/exactness.md)
-    ap.set_defaults(int8_activations="row")
+    ap.set_defaults(activations="row")
     ap.add_argument("--queue-size", type=int, default=64,
                     help="requests waiting in the queue at most (default 64: a class of 20, each with a run and a "
                          "light event waiting)")

@@ -14,11 +14,10 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
-from .io import command_line, now, write_json
+from .io import command_line, now, write_outputs
 
 CONTEXT = 150
 KINDS = (   # (kind, substrings of the op's name), first match wins
@@ -78,20 +77,20 @@ def profile_call(lm, tokens: int, reps: int) -> dict:
                                 for k in ops), key=lambda kv: -kv[1])[:12]}}
 
 
-def run(draft_dtypes: list[str], reps: int, int8_activations: str) -> dict:
+def run(drafts: list[str], reps: int, activations: str) -> dict:
     from csd.runtime.models import load_pair
     from csd.runtime.profile import machine_name
     out = {"machine": machine_name("cpu"), "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "int8_activations": int8_activations,
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "activations": activations,
            "measured_at": now(), "command": command_line("csd.bench.cpu_profile"), "runs": []}
-    for dd in draft_dtypes:
-        pair = load_pair(draft_dtype=dd, int8_activations=int8_activations)
+    for dd in drafts:
+        pair = load_pair(draft_weights=dd, activations=activations)
         calls = {"draft step": profile_call(pair.draft_lm, 1, reps)}
         if not out["runs"]:           # the target is the same in every run
             calls["target pass of 1"] = profile_call(pair.target_lm, 1, reps)
             calls["target pass of 6"] = profile_call(pair.target_lm, 6, reps)
-        out["runs"].append({"draft_dtype": pair.draft_dtype, "target": f"{pair.target_repr}, activations "
-                            f"{pair.int8_activations or '-'}", "calls": calls})
+        out["runs"].append({"draft": pair.rep.draft, "target": f"{pair.rep.target}, activations "
+                            f"{pair.rep.activations or '-'}", "calls": calls})
         del pair
     target_ms = out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"]
     for r in out["runs"]:
@@ -110,34 +109,30 @@ def markdown(out: dict) -> str:
     for r in out["runs"]:
         for name, c in r["calls"].items():
             k = c["ms_by_kind"]
-            lines.append(f"| {r['draft_dtype']} | {name} | {c['wall_ms_median']} ({c['wall_ms_min']}) | "
+            lines.append(f"| {r['draft']} | {name} | {c['wall_ms_median']} ({c['wall_ms_min']}) | "
                          + " | ".join(f"{k.get(x, 0.0):.2f}" for x in ("matmul", "attention", "norm", "elementwise",
                                                                          "copies", "other"))
                          + f" | {100 * (c['share_outside_matmul'] or 0):.0f}% | {c['unaccounted_ms']} | "
                            f"{c['ops_per_layer']} |")
     lines += ["", "Draft step over a 1-token target pass: "
-              + ", ".join(f"{r['draft_dtype']} {r['draft_over_target']}x" for r in out["runs"]) + "."]
+              + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + "."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m csd.bench.cpu_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for profile.json and profile.md")
-    p.add_argument("--draft-dtype", default="int8,int4", help="comma-separated draft representations to profile")
-    p.add_argument("--int8-activations", default="row", choices=("row", "pass"),
+    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4", help="comma-separated draft representations to profile")
+    p.add_argument("--int8-activations", dest="activations", default="row", choices=("row", "pass"),
                    help="the target's activation scales (row: the app's default, exact)")
     p.add_argument("--reps", type=int, default=15)
     args = p.parse_args(argv)
-    dtypes = [d.strip() for d in args.draft_dtype.split(",") if d.strip()]
+    dtypes = [d.strip() for d in args.draft_weights.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in ("int8", "int4", "float32", "bfloat16")]
     if bad or not dtypes or args.reps < 1:
-        p.error(f"--draft-dtype takes int8, int4, float32, bfloat16 (got {args.draft_dtype!r}); --reps >= 1")
-    out = run(dtypes, args.reps, args.int8_activations)
-    d = Path(args.out)
-    d.mkdir(parents=True, exist_ok=True)
-    write_json(d / "profile.json", out)
-    (d / "profile.md").write_text(markdown(out))
-    print(markdown(out))
+        p.error(f"--draft-dtype takes int8, int4, float32, bfloat16 (got {args.draft_weights!r}); --reps >= 1")
+    out = run(dtypes, args.reps, args.activations)
+    write_outputs(args.out, "profile", out, markdown(out))
     return 0
 
 

@@ -155,8 +155,8 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     cols = config.columns()
     if pair.draft_lm is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
-    if any(m.acts for m in cols) and (pair.target_repr != "int8" or not pair.int8_activations):
-        raise ValueError("a column's int8_activations needs an int8 target on the lean path (--dtype int8)")
+    if any(m.acts for m in cols) and (pair.rep.target != "int8" or not pair.rep.activations):
+        raise ValueError("a column's activations=row|pass needs an int8 target on the lean path (--dtype int8)")
     items = interleaved_items(datasets, config.limit, config.seed)
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     base = config.engine()
@@ -196,13 +196,13 @@ class _Run:
         self.token_text: dict[int, str] = {}
         self.bar = None
         self.done = self.total = 0
-        self.acts = pair.int8_activations         # the run's representation; a column may name its own
+        self.acts = pair.rep.activations         # the run's representation; a column may name its own
 
     def _represent(self, m: Method | None) -> None:
         """The target in ``m``'s int8 activation scales, or the run's (``m`` None)."""
         want = (m.acts if m else "") or self.acts
-        if want and self.pair.int8_activations != want:
-            self.pair.set_int8_activations(want)
+        if want and self.pair.rep.activations != want:
+            self.pair.set_activations(want)
 
     def over(self, items: list[Item], prompts: dict[tuple, list[int]]) -> dict:
         """Warm up, check the profile, run every column on every item, write the outputs; the results."""
@@ -312,7 +312,7 @@ class _Run:
         results["meta"]["loadavg_end"] = _loadavg()
         write_json(out / "results.json", results)
         write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
-                                                    ("command", "started_at", "machine", "dtype", "draft_dtype",
+                                                    ("command", "started_at", "machine", "dtype", "representation",
                                                      "models", "config")},
                                            "status": results["status"], "points": results.get("frontier", [])})
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
@@ -389,15 +389,15 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
                     "device": str(pair.device)},
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
-        "dtype": pair.target_repr,
-        "draft_dtype": pair.draft_dtype,
+        "dtype": pair.rep.target,
+        "representation": pair.rep.as_dict(),
         "models": pair.describe(),
         "profile": costs,
         "humaneval_isolation": _isolation(),
         "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf,
-                                         **({"int8_activations": m.acts} if m.acts else {}),
+                                         **({"activations": m.acts} if m.acts else {}),
                                          **({} if m.hf else m.cfg.rule_params() or {})} for m in cols},
                    "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma,
                    "lookup": base.lookup, "lam": base.lam, "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from .io import command_line, now, write_json
+from .io import command_line, now, write_outputs
 
 
 def keep_rates(pair, items, gamma: int, max_new_tokens: int) -> dict:
@@ -37,7 +36,7 @@ def keep_rates(pair, items, gamma: int, max_new_tokens: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m csd.bench.keep_rate", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--draft-dtype", default="int8,int4")
+    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4")
     p.add_argument("--dataset", default="humaneval:8,gsm8k:8")
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
     from csd.evaluation.datasets import item_range, load_dataset, validate_datasets
     from csd.runtime.models import DRAFT_DTYPES, load_pair
     from csd.runtime.profile import machine_name
-    dtypes = [d.strip() for d in args.draft_dtype.split(",") if d.strip()]
+    dtypes = [d.strip() for d in args.draft_weights.split(",") if d.strip()]
     if not dtypes or any(d not in DRAFT_DTYPES for d in dtypes) or not 1 <= args.gamma <= 32 or args.max_new_tokens < 1:
         p.error(f"--draft-dtype takes {', '.join(DRAFT_DTYPES)}; --gamma 1..32; --max-new-tokens >= 1")
     items = []
@@ -55,8 +54,8 @@ def main(argv=None) -> int:
     out = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.keep_rate"),
            "items": len(items), "gamma": args.gamma, "runs": {}}
     for dd in dtypes:
-        pair = load_pair(draft_dtype=dd)
-        out["runs"][pair.draft_dtype] = keep_rates(pair, items, args.gamma, args.max_new_tokens)
+        pair = load_pair(draft_weights=dd)
+        out["runs"][pair.rep.draft] = keep_rates(pair, items, args.gamma, args.max_new_tokens)
         del pair
     lines = [f"# The draft's keep rate by position: {out['machine']}", "",
              f"{out['date']}; `{out['command']}`: greedy SD, gamma {args.gamma}, no copies, {len(items)} items; "
@@ -66,11 +65,7 @@ def main(argv=None) -> int:
     for dd, r in out["runs"].items():
         lines.append(f"| {dd} | " + " | ".join(f"{x:.3f}" if x is not None else "–" for x in r["rate"])
                      + f" | {r['tokens_per_pass']} |")
-    d = Path(args.out)
-    d.mkdir(parents=True, exist_ok=True)
-    write_json(d / "keep_rate.json", out)
-    (d / "keep_rate.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_outputs(args.out, "keep_rate", out, "\n".join(lines))
     return 0
 
 

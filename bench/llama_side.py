@@ -18,7 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .io import command_line, now, write_json
+from csd.representation import Representation
+
+from .io import command_line, now, write_outputs
 
 
 def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -> dict:
@@ -51,7 +53,7 @@ def table(res: dict) -> str:
              f"{res['date']}; one machine, one run, nothing else running (`{res['command']}`). llama.cpp "
              f"{ll['target'].get('build')}: `{ll['target']['command']}` (Q4_K_M, as the GGUF ships); this "
              f"project: `{res['ours']['command']}` (its defaults: target int8 per pass, draft "
-             f"{res['ours']['meta'].get('draft_dtype')}).", "",
+             f"{Representation.of(res['ours']['meta']).draft}).", "",
              "| what runs | tok/s | x llama.cpp plain | ms a token |", "|---|---:|---:|---:|",
              f"| llama.cpp, the target alone (plain decoding) | {base:.2f} ± {sd:.2f} | 1.00x | {1000 / base:.1f} |",
              f"| llama.cpp, the draft alone | {ll['draft']['tokens_per_s']:.2f} | "
@@ -91,9 +93,7 @@ def main(argv=None) -> int:
             gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
     res["ours"] = ours(args.dataset, args.tokens, out / "ours")
-    write_json(out / "side.json", res)
-    (out / "side.md").write_text(table(res))
-    print(table(res))
+    write_outputs(out, "side", res, table(res))
     return 0
 
 

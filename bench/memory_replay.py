@@ -16,6 +16,7 @@ from pathlib import Path
 from csd.config import CSDConfig
 from csd.events import RESCUED
 from csd.memory import DEFAULT_MEMORY_FILE, PATTERN_BYTES, CorrectionMemory, MemoryPolicy
+from csd.representation import Representation
 from csd.rule import BlockScores, Rescue, decide
 from csd.runtime.profile import machine_name
 
@@ -209,8 +210,8 @@ def replay_run(run: Path, lam: float | None = None, tau: float | None = None,
     half_lives = half_lives or (round(per_topic_div / 4, -1), round(per_topic_div, -1))
     out = {"what": "teacher-forced replay of memory policies over a stream that changes topic (docs/memory.md)",
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_name('cpu'), "gamma": d.gamma, "lam": lam, "tau": tau, "half_lives": list(half_lives),
-           "stream": {"items": len(stream["items"]), "pair": stream["pair"], "target_repr": stream["target_repr"],
-                      "draft_repr": stream["draft_repr"], "max_text_tokens": stream["max_text_tokens"],
+           "stream": {"items": len(stream["items"]), "pair": stream["pair"],
+                      "representation": Representation.of(stream).as_dict(), "max_text_tokens": stream["max_text_tokens"],
                       "positions": sum(len(r["ref"]) for r in stream["items"]), "read_s": stream.get("read_s")},
            "scenarios": {"empty": run_scenario(stream, None, rescue, d.gamma, half_lives)}}
     shipped = CorrectionMemory.load(DEFAULT_MEMORY_FILE)

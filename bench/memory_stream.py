@@ -105,7 +105,7 @@ def collect(out: Path, per_topic: int, max_text_tokens: int, seed: int = 0) -> P
     if pair.target_lm.vocab_ids is not None:
         raise ValueError("the target has a reduced vocabulary; the replay needs its full logits")
     items = stream_items(per_topic, seed)
-    data = done or {"pair": pair.pair_id, "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype,
+    data = done or {"pair": pair.pair_id, "representation": pair.rep.as_dict(),
                     "special": sorted(int(s) for s in pair.special_ids), "per_topic": per_topic, "seed": seed,
                     "items": []}
     data["max_text_tokens"] = max_text_tokens

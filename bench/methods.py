@@ -31,7 +31,8 @@ class Method:
 
 
 SWEEP_KEYS = ("lam", "tau", "gamma", "lookup", "lookup_ngram", *PARAM_METHOD)
-ACTS_KEY = "int8_activations"   # a column's representation, not a rule's setting: row or pass (int8 target)
+ACTS_KEY = "activations"   # a column's representation, not a rule's setting: row or pass (int8 target)
+OLD_ACTS_KEY = "int8_activations"   # its name in commands written before 2026-12-05
 INT_KEYS = ("lookup", "lookup_ngram", *(k for k in PARAM_METHOD if isinstance(CSDConfig().value(k), int)))
 
 
@@ -58,9 +59,10 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
         if not part.strip():
             continue
         kv = dict(x.split("=", 1) for x in part.replace(" ", "").split(",") if "=" in x)
+        kv = {ACTS_KEY if k == OLD_ACTS_KEY else k: v for k, v in kv.items()}
         if not kv or set(kv) - {*SWEEP_KEYS, "method", ACTS_KEY}:
             raise ValueError(f"sweep setting {part.strip()!r}: write lam=L,tau=T[,gamma=G|auto][,lookup=N"
-                             "[,lookup_ngram=M]][,method=sd|csd|...][,int8_activations=row|pass], or a rival's "
+                             "[,lookup_ngram=M]][,method=sd|csd|...][,activations=row|pass], or a rival's "
                              "parameters (" + ", ".join(f"{m}: {'/'.join(ps)}" for m, ps in RIVAL_PARAMS.items())
                              + ") (settings separated by ';')")
         try:
@@ -85,7 +87,7 @@ def parse_sweep(sweep: str | Iterable | None) -> list[dict]:
             if setting.get("method") in HF_METHODS or (setting.get("method") == "ar" and set(setting) != {
                     "method", ACTS_KEY}):
                 raise ValueError("a sweep column is sd, csd or an ablation, or a rival (lossy, topk, typical, fly); "
-                                 "ar only with int8_activations alone")
+                                 "ar only with activations alone")
             CSDConfig.of(**{k: v for k, v in setting.items() if k != ACTS_KEY}).validated()
         except (ValueError, ConfigError) as e:
             raise ValueError(f"sweep setting {part.strip()!r}: {e}") from None

@@ -9,6 +9,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from csd.representation import Representation
+
 from .alarms import alarm_lines
 from .io import fmt, pct, ratio, write_json
 from .results import GOALS, ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
@@ -111,7 +113,7 @@ def _header_lines(results: dict) -> list[str]:
         f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
         f"{_impl(models)}, draft "
-        f"**{meta.get('draft_dtype') or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
+        f"**{Representation.of(meta).draft or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
         f"copies from the context {copies}, seed {cfg['seed']}",
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
@@ -318,7 +320,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
                            f"<br>vs SD: +{vs.get('gained', 0)} / -{vs.get('lost', 0)}<extra></extra>"))
     title = "Speed / quality frontier: one point per setting (accuracy with 95% intervals)"
     if meta:
-        title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {meta.get('draft_dtype')}, " \
+        title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {Representation.of(meta).draft}, " \
                  f"N = {pts[0]['n'] if pts else 0} items</sup>"
     xtitle = ("tokens per second relative to SD in the same run (all items)" if merged
               else "tokens per second (all items)")

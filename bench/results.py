@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from csd.events import common_prefix
+from csd.representation import Representation
 
 from .io import read_results_json
 from .methods import HF_AR, HF_ASSISTED, HF_FIXED
@@ -313,7 +314,7 @@ POOL_SETUP = ("methods", "max_new_tokens", "gamma", "lookup", "lam", "tau", "see
 def _setup(results: dict) -> dict:
     """What must be the same for two runs' items to count as one sample."""
     meta = results["meta"]
-    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": meta.get("draft_dtype"),
+    return {"pair": meta.get("pair"), "target": meta.get("dtype"), "draft": Representation.of(meta).draft,
             "target path": (meta.get("models") or {}).get("target_impl"),
             "int8 smoothing": (meta.get("models") or {}).get("target_smoothing") or "",
             "machine": (meta.get("machine") or {}).get("cpu"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from csd.config import RIVAL_PARAMS, CSDConfig
 from csd.events import common_prefix
 
-from .io import fmt, write_json
+from .io import fmt, write_outputs
 from .results import ResultsError, by_item, load_results
 from .stats import paired_accuracy, speedup, wilson
 
@@ -177,12 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    a.out.mkdir(parents=True, exist_ok=True)
-    write_json(a.out / "rivals.json", data)
-    text = markdown(data)
-    (a.out / "rivals.md").write_text(text + "\n", encoding="utf-8")
+    write_outputs(a.out, "rivals", data, markdown(data))
     figure(data).write_html(a.out / "rivals.html", include_plotlyjs="directory", full_html=True)
-    print(text)
     return 0
 
 

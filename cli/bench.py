@@ -52,7 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "the paper's methods alone)")
     p.add_argument("--sweep", default=None,
                    help="more settings, one column each: 'lam=3,tau=0.01;lam=6,tau=0.1' (CSD), a rival's parameters "
-                        "('tau_lossy=0.4;topk=5,delta=0.2'), 'method=fly,gamma=15', 'method=ar,int8_activations=pass' "
+                        "('tau_lossy=0.4;topk=5,delta=0.2'), 'method=fly,gamma=15', 'method=ar,activations=pass' "
                         "(docs/cli.md)")
     p.add_argument("--memory", help="start memory file of the memory methods (default: the pair's calibrated memory)")
     p.add_argument("--memory-mode", choices=MEMORY_MODES, default="online",

@@ -37,7 +37,7 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
                    help="the target's representation (auto: int8 on the CPU, bfloat16 on CUDA; float32 is exact)")
-    p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
+    p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
                    help="the draft's weights (auto: on the CPU int8 or int4, whichever prepare measured faster here; the "
                         "target's dtype on a GPU; int4: 4-bit groups of 32 on torch's CPU kernel)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
@@ -46,7 +46,7 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                    help="the target's forward pass: hf, lean (fused, Llama-family), auto (lean for an int8 target)")
     p.add_argument("--int8-smoothing", default="on", choices=("on", "off"),
                    help="for an int8 target: move activation outliers into the weights first (SmoothQuant)")
-    p.add_argument("--int8-activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
+    p.add_argument("--int8-activations", dest="activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
                    help="for an int8 target: one activation scale per token (row: greedy SD is AR's answer) or per "
                         "pass (7-17%% faster) (default %(default)s; docs/exactness.md)")
     p.add_argument("--draft-vocab", default="auto",
@@ -70,25 +70,25 @@ def load_options(args):
     """The ``csd.runtime.models.LoadOptions`` the model flags (``add_model_args``) name."""
     from csd.runtime.models import LoadOptions
     return LoadOptions(dtype=args.dtype, device=args.device, device_map=args.device_map,
-                       trust_remote_code=args.trust_remote_code, draft_dtype=args.draft_dtype,
+                       trust_remote_code=args.trust_remote_code, draft_weights=args.draft_weights,
                        draft_impl=args.draft_impl, draft_vocab=args.draft_vocab, target_impl=args.target_impl,
-                       int8_smoothing=args.int8_smoothing == "on", int8_activations=args.int8_activations,
+                       int8_smoothing=args.int8_smoothing == "on", activations=args.activations,
                        engine=getattr(args, "engine", "auto"),
                        static_capacity=getattr(args, "static_capacity", DEFAULT_CAPACITY))
 
 
 def choose_draft(args, progress=None) -> None:
     """``--draft-dtype auto`` on the CPU for the embedded draft: where this machine has not yet measured
-    whether the draft runs faster in int8 or int4, measure it once (``csd.runtime.profile.choose_draft_repr``)."""
+    whether the draft runs faster in int8 or int4, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import draft_choice_file
-    if args.draft_dtype != "auto" or args.draft != "embedded" or resolve_device(args.device).type != "cpu" \
+    if args.draft_weights != "auto" or args.draft != "embedded" or resolve_device(args.device).type != "cpu" \
             or draft_choice_file().exists():
         return
-    from csd.runtime.profile import choose_draft_repr
+    from csd.runtime.profile import choose_draft_weights
     print("CSD Explorer: timing the draft in int8 and int4 once…", file=sys.stderr, flush=True)
     options = load_options(args)
-    out = choose_draft_repr(lambda r: load_pair(args.draft, args.target, options=replace(options, draft_dtype=r),
+    out = choose_draft_weights(lambda r: load_pair(args.draft, args.target, options=replace(options, draft_weights=r),
                                                 progress=progress or tqdm_progress()).draft_lm)
     print(f"draft representation: {out['choice']} ({', '.join(f'{r} {ms} ms' for r, ms in out['draft_ms'].items())} "
           "a token)", file=sys.stderr, flush=True)
@@ -103,7 +103,7 @@ def load_from_args(args, need_draft: bool = True, check=None, progress=None):
     d = pair.describe()
     where = "on the GPU" if pair.device.type == "cuda" else "resident"
     graphs = sum(s["graphs"] for s in d["static"].values())
-    print(f"loaded {pair.pair_id} ({pair.target_repr} target): {d['engine']} engine"
+    print(f"loaded {pair.pair_id} ({pair.rep.target} target): {d['engine']} engine"
           f"{f', {graphs} CUDA graphs' if graphs else ''}, {pair.memory_gib} GiB {where}", file=sys.stderr, flush=True)
     return pair
 

@@ -202,7 +202,7 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
     """A generation's result: one JSON object (``--json``), else its metrics on stderr after the text."""
     if args.json:
         print(json.dumps({"text": run.text, "token_ids": run.token_ids, "method": cfg.method,
-                          "pair": pair.pair_id, "dtype": pair.target_repr, "models": pair.describe(),
+                          "pair": pair.pair_id, "dtype": pair.rep.target, "models": pair.describe(),
                           "config": {**{k: getattr(cfg, k) for k in ("gamma", "gamma_max", "lam", "tau", "temperature",
                                                                      "max_new_tokens", "seed", "lookup")},
                                      **(cfg.rule_params() or {})},
@@ -217,7 +217,7 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
               f"accepted {m.accepted_share:.1%} and {kept[0]} {n_kept:.1%} of {m.drafted} draft tokens "
-              f"({kept[1]} {kept[0]}){copies}; target {pair.target_repr}, draft {pair.draft_dtype or '-'}; "
+              f"({kept[1]} {kept[0]}){copies}; target {pair.rep.target}, draft {pair.rep.draft or '-'}; "
               f"memory {len(memory):,} patterns, {memory.policy.describe()}", file=sys.stderr)
 
 
@@ -233,11 +233,11 @@ def cmd_prepare(args) -> int:
     choose_draft(defaults.parse_args([]))      # --draft-dtype auto: int8 or int4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
-    if pair.target_repr == "int8":     # the app's exact int8 (per-token activations) has its own costs
-        pair.set_int8_activations("row")
+    if pair.rep.target == "int8":     # the app's exact int8 (per-token activations) has its own costs
+        pair.set_activations("row")
         cached_costs(pair, progress=tqdm_progress())
     print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
-          f"{pair.target_repr}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
+          f"{pair.rep.target}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
           f"pass; {pair.memory_gib} GiB resident", file=sys.stderr)
     return 0
 
@@ -285,7 +285,7 @@ def cmd_calibrate(args) -> int:
         store.finish_run(run_id, "", info)
         store.close()
     print(calibration_summary(mode, info, memory, lam) + f"; memory {len(memory):,} patterns, "
-          f"{memory.policy.describe()}; target {pair.target_repr}, draft {pair.draft_dtype}; "
+          f"{memory.policy.describe()}; target {pair.rep.target}, draft {pair.rep.draft}; "
           f"{time.perf_counter() - t0:.0f} s; written to {args.out}", file=sys.stderr)
     return 0
 
@@ -347,7 +347,7 @@ def cmd_profile(args) -> int:
                           "expected": {f"{a:.1f}": dict(zip(("gamma", "speedup"), costs.best_expected(a)))
                                        for a in (0.6, 0.7, 0.8, 0.9)}}, indent=1))
     else:
-        print(f"{machine_name(pair.device)}: target {pair.target_repr}, draft {pair.draft_dtype} "
+        print(f"{machine_name(pair.device)}: target {pair.rep.target}, draft {pair.rep.draft} "
               f"({pair.draft_lm.impl}, {pair.draft_vocab_size} tokens); measured {costs.measured_at}")
         print(f"draft: {costs.draft_ms:.1f} ms per token; AR: {costs.ar_tokens_per_s:.2f} tokens/s")
         print(f"{'gamma':>5} {'verify ms':>10} {'block ms':>9} {'bound tok/s':>12} {'bound x AR':>11}")
@@ -371,7 +371,7 @@ def cmd_profile(args) -> int:
     if args.chart:
         from csd.bench.report import profile_figure
         Path(args.chart).parent.mkdir(parents=True, exist_ok=True)
-        profile_figure(costs, title=f"{machine_name(pair.device)}: target {pair.target_repr}, draft "
-                                    f"{pair.draft_dtype}").write_html(args.chart, include_plotlyjs=True, full_html=True)
+        profile_figure(costs, title=f"{machine_name(pair.device)}: target {pair.rep.target}, draft "
+                                    f"{pair.rep.draft}").write_html(args.chart, include_plotlyjs=True, full_html=True)
         print(f"chart: {args.chart}", file=sys.stderr)
     return 0

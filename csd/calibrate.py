@@ -153,7 +153,7 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     memory.meta["calibration"] = prev + [{"mode": "text", "corpus": o.corpus_name, "positions": positions,
                                            "divergences": divergences, "agreement": 1 - divergences / positions,
                                            "chunk_tokens": chunk_tokens, "skip_first": skip_first,
-                                           "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
+                                           "representation": pair.rep.as_dict()}
                                           | ({"stopped": True} if stopped else {})]
     if stopped:
         raise Stop
@@ -243,7 +243,7 @@ def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: Co
     patterns: Counter = Counter()
     info = {"mode": "prompts", "source": o.source, "prompts": 0, "kinds": {}, "answer_tokens": 0,
             "answers_ended": 0, "max_new_tokens": o.max_new_tokens, "positions": 0, "divergences": 0,
-            "target_repr": pair.target_repr, "draft_repr": pair.draft_dtype}
+            "representation": pair.rep.as_dict()}
 
     def record(stopped: bool) -> None:
         info.update(agreement=1 - info["divergences"] / max(1, info["positions"]), patterns=len(patterns),

@@ -17,6 +17,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .representation import Representation
 from .rule import top_share
 from .runtime.fileio import read_or_raise, write_json
 
@@ -316,11 +317,11 @@ class CorrectionMemory:
         cal = (self.meta.get("calibration") or [{}])[-1]
         if not isinstance(cal, dict):
             return None
-        diffs = []
-        for key, have in (("target_repr", pair.target_repr), ("draft_repr", pair.draft_dtype)):
-            want = cal.get(key)
+        was, diffs = Representation.of(cal), []
+        for key in ("target", "draft"):
+            want, have = getattr(was, key), getattr(pair.rep, key)
             if want and have and want != have:
-                diffs.append(f"{key.split('_')[0]} {want} (loaded: {have})")
+                diffs.append(f"{key} {want} (loaded: {have})")
         if not diffs:
             return None
         return "the correction memory was calibrated with " + ", ".join(diffs)

@@ -39,17 +39,17 @@ class Filter:
     pattern: tuple[int, int] | None = None   # (draft_id, target_id)
     text: str | None = None                  # substring of the token, draft, target text or context
     session_id: str | None = None
-    target_reprs: tuple[str, ...] | None = None   # the runs' target representations (with an int8 one's scales)
+    representations: tuple[str, ...] | None = None   # the runs' target representations (with an int8 one's scales)
 
     def __post_init__(self):
-        for name in ("run_ids", "methods", "statuses", "pattern", "target_reprs"):
+        for name in ("run_ids", "methods", "statuses", "pattern", "representations"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
 
     def apply(self, q: Select, runs_joined: bool = False) -> Select:
         """Add this filter's conditions to a select over token_events (joining runs when needed)."""
-        if not runs_joined and (self.methods, self.session_id, self.target_reprs) != (None, None, None):
+        if not runs_joined and (self.methods, self.session_id, self.representations) != (None, None, None):
             q = q.join(Run, Run.id == E.run_id)
         if self.run_ids is not None:
             q = q.where(E.run_id.in_(self.run_ids))
@@ -57,8 +57,8 @@ class Filter:
             q = q.where(Run.method.in_(self.methods))
         if self.session_id is not None:
             q = q.where(Run.session_id == self.session_id)
-        if self.target_reprs is not None:
-            q = q.where(Run.target_repr.in_(self.target_reprs))
+        if self.representations is not None:
+            q = q.where(Run.representation.in_(self.representations))
         if self.statuses is not None:
             q = q.where(E.status.in_(self.statuses))
         if self.pattern is not None:
@@ -425,9 +425,9 @@ def runs_list(source, limit: int | None = 50, session_id: str | None = None) -> 
         return [{**{c: getattr(run, c) for c in cols}, "n_events": n} for run, n in s.execute(q)]
 
 
-def target_reprs(source, session_id: str | None = None) -> list[str]:
+def representations(source, session_id: str | None = None) -> list[str]:
     """The target representations the runs recorded (an int8 target's with its activation scales), sorted."""
-    q = select(Run.target_repr).distinct().where(Run.target_repr.is_not(None))
+    q = select(Run.representation).distinct().where(Run.representation.is_not(None))
     if session_id is not None:
         q = q.where(Run.session_id == session_id)
     with _session(source) as s:

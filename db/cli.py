@@ -44,7 +44,7 @@ def cmd_runs_list(args) -> int:
         raise ValueError("--limit must be at least 1")
     with Store.open(getattr(args, "db", None)) as store:
         runs = runs_list(store, getattr(args, "limit", 20))
-    cols = ("id", "created_at", "kind", "method", "pair_id", "target_repr", "gamma", "lam", "tau", "lookup", "status",
+    cols = ("id", "created_at", "kind", "method", "pair_id", "representation", "gamma", "lam", "tau", "lookup", "status",
             "n_events", "label")
     shown = dict(created_at=lambda v: v.strftime("%Y-%m-%d %H:%M:%S"),
                  gamma=lambda v: "auto" if v == 0 else v)          # gamma "auto" is stored as 0

@@ -60,8 +60,8 @@ class RunRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     session_id: Mapped[str | None] = mapped_column(String(64), index=True)  # browser/user session tag
     label: Mapped[str] = mapped_column(String(200), default="")
-    target_repr: Mapped[str | None] = mapped_column(String(32))        # float32, bfloat16, float16, int8
-    draft_repr: Mapped[str | None] = mapped_column(String(32))
+    representation: Mapped[str | None] = mapped_column(String(32))   # the target's: "int8, activations per token", ...
+    draft_weights: Mapped[str | None] = mapped_column(String(32))    # int8, int4, bfloat16, ...
     memory_policy: Mapped[str | None] = mapped_column(String(80))      # csd.memory.MemoryPolicy.label; NULL: not recorded
 
 

@@ -14,6 +14,7 @@ from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.memory import CorrectionMemory
+from csd.representation import Representation
 from csd.runtime.batch import Batcher
 from csd.runtime.lm import LeanLM
 from csd.runtime.quant import quantize_int8
@@ -29,7 +30,7 @@ def int8_pair(qwen_tokenizer):
     lean.int8_per_row()
     draft = quantize_int8(perturbed(target, 0.3)).eval()
     return replace(make_pair(qwen_tokenizer, int8, draft, pair_id="tiny-int8"), target_lm=lean,
-                   draft_lm=LeanLM(draft), target_repr="int8", int8_activations="row")
+                   draft_lm=LeanLM(draft), rep=Representation("int8", activations="row"))
 
 
 def _prefilled(lm, prompts):
@@ -117,8 +118,8 @@ def test_per_pass_scales_are_never_merged_across_runs(int8_pair, one_thread):
     runs = _runs_at_once(view, Decoder(view), "sd", PROMPTS[:3])
     assert all(r.metrics.new_tokens == 24 for r in runs)
     assert batcher.stats()["target"]["widest"] == 1
-    assert int8_pair.int8_activations == "pass"        # the model thread applied the view's mode
-    int8_pair.set_int8_activations("row")
+    assert int8_pair.rep.activations == "pass"        # the model thread applied the view's mode
+    int8_pair.set_activations("row")
 
 
 def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread):

@@ -213,12 +213,12 @@ def test_methods_and_sweep():
                                                                           {"lam": 3.0, "tau": 0.1}]
     assert parse_sweep("gamma=auto;lam=2,gamma=4") == [{"gamma": "auto"}, {"lam": 2.0, "gamma": 4}]
     for bad in ("lam", "lam=x,tau=1", "lam=-1,tau=0.1", "lam=6,tau=2", "gamma=0", "speed=9", "int8_activations=x",
-                "method=ar,gamma=4", "method=hf-ar,int8_activations=pass"):
+                "method=ar,gamma=4", "method=hf-ar,activations=pass"):
         with pytest.raises(ValueError):
             parse_sweep(bad)
-    acts = make_methods("ar", CSDConfig(lookup=16), "method=ar,int8_activations=pass;method=sd,int8_activations=pass")
+    acts = make_methods("ar", CSDConfig(lookup=16), "method=ar,activations=pass;method=sd,activations=pass")
     assert [(c.name, c.cfg.method, c.cfg.lookup, c.acts) for c in acts] == [
-        ("ar", "ar", 0, ""), ("ar[int8_activations=pass]", "ar", 0, "pass"), ("sd[int8_activations=pass]", "sd", 16, "pass")]
+        ("ar", "ar", 0, ""), ("ar[activations=pass]", "ar", 0, "pass"), ("sd[activations=pass]", "sd", 16, "pass")]
     cols = make_methods("sd,csd,hf-assisted,hf-assisted-fixed", CSDConfig(method="ar"),
                         "lam=6,tau=0.01;lam=2,tau=1;gamma=auto")
     assert [c.name for c in cols] == ["sd", "csd", "hf-assisted", "hf-assisted-fixed", "csd[lam=2,tau=1]",

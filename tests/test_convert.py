@@ -195,7 +195,7 @@ def test_the_mapped_embedded_pair_holds_only_what_runs_and_sd_writes_ar_exactly(
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
     from csd.runtime.models import load_pair
-    pair = load_pair(int8_activations="row")
+    pair = load_pair(activations="row")
     assert pair.target is None and pair.draft is None and pair.target_lm.per_row
     for prompt in ("Write a Python function that reverses a string.", "What is 17 * 23? Answer briefly."):
         ids = pair.encode_prompt(prompt)

@@ -32,7 +32,7 @@ def auto_is_static(monkeypatch):
 
 
 def load(dirs, engine="auto"):
-    return load_pair(*dirs, dtype="float32", draft_dtype="float32", engine=engine, static_capacity=128)
+    return load_pair(*dirs, dtype="float32", draft_weights="float32", engine=engine, static_capacity=128)
 
 
 def test_auto_runs_the_static_engine_where_it_works(dirs, auto_is_static, one_thread):

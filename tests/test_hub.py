@@ -32,7 +32,7 @@ def hub_cache(tmp_path, monkeypatch, qwen_tokenizer):
 
 
 def test_a_hub_id_in_the_cache_loads_offline(hub_cache):
-    pair = load_pair("org/tiny-draft", "org/tiny-target", dtype="float32", draft_dtype="float32")
+    pair = load_pair("org/tiny-draft", "org/tiny-target", dtype="float32", draft_weights="float32")
     assert pair.describe()["target"] == "org/tiny-target" and pair.describe()["draft"] == "org/tiny-draft"
     assert pair.target.device.type == "cpu"
 
@@ -43,7 +43,7 @@ def test_online_a_failed_download_names_the_hub_and_the_reason(hub_cache, monkey
     monkeypatch.setattr(c, "ENDPOINT", "http://127.0.0.1:9")          # nothing listens there
     with pytest.raises(ModelLoadError, match="'org/not-cached': not a local directory, not in the hub cache, "
                                              "and the download failed"):
-        load_pair("org/tiny-draft", "org/not-cached", dtype="float32", draft_dtype="float32")
+        load_pair("org/tiny-draft", "org/not-cached", dtype="float32", draft_weights="float32")
 
 
 def test_the_command_line_no_longer_forces_offline_mode():

@@ -87,14 +87,14 @@ def test_a_draft_that_cannot_run_in_int4_runs_in_int8_with_a_warning(tmp_path, q
     tiny_model(2, hidden=40).save_pretrained(d)       # 40 input columns: not a multiple of the group of 32
     qwen_tokenizer.save_pretrained(d)
     with caplog.at_level(logging.WARNING):
-        pair = load_pair(str(d), str(d), draft_dtype="int4")
-    assert pair.draft_dtype == "int8"
+        pair = load_pair(str(d), str(d), draft_weights="int4")
+    assert pair.rep.draft == "int8"
     assert any("cannot run in int4" in r.getMessage() and "int8 runs instead" in r.getMessage() for r in caplog.records)
 
 
 def test_the_page_names_a_4_bit_draft_in_plain_words():
     from csd.ui.app import plain_words
     d = {"target": "qwen2.5-coder-1.5b-instruct-q4_k_m", "draft": "qwen2.5-coder-0.5b-instruct-q4_k_m",
-         "target_repr": "int8", "draft_repr": "int4", "int8_activations": "row"}
+         "representation": {"target": "int8", "draft": "int4", "activations": "row"}}
     assert plain_words(d) == ("Qwen2.5-Coder 0.5B drafts for Qwen2.5-Coder 1.5B; the target's weights in 8-bit "
                               "integers, the draft's in 4-bit integers; exact: SD gives the target's own answer")

@@ -13,6 +13,7 @@ from conftest import make_pair, perturbed, tiny_model
 from csd.config import CSDConfig
 from csd.decode import Decoder
 from csd.memory import CorrectionMemory
+from csd.representation import Representation
 from csd.runtime.lm import LeanLM
 from csd.runtime.quant import RowInt8Linear, quantize_int8
 
@@ -88,22 +89,22 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
     d = tmp_path / "tiny"
     tiny_model(2).save_pretrained(d)
     qwen_tokenizer.save_pretrained(d)
-    row = load_pair(str(d), str(d), dtype="int8", int8_activations="row")
-    assert row.int8_activations == "row" and row.describe()["int8_activations"] == "row" and row.target_lm.per_row
+    row = load_pair(str(d), str(d), dtype="int8", activations="row")
+    assert row.rep.activations == "row" and row.describe()["representation"]["activations"] == "row" and row.target_lm.per_row
     per_pass = load_pair(str(d), str(d), dtype="int8")                    # the command line's default
-    assert per_pass.int8_activations == "pass" and not per_pass.target_lm.per_row
-    assert load_pair(str(d), str(d), dtype="float32").int8_activations == ""      # not an int8 target
+    assert per_pass.rep.activations == "pass" and not per_pass.target_lm.per_row
+    assert load_pair(str(d), str(d), dtype="float32").rep.activations == ""      # not an int8 target
     with pytest.raises(ModelLoadError, match="choose row or pass"):
-        load_pair(str(d), str(d), dtype="int8", int8_activations="token")
+        load_pair(str(d), str(d), dtype="int8", activations="token")
     with pytest.raises(ModelLoadError, match="need the lean target path"):
-        load_pair(str(d), str(d), dtype="int8", target_impl="hf", int8_activations="row")
+        load_pair(str(d), str(d), dtype="int8", target_impl="hf", activations="row")
 
 
 def test_the_app_runs_the_exact_int8_and_the_command_line_the_faster_one():
     import csd.cli as cli
     import csd_app
-    assert csd_app.parse_args([]).int8_activations == "row"
-    assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).int8_activations == "pass"
+    assert csd_app.parse_args([]).activations == "row"
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).activations == "pass"
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -122,42 +123,42 @@ def test_a_row_layer_switched_to_per_pass_computes_the_dynamic_layer(bias):
     assert all(torch.equal(row(x)[i:i + 1], row(x[i:i + 1])) for i in range(7))
 
 
-def test_the_pair_switches_its_int8_activations_both_ways(qwen_tokenizer, one_thread):
+def test_the_pair_switches_its_activation_scales_both_ways(qwen_tokenizer, one_thread):
     target = tiny_model(2, hidden=64)
     int8 = quantize_int8(copy.deepcopy(target)).eval()
     pair = replace(make_pair(qwen_tokenizer, int8, perturbed(target, 0.3)), target_lm=LeanLM(int8),
-                   target_repr="int8", int8_activations="pass")
+                   rep=Representation("int8", activations="pass"))
     per_pass = LeanLM(int8)                       # the loader's per-pass path, for reference
     with torch.inference_mode():
         ref = per_pass.forward(per_pass.new_cache(), [3, 7, 1, 4, 9, 2], 6)
-    pair.set_int8_activations("row")
+    pair.set_activations("row")
     lean = pair.target_lm
-    assert pair.int8_activations == "row" and lean.per_row and isinstance(lean.head, RowInt8Linear)
+    assert pair.rep.activations == "row" and lean.per_row and isinstance(lean.head, RowInt8Linear)
     ar = _tokens(pair, "ar")
     assert _tokens(pair, "sd") == ar
-    pair.set_int8_activations("pass")
-    assert pair.int8_activations == "pass" and not lean.per_row
+    pair.set_activations("pass")
+    assert pair.rep.activations == "pass" and not lean.per_row
     assert not any(m.per_row for layer in lean.layers for m in layer if isinstance(m, RowInt8Linear))
     with torch.inference_mode():
         out = lean.forward(lean.new_cache(), [3, 7, 1, 4, 9, 2], 6)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)      # the per-pass function, to the bias's rounding
-    pair.set_int8_activations("row")
+    pair.set_activations("row")
     assert lean.per_row and _tokens(pair, "sd") == ar           # back to exact: SD writes AR's tokens again
     with pytest.raises(ValueError, match="row or pass"):
-        pair.set_int8_activations("token")
+        pair.set_activations("token")
     with pytest.raises(ValueError, match="int8 target on the lean path"):
-        make_pair(qwen_tokenizer, target, target).set_int8_activations("row")
+        make_pair(qwen_tokenizer, target, target).set_activations("row")
     # a request's scales as data: views in either mode, the shared pair switched only by their passes
     per_pass_view, row_view = pair.with_activations("pass"), pair.with_activations("row")
-    assert pair.int8_activations == "row" and per_pass_view.int8_activations == "pass"
-    assert _tokens(per_pass_view, "ar") and pair.int8_activations == "pass" and not lean.per_row
-    assert _tokens(row_view, "sd") == ar and pair.int8_activations == "row" and lean.per_row
+    assert pair.rep.activations == "row" and per_pass_view.rep.activations == "pass"
+    assert _tokens(per_pass_view, "ar") and pair.rep.activations == "pass" and not lean.per_row
+    assert _tokens(row_view, "sd") == ar and pair.rep.activations == "row" and lean.per_row
     with pytest.raises(ValueError, match="row or pass"):
         pair.with_activations("token")
 
 
-def test_a_benchmark_column_names_its_int8_activations(qwen_tokenizer, one_thread, tmp_path, monkeypatch):
-    """``--sweep "method=sd,int8_activations=pass"``: one run, the same items, each column in its own
+def test_a_benchmark_column_names_its_activation_scales(qwen_tokenizer, one_thread, tmp_path, monkeypatch):
+    """``--sweep "method=sd,activations=pass"``: one run, the same items, each column in its own
     representation (the end-to-end cost of exactness); the run's own comes back at the end."""
     import json
 
@@ -167,30 +168,30 @@ def test_a_benchmark_column_names_its_int8_activations(qwen_tokenizer, one_threa
     base = tiny_bench_pair(qwen_tokenizer)
     target = tiny_model(2, hidden=64)
     int8 = quantize_int8(copy.deepcopy(target)).eval()
-    pair = type(base)(**{**vars(base), "target": int8, "target_lm": LeanLM(int8), "target_repr": "int8",
-                         "int8_activations": "pass", "draft": perturbed(target, 0.3)})
+    pair = type(base)(**{**vars(base), "target": int8, "target_lm": LeanLM(int8),
+                         "rep": Representation("int8", activations="pass"), "draft": perturbed(target, 0.3)})
     pair.draft_lm = LeanLM(pair.draft)
-    pair.set_int8_activations("row")
+    pair.set_activations("row")
     seen, real = [], harness.measure
 
     def observed(p, decoder, m, ids, memory):          # the real measure; which scales each column ran in
-        seen.append((m.name, p.int8_activations, p.target_lm.per_row))
+        seen.append((m.name, p.rep.activations, p.target_lm.per_row))
         return real(p, decoder, m, ids, memory)
 
     monkeypatch.setattr(harness, "measure", observed)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"q{i}", "answer": "4"}) for i in range(2)))
     cfg = harness.BenchConfig(str(prompts), None, "ar,sd", 16, tmp_path / "out", show_bar=False,
-                              sweep="method=ar,int8_activations=pass;method=sd,int8_activations=pass")
+                              sweep="method=ar,activations=pass;method=sd,activations=pass")
     res = harness.run_bench(pair, cfg)
     assert {(n, a, r) for n, a, r in seen} == {("ar", "row", True), ("sd", "row", True),
-                                               ("ar[int8_activations=pass]", "pass", False),
-                                               ("sd[int8_activations=pass]", "pass", False)}
-    assert pair.int8_activations == "row" and pair.target_lm.per_row         # the run's representation again
+                                               ("ar[activations=pass]", "pass", False),
+                                               ("sd[activations=pass]", "pass", False)}
+    assert pair.rep.activations == "row" and pair.target_lm.per_row         # the run's representation again
     s = res["summary"]["p"]
     assert s["sd"]["identical_to_ar"] == 2                                    # exact in rows
-    assert res["meta"]["config"]["settings"]["sd[int8_activations=pass]"]["int8_activations"] == "pass"
-    assert "int8_activations" not in res["meta"]["config"]["settings"]["sd"]
+    assert res["meta"]["config"]["settings"]["sd[activations=pass]"]["activations"] == "pass"
+    assert "activations" not in res["meta"]["config"]["settings"]["sd"]
     float_pair = tiny_bench_pair(qwen_tokenizer)                              # no int8 target: refused
     with pytest.raises(ValueError, match="int8 target on the lean path"):
         harness.run_bench(float_pair, cfg)

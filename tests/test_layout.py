@@ -212,7 +212,7 @@ def _area_files(area: str) -> list[Path]:
 
 
 AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
-    "csd": 2901,                              # issue 53's target: 2,500 (2,647 before issues 52 and 54)
+    "csd": 2953,                              # issue 53's target: 2,500 (2,647 before issues 52 and 54)
     "csd subpackages": 3800,
     "ui": 3673,                               # issue 53's target: 3,400 (3,384 before issues 54 and 55)
     "db": 1002,                               # issue 53's target: 1,000 (985 before issue 54's policy column)

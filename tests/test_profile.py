@@ -66,5 +66,5 @@ def test_auto_is_int8_on_the_cpu_without_timing_candidates(tmp_path, qwen_tokeni
     tiny_model(2).save_pretrained(d)
     qwen_tokenizer.save_pretrained(d)
     pair = load_pair(str(d), str(d))
-    assert pair.target_repr == "int8" and pair.draft_dtype == "int8" and pair.target_lm.impl == "lean"
+    assert pair.rep.target == "int8" and pair.rep.draft == "int8" and pair.target_lm.impl == "lean"
     assert not (tmp_path / "cache" / "profiles").exists()

@@ -226,13 +226,14 @@ def test_memory_snapshot_round_trip(store):
 
 def test_run_fields_are_the_pair_then_the_config_then_the_caller(store):
     pair = SimpleNamespace(run_fields=lambda: {"pair_id": "d->t", "draft_name": "d", "target_name": "t",
-                                               "target_repr": "int8, activations per token"}, draft_dtype="")
+                                               "representation": "int8, activations per token",
+                                               "draft_weights": None})
     fields = run_fields(pair, CSDConfig(method="csd", gamma=4, lam=3.0), kind="generate", prompt="p", tau=0.5)
     run = store.get_run(store.start_run(**fields))
-    assert (run.kind, run.pair_id, run.draft_name, run.target_name, run.target_repr, run.draft_repr) == \
+    assert (run.kind, run.pair_id, run.draft_name, run.target_name, run.representation, run.draft_weights) == \
         ("generate", "d->t", "d", "t", "int8, activations per token", None)   # no draft: no draft representation
     assert (run.method, run.gamma, run.lam, run.tau, run.prompt) == ("csd", 4, 3.0, 0.5, "p")
-    assert run_fields(pair)["target_repr"].startswith("int8") and "method" not in run_fields(pair)   # no config: no parameters
+    assert run_fields(pair)["representation"].startswith("int8") and "method" not in run_fields(pair)   # no config: no parameters
 
 
 def test_start_run_refuses_unknown_fields(store):

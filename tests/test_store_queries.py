@@ -73,17 +73,17 @@ def test_filters(store):
 def test_filter_by_target_representation(store):
     """Runs in the exact mode and per pass are told apart (issue 38): the filter and the list of choices."""
     exact = record(store, [ev(0, RESCUED, 10, 20), ev(1, REJECTED, 30, 40)], session_id="u1",
-                   target_repr="int8, activations per token")
-    per_pass = record(store, [ev(0, REJECTED, 10, 20)], session_id="u1", target_repr="int8, activations per pass")
-    record(store, [ev(0, REJECTED, 50, 60)], session_id="u2", target_repr="float32")
+                   representation="int8, activations per token")
+    per_pass = record(store, [ev(0, REJECTED, 10, 20)], session_id="u1", representation="int8, activations per pass")
+    record(store, [ev(0, REJECTED, 50, 60)], session_id="u2", representation="float32")
     n = lambda **kw: A.count_events(store, Filter(**kw))   # noqa: E731
-    assert n(target_reprs=["int8, activations per token"]) == 2 and n(target_reprs=["float32"]) == 1
-    assert n(target_reprs=["int8, activations per pass"], session_id="u1") == 1
-    assert n(target_reprs=["int8, activations per pass"], session_id="u2") == 0
-    assert [r.count for r in A.pareto_table(store, Filter(target_reprs=["int8, activations per pass"]))] == [1]
-    assert {d["run_id"] for d in A.events(store, Filter(target_reprs=["int8, activations per token"]))} == {exact}
-    assert A.target_reprs(store, "u1") == ["int8, activations per pass", "int8, activations per token"]
-    assert A.target_reprs(store) == ["float32", "int8, activations per pass", "int8, activations per token"]
+    assert n(representations=["int8, activations per token"]) == 2 and n(representations=["float32"]) == 1
+    assert n(representations=["int8, activations per pass"], session_id="u1") == 1
+    assert n(representations=["int8, activations per pass"], session_id="u2") == 0
+    assert [r.count for r in A.pareto_table(store, Filter(representations=["int8, activations per pass"]))] == [1]
+    assert {d["run_id"] for d in A.events(store, Filter(representations=["int8, activations per token"]))} == {exact}
+    assert A.representations(store, "u1") == ["int8, activations per pass", "int8, activations per token"]
+    assert A.representations(store) == ["float32", "int8, activations per pass", "int8, activations per token"]
     assert per_pass != exact
 
 
@@ -189,13 +189,13 @@ def cli(*argv: str) -> int:
 
 def test_cli_runs_list_and_export(db_url, tmp_path, capsys):
     with Store.open(db_url) as store:
-        fixed = record(store, EXPORT_EVENTS, method="sd", gamma=6, target_repr="float32")
+        fixed = record(store, EXPORT_EVENTS, method="sd", gamma=6, representation="float32")
         run_id = record(store, EXPORT_EVENTS, method="scg-only", label="my-label", gamma=0,
-                        target_repr="int8, activations per token")
+                        representation="int8, activations per token")
     assert cli("runs", "list", "--db", db_url) == 0
     out = capsys.readouterr().out.splitlines()
     head = out[0].split()
-    assert head[:3] == ["id", "created_at", "kind"] and "target_repr" in head
+    assert head[:3] == ["id", "created_at", "kind"] and "representation" in head
     assert out[1].split()[0] == str(run_id) and "scg-only" in out[1] and "my-label" in out[1]
     assert "int8, activations per token" in out[1]
     g = out[0].index("gamma")                               # gamma "auto" (stored as 0) reads as auto
@@ -228,7 +228,7 @@ def test_open_upgrades_an_old_empty_database(db_url):
     assert {"runs", "token_events", "memory_snapshots", "alembic_version"} <= names
     from alembic.script import ScriptDirectory
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0006"                         # the newest migration (the run's memory policy)
+    assert head == "0007"                         # the newest migration (the representation columns renamed)
     with engine.connect() as c:
         assert c.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
     # downgraded to the empty schema, the next open upgrades it again
@@ -248,6 +248,24 @@ def test_open_upgrades_an_old_empty_database(db_url):
     with Store.open(db_url) as store:
         assert A.runs_list(store) == []
         Store.open(db_url).close()                  # opening an up-to-date database again is fine
+    engine.dispose()
+
+
+def test_a_database_from_before_the_representation_record_keeps_its_runs(db_url):
+    """Revision 0007 renames runs.target_repr and draft_repr to the record's names, keeping their values."""
+    from alembic import command
+    engine = create_engine(db_url)
+    with engine.begin() as c:
+        command.upgrade(alembic_config(connection=c), "0006")
+        c.exec_driver_sql("INSERT INTO runs (created_at, kind, pair_id, prompt, status, label, target_repr, draft_repr) "
+                          "VALUES ('2026-12-04 00:00:00', 'generate', 'p', 'old', 'finished', '', "
+                          "'int8, activations per token', 'int4')")
+    with Store.open(db_url) as store:
+        run = store.get_run(A.runs_list(store)[0]["id"])
+        assert (run.prompt, run.representation, run.draft_weights) == ("old", "int8, activations per token", "int4")
+        assert A.representations(store) == ["int8, activations per token"]
+    with engine.begin() as c:
+        command.downgrade(alembic_config(connection=c), "base")
     engine.dispose()
 
 

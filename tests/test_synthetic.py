@@ -130,7 +130,7 @@ def test_bfloat16_checks_in_float32_and_counts_only_runs_that_follow_their_scrip
     res = run_synthetic(cfg, None)
     check = res["sd_equals_ar"]
     assert check["dtype"] == "float32" and check["passed"] and check["tokens"] == 24
-    assert res["meta"]["models"]["target_repr"] == "bfloat16"
+    assert res["meta"]["models"]["representation"]["target"] == "bfloat16"
     sd = res["summary"]["synthetic-tiny"]["sd"]
     assert sd["fixed_point"] == 2 and abs(sd["acceptance"] - 0.8) < 0.15 and sd["syncs_per_block"] == 1.0
 

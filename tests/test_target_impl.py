@@ -99,7 +99,7 @@ def tiny_dirs(tmp_path_factory, qwen_tokenizer):
 def test_load_pair_picks_the_target_path(tiny_dirs, dtype, impl, expected, one_thread):
     pair = load_pair(*tiny_dirs, dtype=dtype, target_impl=impl)
     assert pair.target_lm.impl == expected and pair.describe()["target_impl"] == expected
-    assert pair.target_repr == dtype
+    assert pair.rep.target == dtype
     if dtype == "float32":
         assert tokens(pair, "sd") == tokens(pair, "ar")          # exact in float
     else:   # in int8 SD may differ from AR (per-pass activation scale); the two paths compute the same

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = r"""
 import json, os, sys, threading, time
 import torch
+from csd.representation import Representation
 from csd.runtime import threads
 
 def tasks():
@@ -82,7 +83,7 @@ lean = LeanLM(quantize_int8(copy.deepcopy(target)).eval())
 lean.int8_per_row()
 draft = quantize_int8(perturbed(target, 0.3)).eval()
 pair = replace(make_pair(tok, target, draft, pair_id="tiny-int8"), target_lm=lean, draft_lm=LeanLM(draft),
-               target_repr="int8", int8_activations="row")
+               rep=Representation("int8", activations="row"))
 big.exp()                                # the loader's team
 start = tasks()
 seen, real = [], lean.forward_many

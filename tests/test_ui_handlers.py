@@ -62,7 +62,7 @@ def test_generate_keeps_metrics_typed_and_records_the_run(csd_run, store):
     assert 'data-state="done"' in metrics_html and "Done: 24 tokens" in status
     assert whatif.startswith("At λ = 6")
     run = store.get_run(sess.last.run_id)
-    assert run.status == "finished" and run.target_repr == "float32" and run.output_text == sess.last.text
+    assert run.status == "finished" and run.representation == "float32" and run.output_text == sess.last.text
     from csd.db import analytics as A
     assert A.count_events(store, A.Filter(run_ids=(run.id,))) == len(sess.last.events)
 
@@ -265,18 +265,18 @@ def test_analyse_filters_by_the_recorded_target_representation(services, csd_run
         summary = analyse.analyse(services, common.SCOPE_SESSION, RunSettings(), sess, target)[4]
         return int(re.search(r"(\d+) divergences? logged", summary).group(1)), summary
     everything, _ = logged("any")
-    assert everything > 0 and logged(services.pair.repr_label)[0] == everything
+    assert everything > 0 and logged(services.pair.rep.label)[0] == everything
     none, summary = logged("bfloat16")
     assert none == 0 and "target bfloat16" in summary
     targets = analyse.analyse(services, common.SCOPE_SESSION, RunSettings(), sess)[7]
-    assert targets["choices"] == ["any", services.pair.repr_label]
+    assert targets["choices"] == ["any", services.pair.rep.label]
 
 
 def test_explore_and_csv_export_use_the_same_filter(services, csd_run):
     sess = csd_run[-1][-1]
     everything = explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", "any", sess)
     rows, caption, _, targets, download, _ = everything
-    assert targets["choices"] == ["any", services.pair.repr_label]
+    assert targets["choices"] == ["any", services.pair.rep.label]
     assert caption.startswith(f"{len(rows)} events") and download["visible"] is False
     only = explore.explore_events(services, common.SCOPE_SESSION, 0, [RESCUED], "any", "", "any", sess)
     n = len(only[0])
@@ -314,7 +314,7 @@ def test_export_of_the_coloured_answer(services, csd_run):
     assert re.findall(r"(?:src|href)=\"(https?://[^\"]+)", text) == ["https://arxiv.org/abs/2604.13634"]
     payload = json.loads(data.read_text())
     assert len(payload["events"]) == len(sess.last.events) and payload["metrics"]["new_tokens"] == 24
-    assert payload["pair"]["target_repr"] == "float32"
+    assert payload["pair"]["representation"]["target"] == "float32"
     with pytest.raises(gr.Error, match="Nothing to export"):
         generate.export_answer(services, 6, -2, common.ensure_session(services, None))
 

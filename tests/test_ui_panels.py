@@ -16,6 +16,7 @@ from csd.events import (
     REJECTED,
 )
 from csd.memory import CorrectionMemory
+from csd.representation import Representation
 from csd.ui import figures
 from csd.ui.state import RunSettings, Session
 from csd.ui.tabs import common, compare, explore, generate, jobs, teach
@@ -291,37 +292,37 @@ def test_the_exact_mode_switch_is_each_users_own(store):
     with pytest.raises(gr.Error, match="applies to an int8 target"):
         common.set_exact_mode(float_services, [], False)
     int8 = quantize_int8(copy.deepcopy(float_services.pair.target)).eval()
-    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8), target_repr="int8", int8_activations="pass")
-    pair.set_int8_activations("row")
+    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8), rep=Representation("int8", activations="pass"))
+    pair.set_activations("row")
     services = make_services(pair, store, costs=float_services.decoder.costs)
     props = switch(build_demo(services))
     assert props["visible"] is True and props["value"] is True and props["interactive"] is not False
 
     def note(mode: str) -> str:
-        return common.exactness_note(pair.target_repr, mode)
+        return common.exactness_note(pair.rep.target, mode)
 
     a, b = new_session(services), new_session(services)
     first = services.decoder
     *off, a = common.set_exact_mode(services, [note], False, a)
     assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
-    assert pair.int8_activations == "row" and services.decoder is first      # B's model is untouched
+    assert pair.rep.activations == "row" and services.decoder is first      # B's model is untouched
     assert common.session_activations(services, b) == "row"
     dec_a, dec_b = common.decoder_for(services, a), common.decoder_for(services, b)
-    assert dec_a.pair.int8_activations == "pass" and dec_b.pair.int8_activations == "row"   # the mode is data
-    assert pair.int8_activations == "row" and services.decoder is first      # choosing a decoder switches nothing
+    assert dec_a.pair.rep.activations == "pass" and dec_b.pair.rep.activations == "row"   # the mode is data
+    assert pair.rep.activations == "row" and services.decoder is first      # choosing a decoder switches nothing
 
     def one_pass(dec):
         lm = dec.pair.target_lm
         lm.forward(lm.new_cache(), [3, 4], 1)
     one_pass(dec_a)                                                             # A's run's passes: A's mode
-    assert pair.int8_activations == "pass" and not pair.target_lm.per_row and services.decoder is first
+    assert pair.rep.activations == "pass" and not pair.target_lm.per_row and services.decoder is first
     one_pass(dec_b)                                                             # B's: B's mode
-    assert pair.int8_activations == "row" and pair.target_lm.per_row and services.decoder is first
+    assert pair.rep.activations == "row" and pair.target_lm.per_row and services.decoder is first
     for sess, scales in ((a, "pass"), (b, "token")):                          # what each run records
         services.lane.finish(jobs.take_job(services, sess, "generate"))
         with jobs.recorded(services, sess, PROMPT, CSDConfig(), "") as rec:
             pass
-        assert store.get_run(rec.run_id).target_repr == f"int8, activations per {scales}"
+        assert store.get_run(rec.run_id).representation == f"int8, activations per {scales}"
     *on, a = common.set_exact_mode(services, [note], True, a)
     assert "scaled on their own" in on[0]
     assert isinstance(pair.draft_lm, HFLM)          # a transformers draft: runs cannot decode together
@@ -349,9 +350,9 @@ def test_users_decoding_together_keep_their_own_scales_and_answers(store):
 
     base = tiny_services(store).pair
     int8 = quantize_int8(copy.deepcopy(base.target)).eval()
-    pair = replace(base, target=int8, target_lm=LeanLM(int8), draft_lm=LeanLM(base.draft), target_repr="int8",
-                   int8_activations="pass")
-    pair.set_int8_activations("row")
+    pair = replace(base, target=int8, target_lm=LeanLM(int8), draft_lm=LeanLM(base.draft),
+                   rep=Representation("int8", activations="pass"))
+    pair.set_activations("row")
 
     def answers(services, users, method):
         out = {}
@@ -363,7 +364,7 @@ def test_users_decoding_together_keep_their_own_scales_and_answers(store):
                                            max_new_tokens=20, lookup=0), sess.memory.copy())
                 with jobs.recorded(services, sess, PROMPT, view.cfg, "") as rec:
                     list(jobs.follow_run(run, rec, view, 0.0))
-                out[name] = (view.token_ids, store.get_run(rec.run_id).target_repr)
+                out[name] = (view.token_ids, store.get_run(rec.run_id).representation)
 
         threads = [threading.Thread(target=go, args=u) for u in users.items()]
         for t in threads:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     memory, costs = plain.default_memory(), plain.costs      # measured on this thread, before the batcher
     batcher = Batcher(pair)
     threads.one_core()          # as in the app: the batcher's thread holds the cores (csd.runtime.threads)
-    together_dec = Decoder(batcher.view(pair.int8_activations), costs=costs)
+    together_dec = Decoder(batcher.view(pair.rep.activations), costs=costs)
     passes = timed_passes(batcher)
 
     def alone(cfg) -> tuple[float, float]:

@@ -10,6 +10,7 @@ import anyio
 import gradio as gr
 
 from csd.config import GAMMA_RANGE, RIVAL_RANGES, CSDConfig
+from csd.representation import Representation
 
 from . import render
 from .render import plural
@@ -67,11 +68,12 @@ def plain_words(d: dict) -> str:
     the target's own answer here (docs/exactness.md)."""
     target = plain_name(d["target"])
     head = f"{plain_name(d['draft'])} drafts for {target}" if d.get("draft") else f"{target} alone (no draft)"
-    tw, dw = (REPR_WORDS.get(r, r) for r in (d["target_repr"], d.get("draft_repr") or d["target_repr"]))
+    rep = Representation.of(d)
+    tw, dw = (REPR_WORDS.get(r, r) for r in (rep.target, rep.draft or rep.target))
     weights = f"weights in {tw}" if tw == dw else f"the target's weights in {tw}, the draft's in {dw}"
-    if d["target_repr"] == "float32" or (d["target_repr"] == "int8" and d.get("int8_activations") == "row"):
+    if rep.exact_rows:
         exact = "exact: SD gives the target's own answer"
-    elif d["target_repr"] == "int8":
+    elif rep.target == "int8":
         exact = "not exact: SD can differ from the target's own answer where two tokens nearly tie"
     else:
         exact = "not exact in this representation: SD can differ from the target's own answer"
@@ -82,13 +84,14 @@ def header(services: Services, mode: str = "") -> str:
     """What runs, in plain words (``plain_words``), then, folded, the models and how they run here
     (``pair.describe()``; ``mode``: this user's int8 activation scales, default: the app's; the threads of the
     model's passes, ``services.model_threads``, not the page's), and the paper."""
-    d = {**services.pair.describe(), "int8_activations": mode or services.default_activations}
+    d = services.pair.describe()
+    d["representation"] = (rep := Representation.of(d).with_activations(mode or services.default_activations)).as_dict()
     md = render.esc_md
-    detail = (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(d['target_repr'])}"
+    detail = (f"Draft **{md(d['draft'] or '–')}** → target **{md(d['target'])}** · target {md(rep.target)}"
               + (f" ({md(d['target_impl'])} path)" if d.get("target_impl") else "")
               + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
-              + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(d.get("int8_activations"), ""))
-              + f", draft {md(d['draft_repr'] or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
+              + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(rep.activations, ""))
+              + f", draft {md(rep.draft or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
               + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}")
     return (f'<details><summary title="How it runs here (technical)">{render.esc(plain_words(d))} · paper: '
             f'<a href="{render.PAPER_URL}">arXiv 2604.13634</a></summary>\n\n{detail}\n\n</details>')

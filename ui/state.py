@@ -93,7 +93,7 @@ def make_services(pair: ModelPair, store=None, settings: Settings | None = None,
     # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
     threads = batcher.threads if batcher is not None else pair.describe()["threads"]
     return Services(pair, decoder, store, settings, decoder.default_memory(),
-                    default_activations=pair.int8_activations, batcher=batcher, model_threads=threads)
+                    default_activations=pair.rep.activations, batcher=batcher, model_threads=threads)
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Session:
     teach_step: int = 0
     pending: dict[str, deque] = field(default_factory=lambda: {k: deque() for k in KINDS})  # asked, not started
     jobs: dict[str, Job] = field(default_factory=dict)   # the latest job of each kind (for the status line)
-    int8_activations: str = ""        # this user's exact-mode choice ("row"/"pass"); "": the app's default
+    activations: str = ""             # this user's exact-mode choice ("row"/"pass"); "": the app's default
 
     def all_jobs(self, kind: str | None = None) -> list[Job]:
         kinds = KINDS if kind is None else (kind,)

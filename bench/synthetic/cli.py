@@ -44,7 +44,7 @@ def config_from_args(args) -> SyntheticConfig:
         pair=args.synthetic_config, acceptance=args.acceptance, prompts=args.limit, prompt_tokens=args.prompt_tokens,
         max_new_tokens=args.max_new_tokens, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
         memory_mode=getattr(args, "memory_mode", "online"), seed=args.seed, device=args.device, dtype=args.dtype,
-        draft_dtype=args.draft_dtype, draft_impl=args.draft_impl, pass_lengths=lengths, engine=getattr(args, "engine", "auto"),
+        draft_weights=args.draft_weights, draft_impl=args.draft_impl, pass_lengths=lengths, engine=getattr(args, "engine", "auto"),
         warmup=not args.no_warmup, rehearsals=args.rehearsals, repeats=args.repeats).validated()
 
 
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="auto (CUDA if available), cpu, cuda, cuda:1 ...")
     p.add_argument("--dtype", default=d.dtype, choices=("auto", "float32", "bfloat16", "float16", "int8"),
                    help="the target's representation (auto: bfloat16 on CUDA, float32 on the CPU)")
-    p.add_argument("--draft-dtype", default=d.draft_dtype,
+    p.add_argument("--draft-dtype", dest="draft_weights", default=d.draft_weights,
                    choices=("auto", "same", "float32", "bfloat16", "float16", "int8"))
     p.add_argument("--draft-impl", default=d.draft_impl, choices=("auto", "hf", "lean"))
     p.add_argument("--engine", default=d.engine, choices=ENGINES,

@@ -11,16 +11,15 @@ device's time against the wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..io import write_outputs
 from .models import ARCHS, PAIRS, build_model
 
 VERIFY_LENGTHS = (1, 7)
@@ -186,13 +185,10 @@ def main(argv=None) -> int:
     results = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": command,
                "pairs": [profile_pair(n, device, dtype, a.gamma) for n in names]}
-    text = render(results)
-    print(text)
     if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "profile.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-        (out / "profile.md").write_text(text, encoding="utf-8")
+        write_outputs(a.out, "profile", results, render(results))
+    else:
+        print(render(results))
     return 0
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from csd.representation import Representation
 from csd.runtime.lm import LM, ids_tensor
 
 # -- the architectures ------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, reprs:
     """A ``ModelPair`` of the two models in ``reprs`` (the target's, the draft's; converted in place) with a
     ``ScriptedDraft`` over the lean (or hf) draft. ``static``: (engine, cache capacity); "static" or
     "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as ``csd.runtime.models.load_pair`` does."""
-    (target_repr, draft_repr), (engine, capacity) = reprs, static
+    (target_rep, draft_rep), (engine, capacity) = reprs, static
     from csd.config import GAMMA_RANGE
     from csd.runtime.lm import HFLM, LeanLM
     from csd.runtime.pair import ModelPair
@@ -224,11 +225,11 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, reprs:
     from csd.runtime.static import STATIC_ENGINES, draft_shapes, make_static, target_shapes
 
     d_arch, t_arch = PAIRS[name]
-    if target_repr != "float32" or target_model.dtype != torch.float32:
-        target_model = to_repr(target_model, target_repr)
-    int8 = draft_repr == "int8"
+    if target_rep != "float32" or target_model.dtype != torch.float32:
+        target_model = to_repr(target_model, target_rep)
+    int8 = draft_rep == "int8"
     if not int8:
-        draft_model = draft_model.to(DTYPES[draft_repr])
+        draft_model = draft_model.to(DTYPES[draft_rep])
     lean = draft_impl in ("auto", "lean")
     inner = LeanLM(draft_model, int8=int8) if lean else None        # built from the float weights
     if int8:
@@ -243,9 +244,9 @@ def make_pair(name: str, draft_model, target_model, device: torch.device, reprs:
         target_lm = make_static(LeanLM(target_model), capacity, target_shapes(GAMMA_RANGE[1] + 1), name="target",
                                 compiled=compiled)
         inner = make_static(inner, capacity, draft_shapes(), name="draft", compiled=compiled)
-    act = torch.float32 if target_repr == "int8" else DTYPES[target_repr]
+    act = torch.float32 if target_rep == "int8" else DTYPES[target_rep]
     ctx = int(target_model.config.max_position_embeddings)
     return ModelPair(draft_model, target_model, IdTokenizer(), f"synthetic-{name}", d_arch, t_arch, device, act, (),
-                     ctx, draft_dtype=draft_repr, target_repr=target_repr, special_ids=frozenset(),
+                     ctx, rep=Representation(target_rep, draft_rep), special_ids=frozenset(),
                      target_lm=target_lm, draft_lm=ScriptedDraft(inner),
                      draft_vocab_size=draft_model.get_output_embeddings().out_features)

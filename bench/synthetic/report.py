@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import groupby
 
+from csd.representation import Representation
+
 from ..io import fmt, ratio
 from ..stats import speedup
 
@@ -76,9 +78,10 @@ def render_markdown(res: dict) -> str:
     meta, cfg = res["meta"], res["meta"]["config"]
     (dataset, stats), = res["summary"].items()
     models = meta["models"]
+    rep = Representation.of(models)
     lines = [f"## Synthetic benchmark `{dataset}` (random weights) on {meta['machine']['name']}", "",
-             f"draft {models['draft']} ({models['draft_impl']}, {models['draft_repr']}) -> target {models['target']} "
-             f"({models['target_repr']}); {models.get('engine', 'eager')} engine; torch {meta['machine']['torch']}, "
+             f"draft {models['draft']} ({models['draft_impl']}, {rep.draft}) -> target {models['target']} "
+             f"({rep.target}); {models.get('engine', 'eager')} engine; torch {meta['machine']['torch']}, "
              f"{meta['machine']['torch_threads']} threads; "
              f"{cfg['prompts']} prompts of {cfg['prompt_tokens']} tokens x {cfg['max_new_tokens']} new tokens; "
              f"gamma {cfg['gamma']}; requested acceptance {cfg['acceptance']:.2f}", "",
@@ -119,7 +122,7 @@ def render_markdown(res: dict) -> str:
     if misses:
         lines.append(f"WARNING: {', '.join(f'{m} on {k} prompt(s)' for m, k in misses.items())} did not follow its script "
                      f"after {cfg['rehearsals']} reruns: acceptance there is below the requested one (in "
-                     f"{models['target_repr']} the target's top-1 changed with the composition of its verify pass).")
+                     f"{rep.target} the target's top-1 changed with the composition of its verify pass).")
     o = res["outputs"]
     lines += [f"Peak memory: {res['peak_memory']['mib']:.0f} MiB ({res['peak_memory']['kind']}). Target outputs: "
               f"{fmt(o['distinct_share'], none='-')} distinct-token share, longest run of one token {o['longest_run']}.", ""]

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from csd.config import GAMMA_RANGE, CSDConfig
+from csd.representation import Representation
 from csd.runtime.profile import CONTEXT, PASS_LENGTHS
 from csd.runtime.static import ENGINES
 
@@ -39,7 +40,7 @@ class SyntheticConfig:
     seed: int = 0                    # weights, prompts and coins all follow from it
     device: str = "auto"             # auto: CUDA if available
     dtype: str = "auto"              # the target's representation; auto: bfloat16 on CUDA, float32 on the CPU
-    draft_dtype: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
+    draft_weights: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
     draft_impl: str = "auto"         # lean (auto) or hf
     engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA (csd.runtime.static)
     pass_lengths: tuple[int, ...] = PASS_LENGTHS   # tokens per target pass in the verify-time table
@@ -178,7 +179,7 @@ def check_sd_equals_ar(pair, prompts: list[list[int]], tokens: int, gamma: int, 
         same += sd.token_ids == ar.token_ids
         first_diff.append(next((i for i, (a, b) in enumerate(zip(ar.token_ids, sd.token_ids)) if a != b), None))
     pair.draft_lm.script(None)
-    return {"dtype": pair.target_repr, "prompts": len(prompts), "tokens": tokens, "gamma": gamma,
+    return {"dtype": pair.rep.target, "prompts": len(prompts), "tokens": tokens, "gamma": gamma,
             "identical": same, "passed": same == len(prompts), "first_difference": first_diff}
 
 
@@ -193,9 +194,9 @@ def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
 
     target = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     target = check_repr(target, device)
-    if cfg.draft_dtype not in DRAFT_DTYPES:
-        raise ModelLoadError(f"unknown draft dtype {cfg.draft_dtype!r}; choose {', '.join(DRAFT_DTYPES)}")
-    draft = target if cfg.draft_dtype in ("auto", "same") else cfg.draft_dtype
+    if cfg.draft_weights not in DRAFT_DTYPES:
+        raise ModelLoadError(f"unknown draft dtype {cfg.draft_weights!r}; choose {', '.join(DRAFT_DTYPES)}")
+    draft = target if cfg.draft_weights in ("auto", "same") else cfg.draft_weights
     if draft == "int8" and device.type != "cpu":
         raise ModelLoadError("draft dtype int8 (dynamic quantisation) runs on the CPU only")
     return target, draft
@@ -243,7 +244,7 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     from csd.runtime.profile import measure
 
     say = log or (lambda _msg: None)
-    target_repr, draft_repr = _reprs(cfg, device)
+    target_rep, draft_rep = _reprs(cfg, device)
     d_arch, t_arch = (ARCHS[a] for a in PAIRS[cfg.pair])
     if d_arch["vocab_size"] != t_arch["vocab_size"]:
         raise ValueError("the draft and target architectures must share a vocabulary")
@@ -259,10 +260,10 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
     draft_model, target_model = build_model(d_arch, device, cfg.seed), build_model(t_arch, device, cfg.seed + 1)
     build_s = time.perf_counter() - t_start
     check = None
-    if target_repr != "float32" and cfg.check_prompts > 0:                                       # 2.
+    if target_rep != "float32" and cfg.check_prompts > 0:                                       # 2.
         say("checking greedy SD == AR in float32")
         check = _check_in_float32(cfg, (draft_model, target_model), device, static, prompts)
-    pair = make_pair(cfg.pair, draft_model, target_model, device, (target_repr, draft_repr), cfg.draft_impl, static)
+    pair = make_pair(cfg.pair, draft_model, target_model, device, (target_rep, draft_rep), cfg.draft_impl, static)
     del draft_model, target_model
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -276,12 +277,12 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
 
     if check is None:             # the timed runs are float32: they are the check                  6.
         sd = [r for r in records if r.method == "sd"]
-        check = {"dtype": target_repr, "prompts": len(sd), "tokens": cfg.max_new_tokens, "gamma": cfg.fixed_gamma,
+        check = {"dtype": target_rep, "prompts": len(sd), "tokens": cfg.max_new_tokens, "gamma": cfg.fixed_gamma,
                  "identical": sum(bool(r.identical_to_ar) for r in sd), "source": "the timed runs",
-                 "passed": all(r.identical_to_ar for r in sd) if target_repr == "float32" else None}
+                 "passed": all(r.identical_to_ar for r in sd) if target_rep == "float32" else None}
     results = _results(cfg, pair, records, costs, check, syncs, _peak_memory(device, records, table_peak),
                        {"command": command, "started_at": started, "build_s": build_s,
-                        "wall_s": time.perf_counter() - t_start, "target_repr": target_repr, "draft_repr": draft_repr})
+                        "wall_s": time.perf_counter() - t_start, "representation": Representation(target_rep, draft_rep).as_dict()})
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -384,7 +385,7 @@ def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: 
                              "platform": platform.platform(), "cpu_count": os.cpu_count(),
                              "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                              "torch": torch.__version__, "transformers": transformers.__version__},
-                 "config": {**asdict(cfg), "target_repr": run_meta["target_repr"], "draft_repr": run_meta["draft_repr"]},
+                 "config": {**asdict(cfg), "representation": run_meta["representation"]},
                  "archs": {"draft": {"name": d_name, **ARCHS[d_name]}, "target": {"name": t_name, **ARCHS[t_name]}},
                  "init": {"scheme": "fan-in: std 1/sqrt(fan_in); embeddings std 1; q, k: attention logits of std "
                                     f"{ATTN_LOGIT_STD}; lm_head: logits of std {LOGIT_STD}; norms 1, biases 0",

@@ -83,10 +83,10 @@ class Batcher:
 
     def view(self, mode: str = ""):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
-        mode = mode or self.pair.int8_activations
+        mode = mode or self.pair.rep.activations
         draft = self.pair.draft_lm
         return replace(self.pair, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
-                       draft_lm=None if draft is None else BatchedLM(self, draft), int8_activations=mode)
+                       draft_lm=None if draft is None else BatchedLM(self, draft), rep=self.pair.rep.with_activations(mode))
 
     def join(self, run: int) -> None:
         with self._cond:
@@ -134,14 +134,14 @@ class Batcher:
 
     def _alone(self, c: _Call) -> bool:
         """A target pass with one activation scale per pass is not merged with other runs' rows."""
-        return c.lm.member and c.lm.mode == "pass" and self.pair.target_repr == "int8"
+        return c.lm.member and c.lm.mode == "pass" and self.pair.rep.target == "int8"
 
     def _run(self, batch: list[_Call]) -> None:
         """One pass for the batch; if it fails, each call again alone (a failed pass moved no cache)."""
         first = batch[0]
         try:
-            if first.lm.member and first.lm.mode and first.lm.mode != self.pair.int8_activations:
-                self.pair.set_int8_activations(first.lm.mode)
+            if first.lm.member and first.lm.mode and first.lm.mode != self.pair.rep.activations:
+                self.pair.set_activations(first.lm.mode)
             out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch],
                                            [c.keep for c in batch])
         except Exception as e:

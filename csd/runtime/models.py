@@ -13,6 +13,7 @@ import torch
 
 from ..config import GAMMA_RANGE, CSDConfig
 from ..events import Progress
+from ..representation import Representation
 from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
 from .fileio import read_json
@@ -121,12 +122,12 @@ class LoadOptions:
     device_map: str | dict | None = None
     trust_remote_code: bool = False
     load_draft: bool = True
-    draft_dtype: str = "auto"
+    draft_weights: str = "auto"
     draft_impl: str = "auto"
     draft_vocab: str | int = "auto"
     target_impl: str = "auto"
     int8_smoothing: bool = True
-    int8_activations: str = INT8_ACTIVATIONS_DEFAULT
+    activations: str = INT8_ACTIVATIONS_DEFAULT
     engine: str = "auto"
     static_capacity: int = DEFAULT_CAPACITY
     fallback: bool = False      # set by ``validated``: the engine is auto's choice, eager where it fails
@@ -152,20 +153,20 @@ class LoadOptions:
             dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" else "int8"
         else:
             dtype = check_repr(self.dtype, dev)
-        for value, choices, what in ((self.draft_dtype, DRAFT_DTYPES, "draft dtype"),
+        for value, choices, what in ((self.draft_weights, DRAFT_DTYPES, "draft dtype"),
                                      (self.draft_impl, DRAFT_IMPLS, "draft implementation"),
                                      (self.target_impl, TARGET_IMPLS, "target implementation")):
             if value not in choices:
                 raise ModelLoadError(f"unknown {what} {value!r}; choose {', '.join(choices)}")
         if not (self.draft_vocab in ("auto", "full") or (str(self.draft_vocab).isdigit() and int(self.draft_vocab) > 0)):
             raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {self.draft_vocab!r}")
-        if self.int8_activations not in INT8_ACTIVATIONS:
-            raise ModelLoadError(f"int8 activations {self.int8_activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
-        draft_dtype = (profile.chosen_draft_repr() if dev.type == "cpu" else "same") if self.draft_dtype == "auto" \
-            else self.draft_dtype
-        if draft_dtype in CPU_DRAFT_REPRS and dev.type != "cpu":
-            raise ModelLoadError(f"draft dtype {draft_dtype} runs on the CPU only")
-        return replace(self, device=dev, engine=engine, dtype=dtype, draft_dtype=draft_dtype,
+        if self.activations not in INT8_ACTIVATIONS:
+            raise ModelLoadError(f"int8 activations {self.activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
+        draft_weights = (profile.chosen_draft_weights() if dev.type == "cpu" else "same") if self.draft_weights == "auto" \
+            else self.draft_weights
+        if draft_weights in CPU_DRAFT_REPRS and dev.type != "cpu":
+            raise ModelLoadError(f"draft dtype {draft_weights} runs on the CPU only")
+        return replace(self, device=dev, engine=engine, dtype=dtype, draft_weights=draft_weights,
                        fallback=self.fallback or self.engine == "auto")
 
     def for_target(self, name: str, config) -> LoadOptions:
@@ -180,7 +181,7 @@ class LoadOptions:
             impl = "lean" if (self.dtype == "int8" or self.static) and not why else "hf"
         if self.static and impl != "lean":
             raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
-        if self.int8_activations == "row" and self.dtype == "int8" and impl != "lean":
+        if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
         return replace(self, target_impl=impl)
 
@@ -222,10 +223,9 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
         progress(f"models ready: {mem} GiB {'on the GPU' if o.device.type == 'cuda' else 'resident'}", 1.0)
     return ModelPair(d.model, t.model, tok, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
                      t.lm.device if o.device_map is None else o.device, o.act_dtype, eos_ids,
-                     context_limit(t_config), draft_dtype=d.repr, target_repr=o.dtype, special_ids=special,
-                     target_lm=t.lm, draft_lm=d.lm, target_smoothing=t.smoothing,
-                     int8_activations=o.int8_activations if o.dtype == "int8" else "", memory_gib=mem,
-                     target_loader=t.loader, draft_loader=d.loader)
+                     context_limit(t_config), special_ids=special, target_lm=t.lm, draft_lm=d.lm,
+                     rep=Representation(o.dtype, d.repr, o.activations if o.dtype == "int8" else ""),
+                     target_smoothing=t.smoothing, memory_gib=mem, target_loader=t.loader, draft_loader=d.loader)
 
 
 def load_tokenizer(t_ref: ModelRef, d_ref: ModelRef | None, trust_remote_code: bool):
@@ -264,7 +264,7 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
         key = {"format": FORMAT, "source": ref.identity(), "role": "target",
                "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
-        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=o.int8_activations == "row",
+        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=o.activations == "row",
                          name=ref.disp, progress=progress, smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
         t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, dev), "int8", maxima=maxima),
@@ -278,7 +278,7 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
             model = to_repr(model, "int8", maxima=maxima)
         t = Loaded(LeanLM(model) if o.target_impl == "lean" else HFLM(model), model,
                    smoothing=SMOOTHED if maxima is not None else "")
-    if o.dtype == "int8" and o.int8_activations == "row":
+    if o.dtype == "int8" and o.activations == "row":
         t.lm.int8_per_row()
     return t
 
@@ -289,8 +289,8 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     config = ref.config()
     vd, vt = config.vocab_size, t_config.vocab_size
     rows = shared_rows(vd, vt, len(tok))
-    int8 = o.draft_dtype in CPU_DRAFT_REPRS      # int8 or int4 weights, float32 activations
-    dt = o.act_dtype if o.draft_dtype == "same" else (torch.float32 if int8 else DTYPES[o.draft_dtype])
+    int8 = o.draft_weights in CPU_DRAFT_REPRS      # int8 or int4 weights, float32 activations
+    dt = o.act_dtype if o.draft_weights == "same" else (torch.float32 if int8 else DTYPES[o.draft_weights])
     why = lean_supported(config)
     if o.draft_impl == "lean" and why:
         raise ModelLoadError(f"--draft-impl lean cannot run {ref.disp!r}: {why}")
@@ -306,7 +306,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         raise ModelLoadError("a reduced draft vocabulary needs the lean draft path (--draft-impl lean)")
     if o.draft_impl == "auto" and why:
         log.info("draft %s runs through transformers: %s", ref.disp, why)
-    d_repr = o.draft_dtype if int8 else str(dt).removeprefix("torch.")
+    d_repr = o.draft_weights if int8 else str(dt).removeprefix("torch.")
     if d_repr == "int4" and (why or o.draft_impl == "hf" or int4_missing()):
         log.warning("the draft cannot run in int4 here (%s): int8 runs instead",
                     int4_missing() or why or "the transformers path has no int4 layers")
@@ -322,7 +322,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
                              vocab_ids=vocab_ids, bits=4 if d_repr == "int4" else 8)
         except ValueError as e:    # shapes torch's int4 packing cannot take
             log.warning("the draft cannot run in int4 (%s): int8 runs instead", e)
-            return load_draft(ref, t_config, tok, pair, replace(o, draft_dtype="int8"), progress)
+            return load_draft(ref, t_config, tok, pair, replace(o, draft_weights="int8"), progress)
         return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
     model = ref.float_model(dt, o.device, progress=progress)
     if progress and lean:

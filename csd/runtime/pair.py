@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..representation import ACTIVATIONS, Representation
 from .lm import HFLM, LM
 from .static import STATIC_ENGINES
 
@@ -24,9 +25,15 @@ class _ScalesView:
         return getattr(self.lm, name)
 
     def forward(self, cache, ids, keep: int) -> torch.Tensor:
-        if self.owner.int8_activations != self.mode:
-            self.owner.set_int8_activations(self.mode)
+        if self.owner.rep.activations != self.mode:
+            self.owner.set_activations(self.mode)
         return self.lm.forward(cache, ids, keep)
+
+
+def _mode(mode: str) -> str:
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"int8 activations {mode!r}: choose {' or '.join(ACTIVATIONS)}")
+    return mode
 
 
 class ModelLoadError(RuntimeError):
@@ -77,21 +84,19 @@ class ModelPair:
     eos_ids: tuple[int, ...]
     context_limit: int
     extras: dict = field(default_factory=dict)
-    draft_dtype: str = ""               # "int8", "bfloat16", ... ("" when no draft is loaded)
-    target_repr: str = ""               # "float32", "bfloat16", "float16" or "int8"
+    rep: Representation | None = None   # how the target and draft hold their numbers (default: their dtypes)
     special_ids: frozenset[int] | None = None
     target_lm: LM | None = None         # what the decode loop calls (csd.runtime.lm)
     draft_lm: LM | None = None
     draft_vocab_size: int = 0           # rows of the draft's output layer the loop uses (0: no draft)
     target_smoothing: str = ""          # how an int8 target's activations were smoothed first ("" = not)
-    int8_activations: str = ""          # an int8 target's activation scales: "row" (per token) or "pass"
     memory_gib: float | None = None     # memory held once loaded: the GPU's allocated memory, or the process's RSS
     target_loader: Callable[[], torch.nn.Module] | None = None   # builds ``target`` when first asked (hf_target)
     draft_loader: Callable[[], torch.nn.Module] | None = None
 
     def __post_init__(self):
-        if not self.target_repr:
-            self.target_repr = str(self.dtype).removeprefix("torch.")
+        if self.rep is None:
+            self.rep = Representation(str(self.dtype).removeprefix("torch."))
         if self.special_ids is None:
             self.special_ids = special_token_ids(self.tokenizer, self.eos_ids)
         if self.target_lm is None:
@@ -100,8 +105,8 @@ class ModelPair:
             self.draft_lm = HFLM(self.draft)
         if not self.draft_vocab_size and self.draft_lm is not None:
             self.draft_vocab_size = self.draft_lm.vocab_size
-        if self.draft is not None and not self.draft_dtype:
-            self.draft_dtype = str(next(self.draft.parameters()).dtype).removeprefix("torch.")
+        if self.draft is not None and not self.rep.draft:
+            self.rep = replace(self.rep, draft=str(next(self.draft.parameters()).dtype).removeprefix("torch."))
 
     def hf_target(self) -> torch.nn.Module:
         """The target as a transformers model (``generate``, calibration), built on the first call."""
@@ -128,43 +133,32 @@ class ModelPair:
         """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the
         request as data, and the shared target takes it before each of the request's passes (one run holds
         the model at a time; ``csd.runtime.batch`` does the same for runs that decode together)."""
-        if mode not in ("row", "pass"):
-            raise ValueError(f"int8 activations {mode!r}: choose row or pass")
-        return replace(self, target_lm=_ScalesView(self, mode), int8_activations=mode)
+        return replace(self, target_lm=_ScalesView(self, mode), rep=self.rep.with_activations(_mode(mode)))
 
-    def set_int8_activations(self, mode: str) -> None:
+    def set_activations(self, mode: str) -> None:
         """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per
         pass ("pass"); the first switch to rows converts its layers. Between passes, never inside one: a
         request's view (``with_activations``) calls it before each of its passes when the mode differs."""
-        if mode not in ("row", "pass"):
-            raise ValueError(f"int8 activations {mode!r}: choose row or pass")
+        rep = self.rep.with_activations(_mode(mode))
         lm = self.target_lm
-        if self.target_repr != "int8" or not hasattr(lm, "int8_per_row"):
+        if self.rep.target != "int8" or not hasattr(lm, "int8_per_row"):
             raise ValueError("int8 activation scales need an int8 target on the lean path")
         if mode == "row":
             lm.int8_per_row()
         elif lm.per_row:
             lm.int8_rows(False)
-        self.int8_activations = mode
-
-    @property
-    def repr_label(self) -> str:
-        """The target's representation as a stored run records it (an int8 target's with its activation
-        scales, "int8, activations per token"); at most 32 characters (the store's column)."""
-        scales = {"row": "token", "pass": "pass"}.get(self.int8_activations) if self.target_repr == "int8" else None
-        return f"int8, activations per {scales}" if scales else self.target_repr
+        self.rep = rep
 
     def run_fields(self) -> dict:
-        """The model identity a stored run records, and the target's representation (``repr_label``)."""
+        """The model identity a stored run records, and its representations (the target's ``label``)."""
         return dict(pair_id=self.pair_id, draft_name=self.draft_name, target_name=self.target_name,
-                    target_repr=self.repr_label)
+                    representation=self.rep.label, draft_weights=self.rep.draft or None)
 
     def describe(self) -> dict:
         """How the pair runs here, for every result: representations, draft path, device."""
         return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
-                "target_repr": self.target_repr, "draft_repr": self.draft_dtype,
+                "representation": self.rep.as_dict(),
                 "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
-                "int8_activations": self.int8_activations,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
                 "threads": torch.get_num_threads(), "engine": self.target_lm.impl if self.target_lm.impl in STATIC_ENGINES else "eager",

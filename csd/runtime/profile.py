@@ -99,12 +99,10 @@ def engine_revision() -> str:
 def profile_key(pair) -> dict:
     return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
             "engine": engine_revision(),
-            "pair": pair.pair_id, "target_repr": pair.target_repr, "target_impl": pair.target_lm.impl,
-            "draft_repr": pair.draft_dtype,
+            "pair": pair.pair_id, "representation": pair.rep.as_dict(), "target_impl": pair.target_lm.impl,
             "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
             "draft_vocab": pair.draft_vocab_size,
-            **({"static_capacity": pair.target_lm.capacity} if hasattr(pair.target_lm, "capacity") else {}),
-            **({"int8_activations": pair.int8_activations} if pair.int8_activations else {})}
+            **({"static_capacity": pair.target_lm.capacity} if hasattr(pair.target_lm, "capacity") else {})}
 
 
 def _cache_file(kind: str, key: dict) -> Path:
@@ -200,8 +198,8 @@ def draft_choice_file() -> Path:
     return _cache_file("draft-repr", key)
 
 
-def chosen_draft_repr() -> str:
-    """``--draft-dtype auto`` on the CPU: what prepare measured to run faster here (``choose_draft_repr``),
+def chosen_draft_weights() -> str:
+    """``--draft-dtype auto`` on the CPU: what prepare measured to run faster here (``choose_draft_weights``),
     int8 where nothing was measured."""
     try:
         choice = json.loads(draft_choice_file().read_text()).get("choice")
@@ -210,10 +208,10 @@ def chosen_draft_repr() -> str:
     return choice if choice in CPU_DRAFT_REPRS else "int8"
 
 
-def choose_draft_repr(load_draft_lm, reps: int = 9) -> dict:
+def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
     """Time the draft's one-token step in int8 and int4 on this machine (``load_draft_lm(repr)`` gives the
     draft's ``LM``; the two alternate, each run's median counts) and record the faster one for
-    ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_repr``); int4 only where it is at least
+    ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_weights``); int4 only where it is at least
     ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
     from .fileio import write_json
     from .quant import int4_missing

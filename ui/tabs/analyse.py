@@ -76,7 +76,7 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     except Exception as e:
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
-    where = render.esc_md(scope) + (f", target {render.esc_md(str(target))}" if f.target_reprs else "")
+    where = render.esc_md(scope) + (f", target {render.esc_md(str(target))}" if f.representations else "")
     summary = (f"**{where}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
                f"τ = {tau:.3g} the rule "
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}% of them rescued). Top 20% of patterns cover "

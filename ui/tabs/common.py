@@ -33,23 +33,21 @@ NO_STORE = "No store: start the app with --db to record runs."
 SHOW_SPECULATION = 3
 
 
-def exactness_note(target_repr: str, int8_activations: str = "") -> str:
+def exactness_note(target: str, activations: str = "") -> str:
     """Whether greedy SD reproduces the target's own answer (AR) in the representation the target runs
-    in here, in plain words: token for token in float32 and in int8 with per-token activation scales
-    (tests check both); not in int8 with one scale per pass, nor in half precision, where a verify pass
-    rounds its tokens together, not one by one as AR does (docs/exactness.md)."""
-    if target_repr == "float32":
+    in here, in plain words (docs/exactness.md; ``csd.representation.Representation.exact_rows``)."""
+    if target == "float32":
         return ("**Exactness here:** the target runs in float32, where greedy SD writes the target's own answer "
                 "(AR's) token for token; CSD may leave it where it rescues a draft token.")
-    if target_repr == "int8" and int8_activations == "row":
+    if target == "int8" and activations == "row":
         return ("**Exactness here:** the target runs in int8 with each token's activations scaled on their own, "
                 "so a verify pass computes for every token what the target alone computes for it: greedy SD "
                 "writes the target's own answer (AR's) token for token; CSD may leave it where it rescues a draft "
                 "token.")
     how = ("quantises the activations of all the tokens in a verify pass with one scale"
-           if target_repr == "int8" else f"rounds a verify pass of several tokens in {target_repr} differently "
+           if target == "int8" else f"rounds a verify pass of several tokens in {target} differently "
            "from a pass of one")
-    return (f"**Exactness here:** the target runs in {target_repr}, which {how}, so where the target's top two "
+    return (f"**Exactness here:** the target runs in {target}, which {how}, so where the target's top two "
             "tokens nearly tie, SD can pick differently from the target alone (AR) and its answer can leave AR's. "
             "In float32 (`--dtype float32`) SD writes AR's answer token for token; CSD may also leave it where it "
             "rescues a draft token.")
@@ -61,26 +59,25 @@ EXACT_MODE_LABEL = ("Exact mode: the int8 target scales each token's activations
 
 def can_switch_exactness(pair) -> bool:
     """Whether the exact-mode switch applies: an int8 target on the lean path (float32 is exact as it is)."""
-    return pair.target_repr == "int8" and hasattr(pair.target_lm, "int8_per_row")
+    return pair.rep.target == "int8" and hasattr(pair.target_lm, "int8_per_row")
 
 
 def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | None = None) -> list:
-    """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their
-    session; the shared model takes it before each pass of their runs (``decoder_for``), so one
-    user's choice never changes another's runs. -> the redrawn texts that state the exactness for this
-    user (``Page.exactness``: fn(mode) -> text), then the session."""
+    """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their session
+    and taken by the shared model before each of their passes (``decoder_for``): no other user's runs change.
+    -> the redrawn texts that state the exactness for this user (``Page.exactness``: fn(mode)), the session."""
     if not can_switch_exactness(services.pair):
-        raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.target_repr}.")
+        raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.rep.target}.")
     if services.settings.concurrency > 1 and services.batcher is None:
         raise error("Exact mode is fixed while several generations may run at once (--concurrency > 1).")
     sess = ensure_session(services, sess)
-    sess.int8_activations = "row" if on else "pass"
-    return [*(fn(sess.int8_activations) for fn in redraw), sess]
+    sess.activations = "row" if on else "pass"
+    return [*(fn(sess.activations) for fn in redraw), sess]
 
 
 def session_activations(services: Services, sess: Session | None) -> str:
     """The int8 activation scales this user's runs use: their choice, else the app's default."""
-    return (sess.int8_activations if isinstance(sess, Session) else "") or services.default_activations
+    return (sess.activations if isinstance(sess, Session) else "") or services.default_activations
 
 
 def decoder_for(services: Services, sess: Session):
@@ -187,7 +184,7 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None, tar
     any), or a message saying why there is nothing to show."""
     f, why = _scope(services, sess, scope, run_id)
     if f is not None and target not in (None, "", ANY_TARGET):
-        f = replace(f, target_reprs=(str(target),))
+        f = replace(f, representations=(str(target),))
     return f, why
 
 
@@ -218,7 +215,7 @@ def target_choices(services: Services, sess: Session):
     if services.store is None:
         return gr.update()
     private = None if services.settings.shared_scope else sess.session_id
-    return gr.update(choices=[ANY_TARGET, *A.target_reprs(services.store, private)])
+    return gr.update(choices=[ANY_TARGET, *A.representations(services.store, private)])
 
 
 # -- answers -----------------------------------------------------------------------------------

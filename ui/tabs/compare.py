@@ -257,9 +257,9 @@ def build(page: Page):
                     "Speculative decoding saves **target passes**; whether it also saves time "
                     "depends on what a pass costs on this machine (explained below the answers).")
         gr.HTML(render.render_legend(whatif=False, diff=True), elem_id="compare-legend")
-        note = gr.Markdown(exactness_note(services.pair.target_repr, services.default_activations),
+        note = gr.Markdown(exactness_note(services.pair.rep.target, services.default_activations),
                            elem_id="compare-exactness")
-        page.exactness.append((note, partial(exactness_note, services.pair.target_repr)))
+        page.exactness.append((note, partial(exactness_note, services.pair.rep.target)))
         one_at_a_time = s.concurrency == 1 or services.batcher is not None
         exact = gr.Checkbox(services.default_activations == "row", label=EXACT_MODE_LABEL, elem_id="exact-mode",
                             visible=can_switch_exactness(services.pair), interactive=one_at_a_time,

@@ -110,8 +110,8 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
         raise error("Nothing to export yet: generate an answer first.")
     d = services.pair.describe()
     facts = {"method": view.cfg.method, "γ": view.cfg.gamma, "λ": f"{view.cfg.lam:g}", "τ": f"{view.cfg.tau:.3g}",
-             "draft": d["draft"], "target": d["target"], "representations": f"target {d['target_repr']}, "
-             f"draft {d['draft_repr']}", "device": d["device"]}
+             "draft": d["draft"], "target": d["target"], "representations": f"target {d['representation']['target']}, "
+             f"draft {d['representation']['draft']}", "device": d["device"]}
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
     facts.update(view.cfg.rule_params() or {})
     page = export.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,

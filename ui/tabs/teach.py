@@ -176,7 +176,7 @@ def build(page: Page):
             with gr.Column(scale=2, min_width=280):
                 def explanation(mode: str = "") -> str:
                     return TEACH_EXPLANATION.replace("{exactness}", exactness_note(
-                        services.pair.target_repr, mode or services.default_activations))
+                        services.pair.rep.target, mode or services.default_activations))
                 page.exactness.append((gr.Markdown(explanation(), elem_id="teach-explanation"), explanation))
         teach_timer = gr.Timer(2.0, active=False)
     page.status["teach"] = t_status
