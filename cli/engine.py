@@ -224,7 +224,7 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
 def cmd_prepare(args) -> int:
     """Make the embedded pair ready once (config, tokenizer, int8 conversion, this machine's costs for gamma
     auto under both int8 activation scalings), so that the first generation pays for none of them."""
-    from csd.runtime.fileio import cache_dir
+    from csd.fileio import cache_dir
     from csd.runtime.models import load_pair
     from csd.runtime.profile import cached_costs
     t0 = time.perf_counter()
@@ -268,7 +268,7 @@ def cmd_calibrate(args) -> int:
                                    token_freq=freq)
         freq = dict(freq.most_common())
         if args.vocab_out:
-            from csd.runtime.fileio import write_json
+            from csd.fileio import write_json
             write_json(args.vocab_out, {"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
                                         "ids": [int(k) for k in freq], "counts": list(freq.values())})
     else:

@@ -17,8 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .fileio import read_or_raise, write_json
 from .rule import top_share
-from .runtime.fileio import read_or_raise, write_json
 
 DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 

@@ -212,8 +212,8 @@ def _area_files(area: str) -> list[Path]:
 
 
 AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
-    "csd": 2149,                              # issue 53's target: 2,500 (met once csd/calibration/ moved out)
-    "csd subpackages": 3908,                  # issue 53's target: 3,800 (3,153 before csd/calibration/ moved in)
+    "csd": 2235,                              # issue 53's target: 2,500 (met once csd/calibration/ moved out)
+    "csd subpackages": 3822,                  # issue 53's target: 3,800 (3,153 before csd/calibration/ moved in)
     "ui": 3673,                               # issue 53's target: 3,400 (3,384 before issues 54 and 55)
     "db": 1002,                               # issue 53's target: 1,000 (985 before issue 54's policy column)
     "cli, tools, app.py, csd_app.py": 1394,   # issue 53's target: 1,300 (1,321 before issues 52 and 54)

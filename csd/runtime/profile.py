@@ -18,7 +18,7 @@ import torch
 
 from ..costs import CostModel
 from ..events import Progress
-from .fileio import atomic_write, cache_dir
+from ..fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM
 from .quant import CPU_DRAFT_REPRS, quantize_int8, to_repr
 
@@ -215,7 +215,7 @@ def choose_draft_repr(load_draft_lm, reps: int = 9) -> dict:
     draft's ``LM``; the two alternate, each run's median counts) and record the faster one for
     ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_repr``); int4 only where it is at least
     ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
-    from .fileio import write_json
+    from ..fileio import write_json
     from .quant import int4_missing
     lms = {"int8": load_draft_lm("int8")}
     missing = int4_missing()
