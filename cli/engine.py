@@ -147,8 +147,8 @@ def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
 
 def cmd_generate(args) -> int:
     from csd.db.store import recording, run_fields
-    from csd.decode import Decoder
     from csd.memory import CorrectionMemory
+    from csd.runtime.profile import decoder as measured_decoder
 
     cfg = CSDConfig.of(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -168,7 +168,7 @@ def cmd_generate(args) -> int:
 
     pair = load_from_args(args, need_draft=cfg.uses_draft, check=fits)
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
-    decoder = Decoder(pair)
+    decoder = measured_decoder(pair)      # gamma auto: this machine's costs, measured on first need
     memory = file_memory if file_memory is not None else decoder.default_memory()
     if file_memory is not None:
         file_memory.check_pair(pair.pair_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..costs import CostModel
+from ..decode import Decoder
 from ..events import Progress
 from ..fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM
@@ -180,6 +181,11 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
     costs = measure(pair, progress=progress)
     atomic_write(path, json.dumps(costs.to_dict(), indent=1).encode())
     return costs
+
+
+def decoder(pair, **kw) -> Decoder:
+    """A decoder on ``pair`` whose gamma auto plans with this machine's costs (``cached_costs``, on first need)."""
+    return Decoder(pair, costs=functools.partial(cached_costs, pair), **kw)
 
 
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
