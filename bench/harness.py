@@ -149,7 +149,7 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     """Run ``config``'s columns on its items, write the outputs and return the results. ``store``: record
     every generation there; ``memory``: the start memory (the pair's); ``costs``: gamma auto's profile (the
     pair's). An interrupt keeps the finished items in the outputs and propagates."""
-    from csd.decode import Decoder
+    from csd.runtime.profile import decoder as measured_decoder
 
     datasets = config.datasets()
     cols = config.columns()
@@ -162,7 +162,7 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     base = config.engine()
     for ids in prompts.values():
         base.validated(pair.context_limit, len(ids))
-    decoder = Decoder(pair, costs=costs)
+    decoder = measured_decoder(pair, costs)
     if config.gamma == "auto":
         _ = decoder.costs                  # measure (or read) the profile before any timing
     start_memory = memory if memory is not None else decoder.default_memory()
@@ -293,7 +293,7 @@ class _Run:
     def _check_profile(self) -> None:
         """Re-measure the profile beside the run (not cached, not used by the policy) into
         ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
-        if self.decoder._costs is None:
+        if self.decoder._costs is None or callable(self.decoder._costs):    # no profile given or measured
             return
         self._represent(None)
         from csd.runtime.profile import measure as measure_costs
@@ -379,7 +379,7 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
 
     from csd.runtime.profile import machine_name
 
-    costs = _profile_record(decoder.costs) if decoder._costs is not None else None
+    costs = None if decoder._costs is None or callable(decoder._costs) else _profile_record(decoder.costs)  # given or measured
     base = config.engine()
     return {
         "bench_id": bench_id, "command": config.command, "started_at": now(),

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from csd.events import Progress  # noqa: F401 (the benchmark's modules take it from here)
-from csd.runtime.fileio import atomic_write
+from csd.fileio import atomic_write
 
 DASH = "–"                                # a figure that was not measured
 

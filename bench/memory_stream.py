@@ -1,6 +1,6 @@
 """The correction memory on a long stream that changes topic (docs/memory.md): code, then word problems, then
 prose. ``collect`` reads each item's reference text once, teacher-forced, with both models (as text-mode
-calibration does, ``csd.calibrate``) and keeps, at every position, the draft's top-1, the target's top-1 and
+calibration does, ``csd.calibration.calibrate``) and keeps, at every position, the draft's top-1, the target's top-1 and
 the gate's logit gap; ``replay`` (``bench.memory_replay``) then runs every memory policy over that one stream,
 each memory learning online and deciding with ``csd.rule.decide``. No generation: see docs/memory.md for what a
 teacher-forced replay does and does not show.
@@ -95,7 +95,7 @@ def collect(out: Path, per_topic: int, max_text_tokens: int, seed: int = 0) -> P
     """Read the stream's items and write ``out/stream.json.gz`` (resumable: items already read are kept)."""
     import gzip
 
-    from csd.calibrate import CALIBRATION_INSTRUCTION
+    from csd.calibration.calibrate import CALIBRATION_INSTRUCTION
     from csd.runtime.models import load_pair
 
     out.mkdir(parents=True, exist_ok=True)

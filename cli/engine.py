@@ -147,8 +147,8 @@ def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
 
 def cmd_generate(args) -> int:
     from csd.db.store import recording, run_fields
-    from csd.decode import Decoder
     from csd.memory import CorrectionMemory
+    from csd.runtime.profile import decoder as measured_decoder
 
     cfg = CSDConfig.of(method=args.method, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
                        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -168,7 +168,7 @@ def cmd_generate(args) -> int:
 
     pair = load_from_args(args, need_draft=cfg.uses_draft, check=fits)
     prompt_ids = pair.encode_prompt(args.prompt, chat=args.chat)
-    decoder = Decoder(pair)
+    decoder = measured_decoder(pair)      # gamma auto: this machine's costs, measured on first need
     memory = file_memory if file_memory is not None else decoder.default_memory()
     if file_memory is not None:
         file_memory.check_pair(pair.pair_id)
@@ -224,7 +224,7 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
 def cmd_prepare(args) -> int:
     """Make the embedded pair ready once (config, tokenizer, int8 conversion, this machine's costs for gamma
     auto under both int8 activation scalings), so that the first generation pays for none of them."""
-    from csd.runtime.fileio import cache_dir
+    from csd.fileio import cache_dir
     from csd.runtime.models import load_pair
     from csd.runtime.profile import cached_costs
     t0 = time.perf_counter()
@@ -243,7 +243,7 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from csd.calibrate import calibrate, calibrate_prompts
+    from csd.calibration.calibrate import calibrate, calibrate_prompts
     from csd.db.store import run_fields
     from csd.memory import CorrectionMemory
 
@@ -268,7 +268,7 @@ def cmd_calibrate(args) -> int:
                                    token_freq=freq)
         freq = dict(freq.most_common())
         if args.vocab_out:
-            from csd.runtime.fileio import write_json
+            from csd.fileio import write_json
             write_json(args.vocab_out, {"pair": pair.pair_id, "source": "target answers in prompt-mode calibration",
                                         "ids": [int(k) for k in freq], "counts": list(freq.values())})
     else:
@@ -292,7 +292,7 @@ def cmd_calibrate(args) -> int:
 
 def calibration_input(args) -> tuple[str, list, list]:
     """The mode the flags ask for, its prompts or texts, and the held-out prompts (prompt mode)."""
-    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
+    from csd.calibration.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
     mode = args.mode or ("text" if args.corpus else "prompts")
     if mode == "prompts" and args.corpus:
         raise ValueError("--corpus is for text mode; use --prompts in prompt mode")

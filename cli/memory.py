@@ -1,5 +1,5 @@
 """``memory export`` / ``memory import``: a correction memory as SGLang's CSD table and back
-(``csd.sglang_table``; the format and what SGLang does with it: docs/scale.md). Neither loads a model."""
+(``csd.calibration.sglang_table``; the format and what SGLang does with it: docs/scale.md). Neither loads a model."""
 from __future__ import annotations
 
 import argparse
@@ -52,8 +52,8 @@ def add_vocab_args(p) -> None:
 
 def vocabulary(pair_id: str, tokenizer: str | None, size: int | None):
     """The embedded pair's vocabulary, or the one the flags describe."""
+    from csd.calibration.sglang_table import EMBEDDED_VOCAB, Vocabulary
     from csd.runtime.pair import EMBEDDED_PAIR_ID
-    from csd.sglang_table import EMBEDDED_VOCAB, Vocabulary
     if size is not None and size <= 0:
         raise ValueError(f"--vocab-size must be a positive count, got {size}")
     if pair_id == EMBEDDED_PAIR_ID and tokenizer is None and size in (None, EMBEDDED_VOCAB.size):
@@ -64,8 +64,8 @@ def vocabulary(pair_id: str, tokenizer: str | None, size: int | None):
 
 
 def cmd_export(args) -> int:
+    from csd.calibration.sglang_table import export_memory, memory_lambda, table_suffix
     from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory
-    from csd.sglang_table import export_memory, memory_lambda, table_suffix
 
     table_suffix(args.file)                   # a wrong name is refused before anything is read
     memory = CorrectionMemory.load(args.memory or DEFAULT_MEMORY_FILE)
@@ -85,9 +85,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
+    from csd.calibration.sglang_table import disallowed, import_table
     from csd.memory import CorrectionMemory
     from csd.runtime.pair import EMBEDDED_PAIR_ID
-    from csd.sglang_table import disallowed, import_table
 
     if not args.out.endswith((".json", ".json.gz")):
         raise ValueError(f"--out is a memory file named .json or .json.gz, not {args.out!r}")

@@ -41,6 +41,16 @@ class Block:
         return len(self.proposed)
 
     @property
+    def copied(self) -> bool:
+        return self.source == LOOKUP
+
+    @property
+    def divergences(self) -> int:
+        """Decided positions where x~ != t*, special tokens included (the memory counts only the others)."""
+        d = self.decision
+        return len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
+
+    @property
     def kept(self) -> list[bool]:
         """Per decided position (up to the first rejection): kept (accepted or rescued) or not."""
         return [v.status != REJECTED for v in self.decision.verdicts] if self.decision else []

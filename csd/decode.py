@@ -1,31 +1,32 @@
 """One decode loop for AR, SD, CSD, the ablations and the rivals (Calibrated Speculative Decoding,
 arXiv 2604.13634), yielding one ``TokenEvent`` per token decision. Each model's KV cache holds a prefix
 of the committed sequence; one target pass per block. The steps (``Run._speculate``) fill in the block's
-record (``csd.block.Block``): 1. draft (``csd.policy`` says how many) or copy from the context; 2. the
-target scores the block; 3. decide each position (``csd.rule``); 4. the memory learns the divergences;
-5. emit the events; 6. crop both caches to the kept prefix; 7. the policies learn from the block.
+record (``csd.block.Block``): 1. propose (``csd.propose``: the draft, ``csd.policy`` saying how many, or
+copies from the context; AR proposes nothing); 2. the target scores the block; 3. decide each position
+(``csd.rule``); 4. the memory learns the divergences; 5. emit the events (``csd.emit``); 6. crop both
+caches to the kept prefix; 7. the policies learn from the block. The models are the runtime's, seen
+through ``csd.protocols``.
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
 
-from .block import DRAFT, LOOKUP, Block
+from .block import Block
 from .config import GAMMA_AUTO, CSDConfig
-from .events import BONUS, CORRECTED, REJECTED, STOP_CANCELLED, STOP_EOS, STOP_MAX, TARGET, RunMetrics, TokenEvent
+from .costs import CostModel
+from .emit import EventBuilder
+from .events import STOP_CANCELLED, STOP_EOS, STOP_MAX, RunMetrics, TokenEvent
 from .lookup import Lookup
 from .memory import CorrectionMemory, default_memory
 from .policy import AutoGamma, FixedGamma, Learned, Policy
+from .propose import DeviceDraft, HostDraft, LookupCopy, Proposer
+from .protocols import Pair, ids_tensor
 from .rule import Rescue, decide
-from .runtime.lm import ids_tensor
-from .runtime.pair import ModelPair
-from .runtime.static import check_room
-from .text import Detokenizer
 from .verify import point_mass, sample, score_block, verify_sampling
 
 log = logging.getLogger(__name__)
@@ -48,20 +49,23 @@ class Cancelled(Exception):
 
 
 class Decoder:
-    """Runs generations on one loaded pair. ``costs``: the cost model for ``gamma="auto"`` (default:
-    ``csd.runtime.profile.cached_costs(pair)``, on first need)."""
+    """Runs generations on one loaded pair. ``costs``: the cost model for ``gamma="auto"``, or a function
+    that gives it on first need (``csd.runtime.profile.decoder`` hands this machine's measured one)."""
 
-    def __init__(self, pair: ModelPair, costs=None, online_costs: bool = True):
+    def __init__(self, pair: Pair, costs: CostModel | Callable[[], CostModel] | None = None,
+                 online_costs: bool = True):
         self.pair, self._costs = pair, costs
         self.online_costs = online_costs          # gamma auto plans with the runs' measured costs
         self.learned = Learned()                  # what this decoder's runs measured, handed to the next run
         self._default_memory: CorrectionMemory | None = None
 
     @property
-    def costs(self):
+    def costs(self) -> CostModel:
         if self._costs is None:
-            from .runtime.profile import cached_costs
-            self._costs = cached_costs(self.pair)
+            raise ValueError("gamma auto needs a cost model: Decoder(pair, costs=...) "
+                             "(csd.runtime.profile.decoder measures this machine's)")
+        if callable(self._costs):
+            self._costs = self._costs()
         return self._costs
 
     def default_memory(self) -> CorrectionMemory:
@@ -91,28 +95,41 @@ class Decoder:
         return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
 
 
-class _Lap:
-    """``with _Lap(metrics, "draft_s") as lap:`` adds the block's seconds to that metric (unless it
-    raises) and keeps them in ``lap.s``."""
+def check_room(pair: Pair, prompt_tokens: int, cfg: CSDConfig) -> None:
+    """Refuse a run that a fixed-size KV cache of the pair could not hold (``Model.check_room``; eager
+    caches grow). A wrapped model (the benchmark's scripted draft) is asked through its ``inner`` one."""
+    longest = max(cfg.gamma_max if cfg.gamma == GAMMA_AUTO else cfg.gamma, cfg.lookup) if cfg.uses_draft else 0
+    need = prompt_tokens + cfg.max_new_tokens + longest + 1      # and the last block's proposals past the end
+    for role, lm in (("target", pair.target_lm), ("draft", pair.draft_lm if cfg.uses_draft else None)):
+        room = getattr(getattr(lm, "inner", lm), "check_room", None)
+        if room is not None:
+            room(need, f"a run of a {prompt_tokens}-token prompt, max_new_tokens {cfg.max_new_tokens} and "
+                       f"blocks of up to {longest} tokens ({role})")
 
-    def __init__(self, metrics: RunMetrics, name: str):
-        self.metrics, self.name, self.s = metrics, name, 0.0
 
-    def __enter__(self) -> _Lap:
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, kind, *_) -> None:
-        if kind is None:
-            self.s = time.perf_counter() - self.t0
-            setattr(self.metrics, self.name, getattr(self.metrics, self.name) + self.s)
+def proposers(pair: Pair, cfg: CSDConfig, policy: Policy | None, cache, metrics: RunMetrics,
+              gen: torch.Generator | None) -> list[Proposer]:
+    """Who proposes a block, in order: copies from the context where they pay, then the draft, on the
+    device (greedy with a fixed gamma, or gamma auto where reading each confidence would wait for the
+    device) or on the host. AR: no one (its blocks are empty)."""
+    if policy is None:
+        return []
+    lm, copies = pair.draft_lm, []
+    if cfg.lookup:
+        copies = [LookupCopy(Lookup(cfg.lookup, policy.costs, cfg.lookup_ngram), metrics)]
+    if cfg.temperature == 0 and not cfg.explain and (
+            not policy.reads_confidence or lm.device.type in SYNC_FREE_AUTO_DEVICES):
+        return copies + [DeviceDraft(lm, cache, policy, metrics, pair.target_lm.device)]
+    vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
+    return copies + [HostDraft(lm, cache, policy, metrics, frozenset(pair.eos_ids), cfg.temperature, gen, vocab,
+                               read_confidence=policy.reads_confidence or cfg.explain, explain=cfg.explain)]
 
 
 class Run:
     """Iterate to get the events; afterwards ``token_ids``, ``text`` and ``metrics`` hold the
     result. Stopping the iteration early (``close()``) cancels the run and keeps what it made."""
 
-    def __init__(self, pair: ModelPair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
+    def __init__(self, pair: Pair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
                  policy: Policy | None, should_stop: Callable[[], bool] | None):
         self.pair, self.cfg, self.memory, self.policy = pair, cfg, memory, policy
         self.prompt_ids = prompt_ids
@@ -123,8 +140,6 @@ class Run:
         self.metrics = RunMetrics(per_position_drafted=[0] * width, per_position_kept=[0] * width)
         self.rescue = cfg.rule(pair.special_ids)     # CSD's modules, or a rival's relaxed rule (csd.rule)
         self.exact = Rescue.of(False, False, cfg.lam, cfg.tau, pair.special_ids)   # the rule for copied tokens
-        self.lookup = Lookup(cfg.lookup, policy.costs, cfg.lookup_ngram) if cfg.lookup and policy else None
-        self._observers = [p for p in (policy, self.lookup) if p is not None]   # they learn from every block
         self.eos = frozenset(pair.eos_ids)
         self.gen = None
         if cfg.temperature > 0:     # one generator per run, never the process-wide one
@@ -136,15 +151,12 @@ class Run:
         self.tcache = pair.target_lm.new_cache()
         self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
         self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
-        # greedy with a fixed gamma, or gamma auto on a GPU (planned from position rates): drafts on the device
-        self._on_device = (policy is not None and cfg.temperature == 0 and not cfg.explain
-                           and (not policy.reads_confidence
-                                or pair.draft_lm.device.type in SYNC_FREE_AUTO_DEVICES))
-        self._need_conf = (policy is not None and policy.reads_confidence and not self._on_device) or cfg.explain
-        self._vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
+        self.proposers = proposers(pair, cfg, policy, self.dcache, self.metrics, self.gen)
+        copies = [p.lookup for p in self.proposers if isinstance(p, LookupCopy)]
+        self._observers = [p for p in (policy, *copies) if p is not None]   # they learn from every block
+        self._emit = EventBuilder(pair, cfg, self.metrics, len(prompt_ids))
         self._step = self._speculate if policy is not None else self._autoregress
         self._shared = getattr(pair.target_lm, "shares_passes", False)     # csd.runtime.batch: passes with other runs
-        self._detok = Detokenizer(pair.tokenizer)
         self._seq = list(prompt_ids)
         self._block = 0
         self._t0: float | None = None
@@ -173,112 +185,60 @@ class Run:
             m.wall_s = time.perf_counter() - self._t0
         return m
 
-    # -- small steps ---------------------------------------------------------------------------
-    def _lap(self, name: str) -> _Lap:
-        return _Lap(self.metrics, name)
-
     def _check_stop(self) -> None:
         if self.should_stop():
             raise Cancelled
 
-    def _piece(self, token_id: int) -> str:
-        return self.pair.tokenizer.decode([token_id])
-
     def _captures(self) -> int:
         return sum(getattr(lm, "captures", 0) for lm in (self.pair.target_lm, self.pair.draft_lm) if lm is not None)
-
-    def _room(self) -> int:
-        """Tokens a block may propose: the budget left, less the target's own token."""
-        return self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
 
     def _prefill(self) -> None:
         """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks."""
         body = self._seq[:-1]
-        with self._lap("prefill_s"):
+        with self.metrics.lap("prefill_s"):
             for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
                 for a, b in prefill_spans(len(body)) if cache is not None else ():
                     self._check_stop()
                     lm.forward(cache, body[a:b], 1)
 
-    def _draft_logits_to_token(self, logits: torch.Tensor) -> tuple[int, float, torch.Tensor | None]:
-        """(token, its draft probability, the draft's full-vocabulary distribution when sampling)."""
-        cfg, ids = self.cfg, self.pair.draft_lm.vocab_ids
-        token = int if ids is None else (lambda i: int(ids[int(i)]))
-        self.metrics.host_syncs += 1
-        if cfg.temperature == 0:
-            if not self._need_conf:
-                return token(logits.argmax()), 1.0, None
-            q = torch.softmax(logits.float(), -1)
-            conf, i = torch.stack([q.max(), q.argmax().float()]).tolist()
-            return token(i), conf, None
-        q_small = torch.softmax(logits / cfg.temperature, -1)
-        i = int(torch.multinomial(q_small.cpu(), 1, generator=self.gen))
-        if ids is None:
-            return i, float(q_small[i]), q_small
-        q = torch.zeros(self._vocab, dtype=q_small.dtype, device=q_small.device)
-        q[ids] = q_small
-        return int(ids[i]), float(q_small[i]), q
+    def _speculate(self) -> Iterator[TokenEvent]:
+        """One block. Copies from the context take the exact rule and teach the memory nothing: the output
+        stays distributed as the target's."""
+        t0, captures = time.perf_counter(), self._captures()
+        block = self._propose()                                             # 1. propose
+        self._check_stop()
+        block.logits = self._verify(block)                                  # 2. the target scores the block
+        self._decide(block, self.exact if block.copied else self.rescue)    # 3. the rule decides each position
+        if not block.copied:
+            self._learn(block)                                              # 4. the memory counts divergences
+        # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
+        # or a graph was captured on the way (csd.runtime.static.StaticLM.draft_block)
+        if not self._shared and self._captures() == captures:
+            block.wall_s = time.perf_counter() - t0
+        try:
+            ended = yield from self._emit.drafts(block, self._seq)         # 5. the decided draft positions
+            if not ended:
+                last = self._emit.target_token(block, self._seq)            #    and the target's own token
+                self._rollback()                                            # 6. both caches to the kept prefix
+                yield last
+        finally:
+            with self.metrics.lap("policy_s"):
+                for p in self._observers:                                   # 7. the policies learn
+                    p.observe(block)
+            self._block += 1
 
-    def _draft(self) -> Block:
-        """Step 1: propose up to the policy's block length (fewer near max_new_tokens, none past EOS)."""
-        lm = self.pair.draft_lm
-        block = Block(self._block, DRAFT, start=len(self._seq))
-        room = self._room()
-        feed = self._seq[lm.length(self.dcache):]
-        if self._on_device:
-            with self._lap("policy_s"):
-                g = self.policy.plan(room)
-            block.proposed = self._draft_on_device(g, feed)
-            return block
-        with self._lap("policy_s"):
-            self.policy.start()
-            go = room > 0 and self.policy.more(0, 1.0)
-        block.draft_s = 0.0
-        while go:
-            with self._lap("draft_s") as lap:
-                logits = lm.forward(self.dcache, feed, 1)[-1]                  # (V,) or (|vocab subset|,)
-            block.draft_s += lap.s
-            self.metrics.draft_forwards += 1
-            x, conf, q = self._draft_logits_to_token(logits)
-            block.proposed.append(x)
-            block.confidences.append(conf)
-            if q is not None:
-                block.q_rows.append(q)
-            if self.cfg.explain:
-                block.draft_logits.append(logits)
-            feed = [x]
-            if x in self.eos or block.size >= room:
-                break
-            with self._lap("policy_s"):
-                go = self.policy.more(block.size, conf)
+    def _propose(self) -> Block:
+        """Step 1: the first proposer that proposes fills the block, up to the budget left (less the
+        target's own token)."""
+        block = Block(self._block, start=len(self._seq))
+        room = self.cfg.max_new_tokens - (len(self._seq) - len(self.prompt_ids)) - 1
+        next((p for p in self.proposers if p.propose(block, self._seq, room)), None)
         return block
-
-    def _draft_on_device(self, g: int, feed: list[int]) -> torch.Tensor:
-        """Greedy drafting without a host sync: each argmax feeds the next step as a device tensor (a static
-        draft drafts the whole block in one call: one graph on CUDA)."""
-        lm = self.pair.draft_lm
-        block = getattr(lm, "draft_block", None)
-        if block is not None and g > 0:
-            with self._lap("draft_s"):
-                xs = block(self.dcache, feed, g)
-            self.metrics.draft_forwards += g
-            return xs
-        xs = []
-        with self._lap("draft_s"):
-            for _ in range(g):
-                x = lm.forward(self.dcache, feed, 1)[-1].argmax()              # 0-dim, on the device
-                if lm.vocab_ids is not None:
-                    x = lm.vocab_ids[x]
-                xs.append(x)
-                feed = x.view(1)
-            self.metrics.draft_forwards += g
-        dev = lm.device if xs else self.pair.target_lm.device
-        return torch.stack(xs) if xs else torch.zeros(0, dtype=torch.long, device=dev)
 
     def _verify(self, block: Block) -> torch.Tensor:
         """Step 2: one target pass over what its cache lacks plus the block: (block.size + 1, V)."""
         lm, drafts = self.pair.target_lm, block.proposed
-        with self._lap("verify_s") as lap:
+        with self.metrics.lap("verify_s") as lap:
             pending = self._seq[lm.length(self.tcache):]
             if torch.is_tensor(drafts):
                 ids = torch.cat([ids_tensor(pending, drafts.device), drafts])
@@ -292,19 +252,18 @@ class Run:
 
     def _decide(self, block: Block, rule: Rescue) -> None:
         """Step 3: ``rule`` on the target's logits. Greedy: one host transfer for the block, whose
-        proposals become a host list; sampling a copied block, its proposals are point masses."""
+        proposals become a host list cut after an end token; sampling a copied block, its proposals
+        are point masses."""
         cfg, tl = self.cfg, block.logits
-        if block.source == LOOKUP and cfg.temperature > 0:
+        if block.copied and cfg.temperature > 0:
             block.q_rows = list(point_mass(block.proposed, tl))
         self.metrics.host_syncs += 1
         if cfg.temperature == 0:
-            with self._lap("transfer_s"):
+            with self.metrics.lap("transfer_s"):
                 drafts, scores = score_block(block.proposed, tl, rule.scores)   # the argmax work SD needs anyway
             cut = next((i + 1 for i, x in enumerate(drafts) if x in self.eos), len(drafts))
-            if cut < len(drafts):        # nothing after an end token can be kept
-                drafts, scores = drafts[:cut], scores.head(cut)
-            block.proposed, block.scores = drafts, scores
-        with self._lap("bookkeeping_s"):
+            block.proposed, block.scores = drafts[:cut], scores.head(cut) if cut < len(drafts) else scores
+        with self.metrics.lap("bookkeeping_s"):
             if cfg.temperature == 0:
                 block.decision = decide(block.proposed, block.scores, self.memory.count, rule)
                 block.probs = torch.softmax(tl.float(), -1) if cfg.explain else None
@@ -315,145 +274,25 @@ class Run:
 
     def _learn(self, block: Block) -> None:
         """Step 4: the Online Correction Memory counts the block's divergences (x~, t*)."""
-        with self._lap("bookkeeping_s"):
+        with self.metrics.lap("bookkeeping_s"):
             for x_t, t_t in block.decision.observed:
                 self.memory.observe(x_t, t_t)
-
-    def _top(self, probs: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> list:
-        top = torch.topk(probs, min(self.cfg.explain_top_k, probs.numel()))
-        ids = top.indices if vocab_ids is None else vocab_ids[top.indices]
-        return [[self._piece(int(i)), float(v)] for v, i in zip(top.values, ids)]
-
-    def _prob(self, block: Block, row: int, token: int, z: float) -> float:
-        """The target's probability of ``token`` (logit ``z``) at ``row``."""
-        if block.scores is not None:
-            return math.exp(z - block.scores.lse[row])
-        self.metrics.host_syncs += 1
-        return float(block.probs[row, token])
-
-    def _count(self, block: Block) -> None:
-        m, d = self.metrics, block.decision
-        if block.source == LOOKUP:
-            m.lookup_blocks += 1
-            m.lookup_drafted += block.size
-        else:
-            m.drafted += block.size
-            m.divergences += len(d.observed) + sum(1 for v in d.verdicts if v.count is None and v.x_tilde != v.t_star)
-
-    def _draft_event(self, block: Block, i: int) -> TokenEvent:
-        v, cfg, explain = block.decision.verdicts[i], self.cfg, {}
-        kept = v.status != REJECTED
-        text = self._detok.push(v.x_tilde) if kept else self._detok.peek(v.x_tilde)
-        if cfg.explain:
-            explain = dict(target_top=self._top(block.probs[i]))
-            if block.draft_logits:
-                q = torch.softmax(block.draft_logits[i] / (cfg.temperature or 1.0), -1)
-                explain["draft_top"] = self._top(q, self.pair.draft_lm.vocab_ids)
-        draft_prob = float(block.q_rows[i][v.x_tilde]) if block.q_rows else \
-            (block.confidences[i] if block.confidences and self._need_conf else None)
-        return TokenEvent(
-            len(self._seq) - len(self.prompt_ids), v.x_tilde, text, v.status, self._block, i,
-            draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
-            target_text=self._piece(v.t_star), draft_logit=v.z_x, target_logit=v.z_t, gap=v.gap,
-            memory_count=v.count, rule=v.rule, target_prob=self._prob(block, i, v.x_tilde, v.z_x),
-            draft_prob=draft_prob, block_len=block.size, special=v.x_tilde in self.pair.special_ids,
-            discarded=list(block.proposed[i + 1:]) if not kept else None,
-            source=block.source if block.source != DRAFT else None, **v.logged(), **explain)
-
-    def _emit(self, block: Block, rollback: Callable[[], None]) -> Iterator[TokenEvent]:
-        """Step 5: one event per decided draft position, then the target's own token (a rejected copy
-        is not an event); ``rollback`` (step 6) runs before that last event, so that a viewer sees the
-        state it describes."""
-        m, d = self.metrics, block.decision
-        copied = block.source == LOOKUP
-        self._count(block)
-        for i, v in enumerate(d.verdicts):
-            kept = v.status != REJECTED
-            if copied and not kept:
-                break
-            if not copied:
-                m.per_position_drafted[i] += 1
-            ev = self._draft_event(block, i)
-            if not kept:
-                yield ev
-                break
-            if copied:
-                m.lookup_kept += 1
-            else:
-                m.per_position_kept[i] += 1
-                m.keep(v.status)
-            self._seq.append(v.x_tilde)
-            m.new_tokens += 1
-            if v.x_tilde in self.eos:       # the end of the text: the pass ends here
-                yield replace(ev, pass_end=True)
-                return
-            yield ev
-        row = len(d.verdicts) if d.bonus else len(d.verdicts) - 1
-        nxt = d.next_token
-        if block.scores is not None:
-            t_top, z_top = block.scores.t_star[row], block.scores.z_t[row]
-        else:
-            m.host_syncs += 1
-            t_top, z_top = int(block.logits[row].argmax()), float(block.logits[row].max())
-        explain = dict(target_top=self._top(block.probs[row])) if self.cfg.explain else {}
-        self._seq.append(nxt)
-        m.new_tokens += 1
-        ev = TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), nxt, self._detok.push(nxt),
-                        BONUS if d.bonus else CORRECTED, self._block, row, target_id=t_top,
-                        target_text=self._piece(t_top), target_logit=z_top,
-                        target_prob=self._prob(block, row, nxt, z_top), block_len=block.size, pass_end=True,
-                        special=nxt in self.pair.special_ids, **explain)
-        rollback()
-        yield ev
 
     def _rollback(self) -> None:
         """Step 6: both caches back to the kept prefix (the newest token is fed with the next block)."""
         keep = len(self._seq) - 1
-        self.pair.target_lm.crop(self.tcache, min(keep, self.pair.target_lm.length(self.tcache)))
-        if self.dcache is not None:
-            self.pair.draft_lm.crop(self.dcache, min(keep, self.pair.draft_lm.length(self.dcache)))
-
-    def _speculate(self) -> Iterator[TokenEvent]:
-        """One block. Copies from the context (``csd.lookup``) take the exact rule and teach the memory
-        nothing: the output stays distributed as the target's."""
-        t0, captures = time.perf_counter(), self._captures()
-        copied = self._lookup_proposals() if self.lookup is not None else []
-        block = Block(self._block, LOOKUP, copied, start=len(self._seq)) if copied else self._draft()   # 1. propose
-        self._check_stop()
-        block.logits = self._verify(block)                                  # 2. the target scores the block
-        self._decide(block, self.exact if copied else self.rescue)          # 3. the rule decides each position
-        if not copied:
-            self._learn(block)                                              # 4. the memory counts divergences
-        # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
-        # or a graph was captured on the way (csd.runtime.static.StaticLM.draft_block)
-        if not self._shared and self._captures() == captures:
-            block.wall_s = time.perf_counter() - t0
-        try:
-            yield from self._emit(block, self._rollback)     # 5. the events; 6. both caches back to the kept prefix
-        finally:
-            with self._lap("policy_s"):
-                for p in self._observers:              # step 7
-                    p.observe(block)
-            self._block += 1
-
-    def _lookup_proposals(self) -> list[int]:
-        """Tokens to copy from the context, or [] when the draft model pays more (``csd.lookup``)."""
-        with self._lap("policy_s"):
-            return self.lookup.choose(self.lookup.continuation(self._seq)[:max(self._room(), 0)])
+        for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
+            if cache is not None:
+                lm.crop(cache, min(keep, lm.length(cache)))
 
     def _autoregress(self) -> Iterator[TokenEvent]:
-        logits = self._verify(Block(self._block, DRAFT, start=len(self._seq)))[-1]
+        """One target pass, its top-1 (or a draw at the run's temperature) the next token."""
+        logits = self._verify(Block(self._block, start=len(self._seq)))[-1]
         self.metrics.host_syncs += 1
-        with self._lap("transfer_s"):
+        with self.metrics.lap("transfer_s"):
             top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
-        t_top = int(top)
-        tok = t_top if self.cfg.temperature == 0 else \
-            sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
-        self._seq.append(tok)
-        self.metrics.new_tokens += 1
-        yield TokenEvent(len(self._seq) - 1 - len(self.prompt_ids), tok, self._detok.push(tok), TARGET, self._block, 0,
-                         target_id=t_top, target_text=self._piece(t_top), target_logit=z_top,
-                         pass_end=True, special=tok in self.pair.special_ids)
+        tok = int(top) if self.cfg.temperature == 0 else sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
+        yield self._emit.target_alone(self._block, tok, int(top), z_top, self._seq)
         self._block += 1
 
     @torch.inference_mode()

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
@@ -122,6 +123,31 @@ class RunMetrics:
         else:
             self.accepted += 1
 
+    def lap(self, name: str) -> Lap:
+        """``with metrics.lap("draft_s") as lap:`` adds the block's seconds to that metric."""
+        return Lap(self, name)
+
+    def proposed(self, size: int, divergences: int, copied: bool) -> None:
+        """Count a decided block's proposals and divergences (a copied block's apart: they are never counted)."""
+        if copied:
+            self.lookup_blocks += 1
+            self.lookup_drafted += size
+        else:
+            self.drafted += size
+            self.divergences += divergences
+
+    def position(self, i: int, status: str, copied: bool) -> None:
+        """Count draft position ``i``'s decision (a copy's only when kept) and, kept, its token."""
+        if not copied:
+            self.per_position_drafted[i] += 1
+        if status != REJECTED:
+            self.new_tokens += 1
+            if copied:
+                self.lookup_kept += 1
+            else:
+                self.per_position_kept[i] += 1
+                self.keep(status)
+
     # derived: kept (accepted + rescued + relaxed) over proposed draft tokens, each way's share of them, tokens
     # per target pass (vLLM's mean acceptance length), draft tokens per target pass (the gamma actually used)
     acceptance_rate = property(lambda m: _share(m.accepted + m.rescued + m.relaxed, m.drafted))
@@ -145,6 +171,22 @@ class RunMetrics:
     def from_dict(cls, d: dict) -> RunMetrics:
         names = _FIELD_NAMES[cls]
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class Lap:
+    """Times a ``with`` block into one of ``RunMetrics``' seconds (unless it raises); ``s`` keeps them."""
+
+    def __init__(self, metrics: RunMetrics, name: str):
+        self.metrics, self.name, self.s = metrics, name, 0.0
+
+    def __enter__(self) -> Lap:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.s = time.perf_counter() - self.t0
+            setattr(self.metrics, self.name, getattr(self.metrics, self.name) + self.s)
 
 
 def _share(n: float, d: float) -> float:

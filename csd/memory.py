@@ -17,9 +17,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .fileio import read_or_raise, write_json
 from .representation import Representation
 from .rule import top_share
-from .runtime.fileio import read_or_raise, write_json
 
 DEFAULT_MEMORY_FILE = Path(__file__).parent / "data" / "default_memory.json.gz"
 
@@ -267,21 +267,7 @@ class CorrectionMemory:
         if not isinstance(data.get("pair", ""), str):
             raise MemoryFileError("malformed memory file: 'pair' must be a string")
         policy = MemoryPolicy.from_dict(data.get("policy"))
-        rows = data.get("counts")
-        if not isinstance(rows, list):
-            raise MemoryFileError("malformed memory file: 'counts' must be a list of [draft_id, target_id, count]")
-        counts = {}
-        for n, row in enumerate(rows):
-            if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                                    for v in row[:2])
-                    and _count_value(row[2], policy)):
-                raise MemoryFileError(f"malformed memory counts: entry {n} is {str(row)[:60]}, "
-                                      "expected [draft_id, target_id, count] of whole numbers")
-            d, t, c = row
-            if d < 0 or t < 0 or c < 0:
-                raise MemoryFileError(f"malformed memory counts: entry {n} has a negative id or count ({row})")
-            counts[(d, t)] = counts.get((d, t), 0) + c
-        mem = cls(data.get("pair", ""), counts, meta, policy)
+        mem = cls(data.get("pair", ""), _counts_of(data.get("counts"), policy), meta, policy)
         if expected_pair is not None:
             mem.check_pair(expected_pair)
         return mem
@@ -337,6 +323,24 @@ def _count_value(c, policy: MemoryPolicy) -> bool:
         return False
     return isinstance(c, int) or (policy.half_life is not None and isinstance(c, float) and math.isfinite(c))
 
+
+
+def _counts_of(rows, policy: MemoryPolicy) -> dict[tuple[int, int], float]:
+    """A memory file's ``counts`` rows, checked, as {(x~, t*): count} (a repeated pattern adds up)."""
+    if not isinstance(rows, list):
+        raise MemoryFileError("malformed memory file: 'counts' must be a list of [draft_id, target_id, count]")
+    counts = {}
+    for n, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                for v in row[:2])
+                and _count_value(row[2], policy)):
+            raise MemoryFileError(f"malformed memory counts: entry {n} is {str(row)[:60]}, "
+                                  "expected [draft_id, target_id, count] of whole numbers")
+        d, t, c = row
+        if d < 0 or t < 0 or c < 0:
+            raise MemoryFileError(f"malformed memory counts: entry {n} has a negative id or count ({row})")
+        counts[(d, t)] = counts.get((d, t), 0) + c
+    return counts
 
 def default_memory(pair) -> CorrectionMemory:
     """The shipped memory for the embedded pair; an empty memory for any other pair."""

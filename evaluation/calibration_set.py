@@ -1,6 +1,6 @@
 """The shipped calibration prompt set: ``python -m csd.evaluation.calibration_set [--out FILE]``.
 
-Prompts the target answers during prompt-mode calibration (``csd.calibrate``): GSM8K questions of the
+Prompts the target answers during prompt-mode calibration (``csd.calibration.calibrate``): GSM8K questions of the
 calibration hash split (math), stdlib functions as stubs to complete (code), documentation passages and
 everyday subjects (prose); none shares an ``NGRAM``-word run with an evaluation item, one in ``HELDOUT_EVERY``
 is held out (docs/calibration.md).
@@ -16,7 +16,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from csd.corpus import PROMPTS_FILE, pydoc_topics
+from csd.calibration.corpus import PROMPTS_FILE, pydoc_topics
 
 from .datasets import (
     HUMANEVAL_PROMPT,

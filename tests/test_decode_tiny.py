@@ -139,7 +139,7 @@ def test_sampled_copies_keep_the_target_distribution(tiny_pair, one_thread):
 def test_calibration_answers_stop_at_the_context(tiny_pair):
     """Calibration answers with the engine's AR runs: an answer stops at the model's context (256 here), a
     prompt that fills it gets none, and the rest are the target's greedy tokens."""
-    from csd.calibrate import answer_prompts
+    from csd.calibration.calibrate import answer_prompts
     full, near, short = [1] * 256, [2] * 253, [3, 4, 5]
     answers = answer_prompts(tiny_pair, [full, near, short], 6)
     assert answers[0] == [] and len(answers[1]) == 3 and len(answers[2]) == 6

@@ -149,7 +149,7 @@ def test_calibration_reads_with_the_models_that_decode(real_pair):
     """Both calibration modes count with the pair's own models (the draft's lean path and reduced vocabulary),
     never building a second, transformers copy of the draft (before: 12-13 GB resident and about two minutes
     for the embedded pair, where the models decode in 2.5 GB)."""
-    from csd.calibrate import calibrate, calibrate_prompts, draft_predictions
+    from csd.calibration.calibrate import calibrate, calibrate_prompts, draft_predictions
     real_pair.drop_hf()
     assert real_pair.draft is None and real_pair.draft_loader is not None     # built only if something asks
     mem = calibrate_prompts(real_pair, ["Write a Python function that adds two numbers."], max_new_tokens=12)

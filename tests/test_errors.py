@@ -75,7 +75,7 @@ def test_memory_files(tmp_path):
 
 
 def test_json_data_files_gzip_by_name_and_read_by_content(tmp_path):
-    from csd.runtime.fileio import read_json, write_json
+    from csd.fileio import read_json, write_json
 
     obj = {"ids": list(range(50)), "counts": [3] * 50}
     write_json(tmp_path / "a.json.gz", obj)

@@ -136,7 +136,7 @@ def test_the_policy_refuses_bad_values_in_a_sentence():
 
 # -- the SGLang table and the command line ---------------------------------------------------------
 def test_the_sglang_table_carries_the_counts_as_they_stand_and_the_policy(tmp_path):
-    from csd.sglang_table import EMBEDDED_VOCAB, export_memory, import_table
+    from csd.calibration.sglang_table import EMBEDDED_VOCAB, export_memory, import_table
     mem = CorrectionMemory(PAIR, policy=MemoryPolicy(capacity=3, half_life=2))
     observe_all(mem, [(1, 2)] * 4 + [(3, 4)] * 2 + [(5, 6), (7, 8)])
     assert len(mem) == 3
@@ -149,7 +149,7 @@ def test_the_sglang_table_carries_the_counts_as_they_stand_and_the_policy(tmp_pa
 
 
 def test_a_malformed_policy_in_a_table_is_refused_naming_the_file(tmp_path):
-    from csd.sglang_table import EMBEDDED_VOCAB, import_table
+    from csd.calibration.sglang_table import EMBEDDED_VOCAB, import_table
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"type": "metadata", "metadata": {"memory_policy": {"capacity": -1}}}) + "\n"
                     + json.dumps({"lhs_token": 1, "rhs_token": 2, "freq": 3}) + "\n")

@@ -1,4 +1,4 @@
-"""SGLang's CSD table both ways (csd.sglang_table, ``python -m csd memory export|import``): round trips,
+"""SGLang's CSD table both ways (csd.calibration.sglang_table, ``python -m csd memory export|import``): round trips,
 a hand-written JSONL as SGLang reads it, and every bad input refused with nothing written."""
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from csd.cli import main
-from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory, MemoryFileError
-from csd.runtime.pair import EMBEDDED_PAIR_ID
-from csd.sglang_table import (
+from csd.calibration.sglang_table import (
     EMBEDDED_VOCAB,
     TableError,
     Vocabulary,
@@ -24,6 +21,9 @@ from csd.sglang_table import (
     parse_table,
     read_table,
 )
+from csd.cli import main
+from csd.memory import DEFAULT_MEMORY_FILE, CorrectionMemory, MemoryFileError
+from csd.runtime.pair import EMBEDDED_PAIR_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -218,7 +218,7 @@ def test_init_is_seeded_and_keeps_the_architecture():
 
 
 def test_architectures_are_the_embedded_pairs():
-    from csd.runtime.fileio import cache_dir
+    from csd.fileio import cache_dir
     from csd.runtime.pair import EMBEDDED
 
     for role, arch in (("draft", "qwen2.5-coder-0.5b-instruct"), ("target", "qwen2.5-coder-1.5b-instruct")):

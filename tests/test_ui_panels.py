@@ -117,7 +117,7 @@ def test_prompt_calibration_from_an_upload(services, tmp_path):
 
 
 def test_calibration_stop_keeps_text_counts(services, monkeypatch):
-    """Stop raises csd.calibrate.Stop from the progress callback; a text calibration keeps what it
+    """Stop raises csd.calibration.calibrate.Stop from the progress callback; a text calibration keeps what it
     counted so far."""
     sess = common.ensure_session(services, None)
     before = sess.memory.total

@@ -12,8 +12,8 @@ import pytest
 import ui_fixtures
 from ui_fixtures import gen
 
+from csd.calibration.sglang_table import vocabulary_of
 from csd.db import analytics as A
-from csd.sglang_table import vocabulary_of
 from csd.ui.state import RunSettings
 from csd.ui.tabs import analyse, common, explore
 

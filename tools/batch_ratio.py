@@ -19,7 +19,7 @@ from csd.cli.common import load_from_args
 from csd.config import GAMMA_AUTO, CSDConfig
 from csd.decode import Decoder
 from csd.evaluation.datasets import load_dataset
-from csd.runtime import threads
+from csd.runtime import profile, threads
 from csd.runtime.batch import Batcher
 from tools.users import cpu_label
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     items = load_dataset("prose") + load_dataset("gsm8k", limit=args.runs)
     prompts = [pair.encode_prompt(it.prompt, True) for it in items][:args.runs]
     gamma = GAMMA_AUTO if args.gamma == "auto" else int(args.gamma)
-    plain = Decoder(pair)
+    plain = profile.decoder(pair)
     memory, costs = plain.default_memory(), plain.costs      # measured on this thread, before the batcher
     batcher = Batcher(pair)
     threads.one_core()          # as in the app: the batcher's thread holds the cores (csd.runtime.threads)

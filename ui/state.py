@@ -13,6 +13,7 @@ from csd.events import RunMetrics, TokenEvent
 from csd.memory import CorrectionMemory
 from csd.runtime.batch import Batcher, can_batch
 from csd.runtime.pair import ModelPair
+from csd.runtime.profile import decoder as measured_decoder
 
 from .lane import KINDS, Job, Lane
 from .rules import RIVAL_FIELDS
@@ -88,12 +89,11 @@ class Services:
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:
     """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
     settings = settings or Settings()
-    decoder = Decoder(pair, costs=costs)
+    decoder = measured_decoder(pair, costs)
     batcher = Batcher(pair) if settings.concurrency > 1 and can_batch(pair) else None
     # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
-    threads = batcher.threads if batcher is not None else pair.describe()["threads"]
-    return Services(pair, decoder, store, settings, decoder.default_memory(),
-                    default_activations=pair.rep.activations, batcher=batcher, model_threads=threads)
+    return Services(pair, decoder, store, settings, decoder.default_memory(), default_activations=pair.rep.activations,
+                    batcher=batcher, model_threads=batcher.threads if batcher is not None else pair.describe()["threads"])
 
 
 @dataclass

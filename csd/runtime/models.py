@@ -13,10 +13,10 @@ import torch
 
 from ..config import GAMMA_RANGE, CSDConfig
 from ..events import Progress
+from ..fileio import read_json
 from ..representation import Representation
 from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
-from .fileio import read_json
 from .lm import HFLM, LeanLM
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (

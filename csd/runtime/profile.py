@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from ..costs import CostModel
+from ..decode import Decoder
 from ..events import Progress
-from .fileio import atomic_write, cache_dir
+from ..fileio import atomic_write, cache_dir
 from .lm import HFLM, LeanLM
 from .quant import CPU_DRAFT_REPRS, quantize_int8, to_repr
 
@@ -180,6 +181,11 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
     return costs
 
 
+def decoder(pair, costs=None, **kw) -> Decoder:
+    """A decoder on ``pair`` whose gamma auto plans with ``costs``, else this machine's (``cached_costs``, on first need)."""
+    return Decoder(pair, costs=functools.partial(cached_costs, pair) if costs is None else costs, **kw)
+
+
 def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, reps: int = 7) -> dict[str, float]:
     """Median ms per draft token of each way to run the draft on this machine (transformers', lean)."""
     out = {"hf float32": time_pass(HFLM(draft_fp32), 1, reps)}
@@ -213,7 +219,7 @@ def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
     draft's ``LM``; the two alternate, each run's median counts) and record the faster one for
     ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_weights``); int4 only where it is at least
     ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
-    from .fileio import write_json
+    from ..fileio import write_json
     from .quant import int4_missing
     lms = {"int8": load_draft_lm("int8")}
     missing = int4_missing()

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from ..events import Progress
+from ..fileio import cache_dir
 from .convert import GGUFSource, ModuleSource, digest
 from .embedded import assembled, float_model, model_dir, prepare_embedded
-from .fileio import cache_dir
 from .pair import EMBEDDED, ModelLoadError
 
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",

@@ -95,6 +95,6 @@ def smooth(model: torch.nn.Module, maxima: dict[str, torch.Tensor], alpha: float
 
 def calibration_prompt_ids(encode) -> list[list[int]]:
     """Token ids of the prompts the maxima are measured on (``encode``: a pair's ``encode_prompt``)."""
-    from ..corpus import read_prompts
+    from ..calibration.corpus import read_prompts
     rows = read_prompts()[::20][:CALIBRATION_PROMPTS]
     return [encode(r["prompt"]) for r in rows]

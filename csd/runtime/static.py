@@ -351,14 +351,3 @@ def make_static(lean: LeanLM, capacity: int, shapes: Iterable[tuple[int, int]], 
         raise CompileError(f"torch.compile could not compile the {name}'s pass on this machine ({type(e).__name__}: "
                            f"{first}); use --engine static") from e
     return lm
-
-
-def check_room(pair, prompt_tokens: int, cfg) -> None:
-    """Refuse a run that a static KV cache of the pair could not hold (the eager caches grow)."""
-    longest = max(cfg.gamma_max if cfg.gamma == "auto" else cfg.gamma, cfg.lookup) if cfg.uses_draft else 0
-    need = prompt_tokens + cfg.max_new_tokens + longest + 1      # and the last block's proposals past the end
-    for role, lm in (("target", pair.target_lm), ("draft", pair.draft_lm if cfg.uses_draft else None)):
-        room = getattr(getattr(lm, "inner", lm), "check_room", None)   # a wrapper (the benchmark's scripted draft)
-        if room is not None:
-            room(need, f"a run of a {prompt_tokens}-token prompt, max_new_tokens {cfg.max_new_tokens} and "
-                       f"blocks of up to {longest} tokens ({role})")

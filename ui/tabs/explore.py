@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from csd.calibrate import Stop as CalibrationStop
-from csd.calibrate import calibrate, calibrate_prompts
+from csd.calibration.calibrate import Stop as CalibrationStop
+from csd.calibration.calibrate import calibrate, calibrate_prompts
+from csd.calibration.corpus import default_corpus, read_corpus, read_prompts
+from csd.calibration.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 from csd.config import ConfigError
-from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError, policy_from
 from csd.runtime import threads
-from csd.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 
 from .. import render, rules
 from ..render import plural
@@ -324,7 +324,7 @@ def memory_download(services: Services, sess: Session | None):
 
 def memory_upload(services: Services, file, lam, sess: Session | None):
     """Replace the session's memory with an uploaded memory file or SGLang CSD table (.json/.jsonl,
-    ``csd.sglang_table``). A file that is neither, is damaged, belongs to another pair or names ids
+    ``csd.calibration.sglang_table``). A file that is neither, is damaged, belongs to another pair or names ids
     beyond the pair's vocabulary is refused with the engine's sentence; a memory calibrated with other
     representations is loaded, and the summary says so.
     -> (summary, rows, message html, session)."""

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import CSDConfig
-from .events import Progress
-from .memory import CorrectionMemory
-from .rule import top_share
-from .runtime.pair import ModelPair
+from ..config import CSDConfig
+from ..events import Progress
+from ..memory import CorrectionMemory
+from ..rule import top_share
+from ..runtime.pair import ModelPair
 
 log = logging.getLogger(__name__)
 CALIBRATION_INSTRUCTION = "Write the following text."
@@ -49,7 +49,7 @@ def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
     """The model's greedy token after each of ``ids[first:]``, teacher-forced over ``ids``: read in the passes a
     run reads a prompt in (``csd.decode.prefill_spans``), by the model as it decodes (representation, reduced
     vocabulary), so these are the tokens a run would see it propose."""
-    from .decode import prefill_spans
+    from ..decode import prefill_spans
     cache, out = lm.new_cache(), []
     try:
         for a, b in prefill_spans(len(ids)):
@@ -166,7 +166,7 @@ def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tok
     """The target's greedy answers (new token ids, up to its end token): the engine's AR runs, the target as it
     decodes (no second copy of the models). An answer stops at the model's context; a prompt that fills it
     gets none (``count_answers`` skips it)."""
-    from .decode import Decoder
+    from ..decode import Decoder
     decoder, answers, unused = Decoder(pair), [], CorrectionMemory(pair.pair_id)     # AR reads no memory
     for n, ids in enumerate(prompt_ids):
         room = min(max_new_tokens, pair.context_limit - len(ids)) if pair.context_limit else max_new_tokens

@@ -19,9 +19,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .memory import CorrectionMemory, MemoryFileError, MemoryPolicy
-from .runtime.fileio import atomic_write, read_maybe_gzip, read_or_raise
-from .runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
+from ..fileio import atomic_write, read_maybe_gzip, read_or_raise
+from ..memory import CorrectionMemory, MemoryFileError, MemoryPolicy
+from ..runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
 
 MAX_TOKEN_ID = (1 << 31) - 1          # SGLang's CSD_MAX_TOKEN_ID: an id is packed into 32 bits
 EMPTY_KEY = -1                        # SGLang's empty-slot sentinel, never a key

@@ -1,4 +1,4 @@
-"""What calibration reads (``csd.calibrate``), files only: the shipped prompts (``calibration`` and
+"""What calibration reads (``csd.calibration.calibrate``), files only: the shipped prompts (``calibration`` and
 ``heldout`` splits, built by ``python -m csd.evaluation.calibration_set``) or a user's file; and text:
 Python's documentation topics (3 in 4; the rest are the prose benchmark's) and standard-library sources.
 """
@@ -9,7 +9,7 @@ import json
 import sysconfig
 from pathlib import Path
 
-PROMPTS_FILE = Path(__file__).parent / "data" / "calibration_prompts.jsonl"
+PROMPTS_FILE = Path(__file__).parents[1] / "data" / "calibration_prompts.jsonl"
 
 
 # -- prompts ---------------------------------------------------------------------------------------
