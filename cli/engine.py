@@ -9,16 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from csd.config import (
-    DEFAULT_LOOKUP,
-    GAMMA_AUTO,
-    METHODS,
-    PRESETS,
-    ConfigError,
-    CSDConfig,
-    default_lookup,
-    parse_gamma,
-)
+from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, PRESETS, ConfigError, CSDConfig, default_lookup, parse_gamma
 from csd.rule import FLY, LOSSY, TOPK, TYPICAL
 
 from .common import (

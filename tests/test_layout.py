@@ -3,6 +3,7 @@ plotting stack, the store never loads torch. Checked in fresh interpreters (what
 pulls in) and on the sources (what a lazy import inside a function would pull in later). Every
 import uses the installed names (``csd.db``, ``csd.ui``, ...): the wheel has no top-level ``db``."""
 import ast
+import importlib.util
 import json
 import re
 import subprocess
@@ -12,13 +13,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# the installed packages and the checkout folder each lives in (csd/__init__.py joins them in a checkout)
+# the installed packages and the checkout folder each lives in (pyproject.toml's package-dir maps them)
 PACKAGES = {"csd": "csd", "csd.db": "db", "csd.ui": "ui", "csd.cli": "cli", "csd.bench": "bench",
             "csd.evaluation": "evaluation"}
 BARE = {"ui", "db", "cli", "bench", "evaluation", "tools"}     # checkout folders, never top-level imports
 SKIP = {".git", ".venv", "node_modules"}
 
-# walks the package's own folder only: in a checkout csd.__path__ also holds the repository root
+# walks the package's own folder
 PROBE = """
 import importlib, json, pkgutil, sys
 pkg = importlib.import_module({pkg!r})
@@ -99,6 +100,15 @@ def test_nothing_imports_a_checkout_folder_by_its_bare_name():
     assert offenders((p for p in files if p.relative_to(ROOT).parts[0] not in script), BARE) == {}
 
 
+def test_one_name_per_module():
+    """The checkout's folders are reached through pyproject.toml's package-dir, as the wheel's are (the set-up's
+    editable install), never by a path edit: csd's path is its own folder, and the root is not inside csd."""
+    import csd
+    import csd.ui
+    assert list(csd.__path__) == [str(ROOT / "csd")] and Path(csd.ui.__file__).parent == ROOT / "ui"
+    assert importlib.util.find_spec("csd.csd_app") is None and importlib.util.find_spec("csd.tests") is None
+
+
 def test_installed_packages_never_import_tools():
     assert offenders(installed_files(), {"tools"}) == {}
 
@@ -167,7 +177,7 @@ def test_the_readme_has_one_set_up_one_run_and_one_test_command():
     """A newcomer's three commands, each in a block of its own, and no other command block: the rest of
     the command line lives in docs/cli.md."""
     blocks = re.findall(r"```(\w*)\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
-    assert [b.strip() for _, b in blocks] == ["pip install -r requirements.txt", "python app.py",
+    assert [b.strip() for _, b in blocks] == ["pip install -r requirements.txt -e .", "python app.py",
                                              "python -m pytest tests -q"]
 
 
