@@ -17,6 +17,7 @@ from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
 from .fileio import read_json
 from .lm import HFLM, LeanLM
+from .ortlm import ORT_FORMAT, OrtLM, ort_missing
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
     CPU_DRAFT_REPRS,
@@ -37,7 +38,7 @@ from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, dra
 log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
-DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4")
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
@@ -289,7 +290,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     config = ref.config()
     vd, vt = config.vocab_size, t_config.vocab_size
     rows = shared_rows(vd, vt, len(tok))
-    int8 = o.draft_dtype in CPU_DRAFT_REPRS      # int8 or int4 weights, float32 activations
+    int8 = o.draft_dtype in CPU_DRAFT_REPRS      # int8 or 4-bit weights, float32 activations
     dt = o.act_dtype if o.draft_dtype == "same" else (torch.float32 if int8 else DTYPES[o.draft_dtype])
     why = lean_supported(config)
     if o.draft_impl == "lean" and why:
@@ -311,17 +312,27 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         log.warning("the draft cannot run in int4 here (%s): int8 runs instead",
                     int4_missing() or why or "the transformers path has no int4 layers")
         d_repr = "int8"
-    if lean and int8:           # int8 and int4 run on the CPU only (LoadOptions.validated)
+    if d_repr == "ort4" and (why or o.draft_impl == "hf" or ort_missing()):
+        log.warning("the draft cannot run on ONNX Runtime here (%s): int8 runs instead",
+                    ort_missing() or why or "the transformers path has no ONNX Runtime layers")
+        d_repr = "int8"
+    if lean and int8:           # int8, int4 and ort4 run on the CPU only (LoadOptions.validated)
+        bits = {"int4": 4, "ort4": "ort4"}.get(d_repr, 8)
         key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
                "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None,
-               **({"bits": 4} if d_repr == "int4" else {})}
+               **({"bits": bits} if bits != 8 else {}), **({"ort_format": ORT_FORMAT} if bits == "ort4" else {})}
         path = ref.int8_dir()
         try:
-            lm = cached_lean(path.with_name(f"{path.name}-int4") if d_repr == "int4" else path, key,
+            lm = cached_lean(path.with_name(f"{path.name}-{d_repr}") if bits != 8 else path, key,
                              lambda: ref.source(progress), config, rows=False, name=ref.disp, progress=progress,
-                             vocab_ids=vocab_ids, bits=4 if d_repr == "int4" else 8)
-        except ValueError as e:    # shapes torch's int4 packing cannot take
-            log.warning("the draft cannot run in int4 (%s): int8 runs instead", e)
+                             vocab_ids=vocab_ids, bits=bits)
+            lm = OrtLM.from_lean(lm) if bits == "ort4" else lm
+        except ModelLoadError:
+            raise
+        except (ValueError, RuntimeError) as e:    # shapes a 4-bit layout cannot take, a graph ONNX Runtime refuses
+            if bits == 8:
+                raise
+            log.warning("the draft cannot run in %s (%s): int8 runs instead", d_repr, str(e).splitlines()[0][:200])
             return load_draft(ref, t_config, tok, pair, replace(o, draft_dtype="int8"), progress)
         return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
     model = ref.float_model(dt, o.device, progress=progress)
