@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .lm import LeanCache, LeanLM, ids_tensor
+from .quant import release_memory
 
 GROUP = 32           # input columns sharing a scale and zero point
 ORT_FORMAT = 1       # bump when the graph or the weights' layout changes: the cache key carries it
@@ -190,7 +191,8 @@ class OrtLM(LeanLM):
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)
         out.session = _session(draft_graph(lm), threads or torch.get_num_threads())
-        out.layers = []              # held by the session now
+        out.layers = lm.layers = []  # held by the session now
+        release_memory()             # the graph's copies of the weights
         return out
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
