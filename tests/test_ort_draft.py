@@ -213,3 +213,14 @@ def test_the_real_targets_4_bit_products_compute_each_row_as_alone(threads):
                 many = s.run(None, {"x": x})[0]
                 for i in range(6):
                     assert (s.run(None, {"x": x[i:i + 1]})[0] == many[i:i + 1]).all(), (li, keys, i)
+
+
+@needs_ort
+def test_the_static_engine_refuses_an_ort_draft(tmp_path):
+    from types import SimpleNamespace
+
+    from csd.runtime.models import LoadOptions, ModelLoadError, static_engine
+    draft = ort_draft(tmp_path, tiny_model(5))
+    o = LoadOptions(engine="static", device="cpu").validated()
+    with pytest.raises(ModelLoadError, match="ONNX Runtime; use --engine eager"):
+        static_engine(None, draft, SimpleNamespace(disp="tiny"), o, None)

@@ -346,9 +346,9 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
 
 def static_engine(target_lm, draft_lm, d_ref: ModelRef | None, o: LoadOptions, progress: Progress | None):
     """Both lean models on the static engine; where that fails, the eager ones if auto chose it (logged)."""
-    if draft_lm is not None and not isinstance(draft_lm, LeanLM):
-        raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
-                             "use --engine eager)")
+    if draft_lm is not None and (not isinstance(draft_lm, LeanLM) or isinstance(draft_lm, OrtLM)):
+        raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path, or "
+                             "on ONNX Runtime; use --engine eager)")
     try:
         return static_pair(target_lm, draft_lm, o.static_capacity, o.engine == "compiled", progress)
     except Exception as e:      # noqa: BLE001 - auto falls back to eager on any failure; a chosen engine says why
