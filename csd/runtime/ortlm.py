@@ -129,15 +129,18 @@ class _Builder:
 
 
 def draft_graph(lm: LeanLM):
-    """The decoder layers of ``lm`` (weights ``NBits``) and its final norm as one graph. Inputs: ``x`` (T, hidden)
-    the embedded tokens, ``cos``/``sin`` (T, 1, D), ``mask`` (T, S + T) added to the scores, ``past_k``/``past_v``
-    (S, layers, KV, D) the cache; outputs: ``hidden`` (T, hidden) normed, ``k``/``v`` (T, layers, KV, D) to
-    append to it."""
+    """The decoder layers of ``lm`` (weights ``NBits``) and its final norm as one graph. Inputs: ``x`` (1, T, hidden)
+    the embedded tokens, ``seqlens_k`` (1,) and ``total_len`` () int32 (tokens held after the pass, less one, and
+    all), ``cos``/``sin`` (capacity, D/2) and each layer's cache ``past_k{i}``/``past_v{i}`` (1, KV, capacity, D);
+    outputs ``hidden`` (1, T, hidden) normed and ``present_k{i}``/``present_v{i}``: bound to the cache's own
+    memory, ``GroupQueryAttention`` (RoPE, causal attention over the cache) writes the new keys and values in place."""
     from onnx import TensorProto, helper
-    b = _Builder()
     nh, nkv, d, hidden, inter = lm.n_heads, lm.n_kv, lm.head_dim, lm._hidden_shape[0], lm.inter
+    if d % 16:
+        raise ValueError(f"ONNX Runtime's GroupQueryAttention needs a head size that is a multiple of 16, not {d}")
+    b = _Builder()
     eps = float(lm.eps)
-    x, res, ks, vs = "x", None, [], []
+    x, res = "x", None
     for li, (ln1, qkv, o, ln2, gu, down) in enumerate(lm.layers):
         w1 = b.init(f"l{li}.ln1", ln1.float().numpy())
         if res is None:
@@ -145,45 +148,32 @@ def draft_graph(lm: LeanLM):
         else:
             h, res = b("SkipSimplifiedLayerNormalization", [x, res, w1], [f"h{li}", "", "", f"r{li}"],
                        domain="com.microsoft", epsilon=eps), f"r{li}"
-        t = b("Reshape", [b.matmul(h, qkv, f"l{li}.qkv"), b.ints(-1, nh + 2 * nkv, d)])
-        qk, v = b("Split", [t, b.ints(nh + nkv, nkv)], 2, axis=1)
-        x1, x2 = b("Split", [qk, b.ints(d // 2, d // 2)], 2, axis=2)
-        rot = b("Concat", [b("Neg", [x2]), x1], axis=2)
-        qk = b("Add", [b("Mul", [qk, "cos"]), b("Mul", [rot, "sin"])])
-        q, k = b("Split", [qk, b.ints(nh, nkv)], 2, axis=1)
-        ks.append(b("Unsqueeze", [k, b.ints(1)]))
-        vs.append(b("Unsqueeze", [v, b.ints(1)]))
-        layer = b.init(f"c{li}.layer", np.array(li, dtype=np.int64))                         # a scalar: drops the axis
-        kk = b("Concat", [b("Gather", ["past_k", layer], axis=1), k], axis=0)                 # (S+T, KV, D)
-        vv = b("Concat", [b("Gather", ["past_v", layer], axis=1), v], axis=0)
-        kt = b("Reshape", [b("Transpose", [kk], perm=[1, 2, 0]), b.ints(nkv, 1, d, -1)])      # (KV, 1, D, S+T)
-        vt = b("Reshape", [b("Transpose", [vv], perm=[1, 0, 2]), b.ints(nkv, 1, -1, d)])      # (KV, 1, S+T, D)
-        q4 = b("Transpose", [b("Reshape", [q, b.ints(-1, nkv, nh // nkv, d)])], perm=[1, 2, 0, 3])  # (KV, G, T, D)
-        s = b("Add", [b("Mul", [b("MatMul", [q4, kt]), b.init(f"c{li}.scale", np.float32(lm.scaling))]), "mask"])
-        a = b("MatMul", [b("Softmax", [s], axis=-1), vt])                                      # (KV, G, T, D)
-        a = b("Reshape", [b("Transpose", [a], perm=[2, 0, 1, 3]), b.ints(-1, nh * d)])
+        a = b("GroupQueryAttention", [b.matmul(h, qkv, f"l{li}.qkv"), "", "", f"past_k{li}", f"past_v{li}", "seqlens_k",
+                                      "total_len", "cos", "sin"], [f"a{li}", f"present_k{li}", f"present_v{li}"],
+              domain="com.microsoft", num_heads=nh, kv_num_heads=nkv, do_rotary=1, rotary_interleaved=0,
+              scale=float(lm.scaling))
         w2 = b.init(f"l{li}.ln2", ln2.float().numpy())
         h, res = b("SkipSimplifiedLayerNormalization", [b.matmul(a, o, f"l{li}.o"), res, w2],
                    [f"g{li}", "", "", f"s{li}"], domain="com.microsoft", epsilon=eps), f"s{li}"
-        g, u = b("Split", [b.matmul(h, gu, f"l{li}.gu"), b.ints(inter, inter)], 2, axis=1)
+        g, u = b("Split", [b.matmul(h, gu, f"l{li}.gu"), b.ints(inter, inter)], 2, axis=-1)
         x = b.matmul(b("Mul", [b("Mul", [g, b("Sigmoid", [g])]), u]), down, f"l{li}.down")
     b("SkipSimplifiedLayerNormalization", [x, res, b.init("norm", lm.norm.float().numpy())], ["hidden"],
       domain="com.microsoft", epsilon=eps)
-    b("Concat", ks, ["k"], axis=1)
-    b("Concat", vs, ["v"], axis=1)
-    f = TensorProto.FLOAT
-    ins = [helper.make_tensor_value_info("x", f, ["T", hidden]), helper.make_tensor_value_info("cos", f, ["T", 1, d]),
-           helper.make_tensor_value_info("sin", f, ["T", 1, d]), helper.make_tensor_value_info("mask", f, ["T", "A"]),
-           *(helper.make_tensor_value_info(n, f, ["S", lm.n_layers, nkv, d]) for n in ("past_k", "past_v"))]
-    outs = [helper.make_tensor_value_info("hidden", f, ["T", hidden]),
-            *(helper.make_tensor_value_info(n, f, ["T", lm.n_layers, nkv, d]) for n in ("k", "v"))]
+    f, kv = TensorProto.FLOAT, [1, nkv, "C", d]
+    ins = [helper.make_tensor_value_info("x", f, [1, "T", hidden]),
+           helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+           helper.make_tensor_value_info("total_len", TensorProto.INT32, []),
+           *(helper.make_tensor_value_info(n, f, ["C", d // 2]) for n in ("cos", "sin")),
+           *(helper.make_tensor_value_info(f"past_{c}{i}", f, kv) for i in range(lm.n_layers) for c in "kv")]
+    outs = [helper.make_tensor_value_info("hidden", f, [1, "T", hidden]),
+            *(helper.make_tensor_value_info(f"present_{c}{i}", f, kv) for i in range(lm.n_layers) for c in "kv")]
     return helper.make_graph(b.nodes, "draft", ins, outs, b.inits)
 
 
 class OrtLM(LeanLM):
     """A lean draft whose decoder layers run as one ONNX Runtime call (``draft_graph``); its cache is
-    (capacity, layers, KV, D), so that what it holds and what a pass appends are each one contiguous block
-    the session reads and writes in place (IOBinding)."""
+    (layers, 1, KV, capacity, D), each layer's block bound as both the past and the present of its attention
+    (IOBinding), so the session appends to it in place; ``cos``/``sin`` ride along, one row a position."""
 
     @classmethod
     def from_lean(cls, lm: LeanLM, threads: int | None = None) -> OrtLM:
@@ -196,15 +186,18 @@ class OrtLM(LeanLM):
         return out
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
-        shape = (capacity, self.n_layers, self.n_kv, self.head_dim)
-        return LeanCache(torch.zeros(shape), torch.zeros(shape))
+        shape = (self.n_layers, 1, self.n_kv, capacity, self.head_dim)
+        cache = LeanCache(torch.zeros(shape), torch.zeros(shape))
+        freqs = torch.outer(torch.arange(capacity, dtype=torch.float32), self.inv_freq)
+        cache.rope = freqs.cos().contiguous(), freqs.sin().contiguous()
+        return cache
 
     def _grow(self, cache: LeanCache, need: int) -> None:
-        cap = cache.k.shape[0]
+        cap = cache.k.shape[3]
         if need > cap:
             grown = self.new_cache(max(need, 2 * cap))
-            grown.k[:cache.n], grown.v[:cache.n] = cache.k[:cache.n], cache.v[:cache.n]
-            cache.k, cache.v = grown.k, grown.v
+            grown.k[..., :cache.n, :], grown.v[..., :cache.n, :] = cache.k[..., :cache.n, :], cache.v[..., :cache.n, :]
+            cache.k, cache.v, cache.rope = grown.k, grown.v, grown.rope
 
     def int8_per_row(self) -> int:
         return 0
@@ -218,17 +211,18 @@ class OrtLM(LeanLM):
         t, s = ids.numel(), cache.n
         self._grow(cache, s + t)
         x = self.embed[ids].to(torch.float32).contiguous()
-        cos, sin = self._rope(torch.arange(s, s + t))
-        mask = torch.zeros(t, s + t)
-        if t > 1:
-            mask[:, s:] = torch.full((t, t), float("-inf")).triu_(1)
-        out = torch.empty(t, self._hidden_shape[0])
+        lens = torch.tensor([s + t - 1], dtype=torch.int32), torch.tensor(s + t, dtype=torch.int32)
+        out = torch.empty(1, t, self._hidden_shape[0])
         bind = self.session.io_binding()
-        for name, arr in (("x", x), ("cos", cos.contiguous()), ("sin", sin.contiguous()), ("mask", mask),
-                          ("past_k", cache.k[:s]), ("past_v", cache.v[:s])):
-            bind.bind_input(name, "cpu", 0, np.float32, tuple(arr.shape), arr.data_ptr())
-        for name, arr in (("hidden", out), ("k", cache.k[s:s + t]), ("v", cache.v[s:s + t])):
-            bind.bind_output(name, "cpu", 0, np.float32, tuple(arr.shape), arr.data_ptr())
+        for name, arr, typ in (("x", x, np.float32), ("seqlens_k", lens[0], np.int32), ("total_len", lens[1], np.int32),
+                               ("cos", cache.rope[0], np.float32), ("sin", cache.rope[1], np.float32)):
+            bind.bind_input(name, "cpu", 0, typ, (1, *arr.shape) if name == "x" else tuple(arr.shape), arr.data_ptr())
+        shape = tuple(cache.k.shape[1:])
+        for i in range(self.n_layers):
+            for c, buf in (("k", cache.k[i]), ("v", cache.v[i])):
+                bind.bind_input(f"past_{c}{i}", "cpu", 0, np.float32, shape, buf.data_ptr())
+                bind.bind_output(f"present_{c}{i}", "cpu", 0, np.float32, shape, buf.data_ptr())
+        bind.bind_output("hidden", "cpu", 0, np.float32, tuple(out.shape), out.data_ptr())
         self.session.run_with_iobinding(bind)
         cache.n = s + t
-        return self.head(out[-keep:]).float()
+        return self.head(out[0, -keep:]).float()
