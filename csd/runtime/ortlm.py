@@ -1,10 +1,10 @@
 """The draft on ONNX Runtime (issue 52, ``--draft-dtype ort4``): its decoder layers as one ONNX graph whose
 products are ONNX Runtime's 4-bit ``MatMulNBits`` (groups of 32 input columns, each with a float32 scale and
-a 4-bit zero point; activations in int8, accuracy level 4), with the norms, RoPE and the attention over the
-cache in the same graph: one call a step instead of some twenty torch ops a layer. The embedding and the
-int8 output layer stay torch's (``LeanLM``). A draft's representation only: it changes what the draft
-proposes, never what the target verifies. Float zero points, which would hold a GGUF Q4_K block exactly,
-take a dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again (min-max).
+a 4-bit zero point; activations in int8, accuracy level 4), with the norms and ``GroupQueryAttention`` (RoPE,
+attention over the cache, appended in place) in the same graph: one call a step instead of some twenty torch
+ops a layer. The embedding and the int8 output layer stay torch's (``LeanLM``). A draft's representation only:
+it changes what the draft proposes, never what the target verifies. Float zero points, which would hold a GGUF
+Q4_K block exactly, take a dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .lm import LeanCache, LeanLM, ids_tensor
 from .quant import release_memory
 
 GROUP = 32           # input columns sharing a scale and zero point
-ORT_FORMAT = 1       # bump when the graph or the weights' layout changes: the cache key carries it
+ORT_FORMAT = 1       # bump when the cached weights' layout changes (the key carries it; the graph is built at load)
 
 
 class NBits(NamedTuple):
