@@ -1,11 +1,10 @@
-"""Where a CPU pass's time goes (issue 52): the embedded pair as the app loads it, a draft step, a 1-token and a
-6-token target pass, each after 150 cached tokens. Per call: the wall time (median and fastest of ``--reps``),
-torch.profiler's self time by kind of op (the matrix products, attention, norms, elementwise, copies), the
-aten ops dispatched per decoder layer (views apart), the share outside the matrix products, and what
-neither the ops nor the products account for (Python and dispatch between them). Each of ``--draft-dtype``'s
-representations is loaded and profiled in turn.
+"""Where a CPU pass's time goes (issue 52): the embedded pair as the app loads it, a draft step, a 1-token and a 6-token
+target pass, each after 150 cached tokens. Per call: the wall time (median and fastest of ``--reps``), torch.profiler's
+self time by kind of op (the matrix products, attention, norms, elementwise, copies), the aten ops dispatched per
+decoder layer (views apart), the share outside the products, what neither accounts for (an ort4 draft's graph); then
+the drafts' steps and the 1-token target pass timed in turn (A B C A B C ...: alike under contention), wall and CPU.
 
-    python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4] [--reps 15]
+    python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4,ort4] [--reps 15]
 """
 from __future__ import annotations
 
@@ -79,22 +78,25 @@ def profile_call(lm, tokens: int, reps: int) -> dict:
 
 def run(drafts: list[str], reps: int, activations: str) -> dict:
     from csd.runtime.models import load_pair
-    from csd.runtime.profile import machine_name
+    from csd.runtime.profile import machine_name, time_interleaved
     out = {"machine": machine_name("cpu"), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "activations": activations,
            "measured_at": now(), "command": command_line("csd.bench.cpu_profile"), "runs": []}
+    lms = {}
     for dd in drafts:
         pair = load_pair(draft_weights=dd, activations=activations)
         calls = {"draft step": profile_call(pair.draft_lm, 1, reps)}
         if not out["runs"]:           # the target is the same in every run
             calls["target pass of 1"] = profile_call(pair.target_lm, 1, reps)
             calls["target pass of 6"] = profile_call(pair.target_lm, 6, reps)
+            lms["target pass of 1"] = pair.target_lm
+        lms[f"draft {pair.rep.draft}"] = pair.draft_lm
         out["runs"].append({"draft": pair.rep.draft, "target": f"{pair.rep.target}, activations "
                             f"{pair.rep.activations or '-'}", "calls": calls})
         del pair
-    target_ms = out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"]
-    for r in out["runs"]:
-        r["draft_over_target"] = round(r["calls"]["draft step"]["wall_ms_median"] / target_ms, 3)
+    for r in out["runs"]:     # over the target's 1-token pass, profiled with the first
+        r["draft_over_target"] = round(r["calls"]["draft step"]["wall_ms_median"] / out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"], 3)
+    out["interleaved"] = time_interleaved(lms, 3 * reps)
     return out
 
 
@@ -115,22 +117,22 @@ def markdown(out: dict) -> str:
                          + f" | {100 * (c['share_outside_matmul'] or 0):.0f}% | {c['unaccounted_ms']} | "
                            f"{c['ops_per_layer']} |")
     lines += ["", "Draft step over a 1-token target pass: "
-              + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + "."]
+              + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + ".", "", "In turn, medians "
+              "(wall, CPU ms): " + "; ".join(f"{k} {v['wall_ms']}, {v['cpu_ms']}" for k, v in out["interleaved"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m csd.bench.cpu_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for profile.json and profile.md")
-    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4", help="comma-separated draft representations to profile")
+    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4,ort4", help="comma-separated drafts to profile")
     p.add_argument("--int8-activations", dest="activations", default="row", choices=("row", "pass"),
                    help="the target's activation scales (row: the app's default, exact)")
     p.add_argument("--reps", type=int, default=15)
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.draft_weights.split(",") if d.strip()]
-    bad = [d for d in dtypes if d not in ("int8", "int4", "float32", "bfloat16")]
-    if bad or not dtypes or args.reps < 1:
-        p.error(f"--draft-dtype takes int8, int4, float32, bfloat16 (got {args.draft_weights!r}); --reps >= 1")
+    if not dtypes or not set(dtypes) <= {"int8", "int4", "ort4", "float32", "bfloat16"} or args.reps < 1:
+        p.error(f"--draft-dtype takes int8, int4, ort4, float32, bfloat16 (got {args.draft_weights!r}); --reps >= 1")
     out = run(dtypes, args.reps, args.activations)
     write_outputs(args.out, "profile", out, markdown(out))
     return 0

@@ -237,10 +237,16 @@ def _int4(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     return {f"{prefix}.q4": packed, f"{prefix}.sz": sz}
 
 
-def _convert_layer(w: dict[str, torch.Tensor], bits: int = 8) -> dict[str, torch.Tensor]:
+def _nbits(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
+    from .ortlm import quantize_nbits
+    return dict(zip((f"{prefix}.nq", f"{prefix}.ns", f"{prefix}.nz"), quantize_nbits(w)))
+
+
+def _convert_layer(w: dict[str, torch.Tensor], bits: int | str = 8) -> dict[str, torch.Tensor]:
     out = {"ln1": w["ln1"], "ln2": w["ln2"]}
+    encode = {8: _int8, 4: _int4, "ort4": _nbits}[bits]
     for name, keys in PROJECTIONS.items():
-        out |= (_int4 if bits == 4 else _int8)(torch.cat([w[k] for k in keys]), name)
+        out |= encode(torch.cat([w[k] for k in keys]), name)
         biases = [w.get(f"{k}_b") for k in keys]
         if any(b is not None for b in biases):
             out[f"{name}.b"] = torch.cat([b if b is not None else torch.zeros(w[k].shape[0])
@@ -250,10 +256,11 @@ def _convert_layer(w: dict[str, torch.Tensor], bits: int = 8) -> dict[str, torch
 
 def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None = None,
             maxima: dict[str, torch.Tensor] | None = None, vocab_ids: torch.Tensor | None = None, key: dict,
-            progress: Progress | None = None, bits: int = 8) -> Path:
+            progress: Progress | None = None, bits: int | str = 8) -> Path:
     """Write the int8 lean model of ``source`` to the new directory ``out``. Smoothed with ``maxima``, or
     with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows.
-    ``bits=4``: the decoder layers' weights in 4 bits (``csd.runtime.quant.Int4Linear``; a draft's), the head int8."""
+    ``bits=4``: the decoder layers' weights in 4 bits (``csd.runtime.quant.Int4Linear``; a draft's), the head int8;
+    ``bits="ort4"``: in ONNX Runtime's 4-bit layout (``csd.runtime.ortlm.NBits``)."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -324,6 +331,9 @@ def check(path: Path, key: dict) -> dict:
 
 def _linear_from(f, prefix: str, rows: bool):
     b = f.get_tensor(f"{prefix}.b").clone() if f"{prefix}.b" in f.keys() else None
+    if f"{prefix}.nq" in f.keys():
+        from .ortlm import NBits
+        return NBits(*(f.get_tensor(f"{prefix}.{k}").clone() for k in ("nq", "ns", "nz")), b)
     if f"{prefix}.q4" in f.keys():
         packed = f.get_tensor(f"{prefix}.q4").clone()
         return Int4Linear(packed, f.get_tensor(f"{prefix}.sz").clone(), b, 2 * packed.shape[1])

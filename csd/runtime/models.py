@@ -18,6 +18,7 @@ from ..representation import Representation
 from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
 from .lm import HFLM, LeanLM
+from .ortlm import ORT_FORMAT, OrtLM, ort_missing
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
     CPU_DRAFT_REPRS,
@@ -38,7 +39,7 @@ from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, dra
 log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
-DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4")
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4")
 DRAFT_IMPLS = ("auto", "hf", "lean")
 TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
@@ -197,10 +198,11 @@ class Loaded:
 
 
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, options: LoadOptions | None = None,
-              progress: Progress | None = None, check=None, **fields) -> ModelPair:
+              progress: Progress | None = None, check=None, draft_alone: bool = False, **fields) -> ModelPair:
     """Load a draft/target pair sharing one tokenizer (``draft=None``: AR only) as ``options`` (or the
     ``LoadOptions`` keywords) say. ``check(tokenizer, context_limit)`` runs before any model loads and
-    raises to refuse a request the pair cannot serve."""
+    raises to refuse a request the pair cannot serve. ``draft_alone``: the draft's ``Loaded`` only, the
+    target's tokenizer and config read but not its weights (what prepare times: ``choose_draft_weights``)."""
     o = (options or LoadOptions(**fields)).validated()
     t_ref = resolve(target, "target", progress, o.trust_remote_code)
     d_ref = resolve(draft, "draft", progress, o.trust_remote_code) if draft is not None and o.load_draft else None
@@ -213,8 +215,10 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
     special = special_token_ids(tok, eos_ids)
     embedded = t_ref.disp == EMBEDDED["target"].name and (d_ref is None or d_ref.disp == EMBEDDED["draft"].name)
     pair_id = EMBEDDED_PAIR_ID if embedded else f"{d_ref.disp if d_ref else None}->{t_ref.disp}"
-    t = load_target(t_ref, t_config, tok, o, progress)
     d = load_draft(d_ref, t_config, tok, (pair_id, special), o, progress) if d_ref is not None else Loaded()
+    if draft_alone:
+        return d
+    t = load_target(t_ref, t_config, tok, o, progress)
     release_memory()            # the float weights that quantising replaced
     if o.static:
         t.lm, d.lm = static_engine(t.lm, d.lm, d_ref, o, progress)
@@ -289,7 +293,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     config = ref.config()
     vd, vt = config.vocab_size, t_config.vocab_size
     rows = shared_rows(vd, vt, len(tok))
-    int8 = o.draft_weights in CPU_DRAFT_REPRS      # int8 or int4 weights, float32 activations
+    int8 = o.draft_weights in CPU_DRAFT_REPRS      # int8 or 4-bit weights, float32 activations
     dt = o.act_dtype if o.draft_weights == "same" else (torch.float32 if int8 else DTYPES[o.draft_weights])
     why = lean_supported(config)
     if o.draft_impl == "lean" and why:
@@ -311,17 +315,27 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         log.warning("the draft cannot run in int4 here (%s): int8 runs instead",
                     int4_missing() or why or "the transformers path has no int4 layers")
         d_repr = "int8"
-    if lean and int8:           # int8 and int4 run on the CPU only (LoadOptions.validated)
+    if d_repr == "ort4" and (why or o.draft_impl == "hf" or ort_missing()):
+        log.warning("the draft cannot run on ONNX Runtime here (%s): int8 runs instead",
+                    ort_missing() or why or "the transformers path has no ONNX Runtime layers")
+        d_repr = "int8"
+    if lean and int8:           # int8, int4 and ort4 run on the CPU only (LoadOptions.validated)
+        bits = {"int4": 4, "ort4": "ort4"}.get(d_repr, 8)
         key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
                "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None,
-               **({"bits": 4} if d_repr == "int4" else {})}
+               **({"bits": bits} if bits != 8 else {}), **({"ort_format": ORT_FORMAT} if bits == "ort4" else {})}
         path = ref.int8_dir()
         try:
-            lm = cached_lean(path.with_name(f"{path.name}-int4") if d_repr == "int4" else path, key,
+            lm = cached_lean(path.with_name(f"{path.name}-{d_repr}") if bits != 8 else path, key,
                              lambda: ref.source(progress), config, rows=False, name=ref.disp, progress=progress,
-                             vocab_ids=vocab_ids, bits=4 if d_repr == "int4" else 8)
-        except ValueError as e:    # shapes torch's int4 packing cannot take
-            log.warning("the draft cannot run in int4 (%s): int8 runs instead", e)
+                             vocab_ids=vocab_ids, bits=bits)
+            lm = OrtLM.from_lean(lm) if bits == "ort4" else lm
+        except ModelLoadError:
+            raise
+        except (ValueError, RuntimeError) as e:    # shapes a 4-bit layout cannot take, a graph ONNX Runtime refuses
+            if bits == 8:
+                raise
+            log.warning("the draft cannot run in %s (%s): int8 runs instead", d_repr, str(e).splitlines()[0][:200])
             return load_draft(ref, t_config, tok, pair, replace(o, draft_weights="int8"), progress)
         return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
     model = ref.float_model(dt, o.device, progress=progress)
@@ -335,9 +349,9 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
 
 def static_engine(target_lm, draft_lm, d_ref: ModelRef | None, o: LoadOptions, progress: Progress | None):
     """Both lean models on the static engine; where that fails, the eager ones if auto chose it (logged)."""
-    if draft_lm is not None and not isinstance(draft_lm, LeanLM):
-        raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path; "
-                             "use --engine eager)")
+    if draft_lm is not None and (not isinstance(draft_lm, LeanLM) or isinstance(draft_lm, OrtLM)):
+        raise ModelLoadError(f"the static engine cannot run the draft {d_ref.disp!r} (not the lean path, or "
+                             "on ONNX Runtime; use --engine eager)")
     try:
         return static_pair(target_lm, draft_lm, o.static_capacity, o.engine == "compiled", progress)
     except Exception as e:      # noqa: BLE001 - auto falls back to eager on any failure; a chosen engine says why

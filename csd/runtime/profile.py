@@ -80,12 +80,32 @@ def time_passes(lm, lengths, reps: int = 3, context: int = CONTEXT, progress: Pr
     return out
 
 
+@torch.inference_mode()
+def time_interleaved(lms: dict, reps: int = 9, context: int = CONTEXT, tokens: int = 1) -> dict[str, dict[str, float]]:
+    """Each ``LM``'s pass of ``tokens`` after ``context`` cached ones, the models in turn (A B C A B C ...) so
+    that a busy machine slows each alike: the median wall and CPU ms (this process's threads) of each."""
+    caches = {k: lm.new_cache() for k, lm in lms.items()}
+    for k, lm in lms.items():
+        lm.forward(caches[k], [100 + (i % 1000) for i in range(context)], 1)
+    times = {k: ([], []) for k in lms}
+    for _ in range(reps + 1):          # the first round warms up
+        for k, lm in lms.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            lm.forward(caches[k], [7] * tokens, tokens)
+            _sync(lm.device)
+            times[k][0].append(1000 * (time.perf_counter() - wall))
+            times[k][1].append(1000 * (time.process_time() - cpu))
+            lm.crop(caches[k], context)
+    return {k: {"wall_ms": round(statistics.median(w[1:]), 2), "cpu_ms": round(statistics.median(c[1:]), 2)}
+            for k, (w, c) in times.items()}
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "static.py", "quant.py", "profile.py")   # the passes, the representations, how timed
+ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "profile.py")   # the passes, representations, how timed
 
 
 @functools.cache
@@ -200,7 +220,9 @@ def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, r
 
 def draft_choice_file() -> Path:
     """Where ``python -m csd prepare`` records which CPU draft representation ran faster on this machine."""
-    key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision()}
+    from .ortlm import ort_version
+    key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision(),
+           **({"onnxruntime": v} if (v := ort_version()) else {})}
     return _cache_file("draft-repr", key)
 
 
@@ -215,24 +237,22 @@ def chosen_draft_weights() -> str:
 
 
 def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
-    """Time the draft's one-token step in int8 and int4 on this machine (``load_draft_lm(repr)`` gives the
-    draft's ``LM``; the two alternate, each run's median counts) and record the faster one for
-    ``--draft-dtype auto`` (``csd.runtime.models.chosen_draft_weights``); int4 only where it is at least
-    ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
+    """Time the draft's one-token step in int8, int4 and ort4 (``csd.runtime.ortlm``) on this machine
+    (``load_draft_lm(repr)`` gives the draft's ``LM``, None where it fell back; they alternate, each run's
+    median counts) and record the fastest for ``--draft-dtype auto`` (``chosen_draft_weights``); a 4-bit one
+    only where it is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns
+    what was written."""
     from ..fileio import write_json
+    from .ortlm import ort_missing
     from .quant import int4_missing
-    lms = {"int8": load_draft_lm("int8")}
-    missing = int4_missing()
-    if not missing:
-        lms["int4"] = load_draft_lm("int4")
-    times: dict[str, list[float]] = {r: [] for r in lms}
-    for _ in range(3):
-        for r, lm in lms.items():
-            times[r].append(time_pass(lm, 1, reps))
-    ms = {r: round(statistics.median(t), 2) for r, t in times.items()}
-    choice = "int4" if "int4" in ms and ms["int4"] <= (1 - INT4_MARGIN) * ms["int8"] else "int8"
-    out = {"choice": choice, "draft_ms": ms, "measured_at": _now(), "machine": machine_name("cpu"),
-           **({"int4_missing": missing} if missing else {})}
+    missing = {r: why for r, why in (("int4", int4_missing()), ("ort4", ort_missing())) if why}
+    lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
+    times = time_interleaved(lms, 3 * reps)
+    ms = {r: t["wall_ms"] for r, t in times.items()}
+    best = min((r for r in ms if r != "int8"), key=ms.get, default="int8")
+    choice = best if ms[best] <= (1 - INT4_MARGIN) * ms["int8"] else "int8"
+    out = {"choice": choice, "draft_ms": ms, "draft_cpu_ms": {r: t["cpu_ms"] for r, t in times.items()},
+           "measured_at": _now(), "machine": machine_name("cpu"), **{f"{r}_missing": why for r, why in missing.items()}}
     write_json(draft_choice_file(), out)
     return out
 

@@ -10,7 +10,7 @@ import torch
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_DRAFT_REPRS = ("int8", "int4")     # what a lean draft on the CPU can run in (weights; activations float)
+CPU_DRAFT_REPRS = ("int8", "int4", "ort4")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm)
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
 # how an int8 target scales its activations: per token ("row", RowInt8Linear: greedy SD == AR) or per pass
