@@ -88,7 +88,9 @@ def ort_version() -> str | None:
     return onnxruntime.__version__
 
 
-def _session(graph, threads: int):
+def _session(graph, threads: int, weights: dict | None = None):
+    """A session of ``graph``; ``weights``: the arrays its external initialisers name, handed over in place
+    (no proto, no serialised copy: the build's peak is the session's own prepacked weights)."""
     import onnxruntime as ort
     from onnx import helper
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
@@ -96,18 +98,29 @@ def _session(graph, threads: int):
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # torch runs between the calls
     so.log_severity_level = 3
+    if weights:
+        so.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 class _Builder:
     """Nodes and initialisers of a graph, each output named once."""
 
-    def __init__(self):
+    def __init__(self, external: bool = False):
         self.nodes, self.inits, self.n = [], [], 0
+        self.weights: dict[str, np.ndarray] | None = {} if external else None    # held outside the graph
 
     def init(self, name: str, arr) -> str:
-        from onnx import numpy_helper
-        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        from onnx import TensorProto, helper, numpy_helper
+        arr = np.ascontiguousarray(arr)
+        if self.weights is None or arr.size < 4096:
+            self.inits.append(numpy_helper.from_array(arr, name))
+            return name
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype), dims=arr.shape,
+                        data_location=TensorProto.EXTERNAL)
+        t.external_data.add(key="location", value="in-memory")       # never read: the session takes ``weights``
+        self.inits.append(t)
+        self.weights[name] = arr
         return name
 
     def __call__(self, op: str, ins: list[str], outs: int | list[str] = 1, domain: str = "", **attrs):
@@ -129,7 +142,8 @@ class _Builder:
 
 
 def draft_graph(lm: LeanLM):
-    """The decoder layers of ``lm`` (weights ``NBits``) and its final norm as one graph. Inputs: ``x`` (1, T, hidden)
+    """The decoder layers of ``lm`` (weights ``NBits``) and its final norm as one graph, and the weights its
+    external initialisers name (``_session`` hands them over). Inputs: ``x`` (1, T, hidden)
     the embedded tokens, ``seqlens_k`` (1,) and ``total_len`` () int32 (tokens held after the pass, less one, and
     all), ``cos``/``sin`` (capacity, D/2) and each layer's cache ``past_k{i}``/``past_v{i}`` (1, KV, capacity, D);
     outputs ``hidden`` (1, T, hidden) normed and ``present_k{i}``/``present_v{i}``: bound to the cache's own
@@ -138,7 +152,7 @@ def draft_graph(lm: LeanLM):
     nh, nkv, d, hidden, inter = lm.n_heads, lm.n_kv, lm.head_dim, lm._hidden_shape[0], lm.inter
     if d % 16:
         raise ValueError(f"ONNX Runtime's GroupQueryAttention needs a head size that is a multiple of 16, not {d}")
-    b = _Builder()
+    b = _Builder(external=True)
     eps = float(lm.eps)
     x, res = "x", None
     for li, (ln1, qkv, o, ln2, gu, down) in enumerate(lm.layers):
@@ -167,7 +181,7 @@ def draft_graph(lm: LeanLM):
            *(helper.make_tensor_value_info(f"past_{c}{i}", f, kv) for i in range(lm.n_layers) for c in "kv")]
     outs = [helper.make_tensor_value_info("hidden", f, [1, "T", hidden]),
             *(helper.make_tensor_value_info(f"present_{c}{i}", f, kv) for i in range(lm.n_layers) for c in "kv")]
-    return helper.make_graph(b.nodes, "draft", ins, outs, b.inits)
+    return helper.make_graph(b.nodes, "draft", ins, outs, b.inits), b.weights
 
 
 class OrtLM(LeanLM):
@@ -180,9 +194,10 @@ class OrtLM(LeanLM):
         """From a ``LeanLM`` whose layers hold ``NBits``; the weights move into the session."""
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)
-        out.session = _session(draft_graph(lm), threads or torch.get_num_threads())
+        graph, out.weights = draft_graph(lm)
+        out.session = _session(graph, threads or torch.get_num_threads(), out.weights)
         out.layers = lm.layers = []  # held by the session now
-        release_memory()             # the graph's copies of the weights
+        release_memory()             # the float copies made on the way
         return out
 
     def new_cache(self, capacity: int = 256) -> LeanCache:
