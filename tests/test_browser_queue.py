@@ -203,7 +203,7 @@ def test_the_header_says_what_runs_in_plain_words_with_the_detail_folded(browser
         assert "Tiny-Draft drafts for Tiny-Target; weights in 32-bit floats; exact: SD gives the target's own " \
                "answer" in head, head
         assert "arXiv 2604.13634" in head and "path)" not in head          # the technical words are folded
-        pg.locator("#header summary").click()
+        pg.locator("#header summary").click(position={"x": 4, "y": 4})   # its start, not the paper link
         assert "Draft tiny-draft → target tiny-target" in pg.locator("#header").inner_text()
     finally:
         pg.context.close()

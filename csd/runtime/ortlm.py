@@ -89,8 +89,7 @@ def ort_version() -> str | None:
 
 
 def _session(graph, threads: int, weights: dict | None = None):
-    """A session of ``graph``; ``weights``: the arrays its external initialisers name, handed over in place
-    (no proto, no serialised copy: the build's peak is the session's own prepacked weights)."""
+    """A session of ``graph``; ``weights``: the arrays its external initialisers name, taken in place."""
     import onnxruntime as ort
     from onnx import helper
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
@@ -112,15 +111,12 @@ class _Builder:
 
     def init(self, name: str, arr) -> str:
         from onnx import TensorProto, helper, numpy_helper
-        arr = np.ascontiguousarray(arr)
-        if self.weights is None or arr.size < 4096:
-            self.inits.append(numpy_helper.from_array(arr, name))
-            return name
-        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype), dims=arr.shape,
-                        data_location=TensorProto.EXTERNAL)
-        t.external_data.add(key="location", value="in-memory")       # never read: the session takes ``weights``
-        self.inits.append(t)
-        self.weights[name] = arr
+        if self.weights is None or (arr := np.ascontiguousarray(arr)).size < 4096:
+            self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        else:           # a placeholder, never read: the session takes the array itself (``_session``)
+            self.inits.append(TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype), dims=arr.shape,
+                                          data_location=TensorProto.EXTERNAL, external_data=[{"key": "location"}]))
+            self.weights[name] = arr
         return name
 
     def __call__(self, op: str, ins: list[str], outs: int | list[str] = 1, domain: str = "", **attrs):
