@@ -269,7 +269,7 @@ def test_what_the_app_says_of_exactness_follows_the_representation():
         assert "equals the target's alone" not in text and "lossless" not in text
 
 
-def test_the_exact_mode_switch_is_each_users_own(store):
+def test_the_exact_mode_switch_is_each_users_own(store, monkeypatch):
     """Compare's exact-mode switch: shown for an int8 target on the lean path (not for float32). It is the
     user's own: user A turning it off changes A's texts and A's runs, never B's (B's runs still scale per
     token and B's page still says so); the model takes each user's mode at the start of their run, and
@@ -307,8 +307,12 @@ def test_the_exact_mode_switch_is_each_users_own(store):
     assert "one scale" in off[0] and "token for token" not in off[0].split("In float32")[0]
     assert pair.rep.activations == "row" and services.decoder is first      # B's model is untouched
     assert common.session_activations(services, b) == "row"
+    from csd.runtime import profile
+    measured = []
+    monkeypatch.setattr(profile, "cached_costs", lambda p, **kw: measured.append(p) or FLAT_COSTS)
     dec_a, dec_b = common.decoder_for(services, a), common.decoder_for(services, b)
     assert dec_a.pair.rep.activations == "pass" and dec_b.pair.rep.activations == "row"   # the mode is data
+    assert dec_a.costs is FLAT_COSTS and measured == [dec_a.pair]       # gamma auto: A's mode's own costs, measured
     assert pair.rep.activations == "row" and services.decoder is first      # choosing a decoder switches nothing
 
     def one_pass(dec):

@@ -89,10 +89,10 @@ def decoder_for(services: Services, sess: Session):
     if not can_switch_exactness(services.pair) or not mode:
         return services.decoder
     if mode not in services.decoders:
-        from csd.decode import Decoder
+        from csd.runtime.profile import decoder as measured_decoder  # another mode: the view's own costs
         costs = services.decoder._costs if mode == services.default_activations else None
         view = services.batcher.view(mode) if services.batcher is not None else services.pair.with_activations(mode)
-        services.decoders[mode] = Decoder(view, costs=costs, online_costs=services.decoder.online_costs)
+        services.decoders[mode] = measured_decoder(view, costs, online_costs=services.decoder.online_costs)
     return services.decoders[mode]
 
 
