@@ -293,7 +293,7 @@ class _Run:
     def _check_profile(self) -> None:
         """Re-measure the profile beside the run (not cached, not used by the policy) into
         ``meta.profile_checks``: on a shared machine one profile's draft time can be off by 1.5x."""
-        if self.decoder._costs is None or callable(self.decoder._costs):    # no profile given or measured
+        if not self.decoder.has_costs:
             return
         self._represent(None)
         from csd.runtime.profile import measure as measure_costs
@@ -379,7 +379,7 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
 
     from csd.runtime.profile import machine_name
 
-    costs = None if decoder._costs is None or callable(decoder._costs) else _profile_record(decoder.costs)  # given or measured
+    costs = _profile_record(decoder.costs) if decoder.has_costs else None
     base = config.engine()
     return {
         "bench_id": bench_id, "command": config.command, "started_at": now(),

@@ -60,6 +60,11 @@ class Decoder:
         self._default_memory: CorrectionMemory | None = None
 
     @property
+    def has_costs(self) -> bool:
+        """A cost model was given or has been measured (a factory not yet called is none)."""
+        return self._costs is not None and not callable(self._costs)
+
+    @property
     def costs(self) -> CostModel:
         if self._costs is None:
             raise ValueError("gamma auto needs a cost model: Decoder(pair, costs=...) "

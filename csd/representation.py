@@ -9,6 +9,13 @@ ACTIVATIONS = ("row", "pass")   # an int8 target's activation scales: per token 
 _PER = {"row": "token", "pass": "pass"}
 
 
+def activation_mode(mode: str) -> str:
+    """``mode`` if it is one of ``ACTIVATIONS``, else ValueError."""
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"int8 activations {mode!r}: choose {' or '.join(ACTIVATIONS)}")
+    return mode
+
+
 @dataclass(frozen=True)
 class Representation:
     target: str                 # the target's weights: "int8", "float32", "bfloat16" or "float16"
@@ -16,8 +23,8 @@ class Representation:
     activations: str = ""       # an int8 target's activation scales, one of ACTIVATIONS ("" for the others)
 
     def __post_init__(self):
-        if self.activations not in ("", *ACTIVATIONS):
-            raise ValueError(f"int8 activations {self.activations!r}: choose {' or '.join(ACTIVATIONS)}")
+        if self.activations:
+            activation_mode(self.activations)
 
     @property
     def exact_rows(self) -> bool:

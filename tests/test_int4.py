@@ -79,17 +79,22 @@ def test_an_int4_draft_maps_back_and_greedy_sd_still_writes_ar(tmp_path, qwen_to
     assert out["sd"].metrics.accepted > 0 and out["sd"].metrics.target_forwards < 40   # the int4 draft was kept
 
 
-def test_a_draft_that_cannot_run_in_int4_runs_in_int8_with_a_warning(tmp_path, qwen_tokenizer, monkeypatch,
-                                                                      caplog, one_thread):
+@pytest.mark.parametrize("weights", ["int4", "ort4"])
+def test_a_draft_the_4_bit_layout_cannot_hold_runs_int8_with_a_warning(weights, tmp_path, qwen_tokenizer, monkeypatch,
+                                                                       caplog, one_thread):
     from csd.runtime.models import load_pair
+    from csd.runtime.ortlm import ort_missing
+    if weights == "ort4" and ort_missing():
+        pytest.skip(f"no ONNX Runtime: {ort_missing()}")
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
     d = tmp_path / "tiny40"
     tiny_model(2, hidden=40).save_pretrained(d)       # 40 input columns: not a multiple of the group of 32
     qwen_tokenizer.save_pretrained(d)
     with caplog.at_level(logging.WARNING):
-        pair = load_pair(str(d), str(d), draft_weights="int4")
+        pair = load_pair(str(d), str(d), draft_weights=weights)
     assert pair.rep.draft == "int8"
-    assert any("cannot run in int4" in r.getMessage() and "int8 runs instead" in r.getMessage() for r in caplog.records)
+    assert any(f"cannot run in {weights}" in r.getMessage() and "int8 runs instead" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_the_page_names_a_4_bit_draft_in_plain_words():

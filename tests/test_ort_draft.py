@@ -146,20 +146,6 @@ def test_without_onnxruntime_the_draft_runs_int8_with_one_warning(tmp_path, qwen
 
 
 @needs_ort
-def test_a_draft_the_4_bit_layout_cannot_hold_runs_int8_with_a_warning(tmp_path, qwen_tokenizer, monkeypatch,
-                                                                        caplog, one_thread):
-    from csd.runtime.models import load_pair
-    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
-    d = tmp_path / "tiny40"
-    tiny_model(2, hidden=40).save_pretrained(d)       # 40 input columns: not a multiple of the group of 32
-    qwen_tokenizer.save_pretrained(d)
-    with caplog.at_level(logging.WARNING):
-        pair = load_pair(str(d), str(d), draft_weights="ort4")
-    assert pair.rep.draft == "int8"
-    assert any("cannot run in ort4" in r.getMessage() and "int8 runs instead" in r.getMessage() for r in caplog.records)
-
-
-@needs_ort
 @pytest.mark.slow
 def test_the_real_ort_draft_agrees_with_the_int8_draft():
     from csd.runtime.models import load_pair

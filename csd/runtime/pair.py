@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..representation import ACTIVATIONS, Representation
+from ..representation import Representation, activation_mode
 from .lm import HFLM, LM
 from .static import STATIC_ENGINES
 
@@ -28,12 +28,6 @@ class _ScalesView:
         if self.owner.rep.activations != self.mode:
             self.owner.set_activations(self.mode)
         return self.lm.forward(cache, ids, keep)
-
-
-def _mode(mode: str) -> str:
-    if mode not in ACTIVATIONS:
-        raise ValueError(f"int8 activations {mode!r}: choose {' or '.join(ACTIVATIONS)}")
-    return mode
 
 
 class ModelLoadError(RuntimeError):
@@ -133,13 +127,13 @@ class ModelPair:
         """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the
         request as data, and the shared target takes it before each of the request's passes (one run holds
         the model at a time; ``csd.runtime.batch`` does the same for runs that decode together)."""
-        return replace(self, target_lm=_ScalesView(self, mode), rep=self.rep.with_activations(_mode(mode)))
+        return replace(self, target_lm=_ScalesView(self, mode), rep=self.rep.with_activations(activation_mode(mode)))
 
     def set_activations(self, mode: str) -> None:
         """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per
         pass ("pass"); the first switch to rows converts its layers. Between passes, never inside one: a
         request's view (``with_activations``) calls it before each of its passes when the mode differs."""
-        rep = self.rep.with_activations(_mode(mode))
+        rep = self.rep.with_activations(activation_mode(mode))
         lm = self.target_lm
         if self.rep.target != "int8" or not hasattr(lm, "int8_per_row"):
             raise ValueError("int8 activation scales need an int8 target on the lean path")

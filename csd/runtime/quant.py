@@ -7,6 +7,7 @@ import functools
 
 import torch
 
+from ..representation import ACTIVATIONS
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -14,7 +15,7 @@ CPU_DRAFT_REPRS = ("int8", "int4", "ort4")     # a lean CPU draft's weights (ort
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
 # how an int8 target scales its activations: per token ("row", RowInt8Linear: greedy SD == AR) or per pass
-INT8_ACTIVATIONS = ("row", "pass")
+INT8_ACTIVATIONS = ACTIVATIONS          # csd.representation's: an int8 target's activation scales
 INT8_ACTIVATIONS_DEFAULT = "pass"
 
 
