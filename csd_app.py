@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
-        choose_draft(args, ConsoleProgress())      # once a machine: int8 or int4, whichever runs faster here
+        choose_draft(args, ConsoleProgress())      # once a machine: int8 or ort4, whichever runs faster here
         pair = load_from_args(args, progress=ConsoleProgress())
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,7 @@ self time by kind of op (the matrix products, attention, norms, elementwise, cop
 decoder layer (views apart), the share outside the products, what neither accounts for (an ort4 draft's graph); then
 the drafts' steps and the 1-token target pass timed in turn (A B C A B C ...: alike under contention), wall and CPU.
 
-    python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,int4,ort4] [--reps 15]
+    python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,ort4] [--reps 15]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .io import command_line, now, write_outputs
 
 CONTEXT = 150
 KINDS = (   # (kind, substrings of the op's name), first match wins
-    ("matmul", ("linear_dynamic", "int4pack_mm", "int8pack_mm", "addmm", "aten::mm", "aten::bmm", "aten::matmul")),
+    ("matmul", ("linear_dynamic", "int8pack_mm", "addmm", "aten::mm", "aten::bmm", "aten::matmul")),
     ("attention", ("scaled_dot_product", "flash_attention")),
     ("norm", ("rms_norm", "aten::pow", "aten::mean", "aten::rsqrt")),
     ("elementwise", ("aten::mul", "aten::add", "aten::silu", "aten::neg", "aten::div", "aten::sub", "aten::cos",
@@ -125,14 +125,14 @@ def markdown(out: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m csd.bench.cpu_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for profile.json and profile.md")
-    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4,ort4", help="comma-separated drafts to profile")
+    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,ort4", help="comma-separated drafts to profile")
     p.add_argument("--int8-activations", dest="activations", default="row", choices=("row", "pass"),
                    help="the target's activation scales (row: the app's default, exact)")
     p.add_argument("--reps", type=int, default=15)
     args = p.parse_args(argv)
     dtypes = [d.strip() for d in args.draft_weights.split(",") if d.strip()]
-    if not dtypes or not set(dtypes) <= {"int8", "int4", "ort4", "float32", "bfloat16"} or args.reps < 1:
-        p.error(f"--draft-dtype takes int8, int4, ort4, float32, bfloat16 (got {args.draft_weights!r}); --reps >= 1")
+    if not dtypes or not set(dtypes) <= {"int8", "ort4", "float32", "bfloat16"} or args.reps < 1:
+        p.error(f"--draft-dtype takes int8, ort4, float32, bfloat16 (got {args.draft_weights!r}); --reps >= 1")
     out = run(dtypes, args.reps, args.activations)
     write_outputs(args.out, "profile", out, markdown(out))
     return 0

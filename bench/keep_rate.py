@@ -3,7 +3,7 @@
 the context, on the benchmark's items; the target is the same in every run, so only the draft differs. Counts
 are the decode loop's own (``RunMetrics.per_position_drafted`` / ``per_position_kept``); no time is measured.
 
-    python -m csd.bench.keep_rate --out docs/bench/keep-rate-NAME [--draft-dtype int8,int4]
+    python -m csd.bench.keep_rate --out docs/bench/keep-rate-NAME [--draft-dtype int8,ort4]
         [--dataset humaneval:8,gsm8k:8] [--gamma 6] [--max-new-tokens 128]
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def keep_rates(pair, items, gamma: int, max_new_tokens: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m csd.bench.keep_rate", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,int4")
+    p.add_argument("--draft-dtype", dest="draft_weights", default="int8,ort4")
     p.add_argument("--dataset", default="humaneval:8,gsm8k:8")
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -38,8 +38,8 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
                    help="the target's representation (auto: int8 on the CPU, bfloat16 on CUDA; float32 is exact)")
     p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
-                   help="the draft's weights (auto: on the CPU int8, int4 or ort4, whichever prepare timed fastest here, the "
-                        "target's dtype on a GPU; int4/ort4: 4-bit groups of 32 on torch's kernel/on ONNX Runtime)")
+                   help="the draft's weights (auto: on the CPU int8 or ort4, whichever prepare timed faster here, the "
+                        "target's dtype on a GPU; ort4: 4-bit groups of 32 on ONNX Runtime; int4 now runs ort4)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
                    help="the draft's forward pass: lean (fused, Llama-family), hf, auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
@@ -79,14 +79,14 @@ def load_options(args):
 
 def choose_draft(args, progress=None) -> None:
     """``--draft-dtype auto`` on the CPU for the embedded draft: where this machine has not yet measured
-    whether the draft runs faster in int8, int4 or ort4, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
+    whether the draft runs faster in int8 or ort4, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import draft_choice_file
     if args.draft_weights != "auto" or args.draft != "embedded" or resolve_device(args.device).type != "cpu" \
             or draft_choice_file().exists():
         return
     from csd.runtime.profile import choose_draft_weights
-    print("CSD Explorer: timing the draft in int8, int4 and ort4 once…", file=sys.stderr, flush=True)
+    print("CSD Explorer: timing the draft in int8 and ort4 once…", file=sys.stderr, flush=True)
     options = load_options(args)
     out = choose_draft_weights(lambda r: None if (d := load_pair(args.draft, args.target, options=replace(  # None: fell back
         options, draft_weights=r), progress=progress or tqdm_progress(), draft_alone=True)).repr != r else d.lm)

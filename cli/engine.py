@@ -221,7 +221,7 @@ def cmd_prepare(args) -> int:
     t0 = time.perf_counter()
     defaults = argparse.ArgumentParser()
     add_model_args(defaults, store=False)
-    choose_draft(defaults.parse_args([]))      # --draft-dtype auto: int8 or int4, whichever runs faster here
+    choose_draft(defaults.parse_args([]))      # --draft-dtype auto: int8 or ort4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
     if pair.rep.target == "int8":     # the app's exact int8 (per-token activations) has its own costs

@@ -46,9 +46,9 @@ def ort_draft(tmp_path, model) -> OrtLM:
     return OrtLM.from_lean(lm, threads=1)
 
 
-def lean_on_the_same_weights(tmp_path, model) -> LeanLM:
-    """The float lean path on the weights the 4-bit cache holds (dequantised): what the graph must compute."""
-    lm = convert.load(tmp_path / "d", KEY, rows=False)
+def lean_on_the_same_weights(path, key=KEY) -> LeanLM:
+    """The float lean path on the weights the 4-bit cache at ``path`` holds (dequantised): what the graph must compute."""
+    lm = convert.load(path, key, rows=False)
 
     def lin(nb):
         out = torch.nn.Linear(nb.scales.shape[1] * 32, nb.q.shape[0], bias=nb.bias is not None)
@@ -69,7 +69,7 @@ def test_the_graph_computes_what_the_lean_pass_computes(tmp_path, one_thread):
             layer.self_attn.q_proj.weight.mul_(6)
             layer.self_attn.k_proj.weight.mul_(6)
     ort_lm = ort_draft(tmp_path, model)
-    ref = lean_on_the_same_weights(tmp_path, model)
+    ref = lean_on_the_same_weights(tmp_path / "d")
     calls = [([3, 7, 1, 4, 9, 2, 5], 7), ([8], 1), ([6, 2, 9], 3), ("crop", 5), ([1, 2], 2), (list(range(20)) * 15, 1)]
     got, want = [], []
     for lm, out in ((ort_lm, got), (ref, want)):
@@ -210,3 +210,29 @@ def test_the_static_engine_refuses_an_ort_draft(tmp_path):
     o = LoadOptions(engine="static", device="cpu").validated()
     with pytest.raises(ModelLoadError, match="ONNX Runtime; use --engine eager"):
         static_engine(None, draft, SimpleNamespace(disp="tiny"), o, None)
+
+
+@needs_ort
+def test_a_draft_the_4_bit_layout_cannot_hold_runs_int8_with_a_warning(tmp_path, qwen_tokenizer, monkeypatch, caplog,
+                                                                       one_thread):
+    from csd.runtime.models import load_pair
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "tiny40"
+    tiny_model(2, hidden=40).save_pretrained(d)       # 40 input columns: not a multiple of the group of 32
+    qwen_tokenizer.save_pretrained(d)
+    with caplog.at_level(logging.WARNING):
+        pair = load_pair(str(d), str(d), draft_weights="ort4")
+    assert pair.rep.draft == "int8"
+    assert any("cannot run in ort4" in r.getMessage() and "int8 runs instead" in r.getMessage() for r in caplog.records)
+
+
+def test_the_retired_int4_flag_runs_the_ort4_draft_and_old_runs_still_read():
+    """torch's int4 draft measured slower than ort4 where both ran (docs/cpu.md) and was retired; scripts that
+    name it get the 4-bit draft that remains, and a run stored with it is still named in plain words."""
+    from csd.runtime.models import LoadOptions
+    from csd.ui.app import plain_words
+    assert LoadOptions(draft_weights="int4", device="cpu").validated().draft_weights == "ort4"
+    d = {"target": "qwen2.5-coder-1.5b-instruct-q4_k_m", "draft": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+         "representation": {"target": "int8", "draft": "int4", "activations": "row"}}
+    assert plain_words(d) == ("Qwen2.5-Coder 0.5B drafts for Qwen2.5-Coder 1.5B; the target's weights in 8-bit "
+                              "integers, the draft's in 4-bit integers; exact: SD gives the target's own answer")

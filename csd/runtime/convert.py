@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..events import Progress
 from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
-from .quant import Int4Linear, RowInt8Linear, in_threads, quantize_int4, quantize_rows, release_memory
+from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
 
 log = logging.getLogger(__name__)
@@ -232,11 +232,6 @@ def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[st
     return {k: torch.cat([p[k] for p in parts]) for k in ("head.w", "head.s")}
 
 
-def _int4(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
-    packed, sz = quantize_int4(w)
-    return {f"{prefix}.q4": packed, f"{prefix}.sz": sz}
-
-
 def _nbits(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     from .ortlm import quantize_nbits
     return dict(zip((f"{prefix}.nq", f"{prefix}.ns", f"{prefix}.nz"), quantize_nbits(w)))
@@ -244,7 +239,7 @@ def _nbits(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
 
 def _convert_layer(w: dict[str, torch.Tensor], bits: int | str = 8) -> dict[str, torch.Tensor]:
     out = {"ln1": w["ln1"], "ln2": w["ln2"]}
-    encode = {8: _int8, 4: _int4, "ort4": _nbits}[bits]
+    encode = {8: _int8, "ort4": _nbits}[bits]
     for name, keys in PROJECTIONS.items():
         out |= encode(torch.cat([w[k] for k in keys]), name)
         biases = [w.get(f"{k}_b") for k in keys]
@@ -259,8 +254,8 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
             progress: Progress | None = None, bits: int | str = 8) -> Path:
     """Write the int8 lean model of ``source`` to the new directory ``out``. Smoothed with ``maxima``, or
     with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows.
-    ``bits=4``: the decoder layers' weights in 4 bits (``csd.runtime.quant.Int4Linear``; a draft's), the head int8;
-    ``bits="ort4"``: in ONNX Runtime's 4-bit layout (``csd.runtime.ortlm.NBits``)."""
+    ``bits="ort4"``: the decoder layers' weights in ONNX Runtime's 4-bit layout (``csd.runtime.ortlm.NBits``), the
+    head int8."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -334,9 +329,6 @@ def _linear_from(f, prefix: str, rows: bool):
     if f"{prefix}.nq" in f.keys():
         from .ortlm import NBits
         return NBits(*(f.get_tensor(f"{prefix}.{k}").clone() for k in ("nq", "ns", "nz")), b)
-    if f"{prefix}.q4" in f.keys():
-        packed = f.get_tensor(f"{prefix}.q4").clone()
-        return Int4Linear(packed, f.get_tensor(f"{prefix}.sz").clone(), b, 2 * packed.shape[1])
     w, s = f.get_tensor(f"{prefix}.w"), f.get_tensor(f"{prefix}.s").clone()
     return RowInt8Linear(w, s, b) if rows else PackedInt8Linear.from_int8(w, s, b)
 

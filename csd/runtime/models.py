@@ -25,8 +25,8 @@ from .quant import (
     DTYPES,
     INT8_ACTIVATIONS,
     INT8_ACTIVATIONS_DEFAULT,
+    RETIRED_DRAFT_REPRS,
     TARGET_REPRS,
-    int4_missing,
     memory_gib,
     quantize_int8,
     release_memory,
@@ -164,7 +164,7 @@ class LoadOptions:
         if self.activations not in INT8_ACTIVATIONS:
             raise ModelLoadError(f"int8 activations {self.activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
         draft_weights = (profile.chosen_draft_weights() if dev.type == "cpu" else "same") if self.draft_weights == "auto" \
-            else self.draft_weights
+            else RETIRED_DRAFT_REPRS.get(self.draft_weights, self.draft_weights)
         if draft_weights in CPU_DRAFT_REPRS and dev.type != "cpu":
             raise ModelLoadError(f"draft dtype {draft_weights} runs on the CPU only")
         return replace(self, device=dev, engine=engine, dtype=dtype, draft_weights=draft_weights,
@@ -311,16 +311,12 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     if o.draft_impl == "auto" and why:
         log.info("draft %s runs through transformers: %s", ref.disp, why)
     d_repr = o.draft_weights if int8 else str(dt).removeprefix("torch.")
-    if d_repr == "int4" and (why or o.draft_impl == "hf" or int4_missing()):
-        log.warning("the draft cannot run in int4 here (%s): int8 runs instead",
-                    int4_missing() or why or "the transformers path has no int4 layers")
-        d_repr = "int8"
     if d_repr == "ort4" and (why or o.draft_impl == "hf" or ort_missing()):
         log.warning("the draft cannot run on ONNX Runtime here (%s): int8 runs instead",
                     ort_missing() or why or "the transformers path has no ONNX Runtime layers")
         d_repr = "int8"
-    if lean and int8:           # int8, int4 and ort4 run on the CPU only (LoadOptions.validated)
-        bits = {"int4": 4, "ort4": "ort4"}.get(d_repr, 8)
+    if lean and int8:           # int8 and ort4 run on the CPU only (LoadOptions.validated)
+        bits = "ort4" if d_repr == "ort4" else 8
         key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
                "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None,
                **({"bits": bits} if bits != 8 else {}), **({"ort_format": ORT_FORMAT} if bits == "ort4" else {})}

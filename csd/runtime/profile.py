@@ -237,15 +237,14 @@ def chosen_draft_weights() -> str:
 
 
 def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
-    """Time the draft's one-token step in int8, int4 and ort4 (``csd.runtime.ortlm``) on this machine
+    """Time the draft's one-token step in int8 and ort4 (``csd.runtime.ortlm``) on this machine
     (``load_draft_lm(repr)`` gives the draft's ``LM``, None where it fell back; they alternate, each run's
     median counts) and record the fastest for ``--draft-dtype auto`` (``chosen_draft_weights``); a 4-bit one
     only where it is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns
     what was written."""
     from ..fileio import write_json
     from .ortlm import ort_missing
-    from .quant import int4_missing
-    missing = {r: why for r, why in (("int4", int4_missing()), ("ort4", ort_missing())) if why}
+    missing = {r: why for r, why in (("ort4", ort_missing()),) if why}
     lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
     times = time_interleaved(lms, 3 * reps)
     ms = {r: t["wall_ms"] for r, t in times.items()}

@@ -11,7 +11,8 @@ from ..representation import ACTIVATIONS
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_DRAFT_REPRS = ("int8", "int4", "ort4")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm)
+CPU_DRAFT_REPRS = ("int8", "ort4")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm)
+RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
 # how an int8 target scales its activations: per token ("row", RowInt8Linear: greedy SD == AR) or per pass
@@ -114,68 +115,6 @@ class RowInt8Linear(torch.nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
-
-
-INT4_GROUP = 32          # input columns sharing one 4-bit scale and zero (the GGUF's Q4_K sub-blocks hold 32)
-
-
-def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights in 4 bits, asymmetric per ``group`` input columns: torch's packed rows for its CPU int4 kernel
-    (uint8, (N, K/2)) and the (K/group, N, 2) bfloat16 scales and zeros it takes (w = (q - 8) * scale + zero).
-    A GGUF Q4_K block dequantised and quantised again lands on its own 16 levels wherever it spans them."""
-    n, k = weight.shape
-    if k % group or n % 16:
-        raise ValueError(f"a {n}x{k} weight cannot be packed in 4 bits (needs rows % 16 == 0, columns % {group} == 0)")
-    w = weight.detach().float().view(n, k // group, group)
-    lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
-    q = ((w - lo) / scale).round_().clamp_(0, 15).to(torch.int32).view(n, k)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 8)
-    zero = lo + 8 * scale
-    sz = torch.stack([scale.view(n, -1).t(), zero.view(n, -1).t()], -1).to(torch.bfloat16).contiguous()
-    return packed, sz
-
-
-class Int4Linear(torch.nn.Module):
-    """A weight-only 4-bit linear layer on torch's CPU int4 kernel (bfloat16 activations, float32 out): half
-    the bytes of int8 a pass. A draft's representation only (it changes what the draft proposes, never what
-    the target verifies)."""
-
-    def __init__(self, packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, in_features: int,
-                 group: int = INT4_GROUP):
-        super().__init__()
-        self.packed, self.sz, self.group = packed, sz, group
-        self.in_features, self.out_features = in_features, packed.shape[0]
-        self.bias = None if bias is None else bias.detach().to(torch.float32)
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, group: int = INT4_GROUP) -> Int4Linear:
-        return cls(*quantize_int4(weight, group), bias, weight.shape[1], group)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.sz).float()
-        if self.bias is not None:
-            y.add_(self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-
-@functools.cache
-def int4_missing() -> str | None:
-    """None where torch's CPU int4 kernel runs here (checked once on a small product against the float
-    one), else why not."""
-    g = torch.Generator().manual_seed(0)
-    w = (torch.randint(0, 16, (32, 64), generator=g) - 8) * 0.25    # on each group's 16 levels: exact in 4 bits
-    w[:, ::INT4_GROUP], w[:, 1::INT4_GROUP] = -2.0, 1.75
-    x = torch.randint(-3, 4, (2, 64), generator=g).float()
-    try:
-        with torch.inference_mode():
-            y = Int4Linear.from_float(w, None)(x)
-    except (RuntimeError, NotImplementedError, AttributeError) as e:
-        return f"torch {torch.__version__} has no CPU int4 kernel here ({str(e).splitlines()[0][:120]})"
-    if not torch.allclose(y, x @ w.t(), atol=0.5, rtol=0.02):    # the kernel's bfloat16 output
-        return "torch's CPU int4 kernel gives wrong products here"
-    return None
 
 
 def release_memory(collect: bool = True) -> None:
