@@ -171,8 +171,7 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
 
 def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
     """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
-    group's, where their handler runs at once and ends the stopped request without the model (Stop on a queued
-    request, ``jobs.take_back``). The queue's lists change on gradio's event loop, between its own changes.
+    group's, where their handler ends the stopped request at once (``jobs.take_back``), on gradio's event loop.
     -> how many were moved."""
     def move() -> int:
         q = getattr(demo, "_queue", None)

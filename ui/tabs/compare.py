@@ -186,7 +186,6 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
                 status_line(services, sess, "compare"), sess)
 
     if job.cancel:
-        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield (*[gr.skip()] * 8, status_line(services, sess, "compare"), sess)
         return
     with in_lane(services, job):
