@@ -37,8 +37,7 @@ RIVAL_INPUTS = {
 
 
 def launch_kwargs() -> dict:
-    """What gradio 6 takes at ``launch()`` rather than in ``Blocks()``, plus the privacy options; system fonts
-    only (nothing is fetched from a font server)."""
+    """What gradio 6 takes at ``launch()``, plus the privacy options; system fonts only (nothing is fetched)."""
     theme = gr.themes.Default(
         font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial",
               "sans-serif"],

@@ -28,8 +28,7 @@ def memory_pareto_rows(memory: CorrectionMemory, tokenizer, limit: int | None = 
 
 
 def recount(d: Divergences, memory: CorrectionMemory) -> Divergences:
-    """``d`` with each divergence's count taken from ``memory`` (its pattern's count there) instead of
-    the count the run saw: what the rule would have decided with this memory."""
+    """``d`` with each divergence's count taken from ``memory``: what the rule would have decided with it."""
     per_pattern = np.array([memory.count(a, b) for a, b in d.patterns], dtype=float)
     count = per_pattern[d.pattern] if len(d) else np.zeros(0)
     return replace(d, count=count)

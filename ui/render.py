@@ -373,8 +373,7 @@ def detail_panel() -> str:
 
 def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None,
                   key: bool = False) -> str:
-    """One plain sentence per colour and mark; ``key``: the marks alone on a line or two (each sentence a
-    tooltip), to sit beside an answer."""
+    """One plain sentence per colour and mark; ``key``: the marks alone (each sentence a tooltip), beside an answer."""
     def item(cls: str, label: str, sentence: str) -> str:
         return (f'<li><span class="tok {cls}" title="{esc(sentence)}">{esc(label)}</span>'
                 f'<span class="s">{esc(sentence)}</span></li>')

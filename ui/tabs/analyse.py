@@ -153,8 +153,7 @@ def _heading(sess: Session, rule, csd: bool) -> str:
 
 
 def refresh_after(page: Page, dep) -> None:
-    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
-    refreshed once it is done."""
+    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and answer are refreshed after it."""
     named, outputs = page.analyse_io
     dep.then(page.handler(analyse, "scope", ("target",)), [page.sess], outputs, inputs_kwargs=named,
              api_visibility="private", show_progress="hidden", **page.light)

@@ -128,8 +128,7 @@ def as_int(name: str, v) -> int:
 
 
 def rival_params(values: dict) -> dict:
-    """The rivals' parameters from the bar's inputs by name (numbers from the page; k and the window made
-    whole numbers, or refused)."""
+    """The rivals' parameters from the bar's inputs by name (k and the window made whole numbers, or refused)."""
     out = {}
     for name, v in values.items():
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -166,8 +165,7 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
 
 
 def scope_filter(services: Services, sess: Session, scope: str, run_id=None, target=None):
-    """A csd.db.analytics.Filter for a scope (and a recorded target representation, ``ANY_TARGET`` for
-    any), or a message saying why there is nothing to show."""
+    """The ``Filter`` of a scope (and a recorded target representation), or why there is nothing to show."""
     f, why = _scope(services, sess, scope, run_id)
     if f is not None and target not in (None, "", ANY_TARGET):
         f = replace(f, representations=(str(target),))

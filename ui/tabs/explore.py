@@ -1,5 +1,4 @@
-"""The Explore & memory tab: the logged divergence events, filtered and exported as CSV; the
-session's correction memory, calibrated, reset, saved and uploaded."""
+"""The Explore & memory tab: the logged events, filtered and exported; the session's correction memory."""
 from __future__ import annotations
 
 import logging
