@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "public demo; users then see their own runs only (the default on a Hugging Face Space, "
                          "unless CSD_SHARED_SCOPE=1)")
     args = ap.parse_args(argv)
-    if on_space() and os.environ.get("CSD_SHARED_SCOPE") != "1":
+    if os.environ.get("SPACE_ID") and os.environ.get("CSD_SHARED_SCOPE") != "1":   # a Hugging Face Space
         args.shared_scope = False        # a public demo: strangers do not see each other's prompts
     if not 1 <= args.port <= 65535:
         ap.error("--port must be in 1..65535")
@@ -62,14 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def on_space() -> bool:
-    """Running as a Hugging Face Space (the runtime sets SPACE_ID): a public demo."""
-    return bool(os.environ.get("SPACE_ID"))
-
-
 def configure_logging() -> None:
-    """One line per record on stderr: ``csd`` (with ``csd.ui``, ``csd.db``) from INFO (a refused request is one INFO
-    line, a bug an ERROR with its traceback), other libraries from WARNING."""
+    """One line per record on stderr: ``csd`` (with ``csd.ui``, ``csd.db``) from INFO, other libraries from WARNING."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("csd").setLevel(logging.INFO)

@@ -1,6 +1,3 @@
-"""The benchmark: its columns (``methods``), the harness (``harness``), results as data (``results``),
-the report (``report``), the rivals' frontier (``rivals``), the figures check (``figures``), alarms
-(``alarms``), the speed waterfall (``waterfall``), the synthetic GPU benchmark (``synthetic``) and the
-shipped frontiers the app shows (``frontier``). docs/benchmarks.md,
-"How the benchmark measures", says how. It uses ``csd`` and ``csd.db``; neither imports it.
-"""
+"""The benchmark: its columns, the harness, results as data, reports, the synthetic GPU benchmark, the measuring
+tools and the shipped frontiers the app shows (docs/design.md; how it measures: docs/benchmarks.md). It uses
+``csd`` and ``csd.db``; neither imports it."""

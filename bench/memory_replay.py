@@ -1,8 +1,5 @@
-"""Every memory policy over one collected stream (``bench.memory_stream``; docs/memory.md). Each policy's memory
-starts as the scenario says (empty, or the shipped memory), learns online and decides every block with
-``csd.rule.decide`` at gamma 6, lambda and tau as the engine's defaults; a block keeps its accepted and rescued
-tokens and ends at the first rejection with the target's token, or with the bonus token after all six.
-"""
+"""Every memory policy over one collected stream (``bench.memory_stream``; how it decides: docs/memory.md): each
+policy's memory starts as the scenario says, learns online and decides every block with ``csd.rule.decide``."""
 from __future__ import annotations
 
 import gzip

@@ -1,9 +1,7 @@
 """The correction memory on a long stream that changes topic (docs/memory.md): code, then word problems, then
-prose. ``collect`` reads each item's reference text once, teacher-forced, with both models (as text-mode
-calibration does, ``csd.calibration.calibrate``) and keeps, at every position, the draft's top-1, the target's top-1 and
-the gate's logit gap; ``replay`` (``bench.memory_replay``) then runs every memory policy over that one stream,
-each memory learning online and deciding with ``csd.rule.decide``. No generation: see docs/memory.md for what a
-teacher-forced replay does and does not show.
+prose. ``collect`` reads each item's reference text once, both models teacher-forced, and keeps the draft's
+and the target's top-1 and the gate's logit gap at every position; ``replay`` (``bench.memory_replay``) runs
+every memory policy over that one stream. No generation: docs/memory.md says what such a replay shows.
 
     python -m csd.bench.memory_stream collect --out docs/bench/memory-stream [--per-topic 100]
     python -m csd.bench.memory_stream replay docs/bench/memory-stream

@@ -1,8 +1,6 @@
-"""A benchmark run's results as data: one ``ItemResult`` per method and item and what is computed from
-them (the paired summary, the goals, the frontier), for a run as it goes, read back (``load_results``,
-``resummarize``) or pooled (``pool``). The layout of ``results.json`` is a contract:
-``{"meta", "status", "items", "summary", "targets", "frontier", "divergences"}``.
-"""
+"""A benchmark run's results as data: one ``ItemResult`` per method and item and what is computed from them, for a
+run as it goes, read back (``load_results``, ``resummarize``) or pooled (``pool``). The layout of ``results.json``
+is a contract: ``{"meta", "status", "items", "summary", "targets", "frontier", "divergences"}``."""
 from __future__ import annotations
 
 import copy

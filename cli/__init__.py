@@ -1,9 +1,6 @@
-"""The command line, ``python -m csd generate|calibrate|prepare|bench|grade|memory|runs`` (installed: ``csd ...``).
-
-This package is the one place that composes the engine (``csd``), the store (``db``) and the
-benchmark (``bench``); every subcommand is registered explicitly in ``build_parser``. The heavy
-imports (torch, transformers, sqlalchemy) happen inside the commands, so ``--help`` is quick.
-"""
+"""The command line, ``python -m csd generate|calibrate|prepare|bench|grade|memory|runs`` (installed: ``csd ...``):
+the one place that composes the engine, the store and the benchmark. The heavy imports (torch, transformers,
+sqlalchemy) happen inside the commands, so ``--help`` is quick."""
 from __future__ import annotations
 
 import argparse

@@ -95,8 +95,7 @@ def choose_draft(args, progress=None) -> None:
 
 
 def load_from_args(args, need_draft: bool = True, check=None, progress=None):
-    """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load;
-    ``progress``: a (message, fraction) callback (default: tqdm bars on stderr)."""
+    """The pair the flags name; ``check(tokenizer, context_limit)`` runs before the models load."""
     from csd.runtime.models import load_pair
     pair = load_pair(args.draft if need_draft else None, args.target, options=load_options(args),
                      progress=progress or tqdm_progress(), check=check)
@@ -136,8 +135,7 @@ RIVAL_HELP = {
 
 
 def add_rival_args(p: argparse.ArgumentParser, what: str = "") -> None:
-    """The rivals' parameters (csd.rule.Rivals), each read by its method only; the engine checks
-    their ranges before any model loads. ``what``: how the help names the runs they apply to."""
+    """The rivals' parameters (csd.rule.Rivals), each read by its method only; ``what``: the runs they apply to."""
     from csd.config import RIVAL_FIELDS
     g = p.add_argument_group("rivals (relaxed acceptance rules, greedy only; docs/rivals.md)" + what)
     for f in RIVAL_FIELDS:
@@ -146,13 +144,11 @@ def add_rival_args(p: argparse.ArgumentParser, what: str = "") -> None:
 
 
 def rival_values(args, changed_only: bool = False) -> dict:
-    """The rivals' parameters from parsed ``add_rival_args`` options, as CSDConfig fields (``changed_only``:
-    those that differ from the defaults)."""
+    """The rivals' parameters from ``add_rival_args`` as CSDConfig fields (``changed_only``: those not at default)."""
     from csd.config import PARAM_METHOD
     from csd.rule import Rivals
-    d = Rivals()
     return {name: getattr(args, name) for name in PARAM_METHOD
-            if not changed_only or getattr(args, name) != getattr(d, name)}
+            if not changed_only or getattr(args, name) != getattr(Rivals(), name)}
 
 
 def add_memory_policy_args(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,4 @@
-"""``generate``, ``calibrate``, ``prepare`` and ``profile``: the engine on the command line,
-recording to the store."""
+"""``generate``, ``calibrate``, ``prepare`` and ``profile``: the engine on the command line, recording to the store."""
 from __future__ import annotations
 
 import argparse
@@ -124,8 +123,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
-    """``cfg`` with a preset's settings; a flag that the preset sets, typed beside it, is refused (which
-    of the two was meant cannot be known)."""
+    """``cfg`` with a preset's settings; a flag that the preset sets, typed beside it, is refused (which was meant?)."""
     preset = PRESETS[name]
     flags = {"--" + k.replace("_", "-") for k in preset if k not in ("method", "gamma_min")}
     clash = sorted({t.split("=", 1)[0] for t in typed} & flags)

@@ -404,8 +404,7 @@ def _export(source, f: Filter, file, as_csv: bool) -> int:
 
 
 def export_csv(source, f: Filter, file) -> int:
-    """Write the filter's events as CSV (draft_top / target_top as JSON) to a path or text file.
-    Returns the number of events written."""
+    """Write the filter's events as CSV (draft_top / target_top as JSON) to a path or text file; returns how many."""
     return _export(source, f, file, as_csv=True)
 
 

@@ -32,11 +32,7 @@ def add_runs_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def cmd_runs_list(args) -> int:

@@ -47,8 +47,7 @@ class StoreOpenError(ValueError):
 def run_fields(pair, cfg=None, **fields) -> dict:
     """The columns of a stored run: ``pair``'s models and representations, then ``cfg``'s parameters (a
     ``csd.config.CSDConfig``, if given), then ``fields``."""
-    return {**pair.run_fields(),
-            **(cfg.run_fields() if cfg is not None else {}), **fields}
+    return {**pair.run_fields(), **(cfg.run_fields() if cfg is not None else {}), **fields}
 
 
 def resolve_url(url: str | None = None) -> str:

@@ -1,10 +1,6 @@
 """The shipped calibration prompt set: ``python -m csd.evaluation.calibration_set [--out FILE]``.
-
-Prompts the target answers during prompt-mode calibration (``csd.calibration.calibrate``): GSM8K questions of the
-calibration hash split (math), stdlib functions as stubs to complete (code), documentation passages and
-everyday subjects (prose); none shares an ``NGRAM``-word run with an evaluation item, one in ``HELDOUT_EVERY``
-is held out (docs/calibration.md).
-"""
+Math, code and prose prompts for prompt-mode calibration, none sharing an ``NGRAM``-word run with an evaluation
+item, one in ``HELDOUT_EVERY`` held out (docs/calibration.md)."""
 from __future__ import annotations
 
 import argparse

@@ -1,8 +1,6 @@
-"""What decoding together can give on this machine, without the app (docs/users.md, "The ceiling"):
-8 greedy CSD runs of the embedded pair one after another, then the same 8 at once, all through
-``csd.runtime.batch.Batcher``'s model thread as in the app; the ratio of their summed tokens per second, with
-the time spent reading the prompts (prefill, the same work alone or together) apart, and what the
-model thread's passes cost by model and by how many runs each served.
+"""What decoding together can give on this machine, without the app (docs/users.md, "The ceiling"): 8 greedy
+CSD runs one after another, then the same 8 at once, through ``csd.runtime.batch.Batcher``'s model thread as in
+the app: the ratio of their summed tokens per second, and what the model thread's passes cost.
 
     python -m tools.batch_ratio --tokens 48,128 --gamma 6 --repeat 2 [--out DIR]
 """

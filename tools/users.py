@@ -1,16 +1,9 @@
 """A class at once, through the app's API: how many requests are refused, how long each user waits,
 and the tokens per second all users get together, with the app serving one generation at a time
 (``--concurrency 1``) and with runs decoding together (``--concurrency N``, ``csd.runtime.batch``).
+What it sends, measures and checks: docs/users.md, "Measured".
 
     python -m tools.users --out docs/bench/users [--clients 1,8,20] [--concurrency 1,8] [--tokens 48]
-
-For each concurrency it starts ``python app.py`` on a free port with its own SQLite file, then for each
-client count sends that many /generate requests at once from separate sessions (distinct prompts:
-prose and GSM8K items, greedy CSD at the page's defaults but ``--tokens`` new tokens), and while they
-wait, a light request (/recolour) every half second from one more client: the first goes with the
-requests (every client connected first), the rest meet them waiting, and the report gives both. It writes results.json and results.md; the
-summed rate is all requests' new tokens over the time from the first request to the last answer.
-It checks that every accepted request was recorded and that the SQLite file passes its integrity check.
 """
 from __future__ import annotations
 

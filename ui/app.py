@@ -37,8 +37,7 @@ RIVAL_INPUTS = {
 
 
 def launch_kwargs() -> dict:
-    """What gradio 6 takes at ``launch()`` rather than in ``Blocks()``, plus the privacy options; system fonts
-    only (nothing is fetched from a font server)."""
+    """What gradio 6 takes at ``launch()``, plus the privacy options; system fonts only (nothing is fetched)."""
     theme = gr.themes.Default(
         font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial",
               "sans-serif"],
@@ -171,8 +170,7 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
 
 def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
     """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
-    group's, where their handler runs at once and ends the stopped request without the model (Stop on a queued
-    request, ``jobs.take_back``). The queue's lists change on gradio's event loop, between its own changes.
+    group's, where their handler ends the stopped request at once (``jobs.take_back``), on gradio's event loop.
     -> how many were moved."""
     def move() -> int:
         q = getattr(demo, "_queue", None)

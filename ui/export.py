@@ -1,5 +1,4 @@
-"""The metrics cards of a run and the coloured answer exported as a self-contained page and as
-JSON: what the app shows about a finished run, apart from the tokens themselves (``csd.ui.render``)."""
+"""The metrics cards of a run, and its coloured answer exported as a self-contained page and as JSON."""
 from __future__ import annotations
 
 import json
@@ -60,8 +59,7 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
 # -- export ------------------------------------------------------------------------------------
 def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict,
                        metrics: RunMetrics | None, cfg: CSDConfig) -> str:
-    """A self-contained HTML page of a coloured answer of a run under ``cfg`` (styles inline, details as
-    hover titles, no script, nothing fetched)."""
+    """A self-contained HTML page of a run's coloured answer (styles inline, details as hover titles, no script)."""
     method = cfg.method
     spans = []
     for ev in events:

@@ -68,12 +68,9 @@ class Position:
 
 
 class Lane:
-    """The unfinished jobs of all sessions. A waiting job that its page stopped asking about for
-    ``stale_s`` seconds (a closed tab, a request the queue refused) no longer counts as ahead.
-
-    ``queue``: set by the app, gradio's queue of model work as (session hash, api_name) of each waiting event,
-    oldest first. A request made through the API has no job until its handler starts, so only the queue
-    knows it is there (``position``)."""
+    """The unfinished jobs of all sessions; a waiting job that its page stopped asking about for ``stale_s``
+    seconds (a closed tab) no longer counts as ahead. ``queue`` (set by the app): gradio's queue of model work,
+    (session hash, api_name) of each waiting event, oldest first: only it knows of an API request."""
 
     def __init__(self, stale_s: float = 30.0, queue: Callable[[], list[tuple[str, str]]] | None = None):
         self.stale_s = stale_s

@@ -1,7 +1,6 @@
-"""Analyse's charts for a correction memory instead of the logged runs (the session's memory, e.g. an
-uploaded SGLang CSD table): its patterns by count (the Pareto chart), and the session's logged divergences
-re-counted with the memory's counts (the gap histogram split at lambda, and the lambda x tau what-if).
-A memory holds counts only, no logit gaps: the gaps come from this session's runs."""
+"""Analyse's charts for a correction memory (the session's, e.g. an uploaded SGLang CSD table) instead of the
+logged runs: its patterns by count, and this session's logged divergences (a memory holds no logit gaps)
+re-counted with the memory's counts."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -29,8 +28,7 @@ def memory_pareto_rows(memory: CorrectionMemory, tokenizer, limit: int | None = 
 
 
 def recount(d: Divergences, memory: CorrectionMemory) -> Divergences:
-    """``d`` with each divergence's count taken from ``memory`` (its pattern's count there) instead of
-    the count the run saw: what the rule would have decided with this memory."""
+    """``d`` with each divergence's count taken from ``memory``: what the rule would have decided with it."""
     per_pattern = np.array([memory.count(a, b) for a, b in d.patterns], dtype=float)
     count = per_pattern[d.pattern] if len(d) else np.zeros(0)
     return replace(d, count=count)

@@ -112,9 +112,8 @@ def special_label(text: str | None) -> str:
 
 
 def whatif_class(ev: TokenEvent, lam, tau: float | None = None) -> str | None:
-    """``wi-rescue`` for a rejected token the rule would keep, ``wi-reject`` for a kept (rescued or
-    relaxed) token it would not; None when the decision would not change. The rule: CSD's (lam, tau),
-    or any ``csd.rule.Rescue`` given as ``lam`` alone."""
+    """``wi-rescue`` for a rejected token the rule (CSD's (lam, tau), or a ``csd.rule.Rescue`` as ``lam``) would
+    keep, ``wi-reject`` for a kept token it would not; None when the decision would not change."""
     w = rules.would_keep(ev, lam if tau is None else (lam, tau))
     if w and ev.status == REJECTED:
         return WHATIF_RESCUE
@@ -284,13 +283,9 @@ NEWLINE_SENTENCE = "a newline in a token, drawn in the token's colours"
 
 def token_text_html(ev: TokenEvent) -> tuple[str, list[str], str]:
     """(escaped visible text, extra classes, what follows the token's span) of a token: a special token is a
-    labelled marker, an incomplete character (byte fallback: text "") a thin mark, a lone byte ⟨byte⟩, never "?".
-
-    Every newline is drawn as ⏎ inside the span, in the token's colours (a rescued ``.\\n`` was an amber ``.``
-    whose box and star split over two lines). A token in the answer ending in newlines breaks the line after its
-    span (the answer keeps its lines; class ``tok-has-nl`` keeps the span on one line); a rarer one with text
-    after its last newline keeps its breaks inside. A token not in the answer (rejected, unused) breaks no line:
-    real line breaks would add blank lines that the answer does not have."""
+    labelled marker, an incomplete character (text "") a thin mark, a lone byte ⟨byte⟩. Every newline is drawn as
+    ⏎ inside the span, in the token's colours; a token in the answer ending in newlines breaks the line after its
+    span, one not in the answer breaks no line (the answer has no such blank lines)."""
     if ev.special:
         return esc(special_label(ev.text)), ["tok-special"], ""
     if ev.text == "":
@@ -378,8 +373,7 @@ def detail_panel() -> str:
 
 def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None,
                   key: bool = False) -> str:
-    """One plain sentence per colour and mark; ``key``: the marks alone on a line or two (each sentence a
-    tooltip), to sit beside an answer."""
+    """One plain sentence per colour and mark; ``key``: the marks alone (each sentence a tooltip), beside an answer."""
     def item(cls: str, label: str, sentence: str) -> str:
         return (f'<li><span class="tok {cls}" title="{esc(sentence)}">{esc(label)}</span>'
                 f'<span class="s">{esc(sentence)}</span></li>')
@@ -474,9 +468,8 @@ def run_summary(events: Sequence[TokenEvent], view: str = "tokens", limit: int =
 
 
 def render_status(text: str, state: str = "idle", n: int | None = None) -> str:
-    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle). ``n``: a
-    number that makes this line differ from an earlier one of the same words, so that the page draws it again
-    over what its script wrote there (a refusal after a refusal)."""
+    """The status line beside a Run button (state: waiting, running, stopping, stopped, done, idle); ``n`` makes it
+    differ from an earlier line of the same words, so that the page draws it again (a refusal after a refusal)."""
     mark = "" if n is None else f' data-n="{n}"'
     return (f'<div class="csd-status-line" data-state="{esc(state)}"{mark} role="status" aria-live="polite">'
             f'{esc(text)}</div>')

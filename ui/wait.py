@@ -1,12 +1,6 @@
 """How long a waiting request will wait, from what the model lane does now: a pure unit (no clock, no lane), fed
-the runs in progress and the last runs that ended (``csd.ui.lane.Lane.estimate`` gathers them).
-
-A run in progress that has written tokens ends when the tokens it still may write are written at its own live
-rate (tokens per second now, at the present load); one still reading its prompt, at least when runs usually
-end, and later the longer it has taken. A request waiting ahead takes what the runs take now: the last runs'
-durations, with the runs in progress counted as what they are on course to take, and slowed by the load when
-the runs now write fewer tokens a second each than the last ones did. Those durations' lower and upper quarter
-give the range, shown when it is wide."""
+the runs in progress and the last runs that ended (``csd.ui.lane.Lane.estimate`` gathers them). The method, in
+words: docs/users.md ("a waiting request's status line")."""
 from __future__ import annotations
 
 import heapq

@@ -1,10 +1,7 @@
 """What a pass of the static engine costs in launches (the GPU issue: a 0.5B draft step took 1.4-1.8 ms on
-an H200 where reading its weights takes 0.2 ms). For each synthetic pair: one draft step, one draft block
-of ``gamma`` steps drafted on the device, and verify passes of 1 and 7 tokens, each through the static
-path as the decode loop calls it (a captured graph's replay on CUDA). Reported per call: the aten ops the
-pass dispatches (``count_ops``, a dispatch mode: what the device launches, give or take fused library
-calls and views), on CUDA the kernels torch.profiler sees and the top ones by device time, and the
-device's time against the wall time.
+an H200 where reading its weights takes 0.2 ms): for each synthetic pair, a draft step, a draft block and
+verify passes of 1 and 7 tokens as the decode loop calls them, with the aten ops each dispatches
+(``count_ops``) and, on CUDA, torch.profiler's kernels and device time (docs/gpu.md, "The profile step").
 
     python -m csd.bench.synthetic.kernel_profile --device cuda --out OUT/profile [--pairs 1.5b,7b] [--gamma 6]
 """

@@ -1,8 +1,5 @@
-"""The Analyse tab: four charts of the logged divergences for a scope (Pareto, logit gaps,
-acceptance by position, what-if heatmap) or of the session's memory (an uploaded SGLang table, say),
-the benchmark's frontier, and the last answer recoloured under a what-if rule: CSD's λ/τ sliders, or SD, an ablation or a rival at the bar's parameters.
-Nothing here runs the model.
-"""
+"""The Analyse tab: four charts of the logged divergences for a scope or of the session's memory, the
+benchmark's frontier, and the last answer recoloured under a what-if rule. Nothing here runs the model."""
 from __future__ import annotations
 
 import logging
@@ -41,11 +38,9 @@ WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
 
 
 def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None, target=None):
-    """The four charts for a scope (and a recorded target representation, ``target``; None or "any": all)
-    and thresholds, from the store (no model runs), and the last answer recoloured under the what-if rule
-    (``s.method`` at the λ/τ sliders and the rivals' parameters).
-    -> (pareto, gaps, positions, what-if heatmap, summary, heading, last answer recoloured, target
-    dropdown update, session)."""
+    """The four charts for a scope (``target``: a recorded target representation; None or "any": all), and the
+    last answer recoloured under the what-if rule (``s.method`` at the λ/τ sliders and the rivals' parameters).
+    -> (pareto, gaps, positions, what-if heatmap, summary, heading, answer, target dropdown update, session)."""
     sess = ensure_session(services, sess)
     lam, tau = float(s.lam), tau_from_log10(s.log10_tau)
     try:
@@ -125,9 +120,8 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
 
 
 def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, sess: Session | None, target=None):
-    """What a memory of ``capacity`` patterns (its strongest: the smallest count goes) would have rescued on the
-    scope's logged divergences at the λ/τ sliders, beside what the unbounded memory rescues. No model runs.
-    -> (markdown, session)."""
+    """What a memory of ``capacity`` patterns would have rescued on the scope's logged divergences at the λ/τ
+    sliders, beside the unbounded memory (``csd.db.analytics.capacity_what_if``). -> (markdown, session)."""
     sess = ensure_session(services, sess)
     if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
         raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
@@ -159,8 +153,7 @@ def _heading(sess: Session, rule, csd: bool) -> str:
 
 
 def refresh_after(page: Page, dep) -> None:
-    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and recoloured answer are
-    refreshed once it is done."""
+    """Analyse follows ``dep`` (a run, a move of a λ/τ slider): its charts and answer are refreshed after it."""
     named, outputs = page.analyse_io
     dep.then(page.handler(analyse, "scope", ("target",)), [page.sess], outputs, inputs_kwargs=named,
              api_visibility="private", show_progress="hidden", **page.light)

@@ -1,11 +1,6 @@
-"""What the tabs share: page errors and toasts, the inputs of the bar above the tabs (γ, λ, τ),
-the session, the scopes of Analyse and Explore, and the coloured answer's HTML.
-
-A handler is a plain function from component values (and the session) to new values; handlers
-that need the loaded models or the store take ``services`` first, and the tabs bind it with
-``functools.partial``. Bad input raises ``gr.Error`` with the engine's message, escaped (gradio
-renders toasts as HTML), and is logged as one line without a traceback (``error``).
-"""
+"""What the tabs share: page errors and toasts, the inputs of the bar above the tabs (γ, λ, τ), the session,
+the scopes of Analyse and Explore, and the coloured answer's HTML. A handler is a plain function from component
+values (``services`` first, bound with ``functools.partial``) to new values; bad input raises ``error``."""
 from __future__ import annotations
 
 import logging
@@ -63,9 +58,8 @@ def can_switch_exactness(pair) -> bool:
 
 
 def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | None = None) -> list:
-    """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), kept in their session
-    and taken by the shared model before each of their passes (``decoder_for``): no other user's runs change.
-    -> the redrawn texts that state the exactness for this user (``Page.exactness``: fn(mode)), the session."""
+    """The exact-mode switch: this user's int8 activations per token (on) or per pass (off), no other user's
+    (``decoder_for``). -> the redrawn texts that state the exactness (``Page.exactness``: fn(mode)), the session."""
     if not can_switch_exactness(services.pair):
         raise error(f"Exact mode applies to an int8 target; this one runs in {services.pair.rep.target}.")
     if services.settings.concurrency > 1 and services.batcher is None:
@@ -81,10 +75,8 @@ def session_activations(services: Services, sess: Session | None) -> str:
 
 
 def decoder_for(services: Services, sess: Session):
-    """The decoder of this user's run, with their activation scales: a view of the shared pair in their
-    mode (``csd.runtime.batch`` views when runs decode together, else ``ModelPair.with_activations``), whose
-    passes apply the mode where the model runs them; nothing here switches the shared pair. A decoder is
-    kept for each mode (its measured costs differ)."""
+    """The decoder of this user's run, on a view of the shared pair in their activation scales (``csd.runtime.batch``
+    views when runs decode together, else ``ModelPair.with_activations``); one decoder a mode (its costs differ)."""
     mode = session_activations(services, sess)
     if not can_switch_exactness(services.pair) or not mode:
         return services.decoder
@@ -102,11 +94,8 @@ def scopes(services: Services) -> list[str]:
 
 
 def error(msg: str, *, expected: bool = True) -> gr.Error:
-    """A page error; gradio renders toast messages as HTML, so the text is escaped.
-
-    ``expected`` (bad input, a prompt over the cap, a refused file): the user's mistake, not the
-    app's, is logged here as one line and gradio prints no traceback for it; otherwise the caller
-    has logged the failure with its traceback (``log.exception``) before raising this."""
+    """A page error, escaped (gradio renders toasts as HTML). ``expected``: the user's mistake, logged here as one
+    line without a traceback; otherwise the caller has logged the failure (``log.exception``) before raising this."""
     if expected:
         log.info("refused: %s", msg)
     return gr.Error(render.esc_message(msg), print_exception=False)
@@ -139,8 +128,7 @@ def as_int(name: str, v) -> int:
 
 
 def rival_params(values: dict) -> dict:
-    """The rivals' parameters from the bar's inputs by name (numbers from the page; k and the window made
-    whole numbers, or refused)."""
+    """The rivals' parameters from the bar's inputs by name (k and the window made whole numbers, or refused)."""
     out = {}
     for name, v in values.items():
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
@@ -150,11 +138,8 @@ def rival_params(values: dict) -> dict:
 
 
 def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) -> CSDConfig:
-    """The engine's config from the page's settings (floats from the page), validated by the engine.
-    ``s.auto_gamma``: the block length is chosen per block from the machine's measured costs, at least
-    ``SHOW_SPECULATION`` tokens with ``s.show_spec``; ``s.lookup``: copies from the context (up to
-    ``LOOKUP_TOKENS``) are proposed where they pay (sd, csd and the ablations; the switch means nothing
-    to ar); ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+    """The engine's config from the page's settings (floats from the page), validated by the engine;
+    ``score_all``: log every rule's scores so that the what-if can replay any rule."""
     method = s.method
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -180,8 +165,7 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
 
 
 def scope_filter(services: Services, sess: Session, scope: str, run_id=None, target=None):
-    """A csd.db.analytics.Filter for a scope (and a recorded target representation, ``ANY_TARGET`` for
-    any), or a message saying why there is nothing to show."""
+    """The ``Filter`` of a scope (and a recorded target representation), or why there is nothing to show."""
     f, why = _scope(services, sess, scope, run_id)
     if f is not None and target not in (None, "", ANY_TARGET):
         f = replace(f, representations=(str(target),))
@@ -221,9 +205,8 @@ def target_choices(services: Services, sess: Session):
 # -- answers -----------------------------------------------------------------------------------
 def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True,
                 **frame) -> str:
-    """The coloured answer of ``run``, its changed decisions outlined under ``whatif``: CSD's (lam, tau) or
-    a rule (a ``csd.rule.Rescue``). ``frame``: ``render.render_tokens``' marks and frame (view, panel, empty,
-    diff_positions)."""
+    """The coloured answer of ``run``, its changed decisions outlined under ``whatif`` (CSD's (lam, tau) or a
+    ``csd.rule.Rescue``); ``frame``: ``render.render_tokens``' marks and frame."""
     if run is None:
         return render.render_tokens([], hide_rejected=hide_rejected, **frame)
     latest = run.events[-1].block if (run.events and not run.done) else None

@@ -1,5 +1,4 @@
-"""The Compare tab: two or three methods (AR, SD and CSD unless others are picked) on one prompt, one after
-another, with where their answers part and what a target pass costs on this machine."""
+"""The Compare tab: two or three methods on one prompt, one after another: where they part, what a pass costs."""
 from __future__ import annotations
 
 import difflib
@@ -186,7 +185,6 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
                 status_line(services, sess, "compare"), sess)
 
     if job.cancel:
-        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield (*[gr.skip()] * 8, status_line(services, sess, "compare"), sess)
         return
     with in_lane(services, job):

@@ -1,6 +1,4 @@
-"""The Explore & memory tab: the logged divergence events, filtered and exported as CSV; the
-session's correction memory, calibrated, reset, saved and uploaded.
-"""
+"""The Explore & memory tab: the logged events, filtered and exported; the session's correction memory."""
 from __future__ import annotations
 
 import logging
@@ -89,9 +87,8 @@ def _event_row(le: A.LoggedEvent) -> list:
 
 
 def explore_events(services: Services, scope: str, run_id, statuses, pattern, text, target, sess: Session | None):
-    """The filtered events table (``target``: a recorded target representation, or "any").
-    -> (rows, caption, pattern dropdown update, target dropdown update, download button, session).
-    The download button is hidden: a file prepared for other filters must not be offered."""
+    """The filtered events table (``target``: a recorded target representation, or "any"), the download hidden
+    (prepared for other filters). -> (rows, caption, pattern and target dropdown updates, download, session)."""
     sess, hidden = ensure_session(services, sess), hide_download()
     if services.store is None:
         return [], NO_STORE, gr.update(), gr.update(), hidden, sess
@@ -182,8 +179,7 @@ def _policy_line(mem: CorrectionMemory) -> str:
 
 def memory_set_policy(services: Services, capacity, half_life, lam, sess: Session | None):
     """Give the session's memory a capacity and/or a half-life (an empty box: none; both empty: unbounded, the
-    paper's). 0, a negative or a fractional capacity is refused with a sentence naming the box, the memory
-    unchanged. -> (summary, rows, session)."""
+    paper's); a bad value is refused with a sentence naming the box. -> (summary, rows, session)."""
     sess = ensure_session(services, sess)
     try:
         policy = policy_from(capacity, half_life, ("Memory capacity", "Memory half-life"))
@@ -258,13 +254,11 @@ def _run_calibration(job, run) -> str:
 
 
 def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
-    """Calibrate the session's memory: on the target's own answers to prompts (shipped or uploaded,
-    JSONL or one prompt per line), or teacher-forced over a text (shipped corpus or upload).
-    ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
+    """Calibrate the session's memory on the target's answers to prompts or teacher-forced over a text (shipped or
+    uploaded); ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "calibrate")
     if job.cancel:
-        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
@@ -323,11 +317,8 @@ def memory_download(services: Services, sess: Session | None):
 
 
 def memory_upload(services: Services, file, lam, sess: Session | None):
-    """Replace the session's memory with an uploaded memory file or SGLang CSD table (.json/.jsonl,
-    ``csd.calibration.sglang_table``). A file that is neither, is damaged, belongs to another pair or names ids
-    beyond the pair's vocabulary is refused with the engine's sentence; a memory calibrated with other
-    representations is loaded, and the summary says so.
-    -> (summary, rows, message html, session)."""
+    """Replace the session's memory with an uploaded memory file or SGLang CSD table (.json/.jsonl); one the engine
+    refuses is refused with its sentence. -> (summary, rows, message html, session)."""
     sess = ensure_session(services, sess)
     if not file:
         return (*memory_view(services, lam, sess)[:2], "", sess)

@@ -65,7 +65,6 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "generate")
     if job.cancel:
-        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
         return
     with in_lane(services, job):

@@ -28,8 +28,7 @@ ORPHAN_S = 20.0     # a request this long in the lane and never seen in gradio's
 def request_job(services: Services, kind: str, sess: Session | None, prompt: str | None = None, chat: bool = True,
                 session_hash: str = "", event: str = ""):
     """A click asking for model work, answered at once: a bad prompt is refused, else the request joins the lane
-    (``session_hash``, ``event``: the page's gradio session and the api_name of the run it queues next, by which
-    the lane finds that run in gradio's queue). -> (session, status line, status timer)."""
+    (``session_hash``, ``event``: how the lane finds its run in gradio's queue). -> (session, status, timer)."""
     sess = ensure_session(services, sess)
     if prompt is not None:
         prompt_ids(services, prompt, chat)
@@ -40,11 +39,14 @@ def request_job(services: Services, kind: str, sess: Session | None, prompt: str
 
 
 def take_job(services: Services, sess: Session, kind: str) -> Job:
-    """The job this handler runs: the oldest the page asked for, else a new one (an API caller)."""
+    """The job this handler runs: the oldest the page asked for, else a new one (an API caller); one stopped
+    before it started is finished here (its handler runs in the light group and ends at once: no model)."""
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
-    if not job.cancel:                             # a stopped one ends at once (in the light group): no model
+    if job.cancel:
+        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
+    else:
         job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
     return job
 
@@ -191,8 +193,7 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
         raise error(str(e)) from None
     if len(ids) > cap:
         raise error(f"The prompt is {plural(len(ids), 'token')} long; this app takes prompts of at most "
-                    f"{plural(cap, 'token')} "
-                    f"(python app.py --max-prompt-tokens N sets the limit). Please shorten it.")
+                    f"{plural(cap, 'token')} (python app.py --max-prompt-tokens N sets the limit). Please shorten it.")
     if cfg is not None:
         try:
             cfg.validated(pair.context_limit, len(ids))

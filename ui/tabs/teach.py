@@ -116,7 +116,6 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
     sess = ensure_session(services, sess)
     job = take_job(services, sess, "teach")
     if job.cancel:
-        services.lane.finish(job, "Stopped before it started: the model never ran for it.")
         yield gr.skip(), status_line(services, sess, "teach"), sess
         return
     if s.method == "ar":
