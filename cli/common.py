@@ -39,7 +39,7 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                    help="the target's representation (auto: int8 on the CPU, bfloat16 on CUDA; float32 is exact)")
     p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
                    help="the draft's weights (auto: on the CPU int8 or ort4, whichever prepare timed faster here, the "
-                        "target's dtype on a GPU; ort4: 4-bit groups of 32 on ONNX Runtime; int4 now runs ort4)")
+                        "target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; int4 now runs ort4)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
                    help="the draft's forward pass: lean (fused, Llama-family), hf, auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,

@@ -37,6 +37,11 @@ def test_other_weights_land_within_half_a_level_and_odd_group_counts_pack():
     assert bool((err <= 0.5 * s + 1e-6).all()) and bool((err > 0).any())
     with pytest.raises(ValueError, match="16x40 weight"):
         quantize_nbits(torch.randn(16, 40))
+    w = torch.randn(8, 384, generator=torch.Generator().manual_seed(2))     # 384 columns: groups of 128
+    q, s, z = quantize_nbits(w)
+    assert q.shape == (8, 3, 64) and s.shape == (8, 3) and z.shape == (8, 2)
+    err = (dequantize_nbits(NBits(q, s, z)) - w).abs().view(8, 3, 128).amax(-1)
+    assert bool((err <= 0.5 * s + 1e-6).all())
 
 
 def ort_draft(tmp_path, model) -> OrtLM:
@@ -51,9 +56,10 @@ def lean_on_the_same_weights(path, key=KEY) -> LeanLM:
     lm = convert.load(path, key, rows=False)
 
     def lin(nb):
-        out = torch.nn.Linear(nb.scales.shape[1] * 32, nb.q.shape[0], bias=nb.bias is not None)
+        w = dequantize_nbits(nb)
+        out = torch.nn.Linear(w.shape[1], w.shape[0], bias=nb.bias is not None)
         with torch.no_grad():
-            out.weight.copy_(dequantize_nbits(nb))
+            out.weight.copy_(w)
             if nb.bias is not None:
                 out.bias.copy_(nb.bias)
         return out

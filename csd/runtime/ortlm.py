@@ -1,6 +1,6 @@
 """The draft on ONNX Runtime (issue 52, ``--draft-dtype ort4``): its decoder layers as one ONNX graph whose
-products are ONNX Runtime's 4-bit ``MatMulNBits`` (groups of 32 input columns, each with a float32 scale and
-a 4-bit zero point; activations in int8, accuracy level 4), with the norms and ``GroupQueryAttention`` (RoPE,
+products are ONNX Runtime's 4-bit ``MatMulNBits`` (groups of 128 input columns, or 32 where 128 do not divide
+them, each with a float32 scale and a 4-bit zero point; activations in int8, accuracy level 4), with the norms and ``GroupQueryAttention`` (RoPE,
 attention over the cache, appended in place) in the same graph: one call a step instead of some twenty torch
 ops a layer. The embedding and the int8 output layer stay torch's (``LeanLM``). A draft's representation only:
 it changes what the draft proposes, never what the target verifies. Float zero points, which would hold a GGUF
@@ -17,24 +17,26 @@ import torch
 from .lm import LeanCache, LeanLM, ids_tensor
 from .quant import release_memory
 
-GROUP = 32           # input columns sharing a scale and zero point
-ORT_FORMAT = 1       # bump when the cached weights' layout changes (the key carries it; the graph is built at load)
+GROUPS = (128, 32)   # input columns sharing a scale and zero point: the first that divides a weight's columns
+ORT_FORMAT = 2       # bump when the cached weights' layout changes (the key carries it; the graph is built at load)
 
 
 class NBits(NamedTuple):
-    """A linear layer's weights as ``MatMulNBits`` takes them: ``q`` (N, K/32, 16) uint8, two 4-bit levels a
-    byte, the first low; ``scales`` (N, K/32) float32; ``zeros`` (N, ceil(K/64)) uint8, two zero points a
-    byte; ``bias`` (N,) or None. A weight is (q - zero) * scale."""
+    """A linear layer's weights as ``MatMulNBits`` takes them, in groups of G columns: ``q`` (N, K/G, G/2)
+    uint8, two 4-bit levels a byte, the first low; ``scales`` (N, K/G) float32; ``zeros`` (N, ceil(K/G/2))
+    uint8, two zero points a byte; ``bias`` (N,) or None. A weight is (q - zero) * scale."""
     q: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     bias: torch.Tensor | None = None
 
 
-def quantize_nbits(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``NBits``' q, scales and zeros of a float weight (N, K): per group its range widened to hold 0 (as
-    ONNX Runtime's own quantiser does), 15 levels across it, the zero point on a level."""
+def quantize_nbits(weight: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``NBits``' q, scales and zeros of a float weight (N, K) in groups of ``group`` columns (default: the first
+    of ``GROUPS`` that divides K): per group its range widened to hold 0 (as ONNX Runtime's own quantiser does),
+    15 levels across it, the zero point on a level."""
     n, k = weight.shape
+    group = group or next((g for g in GROUPS if k % g == 0), GROUPS[-1])
     if k % group:
         raise ValueError(f"a {n}x{k} weight cannot be held in groups of {group} columns")
     w = weight.detach().float().view(n, k // group, group)
@@ -50,7 +52,7 @@ def quantize_nbits(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tens
 
 def dequantize_nbits(nb: NBits) -> torch.Tensor:
     """The float weights (N, K) that ``nb`` holds."""
-    q = torch.stack([nb.q & 15, nb.q >> 4], -1).flatten(-2).float()                # (N, K/32, 32)
+    q = torch.stack([nb.q & 15, nb.q >> 4], -1).flatten(-2).float()                # (N, K/G, G)
     z = torch.stack([nb.zeros & 15, nb.zeros >> 4], -1).flatten(-2)[:, :q.shape[1]].float()
     return ((q - z[..., None]) * nb.scales[..., None]).flatten(1)
 
@@ -130,10 +132,10 @@ class _Builder:
         return self.init(f"c{len(self.inits)}", np.array(v, dtype=np.int64))
 
     def matmul(self, x: str, nb: NBits, name: str) -> str:
-        n, blocks = nb.scales.shape
+        (n, blocks), group = nb.scales.shape, 2 * nb.q.shape[2]
         y = self("MatMulNBits", [x, self.init(f"{name}.q", nb.q.numpy()), self.init(f"{name}.s", nb.scales.numpy()),
                                  self.init(f"{name}.z", nb.zeros.numpy())], domain="com.microsoft",
-                 K=blocks * GROUP, N=n, bits=4, block_size=GROUP, accuracy_level=4)
+                 K=blocks * group, N=n, bits=4, block_size=group, accuracy_level=4)
         return y if nb.bias is None else self("Add", [y, self.init(f"{name}.b", nb.bias.float().numpy())])
 
 
