@@ -13,10 +13,9 @@ import os
 import random
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .graders import gsm8k_reference
+from .graders import Item, gsm8k_reference
 
 BUILTIN = ("gsm8k", "humaneval", "champ", "prose", "heldout")
 DATA_FILES = {
@@ -28,17 +27,6 @@ DATA_FILES = {
 
 class DatasetError(ValueError):
     """A dataset cannot be found or read; the message says which and how to fix it."""
-
-
-@dataclass
-class Item:
-    dataset: str                 # dataset name (a file's stem for a user file)
-    item_id: str                 # stable id within the dataset (GSM8K line number, HumanEval task id, ...)
-    prompt: str                  # the user message; the bench wraps it in the chat template
-    reference: str | None = None  # the reference final answer (None: not graded)
-    grader: str | None = None    # "number", "humaneval", "champ" or None (speed only)
-    extra: dict = field(default_factory=dict)  # grader inputs (HumanEval prompt, test, entry point)
-    content: str = ""            # the item's own text (question, stub, passage), without the instruction
 
 
 # -- locating the files ------------------------------------------------------------------------

@@ -8,14 +8,22 @@ import ast
 import operator
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 from .sandbox import run_humaneval
 
-if TYPE_CHECKING:
-    from .datasets import Item
+
+@dataclass
+class Item:
+    """One benchmark item (``csd.evaluation.datasets`` loads them; defined here, where it is graded)."""
+    dataset: str                 # dataset name (a file's stem for a user file)
+    item_id: str                 # stable id within the dataset (GSM8K line number, HumanEval task id, ...)
+    prompt: str                  # the user message; the bench wraps it in the chat template
+    reference: str | None = None  # the reference final answer (None: not graded)
+    grader: str | None = None    # "number", "humaneval", "champ" or None (speed only)
+    extra: dict = field(default_factory=dict)  # grader inputs (HumanEval prompt, test, entry point)
+    content: str = ""            # the item's own text (question, stub, passage), without the instruction
 
 
 @dataclass
