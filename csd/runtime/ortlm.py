@@ -1,10 +1,9 @@
-"""The draft on ONNX Runtime (issue 52, ``--draft-dtype ort4``): its decoder layers as one ONNX graph whose
-products are ONNX Runtime's 4-bit ``MatMulNBits`` (groups of 128 input columns, or 32 where 128 do not divide
-them, each with a float32 scale and a 4-bit zero point; activations in int8, accuracy level 4), with the norms and ``GroupQueryAttention`` (RoPE,
-attention over the cache, appended in place) in the same graph: one call a step instead of some twenty torch
-ops a layer. The embedding and the int8 output layer stay torch's (``LeanLM``). A draft's representation only:
-it changes what the draft proposes, never what the target verifies. Float zero points, which would hold a GGUF
-Q4_K block exactly, take a dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again.
+"""The draft on ONNX Runtime (issue 52, ``--draft-dtype ort4``): its decoder layers as one ONNX graph of 4-bit
+``MatMulNBits`` products (``GROUPS``, a float32 scale and 4-bit zero point a group; int8 activations, accuracy
+level 4), the norms and ``GroupQueryAttention`` (RoPE, attention over the cache, appended in place): one call a
+step, not some twenty torch ops a layer. The embedding and int8 output layer stay torch's (``LeanLM``). It changes
+what the draft proposes, never what the target verifies. Float zero points (a GGUF Q4_K block exactly) take a
+dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again.
 """
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ class NBits(NamedTuple):
 
 
 def quantize_nbits(weight: torch.Tensor, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``NBits``' q, scales and zeros of a float weight (N, K) in groups of ``group`` columns (default: the first
-    of ``GROUPS`` that divides K): per group its range widened to hold 0 (as ONNX Runtime's own quantiser does),
-    15 levels across it, the zero point on a level."""
+    """``NBits``' q, scales and zeros of a weight (N, K) in groups of ``group`` columns (default: the first of
+    ``GROUPS`` dividing K): each group's range widened to hold 0 (as ONNX Runtime does), 15 levels, zero on one."""
     n, k = weight.shape
     group = group or next((g for g in GROUPS if k % g == 0), GROUPS[-1])
     if k % group:
