@@ -207,23 +207,34 @@ def test_every_relative_link_in_the_docs_resolves():
     assert broken == []
 
 
-def test_no_import_cycle_among_the_engines_modules():
-    """csd's modules import one another one way (lazy imports inside functions included): a cycle would
-    let a module be half-initialised when another reads it (csd.runtime.convert and csd.runtime.refs once formed one)."""
-    def name(path: Path) -> str:          # csd/runtime/lm.py -> "runtime.lm"
-        return ".".join(path.relative_to(ROOT / "csd").with_suffix("").parts)
+def test_no_import_cycle_among_the_projects_modules():
+    """The project's modules import one another one way (lazy imports inside functions included): a cycle would
+    let a module be half-initialised when another reads it (csd.runtime.convert and csd.runtime.refs once formed
+    one; evaluation's datasets and graders another, through a type-checking import). ui/, db/, cli/, bench/ and
+    evaluation/ install as csd.ui, csd.db, ... (pyproject's package-dir): ``csd.ui.x`` is ui/x.py."""
+    tops = ("ui", "db", "cli", "bench", "evaluation")
 
-    graph, names = {}, {name(p) for p in (ROOT / "csd").rglob("*.py")}
-    for path in (ROOT / "csd").rglob("*.py"):
-        here, deps = name(path).split(".")[:-1], set()
+    def parts(path: Path) -> list[str]:   # csd/runtime/lm.py -> runtime.lm, ui/tabs/page.py -> ui.tabs.page
+        rel = path.relative_to(ROOT / "csd") if path.is_relative_to(ROOT / "csd") else path.relative_to(ROOT)
+        return [p for p in rel.with_suffix("").parts if p != "__init__"]      # a package: its own name
+
+    def name(path: Path) -> str:
+        return ".".join(parts(path)) or "csd"
+
+    files = [p for top in ("csd", *tops) for p in (ROOT / top).rglob("*.py") if "migrations" not in p.parts]
+    graph, names = {}, {name(p) for p in files}
+    for path in files:
+        here, deps = parts(path) if path.name == "__init__.py" else parts(path)[:-1], set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:           # from .x / ..x import y
                 base = here[:len(here) - node.level + 1]
                 mods = [node.module] if node.module else [a.name for a in node.names]
                 deps |= {".".join([*base, *m.split(".")]) for m in mods}
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csd."):
-                deps.add(node.module.removeprefix("csd."))
-        graph[name(path)] = deps & names
+                deps |= {node.module.removeprefix("csd."), *(f"{node.module.removeprefix('csd.')}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.removeprefix("csd.") for a in node.names if a.name.startswith("csd.")}
+        graph[name(path)] = deps & names - {name(path)}
 
     def reach(start):
         seen, todo = set(), list(graph[start])
@@ -233,6 +244,7 @@ def test_no_import_cycle_among_the_engines_modules():
                 seen.add(m)
                 todo.extend(graph.get(m, ()))
         return seen
+    assert len(graph) > 80 and "evaluation.graders" in graph["evaluation.datasets"]
     cycles = sorted(m for m in graph if m in reach(m))
     assert not cycles, f"modules on an import cycle: {cycles}"
 
