@@ -132,7 +132,9 @@ def main():
     out = {"machine": machine_name("cpu"), "threads": args.threads, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "command": "python docs/bench/ort-target-xeon/target_rows.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v)}
     ref = resolve("embedded", "target", None, False)
-    key = {"format": FORMAT, "source": ref.identity(), "role": "target", "bits": "ort4", "ort_format": ortlm.ORT_FORMAT}
+    ortlm.GROUPS = (32,)     # groups of 32: row-exact products (the draft's 128 are not, tests/test_ort_draft.py)
+    key = {"format": FORMAT, "source": ref.identity(), "role": "target", "bits": "ort4", "ort_format": ortlm.ORT_FORMAT,
+           "groups": 32}
     path = ref.int8_dir()
     before = rss()
     lm = OrtRowsLM.from_lean(cached_lean(path.with_name(f"{path.name}-ort4"), key, lambda: ref.source(None), ref.config(),
