@@ -147,8 +147,9 @@ def rival_values(args, changed_only: bool = False) -> dict:
     """The rivals' parameters from ``add_rival_args`` as CSDConfig fields (``changed_only``: those not at default)."""
     from csd.config import PARAM_METHOD
     from csd.rule import Rivals
+    d = Rivals()
     return {name: getattr(args, name) for name in PARAM_METHOD
-            if not changed_only or getattr(args, name) != getattr(Rivals(), name)}
+            if not changed_only or getattr(args, name) != getattr(d, name)}
 
 
 def add_memory_policy_args(p: argparse.ArgumentParser) -> None:

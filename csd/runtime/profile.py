@@ -244,7 +244,7 @@ def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
     what was written."""
     from ..fileio import write_json
     from .ortlm import ort_missing
-    missing = {r: why for r, why in (("ort4", ort_missing()),) if why}
+    missing = {"ort4": why} if (why := ort_missing()) else {}
     lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
     times = time_interleaved(lms, 3 * reps)
     ms = {r: t["wall_ms"] for r, t in times.items()}
