@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import re
 import time
 from collections import Counter
@@ -18,7 +17,7 @@ from csd.config import ConfigError, CSDConfig
 from csd.evaluation.datasets import Item, item_range, load_dataset, validate_datasets
 from csd.evaluation.graders import grade
 
-from .io import Progress, now, write_json
+from .io import Progress, machine, now, write_json
 from .methods import DEFAULT_METHODS, Method, make_methods
 from .report import render_markdown, write_charts
 from .results import ItemResult, assemble, mark_where_answers_leave_sd, median_bound
@@ -36,27 +35,23 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     empty) and the engine's run (None for hf)."""
     cfg = method.cfg
     if method.hf is not None:
-        fixed = cfg.gamma if method.hf == "fixed" and cfg.gamma != "auto" else (6 if method.hf == "fixed" else None)
+        fixed = (cfg.gamma if cfg.gamma != "auto" else 6) if method.hf == "fixed" else None
         ids, wall, tp, dp = generate_hf(pair, prompt_ids, cfg.max_new_tokens, fixed_gamma=fixed,
                                         assisted=method.hf != "generate")
-        text = pair.tokenizer.decode(ids, skip_special_tokens=True)
         stopped = "eos" if ids and ids[-1] in pair.eos_ids else "max_new_tokens"
-        return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, text=text,
-                          token_ids=ids), None
+        return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, token_ids=ids,
+                          text=pair.tokenizer.decode(ids, skip_special_tokens=True)), None
     t0 = time.perf_counter()
     run = decoder.run(prompt_ids, cfg, memory)
     for _ in run:
         pass
     wall = time.perf_counter() - t0
     mt = run.metrics
-    drafting = cfg.uses_draft
-    return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards,
-                      mt.drafted if drafting else None, mt.accepted if drafting else None,
-                      mt.rescued + mt.relaxed if drafting else None, mt.divergences if drafting else None,
+    drafts = (mt.drafted, mt.accepted, mt.rescued + mt.relaxed, mt.divergences) if cfg.uses_draft else (None,) * 4
+    copies = {"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted, "lookup_kept": mt.lookup_kept}
+    return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards, *drafts,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
-                      token_ids=list(run.token_ids),
-                      **({"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted,
-                          "lookup_kept": mt.lookup_kept} if cfg.lookup else {})), run
+                      token_ids=list(run.token_ids), **(copies if cfg.lookup else {})), run
 
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,
@@ -67,10 +62,6 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     import torch
 
     passes = Counter()                   # forward passes by model
-
-    def counter(name):
-        return lambda *_: passes.update((name,))
-
     target, draft = pair.hf_target(), (pair.hf_draft() if assisted else None)   # built on first use
     x = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     pad = pair.tokenizer.pad_token_id
@@ -81,7 +72,7 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     if fixed_gamma is not None and assisted:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
         gc.assistant_confidence_threshold = 0.0
-    hooks = [lm.register_forward_hook(counter(name))
+    hooks = [lm.register_forward_hook(lambda *_, name=name: passes.update((name,)))
              for name, lm in (("target", target), ("draft", draft)) if lm is not None]
     try:
         t0 = time.perf_counter()
@@ -374,19 +365,11 @@ def _loadavg():
 
 
 def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_id: str) -> dict:
-    import torch
-    import transformers
-
-    from csd.runtime.profile import machine_name
-
     costs = _profile_record(decoder.costs) if decoder.has_costs else None
     base = config.engine()
     return {
         "bench_id": bench_id, "command": config.command, "started_at": now(),
-        "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "device": str(pair.device)},
+        "machine": machine(pair.device),
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
         "dtype": pair.rep.target,

@@ -4,13 +4,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import platform
 import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from csd.events import Progress  # noqa: F401 (the benchmark's modules take it from here)
-from csd.fileio import atomic_write
+from csd.fileio import atomic_write, read_maybe_gzip
 
 DASH = "–"                                # a figure that was not measured
 
@@ -36,8 +37,7 @@ def read_results_json(path: Path):
     if path.is_dir():
         path = path / "results.json" if (path / "results.json").exists() or not (path / "results.json.gz").exists() \
             else path / "results.json.gz"
-    raw = path.read_bytes()
-    return path, json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    return path, json.loads(read_maybe_gzip(path))
 
 
 def fmt(x, spec: str = ".2f", suffix: str = "", none: str = DASH) -> str:
@@ -66,6 +66,18 @@ def ratio(stats: dict, key: str, none: str = DASH) -> str:
 def now() -> str:
     """The time stamp of the outputs: UTC, to the second, ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def machine(device, name_key: str = "cpu") -> dict:
+    """A run's ``meta.machine``: the processor (or GPU) under ``name_key``, the threads and the versions."""
+    import torch
+    import transformers
+
+    from csd.runtime.profile import machine_name
+
+    return {name_key: machine_name(device), "device": str(device), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def command_line(module: str) -> str:

@@ -91,14 +91,13 @@ def truncate(row: dict, n: int) -> dict:
 
 def collect(out: Path, per_topic: int, max_text_tokens: int, seed: int = 0) -> Path:
     """Read the stream's items and write ``out/stream.json.gz`` (resumable: items already read are kept)."""
-    import gzip
-
     from csd.calibration.calibrate import CALIBRATION_INSTRUCTION
+    from csd.fileio import read_maybe_gzip
     from csd.runtime.models import load_pair
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / STREAM_FILE
-    done = json.loads(gzip.decompress(path.read_bytes())) if path.exists() else None
+    done = json.loads(read_maybe_gzip(path)) if path.exists() else None
     pair = load_pair()
     if pair.target_lm.vocab_ids is not None:
         raise ValueError("the target has a reduced vocabulary; the replay needs its full logits")
