@@ -80,6 +80,6 @@ def machine(device, name_key: str = "cpu") -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def command_line(module: str) -> str:
-    """The command as typed, for the record: ``python -m MODULE ARGS``."""
-    return f"python -m {module} {shlex.join(sys.argv[1:])}".strip()
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command as typed, for the record: ``python -m MODULE ARGS`` (``argv``: the arguments given to main)."""
+    return f"python -m {module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()

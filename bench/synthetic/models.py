@@ -134,10 +134,8 @@ class ScriptedDraft(LM):
         if want is None or coins is None:
             raise ValueError("a script needs the target's tokens and the coins")
         n = max(len(path) + 1, len(coins))
-        path_t = torch.full((n,), -1, dtype=torch.long)
-        path_t[:len(path)] = torch.tensor(path, dtype=torch.long)
-        want_t = torch.full((n,), -1, dtype=torch.long)
-        want_t[:len(want)] = torch.tensor(want, dtype=torch.long)
+        path_t = torch.tensor([*path] + [-1] * (n - len(path)), dtype=torch.long)
+        want_t = torch.tensor([*want] + [-1] * (n - len(want)), dtype=torch.long)
         coin = torch.zeros(n, dtype=torch.bool)
         coin[:len(coins)] = coins.cpu()
         boost = torch.where(coin, torch.tensor(BIG), torch.tensor(-math.inf))
