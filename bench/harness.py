@@ -142,13 +142,12 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     pair's). An interrupt keeps the finished items in the outputs and propagates."""
     from csd.runtime.profile import decoder as measured_decoder
 
-    datasets = config.datasets()
     cols = config.columns()
     if pair.draft_lm is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
     if any(m.acts for m in cols) and (pair.rep.target != "int8" or not pair.rep.activations):
         raise ValueError("a column's activations=row|pass needs an int8 target on the lean path (--dtype int8)")
-    items = interleaved_items(datasets, config.limit, config.seed)
+    items = interleaved_items(config.datasets(), config.limit, config.seed)
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     base = config.engine()
     for ids in prompts.values():
@@ -226,8 +225,8 @@ class _Run:
             self._finish(status, len(items))
         return self.results
 
-    def _say(self, postfix: str, message: str, fraction: float) -> None:
-        self.bar.set_postfix_str(postfix)
+    def _say(self, message: str, fraction: float) -> None:
+        self.bar.set_postfix_str(message.replace(": ", " "))
         if self.progress:
             self.progress(message, fraction)
 
@@ -241,7 +240,7 @@ class _Run:
         """One short generation per column (the warm-up never teaches a memory)."""
         warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
         for m in self.cols:
-            self._say(f"warm-up {m.name}", f"warm-up: {m.name}", 0.0)
+            self._say(f"warm-up: {m.name}", 0.0)
             mem = self.memories[m.name].copy() if m.name in self.memories else None
             warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
             self._represent(m)
@@ -252,8 +251,7 @@ class _Run:
         item_records: dict[str, ItemResult] = {}
         k %= len(self.cols)
         for j, m in enumerate(self.cols[k:] + self.cols[:k]):
-            self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
-                      self.done / self.total)
+            self._say(f"{it.dataset} {it.item_id}: {m.name}", self.done / self.total)
             self._represent(m)
             r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
             r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
@@ -271,7 +269,7 @@ class _Run:
                 ids = item_records[ref].token_ids
                 for r in item_records.values():
                     setattr(r, f"identical_to_{ref}", r.token_ids == ids)
-        mark_where_answers_leave_sd(item_records.values(), self.pair.tokenizer.decode)
+        mark_where_answers_leave_sd(item_records, self.pair.tokenizer.decode)
         self.records.extend(item_records[m.name] for m in self.cols if m.name in item_records)
 
     def _count_divergences(self, name: str, events) -> None:
@@ -326,7 +324,6 @@ def _safe(name: str) -> str:
 def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str, policy: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
     from csd.db.store import run_fields
-    from csd.events import RunMetrics
 
     fields = run_fields(pair, kind="bench", method=m.name[:32], temperature=0.0,
                         max_new_tokens=m.cfg.max_new_tokens, prompt=item.prompt,
@@ -345,8 +342,7 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
             return
         for ev in run.events:
             rec.add(ev)
-        metrics: RunMetrics = run.metrics
-        rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
+        rec.result(r.text, {**run.metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
 def _profile_record(c) -> dict:

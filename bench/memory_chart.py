@@ -2,8 +2,6 @@
 rolling rescue rate against items, one line per policy, the topic changes marked."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
@@ -34,8 +32,3 @@ def memory_figure(out: dict) -> go.Figure:
                             f"gamma {out['gamma']}, lambda {out['lam']:g}, tau {out['tau']:g})",
                       height=760, template="plotly_white", legend={"font": {"size": 11}})
     return fig
-
-
-def write_chart(out: dict, path: Path) -> Path:
-    memory_figure(out).write_html(path, include_plotlyjs="cdn", full_html=True)
-    return path

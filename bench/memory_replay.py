@@ -216,8 +216,8 @@ def replay_run(run: Path, lam: float | None = None, tau: float | None = None,
         out["scenarios"]["shipped"] = run_scenario(stream, shipped, rescue, d.gamma, half_lives)
     out["replay_s"] = time.perf_counter() - t0
     write_json(run / RESULTS, out)
-    from .memory_chart import write_chart
-    write_chart(out, run / CHART)
+    from .memory_chart import memory_figure
+    memory_figure(out).write_html(run / CHART, include_plotlyjs="cdn", full_html=True)
     return out
 
 

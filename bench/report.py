@@ -328,12 +328,10 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
     for p in points:
         acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
         acc_s = "–" if acc is None else f"{100 * acc:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
-        rel = p.get("speed_vs_sd")
-        rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
-        resc = p.get("rescued") if p.get("rescued") is not None else "–"
+        rel_s = fmt(p.get("speed_vs_sd"), ".2f", f"x (run {p.get('run')})") + " | " if merged else ""
         rows.append(f"| {escape(str(p.get('method')))} | {fmt(p.get('tokens_per_s'))} | {rel_s}"
-                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {pct(p.get('eos_share'), 0)} | "
-                    f"{acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
+                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {fmt(p.get('rescued'), '')} | "
+                    f"{pct(p.get('eos_share'), 0)} | {acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
     machine = escape(str((meta.get("machine") or {}).get("cpu", "")))
     where = f"on {machine} (target {escape(str(meta.get('dtype')))}); N = {points[0].get('n')} items"
     if merged:

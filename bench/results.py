@@ -107,11 +107,10 @@ def leaves_at(ref_ids: list[int], ids: list[int], decode) -> list | None:
     return [i, decode([ref_ids[i]]) if i < len(ref_ids) else "", decode([ids[i]]) if i < len(ids) else ""]
 
 
-def mark_where_answers_leave_sd(records, decode) -> None:
-    """Set ``leaves_sd_at`` on one item's records (every method but SD, where SD ran)."""
-    records = list(records)
-    sd = next((r for r in records if r.method == "sd"), None)
-    for r in records:
+def mark_where_answers_leave_sd(records: dict, decode) -> None:
+    """Set ``leaves_sd_at`` on one item's records, {method: record} (every method but SD, where SD ran)."""
+    sd = records.get("sd")
+    for r in records.values():
         if sd is not None and r is not sd:
             r.leaves_sd_at = leaves_at(sd.token_ids, r.token_ids, decode)
 
@@ -130,7 +129,7 @@ def fill_leaves_sd_at(results: dict) -> None:
     decode = AutoTokenizer.from_pretrained(prepare_embedded("target")).decode
     records = [ItemResult.from_dict(it) for it in items]
     for group in by_item(records).values():         # the run's own pairing, one item at a time
-        mark_where_answers_leave_sd(group.values(), decode)
+        mark_where_answers_leave_sd(group, decode)
     for it, r in zip(items, records):
         it["leaves_sd_at"] = r.leaves_sd_at
 
