@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from .io import command_line, now, write_outputs
+from .io import command_line, md_table, now, write_outputs
 
 CONTEXT = 150
 KINDS = (   # (kind, substrings of the op's name), first match wins
@@ -101,17 +101,13 @@ def markdown(out: dict) -> str:
              f"{out['measured_at']}, torch {out['torch']} ({out['cpu_capability']}), {out['threads']} threads; "
              f"`{out['command']}`. Each call after {CONTEXT} cached tokens; wall times are the median of the "
              "timed calls, the kinds torch.profiler's self CPU time; 'unaccounted' is the median wall time less "
-             "the profiled ops (Python and dispatch between them).", "",
-             "| draft | call | wall ms (min) | matmul ms | attention | norm | elementwise | copies | other "
-             "| outside matmul | unaccounted ms | ops / layer |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in out["runs"]:
-        for name, c in r["calls"].items():
-            k = c["ms_by_kind"]
-            lines.append(f"| {r['draft']} | {name} | {c['wall_ms_median']} ({c['wall_ms_min']}) | "
-                         + " | ".join(f"{k.get(x, 0.0):.2f}" for x in ("matmul", "attention", "norm", "elementwise",
-                                                                         "copies", "other"))
-                         + f" | {100 * (c['share_outside_matmul'] or 0):.0f}% | {c['unaccounted_ms']} | "
-                           f"{c['ops_per_layer']} |")
+             "the profiled ops (Python and dispatch between them).", ""]
+    kinds = ("matmul", "attention", "norm", "elementwise", "copies", "other")
+    rows = [[r["draft"], name, f"{c['wall_ms_median']} ({c['wall_ms_min']})",
+             *(f"{c['ms_by_kind'].get(x, 0.0):.2f}" for x in kinds), f"{100 * (c['share_outside_matmul'] or 0):.0f}%",
+             c["unaccounted_ms"], c["ops_per_layer"]] for r in out["runs"] for name, c in r["calls"].items()]
+    lines += md_table(["draft", "call", "wall ms (min)", "matmul ms", *kinds[1:], "outside matmul", "unaccounted ms",
+                       "ops / layer"], rows, left=2)
     lines += ["", "Draft step over a 1-token target pass: "
               + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + ".", "", "In turn, medians "
               "(wall, CPU ms): " + "; ".join(f"{k} {v['wall_ms']}, {v['cpu_ms']}" for k, v in out["interleaved"].items()) + "."]

@@ -63,6 +63,14 @@ def ratio(stats: dict, key: str, none: str = DASH) -> str:
     return ratio_text(stats.get(key), stats.get(key + "_ci95"), none)
 
 
+def md_table(head: list, rows, left: int = 1) -> list[str]:
+    """A Markdown table's lines, ``head`` then ``rows`` (lists of cells): the first ``left`` columns
+    left-aligned, the others (figures) right-aligned."""
+    def line(cells) -> str:
+        return "| " + " | ".join(map(str, cells)) + " |"
+    return [line(head), "|" + "---|" * left + "---:|" * (len(head) - left), *map(line, rows)]
+
+
 def now() -> str:
     """The time stamp of the outputs: UTC, to the second, ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -17,7 +17,7 @@ from csd.representation import Representation
 from csd.rule import BlockScores, Rescue, decide
 from csd.runtime.profile import machine_name
 
-from .io import write_json
+from .io import md_table, write_json
 
 CAPACITY_SHARES = (0.01, 0.10, 0.50)    # of the unbounded memory's final size
 WINDOW = 10                             # items in the rolling rescue rate (recovery, chart)
@@ -229,15 +229,15 @@ def fmt_recovery(items: list) -> str:
 def table(out: dict, scenario: str) -> str:
     """The scenario as a Markdown table (docs/memory.md)."""
     sc = out["scenarios"][scenario]
-    head = ("| policy | rescues / 100 tokens | share of unbounded rescues | tokens / pass | patterns at the end "
-            "| bytes (device) | file (gz) | unearned rescues | rescued = reference | carried over (prose) "
-            "| recovery (items) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = [f"| {p['name']} | {p['rescues_per_100']:.2f} | {p['share_of_unbounded_rescues']:.1%} | "
-            f"{p['tokens_per_pass']:.3f} | {p['final_patterns']:,} | {p['final_bytes']:,} | {p['file_bytes_gz']:,} | "
-            f"{p['unearned']:,} | "
-            f"{p['rescues_matching_reference']:.1%} | {p['per_topic'][sc['topics'][-1]]['carried_over_share']:.1%} | "
-            f"{fmt_recovery(p['recovery_items'])} |" for p in sc["policies"]]
-    return "\n".join([head, *rows, f"\nSD (no rescue): {sc['sd_tokens_per_pass']:.3f} tokens / pass."])
+    head = ["policy", "rescues / 100 tokens", "share of unbounded rescues", "tokens / pass", "patterns at the end",
+            "bytes (device)", "file (gz)", "unearned rescues", "rescued = reference", "carried over (prose)",
+            "recovery (items)"]
+    rows = [[p["name"], f"{p['rescues_per_100']:.2f}", f"{p['share_of_unbounded_rescues']:.1%}",
+             f"{p['tokens_per_pass']:.3f}", f"{p['final_patterns']:,}", f"{p['final_bytes']:,}", f"{p['file_bytes_gz']:,}",
+             f"{p['unearned']:,}", f"{p['rescues_matching_reference']:.1%}",
+             f"{p['per_topic'][sc['topics'][-1]]['carried_over_share']:.1%}", fmt_recovery(p["recovery_items"])]
+            for p in sc["policies"]]
+    return "\n".join([*md_table(head, rows), f"\nSD (no rescue): {sc['sd_tokens_per_pass']:.3f} tokens / pass."])
 
 
 if __name__ == "__main__":     # python -m csd.bench.memory_replay RUN: print the tables of a replayed run
