@@ -13,7 +13,7 @@ from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
 
-from csd.config import ConfigError, CSDConfig
+from csd.config import CSDConfig
 from csd.evaluation.datasets import Item, item_range, load_dataset, validate_datasets
 from csd.evaluation.graders import grade
 
@@ -124,11 +124,8 @@ class BenchConfig:
         """The csd column's engine config, which every other column varies (ValueError when invalid)."""
         if self.memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
-        try:
-            return CSDConfig.of(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
-                             max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
+        return CSDConfig.of(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                            max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
 
     def columns(self) -> list[Method]:
         """The run's columns: the methods, then one per sweep setting (ValueError when invalid)."""

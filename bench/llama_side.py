@@ -81,7 +81,6 @@ def main(argv=None) -> int:
     from csd.runtime.embedded import EMBEDDED, assemble_gguf
     from csd.runtime.profile import machine_name
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.llama_side"),
            "llama.cpp": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -95,8 +95,7 @@ def collect(out: Path, per_topic: int, max_text_tokens: int, seed: int = 0) -> P
     from csd.fileio import read_maybe_gzip
     from csd.runtime.models import load_pair
 
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / STREAM_FILE
+    path = out / STREAM_FILE                       # write_json makes the folder
     done = json.loads(read_maybe_gzip(path)) if path.exists() else None
     pair = load_pair()
     if pair.target_lm.vocab_ids is not None:

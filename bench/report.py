@@ -377,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             fill_leaves_sd_at(r)
         if len(runs) > 1:
             results = pool(runs, "python -m csd.bench.report " + " ".join(args.run) + f" --out {args.out}")
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            path = Path(args.out) / "results.json"
+            path = Path(args.out) / "results.json"          # write_json makes the folder
         else:
             results = runs[0]
             path = Path(results.pop("_path"))
