@@ -23,12 +23,11 @@ def write_json(path: str | os.PathLike, data) -> Path:
     return atomic_write(path, gzip.compress(raw, mtime=0) if str(path).endswith(".gz") else raw)
 
 
-def write_outputs(out: str | os.PathLike, name: str, data, text: str) -> Path:
-    """A tool's outputs: ``out``/``name``.json (``data``) and .md (``text``, also printed). -> ``out``."""
+def write_outputs(out: str | os.PathLike, name: str, data, text: str) -> None:
+    """A tool's outputs: ``out``/``name``.json (``data``) and .md (``text``, also printed)."""
     write_json(Path(out) / f"{name}.json", data)              # atomic_write makes the folder
     (Path(out) / f"{name}.md").write_text(text.rstrip("\n") + "\n", encoding="utf-8")
     print(text)
-    return Path(out)
 
 
 def read_results_json(path: Path):

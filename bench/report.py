@@ -259,15 +259,13 @@ def _divergence_figure(results: dict):
     return fig
 
 
-def write_charts(results: dict, out: Path) -> list[Path]:
+def write_charts(results: dict, out: Path) -> None:
     """speedup.html, divergences.html and (with a frontier) frontier.html, plotly.js beside them."""
     figs = {"speedup": _speedup_figure(results), "divergences": _divergence_figure(results)}
     if results.get("frontier"):
         figs["frontier"] = frontier_figure(results["frontier"], results["meta"])
-    paths = [out / f"{name}.html" for name in figs]
-    for fig, p in zip(figs.values(), paths):
-        fig.write_html(p, include_plotlyjs="directory", full_html=True)
-    return paths
+    for name, fig in figs.items():
+        fig.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
 
 
 FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the rivals: by method, sweeps alike
