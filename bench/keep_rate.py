@@ -54,11 +54,11 @@ def main(argv=None) -> int:
         pair = load_pair(draft_weights=dd)
         out["runs"][pair.rep.draft] = keep_rates(pair, items, args.gamma, args.max_new_tokens)
         del pair
+    rows = [[dd, *(fmt(x, ".3f") for x in r["rate"]), r["tokens_per_pass"]] for dd, r in out["runs"].items()]
     lines = [f"# The draft's keep rate by position: {out['machine']}", "",
              f"{out['date']}; `{out['command']}`: greedy SD, gamma {args.gamma}, no copies, {len(items)} items; "
              "kept / decided at each draft position (a position is decided only where those before it were kept).",
-             "", *md_table(["draft", *(f"pos {j + 1}" for j in range(args.gamma)), "tokens / pass"],
-                           [[dd, *(fmt(x, ".3f") for x in r["rate"]), r["tokens_per_pass"]] for dd, r in out["runs"].items()])]
+             "", *md_table(["draft", *(f"pos {j + 1}" for j in range(args.gamma)), "tokens / pass"], rows)]
     write_outputs(args.out, "keep_rate", out, "\n".join(lines))
     return 0
 

@@ -55,10 +55,10 @@ def waterfall_lines(results: dict) -> list[str]:
     steps = waterfall(results)
     if len(steps) < 2:
         return []
+    rows = [[s["step"], f"`{s['column']}`", fmt(s["tokens_per_s"]),
+             DASH if s["over"] is None else f"{ratio_text(s['factor'], s['factor_ci95'])} over `{s['over']}`"]
+            for s in steps]
     return ["", f"## Speed waterfall ({steps[0]['n']} items every step finished)", "",
             "Each step's factor is its tok/s over the step above it, on the same items (95% interval over the "
             "items). Rows on transformers' engine: `hf-ar`; every other row runs on this project's engine.", "",
-            *md_table(["Step", "Column", "tok/s", "Factor over the step above"], [
-                [s["step"], f"`{s['column']}`", fmt(s["tokens_per_s"]),
-                 DASH if s["over"] is None else f"{ratio_text(s['factor'], s['factor_ci95'])} over `{s['over']}`"]
-                for s in steps], left=2)]
+            *md_table(["Step", "Column", "tok/s", "Factor over the step above"], rows, left=2)]
