@@ -347,12 +347,10 @@ def profile_figure(costs, title: str = ""):
 
     gs = list(range(1, 33))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Time per block (ms)", "Ideal speed-up over AR"))
-    fig.add_scatter(x=gs, y=[costs.verify(g + 1) for g in gs], mode="lines+markers", name="target verify pass",
-                    row=1, col=1)
-    fig.add_scatter(x=gs, y=[costs.block_ms(g) for g in gs], mode="lines+markers", name="draft g tokens + verify",
-                    row=1, col=1)
-    fig.add_scatter(x=gs, y=[costs.bound(g) for g in gs], mode="lines+markers", name="bound (all accepted)",
-                    row=1, col=2)
+    for name, ys, col in (("target verify pass", [costs.verify(g + 1) for g in gs], 1),
+                          ("draft g tokens + verify", [costs.block_ms(g) for g in gs], 1),
+                          ("bound (all accepted)", [costs.bound(g) for g in gs], 2)):
+        fig.add_scatter(x=gs, y=ys, mode="lines+markers", name=name, row=1, col=col)
     g_best, b_best = costs.best_bound()
     fig.add_annotation(x=g_best, y=b_best, text=f"{b_best:.2f}x at gamma {g_best}", showarrow=True, row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=2)
