@@ -233,8 +233,8 @@ def table(out: dict, scenario: str) -> str:
             "bytes (device)", "file (gz)", "unearned rescues", "rescued = reference", "carried over (prose)",
             "recovery (items)"]
     rows = [[p["name"], f"{p['rescues_per_100']:.2f}", f"{p['share_of_unbounded_rescues']:.1%}",
-             f"{p['tokens_per_pass']:.3f}", f"{p['final_patterns']:,}", f"{p['final_bytes']:,}", f"{p['file_bytes_gz']:,}",
-             f"{p['unearned']:,}", f"{p['rescues_matching_reference']:.1%}",
+             f"{p['tokens_per_pass']:.3f}", f"{p['final_patterns']:,}", f"{p['final_bytes']:,}",
+             f"{p['file_bytes_gz']:,}", f"{p['unearned']:,}", f"{p['rescues_matching_reference']:.1%}",
              f"{p['per_topic'][sc['topics'][-1]]['carried_over_share']:.1%}", fmt_recovery(p["recovery_items"])]
             for p in sc["policies"]]
     return "\n".join([*md_table(head, rows), f"\nSD (no rescue): {sc['sd_tokens_per_pass']:.3f} tokens / pass."])

@@ -122,7 +122,8 @@ def markdown(data: dict, escape=str) -> str:
             "prose: identical to AR | prose: AR's tokens before the first difference | prose: length / AR's |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in data["points"]:
-        speed = ratio_text(p["speedup_over_ar"], p.get("speedup_ci95")) + ("" if p["speed_from"] == "same run" else " †")
+        speed = ratio_text(p["speedup_over_ar"], p.get("speedup_ci95"))
+        speed += "" if p["speed_from"] == "same run" else " †"              # chained through SD
         acc, aci = p.get("accuracy"), p.get("accuracy_ci95")
         acc_s = "–" if acc is None else f"{100 * acc:.0f}% [{100 * aci[0]:.0f}, {100 * aci[1]:.0f}] of {p['n_graded']}"
         vs = p.get("vs_ar") or {}
