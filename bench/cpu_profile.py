@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from .io import command_line, now, write_outputs
+from .io import command_line, md_table, now, write_outputs
 
 CONTEXT = 150
 KINDS = (   # (kind, substrings of the op's name), first match wins
@@ -56,10 +56,10 @@ def profile_call(lm, tokens: int, reps: int) -> dict:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(n):
             call()
-    by_kind, ops = Counter(), Counter()
+    by_kind, by_op = Counter(), Counter()          # self CPU ms a call
     for e in prof.key_averages():
         by_kind[kind_of(e.key)] += e.self_cpu_time_total / n / 1000
-        ops[e.key] += e.count / n
+        by_op[e.key] += e.self_cpu_time_total / n / 1000
     total = sum(by_kind.values())
     layers = getattr(lm, "n_layers", 1)
     dispatched = count_ops(call)
@@ -69,9 +69,7 @@ def profile_call(lm, tokens: int, reps: int) -> dict:
             "share_outside_matmul": round(1 - by_kind["matmul"] / total, 3) if total else None,
             "unaccounted_ms": round(max(median - total, 0.0), 2),
             "ops_per_layer": round(launches(dispatched) / layers, 1), "ops_per_call": launches(dispatched),
-            "top_ops": {k: round(v, 3) for k, v in
-                        sorted(((k, sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == k) / n / 1000)
-                                for k in ops), key=lambda kv: -kv[1])[:12]}}
+            "top_ops": {k: round(v, 3) for k, v in by_op.most_common(12)}}
 
 
 def run(drafts: list[str], reps: int, activations: str) -> dict:
@@ -103,17 +101,13 @@ def markdown(out: dict) -> str:
              f"{out['measured_at']}, torch {out['torch']} ({out['cpu_capability']}), {out['threads']} threads; "
              f"`{out['command']}`. Each call after {CONTEXT} cached tokens; wall times are the median of the "
              "timed calls, the kinds torch.profiler's self CPU time; 'unaccounted' is the median wall time less "
-             "the profiled ops (Python and dispatch between them).", "",
-             "| draft | call | wall ms (min) | matmul ms | attention | norm | elementwise | copies | other "
-             "| outside matmul | unaccounted ms | ops / layer |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in out["runs"]:
-        for name, c in r["calls"].items():
-            k = c["ms_by_kind"]
-            lines.append(f"| {r['draft']} | {name} | {c['wall_ms_median']} ({c['wall_ms_min']}) | "
-                         + " | ".join(f"{k.get(x, 0.0):.2f}" for x in ("matmul", "attention", "norm", "elementwise",
-                                                                         "copies", "other"))
-                         + f" | {100 * (c['share_outside_matmul'] or 0):.0f}% | {c['unaccounted_ms']} | "
-                           f"{c['ops_per_layer']} |")
+             "the profiled ops (Python and dispatch between them).", ""]
+    kinds = ("matmul", "attention", "norm", "elementwise", "copies", "other")
+    rows = [[r["draft"], name, f"{c['wall_ms_median']} ({c['wall_ms_min']})",
+             *(f"{c['ms_by_kind'].get(x, 0.0):.2f}" for x in kinds), f"{100 * (c['share_outside_matmul'] or 0):.0f}%",
+             c["unaccounted_ms"], c["ops_per_layer"]] for r in out["runs"] for name, c in r["calls"].items()]
+    lines += md_table(["draft", "call", "wall ms (min)", "matmul ms", *kinds[1:], "outside matmul", "unaccounted ms",
+                       "ops / layer"], rows, left=2)
     lines += ["", "Draft step over a 1-token target pass: "
               + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + ".", "", "In turn, medians "
               "(wall, CPU ms): " + "; ".join(f"{k} {v['wall_ms']}, {v['cpu_ms']}" for k, v in out["interleaved"].items()) + "."]

@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from .io import DASH, fmt, pct, ratio, ratio_text, read_results_json
+from .io import DASH, fmt, md_table, pct, ratio, ratio_text, read_results_json
 from .methods import HF_ASSISTED
 from .report import _acc, _rescued, _vs
 from .results import ResultsError, by_item, overall, resummarize
@@ -77,15 +77,13 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
         if columns:
             raise ResultsError(f"{f}: columns= applies to a benchmark run, not a synthetic one")
         stats = _synthetic_stats(raw)
-        rows = methods or list(stats)
         syncs = raw.get("syncs") or {}          # counted by CUDA's sync debug mode on one prompt, where it ran
-        lines = ["| method | tok/s | x AR | tokens / target pass | syncs / block |", "|---|---:|---:|---:|---:|"]
-        for m in rows:
-            s = stats[m]
-            per_block = (syncs.get(m) or {}).get("cuda_syncs_per_block", s["syncs_per_block"])
-            lines.append(f"| {m} | {fmt(s['tokens_per_s'], '.1f')} | {ratio(s, 'speedup_over_ar')} "
-                         f"| {fmt(s['mean_accepted_length'])} | {fmt(per_block)} |")
-        return "\n".join(lines) + "\n"
+        body = []
+        for m in methods or stats:
+            s, sync = stats[m], syncs.get(m) or {}
+            body.append([m, fmt(s["tokens_per_s"], ".1f"), ratio(s, "speedup_over_ar"), fmt(s["mean_accepted_length"]),
+                         fmt(sync.get("cuda_syncs_per_block", s["syncs_per_block"]))])
+        return "\n".join(md_table(["method", "tok/s", "x AR", "tokens / target pass", "syncs / block"], body)) + "\n"
     if not isinstance(raw, dict) or "items" not in raw:     # (a run of the earlier engine has no frontier: fine here)
         raise ResultsError(f"{f}: not a benchmark results.json (no items)")
     results = resummarize(raw)
@@ -106,15 +104,12 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
             extra.append((EXTRA[c][0], {m: EXTRA[c][1](m, stats[m]) for m in rows}))
         else:
             raise ResultsError(f"columns: unknown column {c} ({', '.join(EXTRA)} or DATASET:METHOD)")
-    head = [f"method ({n} items)", "tok/s"] + [label for _, label in refs] + ["passes / token", "acceptance"] + [
-        h for h, _ in extra]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for m in rows:
-        s = stats[m]
-        cells = [m, fmt(s["tokens_per_s"])] + [ratio(s, key) for key, _ in refs] + [
-            fmt(s.get("target_passes_per_token"), ".3f"), pct(s.get("acceptance_rate"))] + [c[m] for _, c in extra]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    head = [f"method ({n} items)", "tok/s", *(label for _, label in refs), "passes / token", "acceptance",
+            *(h for h, _ in extra)]
+    body = [[m, fmt(stats[m]["tokens_per_s"]), *(ratio(stats[m], key) for key, _ in refs),
+             fmt(stats[m].get("target_passes_per_token"), ".3f"), pct(stats[m].get("acceptance_rate")),
+             *(c[m] for _, c in extra)] for m in rows]
+    return "\n".join(md_table(head, body)) + "\n"
 
 
 def _parse(args: str) -> tuple[Path, list[str] | None, str | None, list[str] | None]:

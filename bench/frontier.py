@@ -6,6 +6,11 @@ import json
 import logging
 from pathlib import Path
 
+from .report import frontier_figure as _figure
+from .report import frontier_markdown
+from .rivals import figure as rivals_figure  # noqa: F401 (every acceptance rule's speed-up against accuracy)
+from .rivals import markdown as rivals_table  # noqa: F401 (its Markdown, the data's text through ``escape``)
+
 DATA = Path(__file__).resolve().parent / "data"
 FRONTIER_FILE = DATA / "frontier.json"
 RIVALS_FILE = DATA / "rivals.json"
@@ -27,23 +32,9 @@ def load(path: str | Path) -> dict | None:
 
 def frontier_figure(data: dict):
     """One point per setting of the sweep: tokens per second against accuracy (a Plotly figure)."""
-    from .report import frontier_figure as figure
-    return figure(data["points"], data.get("meta"))
+    return _figure(data["points"], data.get("meta"))
 
 
 def frontier_table(data: dict, escape=str) -> str:
     """The frontier's figures as a Markdown table, the data's text passed through ``escape``."""
-    from .report import frontier_markdown
     return frontier_markdown(data["points"], data.get("meta"), escape=escape)
-
-
-def rivals_figure(data: dict):
-    """Every acceptance rule's speed-up over AR against its graded accuracy, beside the paper's table."""
-    from .rivals import figure
-    return figure(data)
-
-
-def rivals_table(data: dict, escape=str) -> str:
-    """The rivals' frontier as Markdown, the data's text passed through ``escape``."""
-    from .rivals import markdown
-    return markdown(data, escape=escape)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import re
 import time
 from collections import Counter
@@ -14,11 +13,11 @@ from datetime import datetime
 from itertools import zip_longest
 from pathlib import Path
 
-from csd.config import ConfigError, CSDConfig
+from csd.config import CSDConfig
 from csd.evaluation.datasets import Item, item_range, load_dataset, validate_datasets
 from csd.evaluation.graders import grade
 
-from .io import Progress, now, write_json
+from .io import Progress, machine, now, write_json
 from .methods import DEFAULT_METHODS, Method, make_methods
 from .report import render_markdown, write_charts
 from .results import ItemResult, assemble, mark_where_answers_leave_sd, median_bound
@@ -36,27 +35,23 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     empty) and the engine's run (None for hf)."""
     cfg = method.cfg
     if method.hf is not None:
-        fixed = cfg.gamma if method.hf == "fixed" and cfg.gamma != "auto" else (6 if method.hf == "fixed" else None)
+        fixed = (cfg.gamma if cfg.gamma != "auto" else 6) if method.hf == "fixed" else None
         ids, wall, tp, dp = generate_hf(pair, prompt_ids, cfg.max_new_tokens, fixed_gamma=fixed,
                                         assisted=method.hf != "generate")
-        text = pair.tokenizer.decode(ids, skip_special_tokens=True)
         stopped = "eos" if ids and ids[-1] in pair.eos_ids else "max_new_tokens"
-        return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, text=text,
-                          token_ids=ids), None
+        return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, token_ids=ids,
+                          text=pair.tokenizer.decode(ids, skip_special_tokens=True)), None
     t0 = time.perf_counter()
     run = decoder.run(prompt_ids, cfg, memory)
     for _ in run:
         pass
     wall = time.perf_counter() - t0
     mt = run.metrics
-    drafting = cfg.uses_draft
-    return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards,
-                      mt.drafted if drafting else None, mt.accepted if drafting else None,
-                      mt.rescued + mt.relaxed if drafting else None, mt.divergences if drafting else None,
+    drafts = (mt.drafted, mt.accepted, mt.rescued + mt.relaxed, mt.divergences) if cfg.uses_draft else (None,) * 4
+    copies = {"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted, "lookup_kept": mt.lookup_kept}
+    return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards, *drafts,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
-                      token_ids=list(run.token_ids),
-                      **({"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted,
-                          "lookup_kept": mt.lookup_kept} if cfg.lookup else {})), run
+                      token_ids=list(run.token_ids), **(copies if cfg.lookup else {})), run
 
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,
@@ -67,10 +62,6 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     import torch
 
     passes = Counter()                   # forward passes by model
-
-    def counter(name):
-        return lambda *_: passes.update((name,))
-
     target, draft = pair.hf_target(), (pair.hf_draft() if assisted else None)   # built on first use
     x = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
     pad = pair.tokenizer.pad_token_id
@@ -81,7 +72,7 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     if fixed_gamma is not None and assisted:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = fixed_gamma, "constant"
         gc.assistant_confidence_threshold = 0.0
-    hooks = [lm.register_forward_hook(counter(name))
+    hooks = [lm.register_forward_hook(lambda *_, name=name: passes.update((name,)))
              for name, lm in (("target", target), ("draft", draft)) if lm is not None]
     try:
         t0 = time.perf_counter()
@@ -133,11 +124,8 @@ class BenchConfig:
         """The csd column's engine config, which every other column varies (ValueError when invalid)."""
         if self.memory_mode not in MEMORY_MODES:
             raise ValueError(f"memory_mode must be one of {', '.join(MEMORY_MODES)}, got {self.memory_mode!r}")
-        try:
-            return CSDConfig.of(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
-                             max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
+        return CSDConfig.of(method="csd", gamma=self.gamma, gamma_max=self.gamma_max, lam=self.lam, tau=self.tau,
+                            max_new_tokens=self.max_new_tokens, lookup=self.lookup, **self.rivals).validated()
 
     def columns(self) -> list[Method]:
         """The run's columns: the methods, then one per sweep setting (ValueError when invalid)."""
@@ -151,13 +139,12 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
     pair's). An interrupt keeps the finished items in the outputs and propagates."""
     from csd.runtime.profile import decoder as measured_decoder
 
-    datasets = config.datasets()
     cols = config.columns()
     if pair.draft_lm is None and any(m.cfg.uses_draft or m.hf not in (None, "generate") for m in cols):
         raise ValueError("methods other than 'ar' need a draft model, and none is loaded")
     if any(m.acts for m in cols) and (pair.rep.target != "int8" or not pair.rep.activations):
         raise ValueError("a column's activations=row|pass needs an int8 target on the lean path (--dtype int8)")
-    items = interleaved_items(datasets, config.limit, config.seed)
+    items = interleaved_items(config.datasets(), config.limit, config.seed)
     prompts = {(it.dataset, it.item_id): pair.encode_prompt(it.prompt, chat=True) for it in items}
     base = config.engine()
     for ids in prompts.values():
@@ -235,8 +222,8 @@ class _Run:
             self._finish(status, len(items))
         return self.results
 
-    def _say(self, postfix: str, message: str, fraction: float) -> None:
-        self.bar.set_postfix_str(postfix)
+    def _say(self, message: str, fraction: float) -> None:
+        self.bar.set_postfix_str(message.replace(": ", " "))
         if self.progress:
             self.progress(message, fraction)
 
@@ -250,7 +237,7 @@ class _Run:
         """One short generation per column (the warm-up never teaches a memory)."""
         warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
         for m in self.cols:
-            self._say(f"warm-up {m.name}", f"warm-up: {m.name}", 0.0)
+            self._say(f"warm-up: {m.name}", 0.0)
             mem = self.memories[m.name].copy() if m.name in self.memories else None
             warm = replace(m, cfg=replace(m.cfg, max_new_tokens=WARMUP_TOKENS))
             self._represent(m)
@@ -261,8 +248,7 @@ class _Run:
         item_records: dict[str, ItemResult] = {}
         k %= len(self.cols)
         for j, m in enumerate(self.cols[k:] + self.cols[:k]):
-            self._say(f"{it.dataset} {it.item_id} {m.name}", f"{it.dataset} {it.item_id}: {m.name}",
-                      self.done / self.total)
+            self._say(f"{it.dataset} {it.item_id}: {m.name}", self.done / self.total)
             self._represent(m)
             r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
             r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
@@ -280,7 +266,7 @@ class _Run:
                 ids = item_records[ref].token_ids
                 for r in item_records.values():
                     setattr(r, f"identical_to_{ref}", r.token_ids == ids)
-        mark_where_answers_leave_sd(item_records.values(), self.pair.tokenizer.decode)
+        mark_where_answers_leave_sd(item_records, self.pair.tokenizer.decode)
         self.records.extend(item_records[m.name] for m in self.cols if m.name in item_records)
 
     def _count_divergences(self, name: str, events) -> None:
@@ -335,7 +321,6 @@ def _safe(name: str) -> str:
 def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str, policy: str) -> None:
     """Write one generation to the store (after its timing, so the store never slows a method)."""
     from csd.db.store import run_fields
-    from csd.events import RunMetrics
 
     fields = run_fields(pair, kind="bench", method=m.name[:32], temperature=0.0,
                         max_new_tokens=m.cfg.max_new_tokens, prompt=item.prompt,
@@ -354,8 +339,7 @@ def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: st
             return
         for ev in run.events:
             rec.add(ev)
-        metrics: RunMetrics = run.metrics
-        rec.result(r.text, {**metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
+        rec.result(r.text, {**run.metrics.to_dict(), "bench_wall_s": r.wall_s, "correct": r.correct})
 
 
 def _profile_record(c) -> dict:
@@ -374,19 +358,11 @@ def _loadavg():
 
 
 def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_id: str) -> dict:
-    import torch
-    import transformers
-
-    from csd.runtime.profile import machine_name
-
     costs = _profile_record(decoder.costs) if decoder.has_costs else None
     base = config.engine()
     return {
         "bench_id": bench_id, "command": config.command, "started_at": now(),
-        "machine": {"platform": platform.platform(), "cpu": machine_name(pair.device), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "device": str(pair.device)},
+        "machine": machine(pair.device),
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
         "dtype": pair.rep.target,

@@ -4,13 +4,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import platform
 import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from csd.events import Progress  # noqa: F401 (the benchmark's modules take it from here)
-from csd.fileio import atomic_write
+from csd.fileio import atomic_write, read_maybe_gzip
 
 DASH = "–"                                # a figure that was not measured
 
@@ -22,12 +23,11 @@ def write_json(path: str | os.PathLike, data) -> Path:
     return atomic_write(path, gzip.compress(raw, mtime=0) if str(path).endswith(".gz") else raw)
 
 
-def write_outputs(out: str | os.PathLike, name: str, data, text: str) -> Path:
-    """A tool's outputs: ``out``/``name``.json (``data``) and .md (``text``, also printed). -> ``out``."""
+def write_outputs(out: str | os.PathLike, name: str, data, text: str) -> None:
+    """A tool's outputs: ``out``/``name``.json (``data``) and .md (``text``, also printed)."""
     write_json(Path(out) / f"{name}.json", data)              # atomic_write makes the folder
     (Path(out) / f"{name}.md").write_text(text.rstrip("\n") + "\n", encoding="utf-8")
     print(text)
-    return Path(out)
 
 
 def read_results_json(path: Path):
@@ -36,8 +36,7 @@ def read_results_json(path: Path):
     if path.is_dir():
         path = path / "results.json" if (path / "results.json").exists() or not (path / "results.json.gz").exists() \
             else path / "results.json.gz"
-    raw = path.read_bytes()
-    return path, json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    return path, json.loads(read_maybe_gzip(path))
 
 
 def fmt(x, spec: str = ".2f", suffix: str = "", none: str = DASH) -> str:
@@ -63,11 +62,31 @@ def ratio(stats: dict, key: str, none: str = DASH) -> str:
     return ratio_text(stats.get(key), stats.get(key + "_ci95"), none)
 
 
+def md_table(head: list, rows, left: int = 1) -> list[str]:
+    """A Markdown table's lines, ``head`` then ``rows`` (lists of cells): the first ``left`` columns
+    left-aligned, the others (figures) right-aligned."""
+    def line(cells) -> str:
+        return "| " + " | ".join(map(str, cells)) + " |"
+    return [line(head), "|" + "---|" * left + "---:|" * (len(head) - left), *map(line, rows)]
+
+
 def now() -> str:
     """The time stamp of the outputs: UTC, to the second, ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def command_line(module: str) -> str:
-    """The command as typed, for the record: ``python -m MODULE ARGS``."""
-    return f"python -m {module} {shlex.join(sys.argv[1:])}".strip()
+def machine(device, name_key: str = "cpu") -> dict:
+    """A run's ``meta.machine``: the processor (or GPU) under ``name_key``, the threads and the versions."""
+    import torch
+    import transformers
+
+    from csd.runtime.profile import machine_name
+
+    return {name_key: machine_name(device), "device": str(device), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command as typed, for the record: ``python -m MODULE ARGS`` (``argv``: the arguments given to main)."""
+    return f"python -m {module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .io import command_line, now, write_outputs
+from .harness import interleaved_items
+from .io import command_line, fmt, md_table, now, write_outputs
 
 
 def keep_rates(pair, items, gamma: int, max_new_tokens: int) -> dict:
@@ -40,30 +41,24 @@ def main(argv=None) -> int:
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args(argv)
-    from csd.evaluation.datasets import item_range, load_dataset, validate_datasets
+    from csd.evaluation.datasets import validate_datasets
     from csd.runtime.models import DRAFT_DTYPES, load_pair
     from csd.runtime.profile import machine_name
     dtypes = [d.strip() for d in args.draft_weights.split(",") if d.strip()]
     if not dtypes or any(d not in DRAFT_DTYPES for d in dtypes) or not 1 <= args.gamma <= 32 or args.max_new_tokens < 1:
         p.error(f"--draft-dtype takes {', '.join(DRAFT_DTYPES)}; --gamma 1..32; --max-new-tokens >= 1")
-    items = []
-    for spec in validate_datasets(args.dataset):
-        name, skip, n = item_range(spec)
-        items += load_dataset(name, n)[skip:]
+    items = interleaved_items(validate_datasets(args.dataset), None, 0)     # the keep rate is a sum: any order
     out = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.keep_rate"),
            "items": len(items), "gamma": args.gamma, "runs": {}}
     for dd in dtypes:
         pair = load_pair(draft_weights=dd)
         out["runs"][pair.rep.draft] = keep_rates(pair, items, args.gamma, args.max_new_tokens)
         del pair
+    rows = [[dd, *(fmt(x, ".3f") for x in r["rate"]), r["tokens_per_pass"]] for dd, r in out["runs"].items()]
     lines = [f"# The draft's keep rate by position: {out['machine']}", "",
              f"{out['date']}; `{out['command']}`: greedy SD, gamma {args.gamma}, no copies, {len(items)} items; "
              "kept / decided at each draft position (a position is decided only where those before it were kept).",
-             "", "| draft | " + " | ".join(f"pos {j + 1}" for j in range(args.gamma)) + " | tokens / pass |",
-             "|---|" + "---:|" * (args.gamma + 1)]
-    for dd, r in out["runs"].items():
-        lines.append(f"| {dd} | " + " | ".join(f"{x:.3f}" if x is not None else "–" for x in r["rate"])
-                     + f" | {r['tokens_per_pass']} |")
+             "", *md_table(["draft", *(f"pos {j + 1}" for j in range(args.gamma)), "tokens / pass"], rows)]
     write_outputs(args.out, "keep_rate", out, "\n".join(lines))
     return 0
 

@@ -9,7 +9,6 @@ runs AR, SD and CSD on the benchmark's items with the same new-token count.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from csd.representation import Representation
 
-from .io import command_line, now, write_outputs
+from .io import command_line, now, read_results_json, write_outputs
 
 
 def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -> dict:
@@ -38,8 +37,7 @@ def ours(dataset: str, tokens: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "csd", "bench", "--dataset", dataset, "--methods", "ar,sd,csd",
            "--max-new-tokens", str(tokens), "--no-db", "--out", str(out)]
     subprocess.run(cmd, check=True, timeout=7200)
-    path = out / "results.json"
-    data = json.loads(path.read_text()) if path.exists() else json.load(gzip.open(out / "results.json.gz"))
+    _, data = read_results_json(out)
     return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"]}
 
 
@@ -83,7 +81,6 @@ def main(argv=None) -> int:
     from csd.runtime.embedded import EMBEDDED, assemble_gguf
     from csd.runtime.profile import machine_name
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.llama_side"),
            "llama.cpp": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,13 +16,6 @@ from .io import fmt, pct, ratio, write_json
 from .results import GOALS, ResultsError, bounds, fill_leaves_sd_at, load_results, overall, pool, resummarize
 from .waterfall import waterfall_lines
 
-GOAL_LABELS = {"csd_over_ar": ("CSD speed-up over AR", "x"), "csd_over_hf": ("CSD over hf-assisted (defaults)", "x"),
-               "csd_over_sd": ("CSD over SD", "x"), "csd_tokens_per_s": ("CSD tokens per second", ""),
-               "csd_passes_vs_sd": ("CSD target passes / SD's", ""),
-               "csd_bookkeeping_share": ("CSD memory + gate time / wall time", "%"),
-               "csd_policy_share": ("CSD block-length policy time / wall time", "%"),
-               "sd_eos_share": ("SD answers that ended by themselves", "%")}
-
 
 def _impl(models: dict) -> str:
     """The target's forward path (and an int8 target's smoothing) as the header says it."""
@@ -157,35 +150,34 @@ def _summary_rows(summary: dict) -> list[str]:
 def _goal_lines(results: dict) -> list[str]:
     """Each goal over all items, its value and whether it was met."""
     targets = results.get("targets") or {}
-    lines = []
-    if targets:
-        lines += ["", "## Goals (over all items, the `csd` column)", ""]
-        for k, (label, unit) in GOAL_LABELS.items():
-            op = ">=" if GOALS[k][3] else "<="
-            t = targets.get(k) or {}
-            if t.get("value") is None:
-                lines.append(f"- {label}: not measured")
-                continue
-            val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
-            thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
-            ci = t.get("ci95")
-            if ci:
-                val += f" (95% bootstrap interval over the items: {ci[0]:.2f}-{ci[1]:.2f}{unit})"
-            lines.append(f"- {label}: {val} (goal {op} {thr}: {'met' if t['met'] else 'missed'})")
-        share = targets.get("csd_share_of_bound") or {}
-        if share.get("value") is not None:
-            verdict = ("the goal where the bound is under 2x: at least 80%: " + ("met" if share["met"] else "missed")
-                       if share["met"] is not None else "the bound allows 2x, so the 2x goal applies")
-            found = bounds(results)
-            spread = (f"the median of {len(found)} profiles, {min(found):.2f}-{max(found):.2f}x"
-                      if len(found) > 1 else "one profile")
-            lines.append(f"- CSD share of the profile's bound ({share['bound']:.2f}x AR, every draft token "
-                         f"accepted; {spread}): {100 * share['value']:.0f}% ({verdict})")
-        for ref in ("sd", "ar"):
-            a = targets.get(f"csd_accuracy_vs_{ref}")
-            if a and a.get("n"):
-                lines.append(f"- CSD accuracy against {ref.upper()}: {a['gained']} items gained, {a['lost']} lost of "
-                             f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
+    if not targets:
+        return []
+    lines = ["", "## Goals (over all items, the `csd` column)", ""]
+    for k, (*_, higher, label, unit) in GOALS.items():
+        t = targets.get(k) or {}
+        if t.get("value") is None:
+            lines.append(f"- {label}: not measured")
+            continue
+        val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
+        thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
+        ci = t.get("ci95")
+        if ci:
+            val += f" (95% bootstrap interval over the items: {ci[0]:.2f}-{ci[1]:.2f}{unit})"
+        lines.append(f"- {label}: {val} (goal {'>=' if higher else '<='} {thr}: {'met' if t['met'] else 'missed'})")
+    share = targets.get("csd_share_of_bound") or {}
+    if share.get("value") is not None:
+        verdict = ("the goal where the bound is under 2x: at least 80%: " + ("met" if share["met"] else "missed")
+                   if share["met"] is not None else "the bound allows 2x, so the 2x goal applies")
+        found = bounds(results)
+        spread = (f"the median of {len(found)} profiles, {min(found):.2f}-{max(found):.2f}x"
+                  if len(found) > 1 else "one profile")
+        lines.append(f"- CSD share of the profile's bound ({share['bound']:.2f}x AR, every draft token "
+                     f"accepted; {spread}): {100 * share['value']:.0f}% ({verdict})")
+    for ref in ("sd", "ar"):
+        a = targets.get(f"csd_accuracy_vs_{ref}")
+        if a and a.get("n"):
+            lines.append(f"- CSD accuracy against {ref.upper()}: {a['gained']} items gained, {a['lost']} lost of "
+                         f"{a['n']} graded (exact McNemar p = {a['p_value']:.2f})")
     return lines
 
 
@@ -213,26 +205,22 @@ def _speedup_figure(results: dict):
     """Each method's speed-up over AR per dataset, with its interval."""
     import plotly.graph_objects as go
 
-    summary = results.get("summary") or {}
-    dtype = results["meta"]["dtype"]
+    meta, summary = results["meta"], results.get("summary") or {}
     fig = go.Figure()
-    methods = results["meta"]["config"]["methods"]
     datasets = list(summary)
-    for m in methods:
+    for m in meta["config"]["methods"]:
         per = [summary[ds].get(m) or {} for ds in datasets]
         ys = [p.get("speedup_over_ar") for p in per]
-        cis = [p.get("speedup_over_ar_ci95") or [y, y] for p, y in zip(per, ys)]
-        ns = [p.get("n") for p in per]
+        cis = [p.get("speedup_over_ar_ci95") if y is not None else None for p, y in zip(per, ys)]
         fig.add_bar(name=m, x=datasets, y=ys, text=[fmt(y, ".2f", "x") for y in ys], textposition="outside",
                     error_y={"type": "data", "symmetric": False,
-                             "array": [(c[1] - y) if y is not None and c[1] is not None else 0 for c, y in zip(cis, ys)],
-                             "arrayminus": [(y - c[0]) if y is not None and c[0] is not None else 0
-                                            for c, y in zip(cis, ys)]},
-                    customdata=ns,
+                             "array": [c[1] - y if c else 0 for c, y in zip(cis, ys)],
+                             "arrayminus": [y - c[0] if c else 0 for c, y in zip(cis, ys)]},
+                    customdata=[p.get("n") for p in per],
                     hovertemplate=f"{m}<br>%{{x}}: %{{y:.2f}}x AR in tok/s<br>N = %{{customdata}}<extra></extra>")
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_layout(title=f"Speed-up over autoregressive decoding ({dtype}, "
-                            f"{results['meta']['config']['max_new_tokens']} new tokens)",
+    fig.update_layout(title=f"Speed-up over autoregressive decoding ({meta['dtype']}, "
+                            f"{meta['config']['max_new_tokens']} new tokens)",
                       barmode="group", yaxis_title="speed-up over AR (ratio of tok/s, 95% interval)",
                       xaxis_title="dataset", template="plotly_white")
     return fig
@@ -250,8 +238,7 @@ def _divergence_figure(results: dict):
     title = "Divergence patterns"
     if m is not None and div[m].get("divergences"):
         d = div[m]
-        n = d["patterns"]
-        k = d["top20_patterns"]
+        n, k = d["patterns"], d["top20_patterns"]
         fig.add_scatter(x=[0.0] + [(i + 1) / n for i in range(n)], y=[0.0] + d["cumulative"], mode="lines",
                         name="cumulative share", hovertemplate="top %{x:.0%} of patterns: %{y:.0%}<extra></extra>",
                         row=1, col=1)
@@ -272,15 +259,13 @@ def _divergence_figure(results: dict):
     return fig
 
 
-def write_charts(results: dict, out: Path) -> list[Path]:
+def write_charts(results: dict, out: Path) -> None:
     """speedup.html, divergences.html and (with a frontier) frontier.html, plotly.js beside them."""
     figs = {"speedup": _speedup_figure(results), "divergences": _divergence_figure(results)}
     if results.get("frontier"):
         figs["frontier"] = frontier_figure(results["frontier"], results["meta"])
-    paths = [out / f"{name}.html" for name in figs]
-    for fig, p in zip(figs.values(), paths):
-        fig.write_html(p, include_plotlyjs="directory", full_html=True)
-    return paths
+    for name, fig in figs.items():
+        fig.write_html(out / f"{name}.html", include_plotlyjs="directory", full_html=True)
 
 
 FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the rivals: by method, sweeps alike
@@ -305,9 +290,8 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
         acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
         colour = FRONTIER_COLOURS.get(name.split("[")[0], "#e07b00" if name.startswith("csd[") else "#2ca02c")
         symbol = "diamond" if name.startswith("csd") else ("square" if name == "sd" else "circle")
-        err = None
-        if acc is not None and ci:
-            err = dict(type="data", symmetric=False, array=[ci[1] - acc], arrayminus=[acc - ci[0]], thickness=1)
+        err = (dict(type="data", symmetric=False, array=[ci[1] - acc], arrayminus=[acc - ci[0]], thickness=1)
+               if acc is not None and ci else None)
         vs = p.get("accuracy_vs_sd") or {}
         fig.add_scatter(
             x=[p[xkey]], y=[acc], mode="markers+text", name=name, text=[name], textposition="top center",
@@ -342,12 +326,10 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
     for p in points:
         acc, ci = p.get("accuracy"), p.get("accuracy_ci95")
         acc_s = "–" if acc is None else f"{100 * acc:.0f}%" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
-        rel = p.get("speed_vs_sd")
-        rel_s = (("–" if rel is None else f"{rel:.2f}x (run {p.get('run')})") + " | ") if merged else ""
-        resc = p.get("rescued") if p.get("rescued") is not None else "–"
+        rel_s = fmt(p.get("speed_vs_sd"), ".2f", f"x (run {p.get('run')})") + " | " if merged else ""
         rows.append(f"| {escape(str(p.get('method')))} | {fmt(p.get('tokens_per_s'))} | {rel_s}"
-                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {resc} | {pct(p.get('eos_share'), 0)} | "
-                    f"{acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
+                    f"{fmt(p.get('target_passes_per_token'), '.3f')} | {fmt(p.get('rescued'), '')} | "
+                    f"{pct(p.get('eos_share'), 0)} | {acc_s} | {_vs(p.get('accuracy_vs_sd'))} |")
     machine = escape(str((meta.get("machine") or {}).get("cpu", "")))
     where = f"on {machine} (target {escape(str(meta.get('dtype')))}); N = {points[0].get('n')} items"
     if merged:
@@ -365,12 +347,10 @@ def profile_figure(costs, title: str = ""):
 
     gs = list(range(1, 33))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Time per block (ms)", "Ideal speed-up over AR"))
-    fig.add_scatter(x=gs, y=[costs.verify(g + 1) for g in gs], mode="lines+markers", name="target verify pass",
-                    row=1, col=1)
-    fig.add_scatter(x=gs, y=[costs.block_ms(g) for g in gs], mode="lines+markers", name="draft g tokens + verify",
-                    row=1, col=1)
-    fig.add_scatter(x=gs, y=[costs.bound(g) for g in gs], mode="lines+markers", name="bound (all accepted)",
-                    row=1, col=2)
+    for name, ys, col in (("target verify pass", [costs.verify(g + 1) for g in gs], 1),
+                          ("draft g tokens + verify", [costs.block_ms(g) for g in gs], 1),
+                          ("bound (all accepted)", [costs.bound(g) for g in gs], 2)):
+        fig.add_scatter(x=gs, y=ys, mode="lines+markers", name=name, row=1, col=col)
     g_best, b_best = costs.best_bound()
     fig.add_annotation(x=g_best, y=b_best, text=f"{b_best:.2f}x at gamma {g_best}", showarrow=True, row=1, col=2)
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=2)
@@ -393,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             fill_leaves_sd_at(r)
         if len(runs) > 1:
             results = pool(runs, "python -m csd.bench.report " + " ".join(args.run) + f" --out {args.out}")
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            path = Path(args.out) / "results.json"
+            path = Path(args.out) / "results.json"          # write_json makes the folder
         else:
             results = runs[0]
             path = Path(results.pop("_path"))

@@ -12,7 +12,7 @@ from pathlib import Path
 from csd.config import RIVAL_PARAMS, CSDConfig
 from csd.events import common_prefix
 
-from .io import fmt, write_outputs
+from .io import fmt, ratio_text, write_outputs
 from .results import ResultsError, by_item, load_results
 from .stats import paired_accuracy, speedup, wilson
 
@@ -122,9 +122,8 @@ def markdown(data: dict, escape=str) -> str:
             "prose: identical to AR | prose: AR's tokens before the first difference | prose: length / AR's |",
             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in data["points"]:
-        ci = p.get("speedup_ci95")
-        speed = fmt(p["speedup_over_ar"], ".2f", "x") + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "") \
-            + ("" if p["speed_from"] == "same run" else " †")
+        speed = ratio_text(p["speedup_over_ar"], p.get("speedup_ci95"))
+        speed += "" if p["speed_from"] == "same run" else " †"              # chained through SD
         acc, aci = p.get("accuracy"), p.get("accuracy_ci95")
         acc_s = "–" if acc is None else f"{100 * acc:.0f}% [{100 * aci[0]:.0f}, {100 * aci[1]:.0f}] of {p['n_graded']}"
         vs = p.get("vs_ar") or {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import accumulate
 
 from csd.rule import top_share
 
@@ -71,9 +72,6 @@ def pareto(counts: Counter) -> dict:
     total = sum(values)
     if not total:
         return {"patterns": 0, "divergences": 0, "top20_share": None, "cumulative": []}
-    cum, acc = [], 0
-    for v in values:
-        acc += v
-        cum.append(acc / total)
+    cum = [c / total for c in accumulate(values)]
     return {"patterns": len(values), "divergences": total, "top20_patterns": max(1, round(len(values) * 0.2)),
             "top20_share": top_share(values), "cumulative": cum}

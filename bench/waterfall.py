@@ -2,7 +2,7 @@
 copies -> csd with copies, each step over the one before on the same items (docs/benchmarks.md)."""
 from __future__ import annotations
 
-from .io import ratio_text
+from .io import DASH, fmt, md_table, ratio_text
 from .results import by_item
 from .stats import speedup
 
@@ -55,13 +55,10 @@ def waterfall_lines(results: dict) -> list[str]:
     steps = waterfall(results)
     if len(steps) < 2:
         return []
-    lines = ["", f"## Speed waterfall ({steps[0]['n']} items every step finished)", "",
-             "Each step's factor is its tok/s over the step above it, on the same items (95% interval over the "
-             "items). Rows on transformers' engine: `hf-ar`; every other row runs on this project's engine.", "",
-             "| Step | Column | tok/s | Factor over the step above |", "|---|---|---:|---:|"]
-    for s in steps:
-        factor = "–" if s["over"] is None else f"{ratio_text(s['factor'], s['factor_ci95'])} " \
-                                               f"over `{s['over']}`"
-        tps = "–" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.2f}"
-        lines.append(f"| {s['step']} | `{s['column']}` | {tps} | {factor} |")
-    return lines
+    rows = [[s["step"], f"`{s['column']}`", fmt(s["tokens_per_s"]),
+             DASH if s["over"] is None else f"{ratio_text(s['factor'], s['factor_ci95'])} over `{s['over']}`"]
+            for s in steps]
+    return ["", f"## Speed waterfall ({steps[0]['n']} items every step finished)", "",
+            "Each step's factor is its tok/s over the step above it, on the same items (95% interval over the "
+            "items). Rows on transformers' engine: `hf-ar`; every other row runs on this project's engine.", "",
+            *md_table(["Step", "Column", "tok/s", "Factor over the step above"], rows, left=2)]

@@ -88,12 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from csd.config import ConfigError
     from csd.runtime.pair import ModelLoadError
 
     args = build_parser().parse_args(argv)
     try:
         return run_from_args(args)
-    except (ConfigError, ModelLoadError, ValueError) as e:
+    except (ModelLoadError, ValueError) as e:      # a ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..io import write_outputs
+from ..io import command_line, write_outputs
 from .models import ARCHS, PAIRS, build_model
 
 VERIFY_LENGTHS = (1, 7)
@@ -178,9 +178,9 @@ def main(argv=None) -> int:
     bad = [n for n in names if n not in PAIRS]
     if bad or not 1 <= a.gamma <= 32:
         p.error(f"unknown pair {bad[0]!r} (choose {', '.join(PAIRS)})" if bad else "--gamma must be in 1..32")
-    command = " ".join(["python -m csd.bench.synthetic.kernel_profile", *(sys.argv[1:] if argv is None else argv)])
     results = {"machine": machine_name(device), "device": str(device), "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": command,
+               "date": time.strftime("%Y-%m-%d", time.gmtime()),
+               "command": command_line("csd.bench.synthetic.kernel_profile", argv),
                "pairs": [profile_pair(n, device, dtype, a.gamma) for n in names]}
     if a.out:
         write_outputs(a.out, "profile", results, render(results))

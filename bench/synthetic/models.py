@@ -134,10 +134,8 @@ class ScriptedDraft(LM):
         if want is None or coins is None:
             raise ValueError("a script needs the target's tokens and the coins")
         n = max(len(path) + 1, len(coins))
-        path_t = torch.full((n,), -1, dtype=torch.long)
-        path_t[:len(path)] = torch.tensor(path, dtype=torch.long)
-        want_t = torch.full((n,), -1, dtype=torch.long)
-        want_t[:len(want)] = torch.tensor(want, dtype=torch.long)
+        path_t = torch.tensor([*path] + [-1] * (n - len(path)), dtype=torch.long)
+        want_t = torch.tensor([*want] + [-1] * (n - len(want)), dtype=torch.long)
         coin = torch.zeros(n, dtype=torch.bool)
         coin[:len(coins)] = coins.cpu()
         boost = torch.where(coin, torch.tensor(BIG), torch.tensor(-math.inf))
@@ -145,14 +143,11 @@ class ScriptedDraft(LM):
         dev = self.device
         self._path, self._idx, self._boost = path_t.to(dev), want_t.clamp_min(0).to(dev), boost.to(dev)
         if self._fixed is not None:           # in place, cut to the capacity (no position lies beyond it)
-            tables = []
             for name, t, empty in (("path", self._path, -1), ("idx", self._idx, 0), ("boost", self._boost, 0.0)):
                 buf = self._fixed[name]
-                n = min(len(buf), len(t))
                 buf.fill_(empty)
-                buf[:n] = t[:n]
-                tables.append(buf)
-            self._path, self._idx, self._boost = tables
+                buf[:len(t)] = t[:len(buf)]
+            self._path, self._idx, self._boost = (self._fixed[k] for k in ("path", "idx", "boost"))
 
     def _fit(self, n: int) -> None:
         """Tables reach position n - 1 (past the script: no effect)."""

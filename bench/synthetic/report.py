@@ -7,7 +7,7 @@ from itertools import groupby
 
 from csd.representation import Representation
 
-from ..io import fmt, ratio
+from ..io import fmt, md_table, ratio
 from ..stats import speedup
 
 
@@ -95,10 +95,8 @@ def render_markdown(res: dict) -> str:
                      f"| {fmt(s['acceptance'], none='-')} | {fmt(s['acceptance_rate'], none='-')} "
                      f"| {s['rescued'] if m != 'ar' else '-'} | {fmt(s['syncs_per_block'], none='-')} "
                      f"| {s['fixed_point']}/{s['n']} | {peak:.0f} |")
-    ks = list(res["verify_ms"])
     lines += ["", "Target pass time by tokens per pass (a block of gamma draft tokens is a pass of gamma + 1):", "",
-              "| tokens | " + " | ".join(ks) + " |", "|---|" + "---:|" * len(ks),
-              "| ms | " + " | ".join(f"{res['verify_ms'][k]:.2f}" for k in ks) + " |", "",
+              *md_table(["tokens", *res["verify_ms"]], [["ms", *(f"{v:.2f}" for v in res["verify_ms"].values())]]), "",
               f"Draft: {res['draft_ms']:.2f} ms per token. Ideal speed-up bound (every draft accepted): "
               + ", ".join(f"gamma {g}: {b:.2f}x" for g, b in res["bound"].items()) + ".", ""]
     c = res["sd_equals_ar"]

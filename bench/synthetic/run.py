@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
 import resource
 import time
 import warnings
@@ -18,7 +17,7 @@ from csd.representation import Representation
 from csd.runtime.profile import CONTEXT, PASS_LENGTHS
 from csd.runtime.static import ENGINES
 
-from ..io import now, write_json
+from ..io import machine, now, write_json
 from .models import ARCHS, ATTN_LOGIT_STD, LOGIT_STD, PAIR_CHOICES, PAIRS, build_model, make_pair
 from .report import Measured, output_stats, render_markdown, summarize
 
@@ -284,10 +283,8 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
                        {"command": command, "started_at": started, "build_s": build_s,
                         "wall_s": time.perf_counter() - t_start, "representation": Representation(target_rep, draft_rep).as_dict()})
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "results.json", results)
-        (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+        write_json(Path(out_dir) / "results.json", results)                  # makes the folder
+        (Path(out_dir) / "results.md").write_text(render_markdown(results), encoding="utf-8")
     return results
 
 
@@ -371,20 +368,13 @@ def _peak_memory(device: torch.device, records: list[Measured], table_peak: int 
 
 def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: dict, syncs: dict, peak: dict,
              run_meta: dict) -> dict:
-    import transformers
-
-    from csd.runtime.profile import machine_name
-
     d_name, t_name = PAIRS[cfg.pair]
     ar = [r for r in records if r.method == "ar"]
     return {
         "kind": "synthetic", "status": "finished",
         "meta": {**{k: run_meta[k] for k in ("command", "started_at", "build_s", "wall_s")},
                  "finished_at": now(),
-                 "machine": {"name": machine_name(pair.device), "device": str(pair.device),
-                             "platform": platform.platform(), "cpu_count": os.cpu_count(),
-                             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                             "torch": torch.__version__, "transformers": transformers.__version__},
+                 "machine": machine(pair.device, "name"),
                  "config": {**asdict(cfg), "representation": run_meta["representation"]},
                  "archs": {"draft": {"name": d_name, **ARCHS[d_name]}, "target": {"name": t_name, **ARCHS[t_name]}},
                  "init": {"scheme": "fan-in: std 1/sqrt(fan_in); embeddings std 1; q, k: attention logits of std "
