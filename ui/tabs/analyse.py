@@ -52,9 +52,6 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     heading = _heading(sess, rule, csd)
     if scope == SCOPE_MEMORY:
         return (*memory_charts(services, sess, lam, tau), heading, tokens, gr.update(), sess)
-    if services.store is None:
-        e = figures.empty_figure(NO_STORE)
-        return e, e, e, e, NO_STORE, heading, tokens, gr.update(), sess
     f, why = scope_filter(services, sess, scope, target=target)
     if f is None:
         e = figures.empty_figure(why)
@@ -125,8 +122,6 @@ def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, s
     sess = ensure_session(services, sess)
     if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
         raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
-    if services.store is None:
-        return NO_STORE, sess
     f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
     if f is None:
         return why, sess

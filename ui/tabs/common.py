@@ -166,6 +166,8 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
 
 def scope_filter(services: Services, sess: Session, scope: str, run_id=None, target=None):
     """The ``Filter`` of a scope (and a recorded target representation), or why there is nothing to show."""
+    if services.store is None:
+        return None, NO_STORE
     f, why = _scope(services, sess, scope, run_id)
     if f is not None and target not in (None, "", ANY_TARGET):
         f = replace(f, representations=(str(target),))

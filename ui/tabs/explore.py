@@ -24,7 +24,6 @@ from .. import render, rules
 from ..render import plural
 from ..state import Services, Session
 from .common import (
-    NO_STORE,
     SCOPE_SESSION,
     as_int,
     decoder_for,
@@ -90,8 +89,6 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     """The filtered events table (``target``: a recorded target representation, or "any"), the download hidden
     (prepared for other filters). -> (rows, caption, pattern and target dropdown updates, download, session)."""
     sess, hidden = ensure_session(services, sess), hide_download()
-    if services.store is None:
-        return [], NO_STORE, gr.update(), gr.update(), hidden, sess
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
         return [], why, gr.update(), target_choices(services, sess), hidden, sess
@@ -112,8 +109,6 @@ def export_events_csv(services: Services, scope: str, run_id, statuses, pattern,
                       sess: Session | None):
     """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
     sess = ensure_session(services, sess)
-    if services.store is None:
-        raise error(NO_STORE)
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
         raise error(why)
