@@ -129,10 +129,8 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def rescue_modules(method: str | None) -> tuple[bool, bool]:
-    """(memory, gate): the rescue modules ``method`` uses; an unknown method is read as CSD (both)."""
-    if method is None:
-        return True, True
-    cfg = CSDConfig(method=method)
+    """(memory, gate): the rescue modules ``method`` uses; no method (None) is read as CSD (both)."""
+    cfg = CSDConfig(method=method or "csd")
     return cfg.use_ocm, cfg.use_scg
 
 
