@@ -52,11 +52,6 @@ def gate_passes(gap, tau: float):
     return whatif_rule("scg-only", CSDConfig.lam, tau).keeps_logged(gap=gap)
 
 
-def describe_relax(relax: Relax) -> str:
-    """A rival's rule and its parameters, in a few words."""
-    return describe(Rescue(False, False, relax=relax))
-
-
 def rule_method(rule: Rescue) -> str:
     if rule.relax is not None:
         return rule.relax.method

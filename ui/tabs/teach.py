@@ -69,7 +69,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
                             f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
-    params = esc(rules.describe_relax(relax)) if relax else f"λ = {lam:g}, τ = {tau:.3g}"
+    params = esc(rules.describe(cfg.rule())) if relax else f"λ = {lam:g}, τ = {tau:.3g}"
     summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, {params}): the draft proposed "
                f"{plural(block_len, 'token')}, {len(drafted)} checked, "
                f"{plural(sum(1 for e in evs if e.in_output), 'token')} emitted, one target pass"
