@@ -196,7 +196,7 @@ def _table_line(mem: CorrectionMemory) -> str:
                "admits by count alone)" if n_off else "") + ".")
 
 
-def _sizes(prompts_mode: bool, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
+def _sizes(prompts_mode: bool, *, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
     """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
     n_prompts = as_int("prompts", n_prompts)
     tokens = as_int("answer tokens", answer_tokens)
@@ -257,8 +257,7 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts, tokens, n = _sizes(prompts_mode, sizes.get("n_prompts"), sizes.get("answer_tokens"),
-                                      sizes.get("max_positions"))
+        n_prompts, tokens, n = _sizes(prompts_mode, **sizes)
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
