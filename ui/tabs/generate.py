@@ -93,12 +93,9 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
 def recolour(services: Services, lam, log10_tau, hide_rejected: bool, sess: Session | None):
     """Recolour the last answer under other thresholds (no model runs). -> (tokens html, what-if line, session)"""
     sess = ensure_session(services, sess)
-    tau = tau_from_log10(log10_tau)
-    view = sess.last
-    if view is None:
-        return render.render_tokens([], hide_rejected=hide_rejected), "", sess
-    return (tokens_html(view, (float(lam), tau), hide_rejected),
-            render.esc_md(render.whatif_summary(view.events, float(lam), tau)), sess)
+    lam, tau = float(lam), tau_from_log10(log10_tau)
+    line = render.esc_md(render.whatif_summary(sess.last.events, lam, tau)) if sess.last is not None else ""
+    return tokens_html(sess.last, (lam, tau), hide_rejected), line, sess
 
 
 def export_answer(services: Services, lam, log10_tau, sess: Session | None):
@@ -110,9 +107,8 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     d = services.pair.describe()
     facts = {"method": view.cfg.method, "γ": view.cfg.gamma, "λ": f"{view.cfg.lam:g}", "τ": f"{view.cfg.tau:.3g}",
              "draft": d["draft"], "target": d["target"], "representations": f"target {d['representation']['target']}, "
-             f"draft {d['representation']['draft']}", "device": d["device"]}
+             f"draft {d['representation']['draft']}", "device": d["device"], **(view.cfg.rule_params() or {})}
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
-    facts.update(view.cfg.rule_params() or {})
     page = export.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
                                      metrics=view.metrics, cfg=view.cfg)
     (out / "csd-answer.html").write_text(page, encoding="utf-8")
