@@ -142,8 +142,7 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
         return ""
     x = show_token(ev.draft_text)
     if ev.rule == RULE_SPECIAL:
-        return ("a special token (end of turn, chat template) is never rescued, whatever the memory and the gate "
-                "say")
+        return "a special token (end of turn, chat template) is never rescued, whatever the memory and the gate say"
     if ev.rule == RULE_NO_RESCUE:
         if ev.draft_id is not None and ev.draft_id == ev.target_id:
             return "rejection sampling did not keep it (the draft gave it more probability than the target)"

@@ -137,9 +137,8 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
 
 
 def teach_step(services: Services, delta: int, sess: Session | None):
-    if not isinstance(sess, Session):
-        return teach_view(services, None, 0), sess
-    return teach_view(services, sess, sess.teach_step + int(delta)), sess
+    step = sess.teach_step + int(delta) if isinstance(sess, Session) else 0
+    return teach_view(services, sess, step), sess
 
 
 def teach_play(services: Services, sess: Session | None):
