@@ -42,8 +42,7 @@ def _pass_sentence(view: RunView) -> str:
         return f"Verify pass {last + 1}: one token (autoregressive)."
     drafted = sum(1 for e in evs if e.draft_id is not None)
     kept = sum(1 for e in evs if e.draft_id is not None and e.in_output)
-    end = evs[-1].status
-    tail = "a free bonus token" if end == "bonus" else "the target's correction"
+    tail = "a free bonus token" if evs[-1].status == "bonus" else "the target's correction"
     n = evs[0].block_len or drafted
     return f"Verify pass {last + 1}: {kept} of {render.plural(n, 'drafted token')} kept, then {tail}."
 
