@@ -94,7 +94,7 @@ def _blocks(events: list[TokenEvent]) -> list[list[TokenEvent]]:
     return [out[k] for k in sorted(out)]
 
 
-def teach_view(services: Services | None, sess: Session | None, step: int) -> str:
+def teach_view(services: Services, sess: Session | None, step: int) -> str:
     view = sess.teach if isinstance(sess, Session) else None
     if view is None or not view.events:
         return '<div class="csd-note">Run a teaching example to step through it (← and → keys step, Play steps ' \
@@ -105,8 +105,7 @@ def teach_view(services: Services | None, sess: Session | None, step: int) -> st
     before = "".join(e.text for b in blocks[:step] for e in b if e.in_output and not e.special)
     block = blocks[step]
     discarded = [e.discarded for e in block if e.status == REJECTED and e.discarded]
-    decode = services.pair.tokenizer.decode if services is not None else (lambda ids: "?")
-    texts = [decode([i]) for i in (discarded[0] if discarded else [])]
+    texts = [services.pair.tokenizer.decode([i]) for i in (discarded[0] if discarded else [])]
     return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, cfg=view.cfg,
                              discarded_texts=texts)
 
