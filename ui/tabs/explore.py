@@ -151,9 +151,8 @@ def memory_view(services: Services, lam, sess: Session | None):
     tok = services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
              "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
-    cal = mem.meta.get("calibration") or []
-    cal = cal if isinstance(cal, list) else []
-    cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
+    cal = mem.meta.get("calibration")   # a list; an uploaded memory's may hold anything, names included
+    cal_txt = "; ".join(_calibration_line(c) for c in (cal[-3:] if isinstance(cal, list) else []))
     mismatch = mem.mismatch(services.pair)
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
     md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
