@@ -20,7 +20,6 @@ from . import analyse
 from .common import (
     EXACT_MODE_LABEL,
     can_switch_exactness,
-    ensure_session,
     error,
     exactness_note,
     page_config,
@@ -165,8 +164,7 @@ def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool 
 def compare(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Run the methods of ``s.panes`` on one prompt, one after another (greedy), one burst per verify pass.
     Yields the three panes, their captions, the chart, the note, the status line, the session."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "compare")
+    sess, job = take_job(services, sess, "compare")
     picked, problem = chosen_methods(*s.panes)
     if problem:
         services.lane.finish(job, "Not run: pick two or three different methods.")

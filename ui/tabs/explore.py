@@ -250,8 +250,7 @@ def _run_calibration(job, run) -> str:
 def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
     """Calibrate the session's memory on the target's answers to prompts or teacher-forced over a text (shipped or
     uploaded); ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "calibrate")
+    sess, job = take_job(services, sess, "calibrate")
     if job.cancel:
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT

@@ -61,8 +61,7 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 def generate(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Stream one generation (every rule's scores logged, for Analyse), one burst per verify pass. Yields (tokens,
     rescue summary, metrics html, metrics json, what-if line, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "generate")
+    sess, job = take_job(services, sess, "generate")
     if job.cancel:
         yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
         return

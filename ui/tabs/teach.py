@@ -15,7 +15,7 @@ from csd.events import REJECTED, TokenEvent
 from .. import render, rules
 from ..render import STATUS_STYLE, esc, plain_sentence, plural, show_token, token_text_html
 from ..state import RunSettings, Services, Session
-from .common import ensure_session, error, exactness_note, page_config
+from .common import error, exactness_note, page_config
 from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
@@ -112,8 +112,7 @@ def teach_view(services: Services, sess: Session | None, step: int) -> str:
 
 def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """A short greedy run with explanations at a fixed γ, then iteration 1. Yields (view, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "teach")
+    sess, job = take_job(services, sess, "teach")
     if job.cancel:
         yield gr.skip(), status_line(services, sess, "teach"), sess
         return
