@@ -323,7 +323,7 @@ def test_the_exact_mode_switch_is_each_users_own(store, monkeypatch):
     one_pass(dec_b)                                                             # B's: B's mode
     assert pair.rep.activations == "row" and pair.target_lm.per_row and services.decoder is first
     for sess, scales in ((a, "pass"), (b, "token")):                          # what each run records
-        services.lane.finish(jobs.take_job(services, sess, "generate"))
+        services.lane.finish(jobs.take_job(services, sess, "generate")[1])
         with jobs.recorded(services, sess, PROMPT, CSDConfig(), "") as rec:
             pass
         assert store.get_run(rec.run_id).representation == f"int8, activations per {scales}"
@@ -362,7 +362,7 @@ def test_users_decoding_together_keep_their_own_scales_and_answers(store):
         out = {}
 
         def go(name, sess):
-            job = jobs.take_job(services, sess, "generate")
+            _, job = jobs.take_job(services, sess, "generate")
             with jobs.in_lane(services, job):
                 run, view = jobs.start_run(services, sess, job, PROMPT, True, CSDConfig(method=method, gamma=4,
                                            max_new_tokens=20, lookup=0), sess.memory.copy())

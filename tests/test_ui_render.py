@@ -352,11 +352,11 @@ def test_lane_orders_requests_and_forgets_abandoned_ones():
     lane = Lane(stale_s=30)
     a, b, c = lane.request("s1", "generate"), lane.request("s2", "generate"), lane.request("s3", "compare")
     lane.start(a)
-    assert lane.ahead(c) == [a, b]
+    assert (lane.position(c).running, lane.position(c).waiting) == ([a], 1)
     b.seen_at -= 60                                  # its page stopped asking: a closed tab
-    assert lane.ahead(c) == [a]
+    assert (lane.position(c).running, lane.position(c).waiting) == ([a], 0)
     lane.finish(a, "done")
-    assert lane.ahead(c) == [] and a.summary == "done" and a.finished
+    assert len(lane.position(c)) == 0 and a.summary == "done" and a.finished
 
 
 def test_a_request_counts_every_request_queued_before_it_whichever_way_it_came():

@@ -17,7 +17,7 @@ def _pct(x: float) -> str:
 
 
 def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetrics | None = None,
-                   first_token_s: float | None = None, method: str | None = None, note: str = "") -> str:
+                   first_token_s: float | None = None, method: str | None = None) -> str:
     """The metrics cards. ``ar``: the metrics of an AR run on the same prompt (for the speed-up)."""
     if m is None:
         return '<div class="csd-note">Metrics appear here after the first verify pass.</div>'
@@ -51,9 +51,8 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
     body = "".join(f'<div class="csd-metric"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
                    for k, v in cells)
     state = "running…" if running else f"finished ({esc(m.stopped_by or 'done')})"
-    extra = f" · {esc(note)}" if note else ""
     return (f'<div class="csd-metrics" data-state="{"running" if running else "done"}">{body}</div>'
-            f'<div class="csd-status">{state}{extra}</div>')
+            f'<div class="csd-status">{state}</div>')
 
 
 # -- export ------------------------------------------------------------------------------------

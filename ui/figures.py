@@ -183,9 +183,7 @@ def make_frontier_figure(data: dict | None) -> go.Figure:
     if not data or not data.get("points"):
         return empty_figure("No frontier yet: run python -m csd bench ... --sweep 'lam=L,tau=T;...' and copy its "
                             "frontier.json to bench/data/.", "Speed / quality frontier")
-    fig = frontier.frontier_figure(data)
-    fig.update_layout(height=420)
-    return fig
+    return frontier.frontier_figure(data).update_layout(height=420)
 
 
 def frontier_table(data: dict | None) -> str:

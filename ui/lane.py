@@ -107,18 +107,11 @@ class Lane:
     def touch(self, job: Job) -> None:
         job.seen_at = time.monotonic()
 
-    def ahead(self, job: Job) -> list[Job]:
-        """The jobs before this one that hold or wait for the model (oldest first)."""
-        now = time.monotonic()
-        with self._lock:
-            return [j for t, j in sorted(self._jobs.items()) if t < job.ticket and j is not job and
-                    (j.running or now - j.seen_at < self.stale_s)]
-
     def position(self, job: Job) -> Position:
         """The jobs running and the requests waiting before ``job``. With gradio's ``queue``: the events queued
         before its own (every one if its own is not there yet), plus the pages' requests not yet queued that
         came before it; a page's k-th waiting job of a kind is its session's k-th queued event of that name.
-        Without: the waiting jobs before it, as ``ahead``."""
+        Without: the waiting jobs before it that their pages still ask about."""
         now = time.monotonic()
         events = self.queue() if self.queue is not None else None
         with self._lock:

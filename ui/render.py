@@ -129,10 +129,8 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def rescue_modules(method: str | None) -> tuple[bool, bool]:
-    """(memory, gate): the rescue modules ``method`` uses; an unknown method is read as CSD (both)."""
-    if method is None:
-        return True, True
-    cfg = CSDConfig(method=method)
+    """(memory, gate): the rescue modules ``method`` uses; no method (None) is read as CSD (both)."""
+    cfg = CSDConfig(method=method or "csd")
     return cfg.use_ocm, cfg.use_scg
 
 
@@ -144,8 +142,7 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
         return ""
     x = show_token(ev.draft_text)
     if ev.rule == RULE_SPECIAL:
-        return ("a special token (end of turn, chat template) is never rescued, whatever the memory and the gate "
-                "say")
+        return "a special token (end of turn, chat template) is never rescued, whatever the memory and the gate say"
     if ev.rule == RULE_NO_RESCUE:
         if ev.draft_id is not None and ev.draft_id == ev.target_id:
             return "rejection sampling did not keep it (the draft gave it more probability than the target)"
@@ -371,15 +368,13 @@ def detail_panel() -> str:
             'aria-label="close">✕</button><div class="csd-detail-body"></div></div>')
 
 
-def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence[str] | None = None,
-                  key: bool = False) -> str:
+def render_legend(*, whatif: bool = True, diff: bool = False, key: bool = False) -> str:
     """One plain sentence per colour and mark; ``key``: the marks alone (each sentence a tooltip), beside an answer."""
     def item(cls: str, label: str, sentence: str) -> str:
         return (f'<li><span class="tok {cls}" title="{esc(sentence)}">{esc(label)}</span>'
                 f'<span class="s">{esc(sentence)}</span></li>')
 
-    items = [item(cls, label, sentence)
-             for st, (cls, label, sentence) in STATUS_STYLE.items() if statuses is None or st in statuses]
+    items = [item(*style) for style in STATUS_STYLE.values()]
     items.append(item("tok-accepted tok-special", "⟨end of turn⟩", SPECIAL_SENTENCE))
     if whatif:
         items.append(item(f"tok-rejected {WHATIF_RESCUE}", *WHATIF_STYLE[WHATIF_RESCUE]))
@@ -393,9 +388,8 @@ def render_legend(*, whatif: bool = True, diff: bool = False, statuses: Sequence
     return f'<div class="csd-legend{" csd-key" if key else ""}" role="note"><ul>{"".join(items)}</ul></div>'
 
 
-def changed_decisions(events: Sequence[TokenEvent], lam, tau: float | None = None) -> int:
-    """Decisions that CSD's (lam, tau), or the rule given as ``lam``, would change."""
-    rule = lam if tau is None else (lam, tau)
+def changed_decisions(events: Sequence[TokenEvent], rule) -> int:
+    """Decisions that ``rule`` (CSD's (lam, tau), or a ``csd.rule.Rescue``) would change."""
     return sum(1 for e in events if whatif_class(e, rule) is not None)
 
 

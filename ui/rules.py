@@ -52,29 +52,19 @@ def gate_passes(gap, tau: float):
     return whatif_rule("scg-only", CSDConfig.lam, tau).keeps_logged(gap=gap)
 
 
-def describe_relax(relax: Relax) -> str:
-    """A rival's rule and its parameters, in a few words."""
-    return describe(Rescue(False, False, relax=relax))
-
-
-def rule_method(rule: Rescue) -> str:
-    if rule.relax is not None:
-        return rule.relax.method
-    return {(True, True): "csd", (True, False): "ocm-only", (False, True): "scg-only",
-            (False, False): "sd"}[(rule.use_ocm, rule.use_scg)]
-
-
 def describe(rule: Rescue) -> str:
     """The rule and its parameters, in a few words."""
-    r, m = rule.relax, rule_method(rule)
+    r = rule.relax
+    if r is not None:       # a rival's relaxed rule
+        p = r.params
+        return {LOSSY: f"lossy SD at τ = {math.exp(r.log_tau):.3g}", TOPK: f"top-k at k = {p.topk}, δ = {p.delta:g}",
+                TYPICAL: f"typical acceptance at threshold {p.posterior_threshold:g}, α = {p.posterior_alpha:g}",
+                FLY: f"FLy at window {p.win_len}, entropy gate {p.entropy_thre:g}" + ("" if r.needs else " (off)")
+                }[r.method]
     tau = f"τ = {math.exp(rule.log_tau):.3g} (log τ = {num(rule.log_tau)})"
-    return {"csd": f"CSD at λ = {rule.lam:g}, {tau}", "sd": "SD (no relaxation: top-1 matches only)",
-            "ocm-only": f"the memory alone at λ = {rule.lam:g}", "scg-only": f"the gate alone at {tau}",
-            LOSSY: r and f"lossy SD at τ = {math.exp(r.log_tau):.3g}",
-            TOPK: r and f"top-k at k = {r.params.topk}, δ = {r.params.delta:g}",
-            TYPICAL: r and f"typical acceptance at threshold {r.params.posterior_threshold:g}, α = {r.params.posterior_alpha:g}",
-            FLY: r and f"FLy at window {r.params.win_len}, entropy gate {r.params.entropy_thre:g}"
-            + (" (off)" if r and not r.needs else "")}[m]
+    return {(True, True): f"CSD at λ = {rule.lam:g}, {tau}", (False, False): "SD (no relaxation: top-1 matches only)",
+            (True, False): f"the memory alone at λ = {rule.lam:g}", (False, True): f"the gate alone at {tau}",
+            }[(rule.use_ocm, rule.use_scg)]     # CSD and SD, or an ablation: (memory, gate)
 
 
 def logged(ev: TokenEvent) -> dict:

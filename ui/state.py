@@ -81,9 +81,7 @@ class Services:
     model_threads: int = 0            # CPU threads of the model's passes (not of the thread that reads the page)
 
     def new_memory(self) -> CorrectionMemory:
-        if self.base_memory is None:
-            return CorrectionMemory(self.pair.pair_id)
-        return self.base_memory.copy()
+        return CorrectionMemory(self.pair.pair_id) if self.base_memory is None else self.base_memory.copy()
 
 
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:

@@ -7,6 +7,8 @@ import heapq
 from dataclasses import dataclass
 from statistics import median
 
+import numpy as np
+
 from .render import plural
 
 
@@ -33,13 +35,6 @@ class Wait:
     high: float
     ended: int           # how many ended runs it is drawn from
     running: int         # and how many in progress
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    i = int(pos)
-    return xs[i] if i + 1 >= len(xs) else xs[i] + (pos - i) * (xs[i + 1] - xs[i])
 
 
 def left_of(run: Live, typical: tuple[float, float]) -> tuple[float, float]:
@@ -69,7 +64,8 @@ def estimate(waiting: int, running: list[Live], ended: list[Ran], slots: int) ->
     now = [r.rate for r in running if r.rate]
     slow = min(10.0, max(1.0, median(past) / median(now))) if past and now else 1.0   # the load of now
     sample = [d * slow for d in durations] + projected
-    typical = (_quantile(sample, 0.25), max(_quantile(sample, 0.75), median(sample)))
+    q1, q3 = np.quantile(sample, [0.25, 0.75])        # the quartiles, linear between the nearest samples
+    typical = (float(q1), max(float(q3), median(sample)))
     ends = [left_of(r, typical) for r in running][:slots]
     out = []
     for end, each in ((0, typical[0]), (1, typical[1])):

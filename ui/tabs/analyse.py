@@ -3,6 +3,7 @@ benchmark's frontier, and the last answer recoloured under a what-if rule. Nothi
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 
 import gradio as gr
@@ -10,9 +11,9 @@ import numpy as np
 
 from csd.config import ConfigError
 from csd.db import analytics as A
+from csd.memory import CorrectionMemory
 
 from .. import figures, render, rules
-from ..memory_views import memory_pareto_rows, recount
 from ..state import RunSettings, Services, Session
 from .common import (
     NO_STORE,
@@ -34,7 +35,7 @@ from .page import Page
 log = logging.getLogger(__name__)
 
 WHATIF_LAMS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
-WHATIF_LOG10_TAUS = tuple(np.round(np.linspace(-4, 0, 17), 2))
+WHATIF_TAUS = [tau_from_log10(x) for x in np.round(np.linspace(-4, 0, 17), 2)]    # log10 τ from -4 to 0 by 0.25
 
 
 def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None, target=None):
@@ -52,9 +53,6 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
     heading = _heading(sess, rule, csd)
     if scope == SCOPE_MEMORY:
         return (*memory_charts(services, sess, lam, tau), heading, tokens, gr.update(), sess)
-    if services.store is None:
-        e = figures.empty_figure(NO_STORE)
-        return e, e, e, e, NO_STORE, heading, tokens, gr.update(), sess
     f, why = scope_filter(services, sess, scope, target=target)
     if f is None:
         e = figures.empty_figure(why)
@@ -63,7 +61,7 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
         rows = A.pareto_table(services.store, f)
         div = A.cached_divergences(services.store, f)
         pos = A.acceptance_by_position(services.store, f)
-        grid = A.what_if_grid(services.store, WHATIF_LAMS, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], f)
+        grid = A.what_if_grid(services.store, WHATIF_LAMS, WHATIF_TAUS, f)
         wi = A.what_if(services.store, lam, tau, f)
         kinds = A.rescued_by_kind(services.store, f)
         other = None if csd else (A.what_if_rule(services.store, rule, f), A.unscored(services.store, rule, f))
@@ -72,8 +70,7 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
     where = render.esc_md(scope) + (f", target {render.esc_md(str(target))}" if f.representations else "")
-    summary = (f"**{where}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, "
-               f"τ = {tau:.3g} the rule "
+    summary = (f"**{where}**: {render.plural(wi.total, 'divergence')} logged; at λ = {lam:g}, τ = {tau:.3g} the rule "
                f"would rescue **{wi.rescued}** ({100 * wi.rate:.1f}% of them rescued). Top 20% of patterns cover "
                f"{100 * A.top_share(rows):.0f}% of divergences. Rescued tokens by kind: "
                + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")
@@ -84,9 +81,31 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
                        else "") + ".")
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(div.gap, div.count, lam, tau),
             figures.make_position_figure(pos),
-            figures.make_whatif_figure(grid.lams, [tau_from_log10(x) for x in WHATIF_LOG10_TAUS], grid.rate, lam, tau,
-                                       grid.total),
+            figures.make_whatif_figure(grid.lams, WHATIF_TAUS, grid.rate, lam, tau, grid.total),
             summary, heading, tokens, targets, sess)
+
+
+def memory_pareto_rows(memory: CorrectionMemory, tokenizer, limit: int | None = None) -> list[dict]:
+    """The memory's patterns as Pareto rows (``csd.db.analytics.ParetoRow``'s names), most counted first;
+    shares over all its counts. Only the first ``limit`` rows are decoded (the chart shows 30)."""
+    top = memory.top()
+    total = sum(c for _, c in top) or 1
+    rows, cum = [], 0
+    for i, ((d, t), c) in enumerate(top):
+        cum += c
+        shown = limit is None or i < limit
+        rows.append({"draft_id": d, "target_id": t, "count": c, "share": c / total, "cumulative_share": cum / total,
+                     "draft_text": tokenizer.decode([d]) if shown else "",
+                     "target_text": tokenizer.decode([t]) if shown else "",
+                     "example_context": "(a memory holds counts, no contexts)"})
+    return rows
+
+
+def recount(d: A.Divergences, memory: CorrectionMemory) -> A.Divergences:
+    """``d`` with each divergence's count taken from ``memory``: what the rule would have decided with it."""
+    per_pattern = np.array([memory.count(a, b) for a, b in d.patterns], dtype=float)
+    count = per_pattern[d.pattern] if len(d) else np.zeros(0)
+    return replace(d, count=count)
 
 
 def memory_charts(services: Services, sess: Session, lam: float, tau: float):
@@ -109,14 +128,13 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     except Exception as e:
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
-    taus = [tau_from_log10(x) for x in WHATIF_LOG10_TAUS]
-    grid, rescued = A.grid_of(d, WHATIF_LAMS, taus), int(d.rescued_mask(lam, tau).sum())
+    grid, rescued = A.grid_of(d, WHATIF_LAMS, WHATIF_TAUS), int(d.rescued_mask(lam, tau).sum())
     summary += (f" A memory holds counts, not logit gaps: the gap and what-if charts take this session's "
                 f"{render.plural(len(d), 'logged divergence')} and decide them with this memory's counts; at "
                 f"λ = {lam:g}, τ = {tau:.3g} the rule would rescue **{rescued}**"
                 + (f" ({100 * rescued / len(d):.1f}% of them rescued)." if len(d) else ". Generate answers to see them."))
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(d.gap, d.count, lam, tau), positions,
-            figures.make_whatif_figure(grid.lams, taus, grid.rate, lam, tau, grid.total), summary)
+            figures.make_whatif_figure(grid.lams, WHATIF_TAUS, grid.rate, lam, tau, grid.total), summary)
 
 
 def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, sess: Session | None, target=None):
@@ -125,8 +143,6 @@ def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, s
     sess = ensure_session(services, sess)
     if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
         raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
-    if services.store is None:
-        return NO_STORE, sess
     f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
     if f is None:
         return why, sess

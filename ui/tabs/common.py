@@ -31,14 +31,13 @@ SHOW_SPECULATION = 3
 def exactness_note(target: str, activations: str = "") -> str:
     """Whether greedy SD reproduces the target's own answer (AR) in the representation the target runs
     in here, in plain words (docs/exactness.md; ``csd.representation.Representation.exact_rows``)."""
+    exact = ("greedy SD writes the target's own answer (AR's) token for token; CSD may leave it where it rescues a "
+             "draft token.")
     if target == "float32":
-        return ("**Exactness here:** the target runs in float32, where greedy SD writes the target's own answer "
-                "(AR's) token for token; CSD may leave it where it rescues a draft token.")
+        return f"**Exactness here:** the target runs in float32, where {exact}"
     if target == "int8" and activations == "row":
         return ("**Exactness here:** the target runs in int8 with each token's activations scaled on their own, "
-                "so a verify pass computes for every token what the target alone computes for it: greedy SD "
-                "writes the target's own answer (AR's) token for token; CSD may leave it where it rescues a draft "
-                "token.")
+                f"so a verify pass computes for every token what the target alone computes for it: {exact}")
     how = ("quantises the activations of all the tokens in a verify pass with one scale"
            if target == "int8" else f"rounds a verify pass of several tokens in {target} differently "
            "from a pass of one")
@@ -166,6 +165,8 @@ def ensure_session(services: Services, sess: Session | None) -> Session:
 
 def scope_filter(services: Services, sess: Session, scope: str, run_id=None, target=None):
     """The ``Filter`` of a scope (and a recorded target representation), or why there is nothing to show."""
+    if services.store is None:
+        return None, NO_STORE
     f, why = _scope(services, sess, scope, run_id)
     if f is not None and target not in (None, "", ANY_TARGET):
         f = replace(f, representations=(str(target),))

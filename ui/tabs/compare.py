@@ -20,7 +20,6 @@ from . import analyse
 from .common import (
     EXACT_MODE_LABEL,
     can_switch_exactness,
-    ensure_session,
     error,
     exactness_note,
     page_config,
@@ -52,12 +51,8 @@ def chosen_methods(*picked: str | None) -> tuple[list[str], str | None]:
 
 def departures(base_ids: list[int], other_ids: list[int]) -> set[int]:
     """Output positions of ``other_ids`` that differ from ``base_ids`` (replaced or inserted)."""
-    sm = difflib.SequenceMatcher(a=base_ids, b=other_ids, autojunk=False)
-    out: set[int] = set()
-    for tag, _i1, _i2, j1, j2 in sm.get_opcodes():
-        if tag in ("replace", "insert"):
-            out.update(range(j1, j2))
-    return out
+    ops = difflib.SequenceMatcher(a=base_ids, b=other_ids, autojunk=False).get_opcodes()
+    return {j for tag, _i1, _i2, j1, j2 in ops if tag in ("replace", "insert") for j in range(j1, j2)}
 
 
 def _code(text: str) -> str:
@@ -131,12 +126,11 @@ def compare_note(views: dict[str, RunView | None]) -> str:
         per = m.verify_s / m.target_forwards if m.target_forwards else 0.0
         ratio = per / step if step else 0.0
         lines.append(f"**{k.upper()}** used {plural(m.target_forwards, 'target pass', 'target passes')} instead of "
-                     f"AR's {a.target_forwards} "
-                     f"(**{saved} saved**, {m.mean_accepted_length:.2f} tokens per pass); one of its verify passes "
-                     f"(a block of about {m.mean_block_len:.1f} draft tokens + 1) took {per:.3f} s against "
-                     f"{step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took {m.draft_s:.2f} s in all, and "
-                     f"reading the prompt {m.prefill_s:.2f} s with both models (AR: {a.prefill_s:.2f} s, the target "
-                     f"alone).")
+                     f"AR's {a.target_forwards} (**{saved} saved**, {m.mean_accepted_length:.2f} tokens per pass); "
+                     f"one of its verify passes (a block of about {m.mean_block_len:.1f} draft tokens + 1) took "
+                     f"{per:.3f} s against {step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took "
+                     f"{m.draft_s:.2f} s in all, and reading the prompt {m.prefill_s:.2f} s with both models (AR: "
+                     f"{a.prefill_s:.2f} s, the target alone).")
     faster = [k for k in done if k != "ar" and done[k].wall_s < a.wall_s]
     why = ("**Why speculative decoding can be slower than AR here.** On a GPU a verify pass over γ + 1 tokens costs "
            "about as much as one AR step, so every kept draft token is time saved. On a CPU, and more so a busy "
@@ -170,8 +164,7 @@ def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool 
 def compare(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Run the methods of ``s.panes`` on one prompt, one after another (greedy), one burst per verify pass.
     Yields the three panes, their captions, the chart, the note, the status line, the session."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "compare")
+    sess, job = take_job(services, sess, "compare")
     picked, problem = chosen_methods(*s.panes)
     if problem:
         services.lane.finish(job, "Not run: pick two or three different methods.")

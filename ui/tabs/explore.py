@@ -24,7 +24,6 @@ from .. import render, rules
 from ..render import plural
 from ..state import Services, Session
 from .common import (
-    NO_STORE,
     SCOPE_SESSION,
     as_int,
     decoder_for,
@@ -90,8 +89,6 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     """The filtered events table (``target``: a recorded target representation, or "any"), the download hidden
     (prepared for other filters). -> (rows, caption, pattern and target dropdown updates, download, session)."""
     sess, hidden = ensure_session(services, sess), hide_download()
-    if services.store is None:
-        return [], NO_STORE, gr.update(), gr.update(), hidden, sess
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
         return [], why, gr.update(), target_choices(services, sess), hidden, sess
@@ -112,8 +109,6 @@ def export_events_csv(services: Services, scope: str, run_id, statuses, pattern,
                       sess: Session | None):
     """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
     sess = ensure_session(services, sess)
-    if services.store is None:
-        raise error(NO_STORE)
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
     if f is None:
         raise error(why)
@@ -156,9 +151,8 @@ def memory_view(services: Services, lam, sess: Session | None):
     tok = services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
              "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
-    cal = mem.meta.get("calibration") or []
-    cal = cal if isinstance(cal, list) else []
-    cal_txt = "; ".join(_calibration_line(c) for c in cal[-3:])   # a corpus name may be an uploaded file's name
+    cal = mem.meta.get("calibration")   # a list; an uploaded memory's may hold anything, names included
+    cal_txt = "; ".join(_calibration_line(c) for c in (cal[-3:] if isinstance(cal, list) else []))
     mismatch = mem.mismatch(services.pair)
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
     md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
@@ -201,7 +195,7 @@ def _table_line(mem: CorrectionMemory) -> str:
                "admits by count alone)" if n_off else "") + ".")
 
 
-def _sizes(prompts_mode: bool, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
+def _sizes(prompts_mode: bool, *, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
     """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
     n_prompts = as_int("prompts", n_prompts)
     tokens = as_int("answer tokens", answer_tokens)
@@ -256,14 +250,12 @@ def _run_calibration(job, run) -> str:
 def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
     """Calibrate the session's memory on the target's answers to prompts or teacher-forced over a text (shipped or
     uploaded); ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "calibrate")
+    sess, job = take_job(services, sess, "calibrate")
     if job.cancel:
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts, tokens, n = _sizes(prompts_mode, sizes.get("n_prompts"), sizes.get("answer_tokens"),
-                                      sizes.get("max_positions"))
+        n_prompts, tokens, n = _sizes(prompts_mode, **sizes)
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None

@@ -42,8 +42,7 @@ def _pass_sentence(view: RunView) -> str:
         return f"Verify pass {last + 1}: one token (autoregressive)."
     drafted = sum(1 for e in evs if e.draft_id is not None)
     kept = sum(1 for e in evs if e.draft_id is not None and e.in_output)
-    end = evs[-1].status
-    tail = "a free bonus token" if end == "bonus" else "the target's correction"
+    tail = "a free bonus token" if evs[-1].status == "bonus" else "the target's correction"
     n = evs[0].block_len or drafted
     return f"Verify pass {last + 1}: {kept} of {render.plural(n, 'drafted token')} kept, then {tail}."
 
@@ -62,8 +61,7 @@ def _metrics_json(m: RunMetrics | None) -> dict | None:
 def generate(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """Stream one generation (every rule's scores logged, for Analyse), one burst per verify pass. Yields (tokens,
     rescue summary, metrics html, metrics json, what-if line, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "generate")
+    sess, job = take_job(services, sess, "generate")
     if job.cancel:
         yield (gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), status_line(services, sess, "generate"), sess)
         return
@@ -93,12 +91,9 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
 def recolour(services: Services, lam, log10_tau, hide_rejected: bool, sess: Session | None):
     """Recolour the last answer under other thresholds (no model runs). -> (tokens html, what-if line, session)"""
     sess = ensure_session(services, sess)
-    tau = tau_from_log10(log10_tau)
-    view = sess.last
-    if view is None:
-        return render.render_tokens([], hide_rejected=hide_rejected), "", sess
-    return (tokens_html(view, (float(lam), tau), hide_rejected),
-            render.esc_md(render.whatif_summary(view.events, float(lam), tau)), sess)
+    lam, tau = float(lam), tau_from_log10(log10_tau)
+    line = render.esc_md(render.whatif_summary(sess.last.events, lam, tau)) if sess.last is not None else ""
+    return tokens_html(sess.last, (lam, tau), hide_rejected), line, sess
 
 
 def export_answer(services: Services, lam, log10_tau, sess: Session | None):
@@ -110,9 +105,8 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     d = services.pair.describe()
     facts = {"method": view.cfg.method, "γ": view.cfg.gamma, "λ": f"{view.cfg.lam:g}", "τ": f"{view.cfg.tau:.3g}",
              "draft": d["draft"], "target": d["target"], "representations": f"target {d['representation']['target']}, "
-             f"draft {d['representation']['draft']}", "device": d["device"]}
+             f"draft {d['representation']['draft']}", "device": d["device"], **(view.cfg.rule_params() or {})}
     out = Path(tempfile.mkdtemp(prefix="csd-answer-"))
-    facts.update(view.cfg.rule_params() or {})
     page = export.render_export_html(view.events, prompt=view.prompt, title="CSD Explorer answer", facts=facts,
                                      metrics=view.metrics, cfg=view.cfg)
     (out / "csd-answer.html").write_text(page, encoding="utf-8")

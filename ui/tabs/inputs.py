@@ -32,16 +32,9 @@ def check_range(what: str, value, lo: float | None, hi: float | None, whole: boo
         raise error(f"{what} must be {range_words(lo, hi, whole)}{f' {note}' if note else ''}; got {got}.")
 
 
-def _check_slider(self: gr.Slider, payload):
-    check_range(self.csd_what, payload, self.minimum, self.maximum,
-                whole=self.step == 1 and float(self.minimum) % 1 == 0, note=self.csd_note)
-    return type(self).preprocess(self, payload)
-
-
-def _check_number(self: gr.Number, payload):
+def _check_number(self: gr.Slider | gr.Number, payload):
     if payload is not None or not self.csd_optional:    # an empty optional box: no value (an empty seed is no seed)
-        check_range(self.csd_what, payload, self.minimum, self.maximum, whole=self.precision == 0,
-                    note=self.csd_note)
+        check_range(self.csd_what, payload, self.minimum, self.maximum, self.csd_whole, self.csd_note)
     return type(self).preprocess(self, payload)
 
 
@@ -52,15 +45,16 @@ def _check_choice(self: gr.Dropdown, payload):
     return type(self).preprocess(self, payload)
 
 
-def _named(comp, check, what: str, note: str = ""):
-    comp.csd_what, comp.csd_note = what, note
+def _named(comp, check, what: str, note: str = "", whole: bool = False, optional: bool = False):
+    comp.csd_what, comp.csd_note, comp.csd_whole, comp.csd_optional = what, note, whole, optional
     comp.preprocess = types.MethodType(check, comp)
     return comp
 
 
 def slider(what: str, minimum: float, maximum: float, *, note: str = "", **kw) -> gr.Slider:
     """A gr.Slider whose refusals say "<what> must be <range> <note>; got <value>."."""
-    return _named(gr.Slider(minimum, maximum, **kw), _check_slider, what, note)
+    comp = gr.Slider(minimum, maximum, **kw)
+    return _named(comp, _check_number, what, note, whole=comp.step == 1 and float(minimum) % 1 == 0)
 
 
 def number(what: str, *, note: str = "", optional: bool = False, **kw) -> gr.Number:
@@ -68,9 +62,8 @@ def number(what: str, *, note: str = "", optional: bool = False, **kw) -> gr.Num
     ``csd-optional`` tells the page's script, ``static/numbers.js``, which checks the box as typed)."""
     if optional:
         kw["elem_classes"] = [*(kw.get("elem_classes") or []), "csd-optional"]
-    comp = _named(gr.Number(**kw), _check_number, what, note)
-    comp.csd_optional = optional
-    return comp
+    comp = gr.Number(**kw)
+    return _named(comp, _check_number, what, note, whole=comp.precision == 0, optional=optional)
 
 
 def dropdown(what: str, choices, **kw) -> gr.Dropdown:

@@ -38,9 +38,10 @@ def request_job(services: Services, kind: str, sess: Session | None, prompt: str
     return sess, status_line(services, sess, kind), gr.Timer(active=True)
 
 
-def take_job(services: Services, sess: Session, kind: str) -> Job:
-    """The job this handler runs: the oldest the page asked for, else a new one (an API caller); one stopped
-    before it started is finished here (its handler runs in the light group and ends at once: no model)."""
+def take_job(services: Services, sess: Session | None, kind: str) -> tuple[Session, Job]:
+    """The session and the job this handler runs: the oldest the page asked for, else a new one (an API caller);
+    one stopped before it started is finished here (its handler runs in the light group and ends at once)."""
+    sess = ensure_session(services, sess)
     q = sess.pending[kind]
     job = q.popleft() if q else services.lane.request(sess.session_id, kind)
     sess.jobs[kind] = job
@@ -48,7 +49,7 @@ def take_job(services: Services, sess: Session, kind: str) -> Job:
         services.lane.finish(job, "Stopped before it started: the model never ran for it.")
     else:
         job.decoder = decoder_for(services, sess)     # this user's exact mode, for this run
-    return job
+    return sess, job
 
 
 def stop(services: Services, kind: str | None, sess: Session | None):
@@ -163,7 +164,7 @@ def poll_status(services: Services, sess: Session | None):
             if job.waiting and job is not sess.jobs.get(job.kind):
                 services.lane.touch(job)
                 _orphan(services, sess, job, services.lane.position(job), now)
-    lines = [status_line(services, sess, k) for k in ("generate", "compare", "teach", "calibrate")]
+    lines = [status_line(services, sess, k) for k in KINDS]
     busy = isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())
     return (*lines, gr.Timer(active=busy))
 

@@ -71,20 +71,13 @@ class Page:
         """``fn(services, head, settings, sess, **extra)`` as gradio calls it with ``inputs_kwargs``: the session by
         position, the prompt (or ``head``) and the settings by name (the API's keywords), made into one
         ``RunSettings``; ``extra``: inputs that are not settings (Analyse's target filter), passed by name."""
-        services = self.services
-
-        def args(sess, values):
-            own = {k: values.pop(k) for k in extra if k in values}
-            return (services, values.pop(head), RunSettings.from_inputs(**values), sess), own
-        if inspect.isgeneratorfunction(fn):
-            def stream(sess, **values):
-                a, own = args(sess, values)
-                yield from fn(*a, **own)
-            return stream
-
         def call(sess, **values):
-            a, own = args(sess, values)
-            return fn(*a, **own)
+            own = {k: values.pop(k) for k in extra if k in values}
+            return fn(self.services, values.pop(head), RunSettings.from_inputs(**values), sess, **own)
+        if inspect.isgeneratorfunction(fn):      # gradio streams only from a generator function
+            def stream(sess, **values):
+                yield from call(sess, **values)
+            return stream
         return call
 
     def model_job(self, btn, kind: str, fn, named: dict, outputs, api_name: str, check_in=()):

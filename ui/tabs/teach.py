@@ -15,7 +15,7 @@ from csd.events import REJECTED, TokenEvent
 from .. import render, rules
 from ..render import STATUS_STYLE, esc, plain_sentence, plural, show_token, token_text_html
 from ..state import RunSettings, Services, Session
-from .common import ensure_session, error, exactness_note, page_config
+from .common import error, exactness_note, page_config
 from .inputs import dropdown, slider
 from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
@@ -69,7 +69,7 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
                             f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
-    params = esc(rules.describe_relax(relax)) if relax else f"λ = {lam:g}, τ = {tau:.3g}"
+    params = esc(rules.describe(cfg.rule())) if relax else f"λ = {lam:g}, τ = {tau:.3g}"
     summary = (f"Iteration {step + 1} of {n_steps} ({esc(method)}, {params}): the draft proposed "
                f"{plural(block_len, 'token')}, {len(drafted)} checked, "
                f"{plural(sum(1 for e in evs if e.in_output), 'token')} emitted, one target pass"
@@ -94,7 +94,7 @@ def _blocks(events: list[TokenEvent]) -> list[list[TokenEvent]]:
     return [out[k] for k in sorted(out)]
 
 
-def teach_view(services: Services | None, sess: Session | None, step: int) -> str:
+def teach_view(services: Services, sess: Session | None, step: int) -> str:
     view = sess.teach if isinstance(sess, Session) else None
     if view is None or not view.events:
         return '<div class="csd-note">Run a teaching example to step through it (← and → keys step, Play steps ' \
@@ -105,16 +105,14 @@ def teach_view(services: Services | None, sess: Session | None, step: int) -> st
     before = "".join(e.text for b in blocks[:step] for e in b if e.in_output and not e.special)
     block = blocks[step]
     discarded = [e.discarded for e in block if e.status == REJECTED and e.discarded]
-    decode = services.pair.tokenizer.decode if services is not None else (lambda ids: "?")
-    texts = [decode([i]) for i in (discarded[0] if discarded else [])]
+    texts = [services.pair.tokenizer.decode([i]) for i in (discarded[0] if discarded else [])]
     return render_teach_step(block, step=step, n_steps=len(blocks), text_before=before, cfg=view.cfg,
                              discarded_texts=texts)
 
 
 def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | None):
     """A short greedy run with explanations at a fixed γ, then iteration 1. Yields (view, status line, session)."""
-    sess = ensure_session(services, sess)
-    job = take_job(services, sess, "teach")
+    sess, job = take_job(services, sess, "teach")
     if job.cancel:
         yield gr.skip(), status_line(services, sess, "teach"), sess
         return
@@ -137,9 +135,8 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
 
 
 def teach_step(services: Services, delta: int, sess: Session | None):
-    if not isinstance(sess, Session):
-        return teach_view(services, None, 0), sess
-    return teach_view(services, sess, sess.teach_step + int(delta)), sess
+    step = sess.teach_step + int(delta) if isinstance(sess, Session) else 0
+    return teach_view(services, sess, step), sess
 
 
 def teach_play(services: Services, sess: Session | None):
