@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..events import Progress
-from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
+from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear
 from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
 
@@ -203,14 +203,14 @@ def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Ten
     return load_file(SHIPPED_MAXIMA)
 
 
-def maxima_for(model: torch.nn.Module, model_name: str, encode) -> dict[str, torch.Tensor] | None:
-    """The activation maxima to smooth an int8 target made from ``model`` with (on the calibration prompts,
-    ``encode``d), or None where smoothing cannot run (logged)."""
-    from .smoothing import calibration_prompt_ids, supported
+def maxima_for(model: torch.nn.Module, model_name: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
+    """The activation maxima to smooth an int8 target made from ``model`` with, measured on ``prompts`` (the
+    calibration prompts' ids), or None where smoothing cannot run (logged)."""
+    from .smoothing import supported
     try:
         if not supported(model):
             raise ValueError("not a Llama-family decoder")
-        return activation_maxima(ModuleSource(model), model.config, calibration_prompt_ids(encode))
+        return activation_maxima(ModuleSource(model), model.config, prompts)
     except ValueError as e:
         log.info("int8 target %s is quantised without smoothing: %s", model_name, e)
         return None
@@ -420,8 +420,3 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name:
                                      "half-written was kept: free some disk space and start again") from None
             release_memory()
         return load(path, key, rows=rows)
-
-
-def lean_supported(config) -> str | None:
-    """``csd.runtime.lm.lean_unsupported`` on a config alone."""
-    return lean_unsupported(SimpleNamespace(config=config))

@@ -131,9 +131,8 @@ def _crop_sliding(layer, length: int) -> None:
 LEAN_MODEL_TYPES = ("qwen2", "llama")
 
 
-def lean_unsupported(model: torch.nn.Module) -> str | None:
-    """None if ``LeanLM`` can run this model, else why not (then ``HFLM`` runs it)."""
-    cfg = model.config
+def lean_unsupported(cfg) -> str | None:
+    """None if ``LeanLM`` can run a model of this transformers config, else why not (then ``HFLM`` runs it)."""
     if getattr(cfg, "model_type", None) not in LEAN_MODEL_TYPES:
         return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(LEAN_MODEL_TYPES)}"
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -238,7 +237,7 @@ class LeanLM(LM):
     impl = "lean"
 
     def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None, int8: bool = False):
-        why = lean_unsupported(model)
+        why = lean_unsupported(model.config)
         if why:
             raise ValueError(f"the lean path cannot run this model: {why}")
         base = model.model
