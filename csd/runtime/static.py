@@ -100,14 +100,6 @@ class StaticLM(LM):
         self._owner += 1
         return StaticCache(self._owner)
 
-    def length(self, cache: StaticCache) -> int:
-        return cache.n
-
-    def crop(self, cache: StaticCache, length: int) -> None:
-        if not 0 <= length <= cache.n:
-            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
-        cache.n = length          # what lies beyond is overwritten before any query can see it
-
     def _check_owner(self, cache: StaticCache) -> None:
         if cache.owner != self._owner:
             raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
