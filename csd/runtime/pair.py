@@ -19,7 +19,6 @@ class _ScalesView:
 
     def __init__(self, owner: ModelPair, mode: str):
         self.owner, self.mode, self.lm = owner, mode, owner.target_lm
-        self.vocab_ids, self.impl = self.lm.vocab_ids, self.lm.impl
 
     def __getattr__(self, name):
         return getattr(self.lm, name)

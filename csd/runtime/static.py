@@ -274,9 +274,7 @@ class StaticLM(LM):
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; elsewhere the static path runs eagerly")
         shapes = sorted(set(shapes), reverse=True)
-        too_long = [t for t, _ in shapes if t > self.capacity]
-        if too_long:
-            self.check_room(max(too_long), "a captured pass")
+        self.check_room(max((t for t, _ in shapes), default=0), "a captured pass")
         shapes = sorted(((t, keep, s) for t, keep in shapes for s in self.spans if s >= t), reverse=True,
                         key=lambda x: (x[2], x[0]))
         t0 = time.perf_counter()
