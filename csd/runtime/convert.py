@@ -114,7 +114,7 @@ class QuantisedRows:
 
     def __init__(self, data: torch.Tensor, qtype: str, cols: int):
         import gguf
-        self.data, self.cols = data, cols
+        self.data = data
         self.qtype = gguf.GGMLQuantizationType[qtype]
         self._dequantize = gguf.quants.dequantize
         self.shape = (data.shape[0], cols)
