@@ -1,10 +1,7 @@
-"""Convert once, then map: a model's weights as the CPU runs them, written to the cache and read back.
-
-``convert`` writes the int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file
-(``GGUFSource``) or a transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``):
-``layer-NNN``, ``head``, ``embed`` (as the source holds it), ``maxima`` (.safetensors), ``config.json``
-and, last, ``manifest.json``. ``load`` maps them back. A cache is used only when its manifest matches
-the format, source and options and every file its size; it is built in a temporary directory renamed
+"""Convert once, then map (the cache's files and when one is used: docs/models.md): ``convert`` writes the
+int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file (``GGUFSource``) or a
+transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``), its manifest last;
+``load`` maps it back where the manifest matches; ``cached_lean`` builds it in a temporary directory renamed
 into place under a lock, so a killed process or a full disk leaves the old cache or none.
 """
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""The static decode path (docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so
-that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python. One KV
-cache of a fixed ``capacity`` per model (a rollback moves a length; a request that could outgrow it is
-refused first, ``check_room``); the pass's first position is a device tensor, keys and values are
-written with ``index_copy_`` and attention runs under a mask over the cache's first ``span`` positions,
-the smallest of a few ``attention_spans`` that holds the pass, so that a pass costs what the cache
-holds rather than its capacity, and no shape depends on the exact length. ``capture`` records one graph
-per (pass length, rows kept, span); other shapes run eagerly. ``compiled``: the pass goes through ``torch.compile`` first. Greedy output equals
-the eager path's up to float rounding (``tests/test_static.py``).
+"""The static decode path (how and why: docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed
+shapes, so that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python:
+one KV cache of a fixed ``capacity`` per model (``check_room`` refuses a request first), attention under a
+mask over the smallest of a few ``attention_spans`` that holds the pass; ``capture`` records one graph per
+(pass length, rows kept, span), other shapes run eagerly; ``compiled`` puts the pass through
+``torch.compile`` first. Greedy output equals the eager path's up to float rounding (``tests/test_static.py``).
 """
 from __future__ import annotations
 
