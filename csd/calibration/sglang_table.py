@@ -83,10 +83,8 @@ class Table:
     def add(self, pair: tuple[int, int], freq: int, allow: bool) -> None:
         if pair in self.freq:
             self.duplicates += 1
-            self.freq[pair] += freq
-            self.allow[pair] = self.allow[pair] and allow
-        else:
-            self.freq[pair], self.allow[pair] = freq, allow
+        self.freq[pair] = self.freq.get(pair, 0) + freq
+        self.allow[pair] = self.allow.get(pair, True) and allow
 
 
 # -- reading -----------------------------------------------------------------------------------
