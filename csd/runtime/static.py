@@ -128,8 +128,7 @@ class StaticLM(LM):
         sin = sin * self._sign               # rotate_half's sign folded into sin: RoPE in three ops (_rotate)
         mask = self._keys[None, :span] <= pos[:, None]                                  # (T, span)
         k, v = self._kv.k[:, :, :span], self._kv.v[:, :, :span]         # views: the writes land in the cache
-        n_kv = k.shape[1]
-        group = lean.n_heads // n_kv
+        n_kv, group = lean.n_kv, lean.n_heads // lean.n_kv
         # the query heads sharing a key/value head are folded into the query length, (1, KV, G*T, D): SDPA's
         # enable_gqa with a mask would copy K and V out to every query head on CUDA (docs/gpu.md)
 
