@@ -63,12 +63,9 @@ SUBJECTS = (
 ROOT_MODULES_SKIP = ("test", "idlelib", "lib2to3", "turtledemo", "ensurepip", "pydoc_data", "tkinter")
 
 
-def words(text: str) -> list[str]:
-    return re.findall(r"\w+", text.lower())
-
-
 def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    w = words(text)
+    """The runs of ``n`` words of a text, lower-cased."""
+    w = re.findall(r"\w+", text.lower())
     return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
 
 

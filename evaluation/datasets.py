@@ -123,13 +123,13 @@ def load_file(path: str | os.PathLike) -> list[Item]:
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError(f"cannot read dataset file {str(path)!r}: {e}") from None
     name = path.stem
+    lines = [(n, line.strip()) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise DatasetError(f"dataset file {str(path)!r} holds no prompts")
+    if path.suffix not in (".jsonl", ".ndjson", ".json") and not lines[0][1].startswith("{"):
+        return [Item(name, f"{name}/{n}", line) for n, line in lines]
     items = []
-    lines = [(n, line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
-    as_json = path.suffix in (".jsonl", ".ndjson", ".json") or (lines and lines[0][1].lstrip().startswith("{"))
     for n, line in lines:
-        if not as_json:
-            items.append(Item(name, f"{name}/{n}", line.strip()))
-            continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -143,8 +143,6 @@ def load_file(path: str | os.PathLike) -> list[Item]:
         ref = None if answer is None else gsm8k_reference(str(answer))
         items.append(Item(name, str(row.get("id", f"{name}/{n}")), prompt.strip(), ref,
                           "number" if ref is not None else None))
-    if not items:
-        raise DatasetError(f"dataset file {str(path)!r} holds no prompts")
     return items
 
 

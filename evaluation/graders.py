@@ -123,7 +123,7 @@ def _expression_value(expr: str) -> str | None:
         return _normalise_number(single.group(1))
     value = _evaluate(last)
     if value is not None:
-        return _format_fraction(value)
+        return str(value)                        # "3", "-3/4": Fraction's own form
     numbers = re.findall(_NUM, last)
     return _normalise_number(numbers[-1]) if numbers else None
 
@@ -236,24 +236,13 @@ def _normalise_number(s: str) -> str | None:
     return m.group(0).lstrip("+") if m else None
 
 
-def _format_fraction(f: Fraction) -> str:
-    return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
-
-
-def _to_fraction(s: str | None) -> Fraction | None:
-    if s is None:
-        return None
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
 def numbers_equal(pred: str | None, ref: str | None) -> bool:
-    """Exact comparison as fractions, after normalising both (1,250 == 1250.00; 3/4 == 0.75)."""
-    a = _to_fraction(_normalise_number(pred) if pred else None)
-    b = _to_fraction(_normalise_number(ref) if ref else None)
-    return a is not None and b is not None and a == b
+    """Exact comparison as fractions, after normalising both (1,250 == 1250.00; 3/4 == 0.75); False where
+    either is missing or not a number."""
+    try:
+        return Fraction(_normalise_number(pred or "")) == Fraction(_normalise_number(ref or ""))
+    except (TypeError, ValueError, ZeroDivisionError):      # None (no number), "1/0"
+        return False
 
 
 _TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)|([-+*/()]))")
@@ -296,9 +285,7 @@ def _arithmetic(node: ast.expr, numbers: list[Fraction]) -> Fraction:
 # -- CHAMP -------------------------------------------------------------------------------------
 def champ_checkable(reference: str | None) -> str | None:
     """'number' when the reference is a plain number (or fraction), 'yesno' for Yes/No, else None."""
-    if reference is None:
-        return None
-    r = reference.strip()
+    r = (reference or "").strip()
     if re.fullmatch(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?", r):
         return "number"
     if r.lower() in ("yes", "no"):

@@ -76,17 +76,13 @@ def _warn_fallback(problem: str) -> None:
 def _bwrap_prefix(exe: str, workdir: str) -> list[str]:
     """The bwrap command line up to the sandboxed command: everything read-only but ``workdir``."""
     args = [exe, "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
-    for path in _python_dirs_under_tmp():          # a Python installed under /tmp must stay visible
+    pythons = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                             os.path.dirname(os.path.realpath(sys.executable)))}
+    for path in sorted(d for d in pythons if d == "/tmp" or d.startswith("/tmp/")):   # kept visible over the tmpfs
         args += ["--ro-bind", path, path]
     # the working directory is bound last, so that no later mount (/dev, /proc) can cover it
     return args + ["--proc", "/proc", "--dev", "/dev", "--bind", workdir, workdir, "--unshare-all",
                    "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--chdir", workdir, "--"]
-
-
-def _python_dirs_under_tmp() -> list[str]:
-    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                          os.path.dirname(os.path.realpath(sys.executable)))}
-    return sorted(d for d in dirs if d == "/tmp" or d.startswith("/tmp/"))
 
 
 # -- the parent ------------------------------------------------------------------------------------

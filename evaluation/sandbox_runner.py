@@ -224,7 +224,9 @@ def _confine_writes(workdir: str) -> None:
     root = os.path.realpath(workdir)
     realpath, fspath, fsdecode = os.path.realpath, os.fspath, os.fsdecode
 
-    def inside(path) -> None:
+    def inside(path, dir_fd=None) -> None:
+        if dir_fd is not None:
+            raise PermissionError("writing relative to a directory descriptor is disabled in the sandbox")
         full = realpath(fsdecode(fspath(path)))
         if not (full == root or full.startswith(root + os.sep) or full == os.devnull):
             raise PermissionError(f"writing outside the sandbox's directory is disabled: {full}")
@@ -243,17 +245,13 @@ def _confine_writes(workdir: str) -> None:
 
     def guarded_os_open(path, flags, mode=0o777, *, dir_fd=None):
         if flags & writes:
-            if dir_fd is not None:
-                raise PermissionError("writing relative to a directory descriptor is disabled in the sandbox")
-            inside(path)
+            inside(path, dir_fd)
         return real_os_open(path, flags, mode)
 
     real_mkdir = os.mkdir
 
     def guarded_mkdir(path, mode=0o777, *, dir_fd=None):
-        if dir_fd is not None:
-            raise PermissionError("mkdir relative to a directory descriptor is disabled in the sandbox")
-        inside(path)
+        inside(path, dir_fd)
         return real_mkdir(path, mode)
 
     for module in (os, posix):

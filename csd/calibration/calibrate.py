@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 
@@ -28,20 +29,11 @@ class Stop(Exception):
 
 
 # -- counting ----------------------------------------------------------------------------------
-def _chunks(pair: ModelPair, texts: Iterable[str], chunk_tokens: int, max_chunks: int | None) -> Iterator[list[int]]:
-    n = 0
+def _chunks(pair: ModelPair, texts: Iterable[str], chunk_tokens: int) -> Iterator[list[int]]:
     for text in texts:
         ids = pair.tokenizer(text, add_special_tokens=False)["input_ids"]
         for s in range(0, len(ids) - chunk_tokens + 1, chunk_tokens):
             yield ids[s:s + chunk_tokens]
-            n += 1
-            if max_chunks is not None and n >= max_chunks:
-                return
-
-
-def chat_prefix(pair: ModelPair) -> list[int]:
-    """The chat-template tokens before an assistant answer (masked out of the counts)."""
-    return pair.encode_prompt(CALIBRATION_INSTRUCTION, chat=True)
 
 
 @torch.inference_mode()
@@ -63,25 +55,15 @@ def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
 
 
 def count_divergences(pair: ModelPair, rows: Sequence[list[int]], prefix_len: int,
-                      skip_first: int) -> tuple[list[int], list[int], int]:
+                      skip_first: int) -> tuple[list[int], list[int]]:
     """Teacher-forced predictions of both models over each row (prefix + text) for text tokens ``skip_first``..
-    end: (draft ids, target ids, positions counted)."""
+    end: (draft ids, target ids)."""
     first = prefix_len + skip_first - 1          # the position whose prediction is text token skip_first
     d, t = [], []
     for ids in rows:
         d += top1_after(pair.draft_lm, ids[:-1], first)
         t += top1_after(pair.target_lm, ids[:-1], first)
-    return d, t, len(d)
-
-
-def _observe(memory: CorrectionMemory, d: Sequence[int], t: Sequence[int], special) -> int:
-    """Count the divergences among aligned (draft, target) predictions; returns how many."""
-    n = 0
-    for a, b in zip(d, t):
-        if a != b and a not in special and b not in special:
-            memory.observe(a, b)
-            n += 1
-    return n
+    return d, t
 
 
 @dataclass(frozen=True)
@@ -113,36 +95,27 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
     memory = _memory_for(pair, memory)
     if chunk_tokens <= skip_first + 1:
         raise ValueError(f"chunk_tokens must exceed skip_first + 1 ({skip_first + 1})")
-    prefix = chat_prefix(pair)
-    per_chunk = chunk_tokens - skip_first
-    max_chunks = None if max_positions is None else max(1, -(-max_positions // per_chunk))
-    chunks = _chunks(pair, texts, chunk_tokens, max_chunks)
-    if max_chunks is None:  # the whole corpus: tokenize it once, and know the total for progress
-        chunks = list(chunks)
-    total_chunks = max_chunks or len(chunks)
-    positions = divergences = done = 0
-    batch: list[list[int]] = []
+    prefix = pair.encode_prompt(CALIBRATION_INSTRUCTION, chat=True)    # the template's tokens before an answer
+    max_chunks = None if max_positions is None else max(1, -(-max_positions // (chunk_tokens - skip_first)))
+    chunks = list(islice(_chunks(pair, texts, chunk_tokens), max_chunks))    # tokenized first: progress knows the total
+    positions = divergences = 0
 
-    def flush():
-        nonlocal positions, divergences, done
-        ds, ts, n = count_divergences(pair, [prefix + c for c in batch], len(prefix), skip_first)
-        if max_positions is not None:
-            n = min(n, max_positions - positions)    # count exactly the positions asked for
-        divergences += _observe(memory, ds[:n], ts[:n], pair.special_ids)
+    def count(batch: list[list[int]], done: int) -> None:
+        nonlocal positions, divergences
+        ds, ts = count_divergences(pair, [prefix + c for c in batch], len(prefix), skip_first)
+        n = len(ds) if max_positions is None else min(len(ds), max_positions - positions)    # exactly those asked for
+        for a, b in zip(ds[:n], ts[:n]):
+            if a != b and a not in pair.special_ids and b not in pair.special_ids:
+                memory.observe(a, b)
+                divergences += 1
         positions += n
-        done += len(batch)
-        batch.clear()
         if progress:
-            progress(f"calibrating: {positions} positions, {divergences} divergences", min(1.0, done / max(1, total_chunks)))
+            progress(f"calibrating: {positions} positions, {divergences} divergences", min(1.0, done / len(chunks)))
 
     stopped = False
     try:
-        for chunk in chunks:
-            batch.append(chunk)
-            if len(batch) == o.batch_size:
-                flush()
-        if batch:
-            flush()
+        for b in range(0, len(chunks), o.batch_size):
+            count(chunks[b:b + o.batch_size], b + o.batch_size)
     except Stop:
         stopped = True
     if positions == 0 and stopped:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
+from itertools import zip_longest
 from pathlib import Path
 
 PROMPTS_FILE = Path(__file__).parents[1] / "data" / "calibration_prompts.jsonl"
@@ -80,10 +81,7 @@ def default_corpus() -> list[str]:
     """Prose and code, interleaved so that any prefix of the corpus mixes both."""
     prose = [t for _, t in pydoc_topics("calibration")]
     code = [t for _, t in stdlib_sources()]
-    out = []
-    for i in range(max(len(prose), len(code))):
-        out.extend(x[i] for x in (prose, code) if i < len(x))
-    return out
+    return [t for both in zip_longest(prose, code) for t in both if t is not None]
 
 
 def read_corpus(path: str | Path) -> list[str]:

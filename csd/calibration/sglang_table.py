@@ -1,12 +1,9 @@
 """SGLang's CSD table, both ways: a ``CorrectionMemory`` written as the table that SGLang's
 ``--speculative-csd-table-path`` reads, and a table (or a saved delta file) read back into a memory.
 
-The format, as read in SGLang's code (docs/scale.md names the commits and lines): a JSON object
-``{"metadata": {...}, "entries": [...]}`` or a bare list of entries, or JSON lines (chosen by the
-``.jsonl`` suffix) whose metadata line is ``{"type": "metadata", "metadata": {...}}``. An entry is
-``lhs_token`` (the draft's token x~), ``rhs_token`` (the target's token t*, the residual token when
-sampling), ``freq`` (default 1) and ``allow`` (default true), or ``key`` = lhs << 32 | rhs instead of
-the two ids. A delta file has the same shape (metadata ``"content": "raw_delta_counts"``).
+The format, as read in SGLang's code (docs/scale.md names the commits and lines): metadata and entries, as
+one JSON value or JSON lines (by the ``.jsonl`` suffix); an entry is ``lhs_token`` (the draft's token),
+``rhs_token`` (the target's) or their ``key`` = lhs << 32 | rhs, ``freq`` and ``allow``. A delta file alike.
 
 Pure functions, no torch: ``parse_table`` / ``read_table`` (text -> ``Table``), ``table_to_memory`` and
 ``memory_to_table``, ``render_table`` (-> bytes); ``import_table`` and ``export_memory`` compose them,
@@ -86,10 +83,8 @@ class Table:
     def add(self, pair: tuple[int, int], freq: int, allow: bool) -> None:
         if pair in self.freq:
             self.duplicates += 1
-            self.freq[pair] += freq
-            self.allow[pair] = self.allow[pair] and allow
-        else:
-            self.freq[pair], self.allow[pair] = freq, allow
+        self.freq[pair] = self.freq.get(pair, 0) + freq
+        self.allow[pair] = self.allow.get(pair, True) and allow
 
 
 # -- reading -----------------------------------------------------------------------------------

@@ -40,7 +40,6 @@ class BatchedLM:
 
     def __init__(self, batcher: Batcher, lm, mode: str = "", member: bool = False):
         self.batcher, self.lm, self.mode, self.member = batcher, lm, mode, member
-        self.vocab_ids, self.impl = lm.vocab_ids, lm.impl
 
     def __getattr__(self, name):
         return getattr(self.lm, name)

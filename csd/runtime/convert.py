@@ -1,10 +1,7 @@
-"""Convert once, then map: a model's weights as the CPU runs them, written to the cache and read back.
-
-``convert`` writes the int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file
-(``GGUFSource``) or a transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``):
-``layer-NNN``, ``head``, ``embed`` (as the source holds it), ``maxima`` (.safetensors), ``config.json``
-and, last, ``manifest.json``. ``load`` maps them back. A cache is used only when its manifest matches
-the format, source and options and every file its size; it is built in a temporary directory renamed
+"""Convert once, then map (the cache's files and when one is used: docs/models.md): ``convert`` writes the
+int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file (``GGUFSource``) or a
+transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``), its manifest last;
+``load`` maps it back where the manifest matches; ``cached_lean`` builds it in a temporary directory renamed
 into place under a lock, so a killed process or a full disk leaves the old cache or none.
 """
 from __future__ import annotations
@@ -24,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..events import Progress
-from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear, lean_unsupported
+from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear
 from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer
 
@@ -114,7 +111,7 @@ class QuantisedRows:
 
     def __init__(self, data: torch.Tensor, qtype: str, cols: int):
         import gguf
-        self.data, self.cols = data, cols
+        self.data = data
         self.qtype = gguf.GGMLQuantizationType[qtype]
         self._dequantize = gguf.quants.dequantize
         self.shape = (data.shape[0], cols)
@@ -203,14 +200,14 @@ def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Ten
     return load_file(SHIPPED_MAXIMA)
 
 
-def maxima_for(model: torch.nn.Module, model_name: str, encode) -> dict[str, torch.Tensor] | None:
-    """The activation maxima to smooth an int8 target made from ``model`` with (on the calibration prompts,
-    ``encode``d), or None where smoothing cannot run (logged)."""
-    from .smoothing import calibration_prompt_ids, supported
+def maxima_for(model: torch.nn.Module, model_name: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
+    """The activation maxima to smooth an int8 target made from ``model`` with, measured on ``prompts`` (the
+    calibration prompts' ids), or None where smoothing cannot run (logged)."""
+    from .smoothing import supported
     try:
         if not supported(model):
             raise ValueError("not a Llama-family decoder")
-        return activation_maxima(ModuleSource(model), model.config, calibration_prompt_ids(encode))
+        return activation_maxima(ModuleSource(model), model.config, prompts)
     except ValueError as e:
         log.info("int8 target %s is quantised without smoothing: %s", model_name, e)
         return None
@@ -420,8 +417,3 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name:
                                      "half-written was kept: free some disk space and start again") from None
             release_memory()
         return load(path, key, rows=rows)
-
-
-def lean_supported(config) -> str | None:
-    """``csd.runtime.lm.lean_unsupported`` on a config alone."""
-    return lean_unsupported(SimpleNamespace(config=config))

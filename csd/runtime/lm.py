@@ -18,13 +18,15 @@ import torch.nn.functional as F
 
 from ..protocols import ids_tensor
 from .quant import RowInt8Linear, in_threads, int8_weight, quantize_int8, release_memory
+from .smoothing import heads
 
 log = logging.getLogger(__name__)
 
 
 class LM:
     """A causal LM as the decode loop sees it. ``vocab_ids`` is None for a full output layer, else
-    the token id of each logit row (a reduced vocabulary)."""
+    the token id of each logit row (a reduced vocabulary). ``length`` and ``crop`` serve a cache that
+    counts its tokens in ``n`` (the lean and static paths'); ``HFLM`` has its own."""
     vocab_ids: torch.Tensor | None = None
     impl = "hf"
     captures = 0       # graphs captured so far (csd.runtime.static): a block that captured one is not a cost sample
@@ -38,11 +40,13 @@ class LM:
         raise NotImplementedError
 
     def length(self, cache) -> int:
-        raise NotImplementedError
+        return cache.n
 
     def crop(self, cache, length: int) -> None:
-        """Drop everything after the first ``length`` tokens."""
-        raise NotImplementedError
+        """Drop everything after the first ``length`` tokens (those are overwritten before a query sees them)."""
+        if not 0 <= length <= cache.n:
+            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
+        cache.n = length
 
     def release(self, cache) -> None:
         """The run that made ``cache`` is over (a batched model stops waiting for it: ``csd.runtime.batch``)."""
@@ -131,9 +135,8 @@ def _crop_sliding(layer, length: int) -> None:
 LEAN_MODEL_TYPES = ("qwen2", "llama")
 
 
-def lean_unsupported(model: torch.nn.Module) -> str | None:
-    """None if ``LeanLM`` can run this model, else why not (then ``HFLM`` runs it)."""
-    cfg = model.config
+def lean_unsupported(cfg) -> str | None:
+    """None if ``LeanLM`` can run a model of this transformers config, else why not (then ``HFLM`` runs it)."""
     if getattr(cfg, "model_type", None) not in LEAN_MODEL_TYPES:
         return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {', '.join(LEAN_MODEL_TYPES)}"
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -238,7 +241,7 @@ class LeanLM(LM):
     impl = "lean"
 
     def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None, int8: bool = False):
-        why = lean_unsupported(model)
+        why = lean_unsupported(model.config)
         if why:
             raise ValueError(f"the lean path cannot run this model: {why}")
         base = model.model
@@ -277,8 +280,7 @@ class LeanLM(LM):
         return lm
 
     def _setup(self, cfg, embed, layers, norm, head, vocab_ids, dtype, device) -> None:
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_heads, self.n_kv, self.head_dim = heads(cfg)
         self.scaling = self.head_dim ** -0.5
         self.eps = cfg.rms_norm_eps
         self.dtype, self._device = dtype, device
@@ -287,7 +289,7 @@ class LeanLM(LM):
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                        device=self._device) / self.head_dim))
         self.n_layers = len(self.layers)
-        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.q_size = self.n_heads * self.head_dim
         self.inter = cfg.intermediate_size
         self.per_row = False     # int8_per_row(): a verify pass computes what 1-token steps compute
         self._hidden_shape = (cfg.hidden_size,)
@@ -334,14 +336,6 @@ class LeanLM(LM):
         shape = (self.n_layers, self.n_kv, capacity, self.head_dim)
         return LeanCache(torch.zeros(shape, dtype=self.dtype, device=self._device),
                          torch.zeros(shape, dtype=self.dtype, device=self._device))
-
-    def length(self, cache: LeanCache) -> int:
-        return cache.n
-
-    def crop(self, cache: LeanCache, length: int) -> None:
-        if not 0 <= length <= cache.n:
-            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
-        cache.n = length
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # one fused kernel: 2x faster on the CPU than transformers' five elementwise ops, same values

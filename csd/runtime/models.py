@@ -16,8 +16,8 @@ from ..events import Progress
 from ..fileio import read_json
 from ..representation import Representation
 from . import profile, smoothing
-from .convert import FORMAT, cached_lean, digest, lean_supported, load_maxima, maxima_for, shipped_maxima
-from .lm import HFLM, LeanLM
+from .convert import FORMAT, cached_lean, digest, load_maxima, maxima_for, shipped_maxima
+from .lm import HFLM, LeanLM, lean_unsupported
 from .ortlm import ORT_FORMAT, OrtLM, ort_missing
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
@@ -113,7 +113,6 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
 SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"
 
 
-
 @dataclass(frozen=True)
 class LoadOptions:
     """How ``load_pair`` loads a pair: the model flags of the command line and the app (their help says
@@ -172,7 +171,8 @@ class LoadOptions:
 
     def for_target(self, name: str, config) -> LoadOptions:
         """With ``target_impl`` resolved for the target's config; ModelLoadError where it cannot run."""
-        why = lean_supported(config) or (self.device_map is not None and "a device_map (the lean path runs on one device)")
+        why = lean_unsupported(config) or (self.device_map is not None
+                                           and "a device_map (the lean path runs on one device)")
         if self.target_impl == "lean" and why:
             raise ModelLoadError(f"--target-impl lean cannot run {name!r}: {why}")
         if self.static and why:
@@ -262,23 +262,20 @@ def end_tokens(tok, path: str) -> tuple[int, ...]:
 
 def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
     """The target: int8 lean mapped from the cache, else the float model (quantised where asked)."""
-    dev = o.device
+    prompts = smoothing_prompts(tok, config, ref.disp) if o.dtype == "int8" and o.int8_smoothing else None
     if o.dtype == "int8" and o.target_impl == "lean":
-        prompts = smoothing_prompts(tok, config, ref.disp) if o.int8_smoothing else None
         key = {"format": FORMAT, "source": ref.identity(), "role": "target",
                "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
         lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=o.activations == "row",
                          name=ref.disp, progress=progress, smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
-        t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, dev), "int8", maxima=maxima),
+        t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, o.device), "int8", maxima=maxima),
                    smoothing=SMOOTHED if prompts else "")
     else:
-        model = ref.float_model(o.act_dtype, dev, o.device_map, progress)
-        maxima = None
+        model = ref.float_model(o.act_dtype, o.device, o.device_map, progress)
+        maxima = maxima_for(model, ref.disp, prompts) if prompts else None
         if o.dtype == "int8":
-            if o.int8_smoothing:
-                maxima = maxima_for(model, ref.disp, lambda p: encode_prompt(tok, p))
             model = to_repr(model, "int8", maxima=maxima)
         t = Loaded(LeanLM(model) if o.target_impl == "lean" else HFLM(model), model,
                    smoothing=SMOOTHED if maxima is not None else "")
@@ -295,7 +292,7 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     rows = shared_rows(vd, vt, len(tok))
     int8 = o.draft_weights in CPU_DRAFT_REPRS      # int8 or 4-bit weights, float32 activations
     dt = o.act_dtype if o.draft_weights == "same" else (torch.float32 if int8 else DTYPES[o.draft_weights])
-    why = lean_supported(config)
+    why = lean_unsupported(config)
     if o.draft_impl == "lean" and why:
         raise ModelLoadError(f"--draft-impl lean cannot run {ref.disp!r}: {why}")
     pair_id, special = pair

@@ -4,7 +4,7 @@ identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,7 +19,6 @@ class _ScalesView:
 
     def __init__(self, owner: ModelPair, mode: str):
         self.owner, self.mode, self.lm = owner, mode, owner.target_lm
-        self.vocab_ids, self.impl = self.lm.vocab_ids, self.lm.impl
 
     def __getattr__(self, name):
         return getattr(self.lm, name)
@@ -77,7 +76,6 @@ class ModelPair:
     dtype: torch.dtype                  # the target's activation dtype (float32 for int8)
     eos_ids: tuple[int, ...]
     context_limit: int
-    extras: dict = field(default_factory=dict)
     rep: Representation | None = None   # how the target and draft hold their numbers (default: their dtypes)
     special_ids: frozenset[int] | None = None
     target_lm: LM | None = None         # what the decode loop calls (csd.runtime.lm)

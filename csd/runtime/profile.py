@@ -20,6 +20,7 @@ from ..costs import CostModel
 from ..decode import Decoder
 from ..events import Progress
 from ..fileio import atomic_write, cache_dir
+from .convert import digest
 from .lm import HFLM, LeanLM
 from .quant import CPU_DRAFT_REPRS, quantize_int8, to_repr
 
@@ -127,8 +128,7 @@ def profile_key(pair) -> dict:
 
 
 def _cache_file(kind: str, key: dict) -> Path:
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "profiles" / f"{kind}-{digest}.json"
+    return cache_dir() / "profiles" / f"{kind}-{digest(key)}.json"
 
 
 def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None) -> CostModel:

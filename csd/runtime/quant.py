@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import functools
+import gc
+import warnings
 
 import torch
 
@@ -32,8 +34,6 @@ def in_threads(fn, items: list) -> list:
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Dynamic int8 quantisation (per-channel weights, one activation scale a pass) of every Linear layer."""
-    import warnings
-
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     def quantize(m: torch.nn.Module) -> torch.nn.Module:
@@ -52,8 +52,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 rows and one float32 scale per row: the very values ``quantize_int8`` makes of a weight."""
-    import warnings
-
     from torch.ao.quantization.observer import PerChannelMinMaxObserver
     obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)
     w = weight.detach().float()
@@ -67,7 +65,6 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_weight(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The per-channel quantised tensor torch's int8 ops take, from int8 ``rows`` and their ``scales``."""
-    import warnings
     with warnings.catch_warnings():      # torch's notice that quantised tensors move to torchao: they work in 2.13
         warnings.simplefilter("ignore")
         return torch._make_per_channel_quantized_tensor(rows.contiguous(), scales.double(),
@@ -120,8 +117,6 @@ class RowInt8Linear(torch.nn.Module):
 def release_memory(collect: bool = True) -> None:
     """Hand freed memory back to the system (glibc keeps the pages of dropped weights otherwise).
     ``collect``: run the garbage collector first."""
-    import gc
-
     if collect:
         gc.collect()
     try:

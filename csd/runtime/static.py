@@ -1,12 +1,9 @@
-"""The static decode path (docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so
-that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python. One KV
-cache of a fixed ``capacity`` per model (a rollback moves a length; a request that could outgrow it is
-refused first, ``check_room``); the pass's first position is a device tensor, keys and values are
-written with ``index_copy_`` and attention runs under a mask over the cache's first ``span`` positions,
-the smallest of a few ``attention_spans`` that holds the pass, so that a pass costs what the cache
-holds rather than its capacity, and no shape depends on the exact length. ``capture`` records one graph
-per (pass length, rows kept, span); other shapes run eagerly. ``compiled``: the pass goes through ``torch.compile`` first. Greedy output equals
-the eager path's up to float rounding (``tests/test_static.py``).
+"""The static decode path (how and why: docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed
+shapes, so that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python:
+one KV cache of a fixed ``capacity`` per model (``check_room`` refuses a request first), attention under a
+mask over the smallest of a few ``attention_spans`` that holds the pass; ``capture`` records one graph per
+(pass length, rows kept, span), other shapes run eagerly; ``compiled`` puts the pass through
+``torch.compile`` first. Greedy output equals the eager path's up to float rounding (``tests/test_static.py``).
 """
 from __future__ import annotations
 
@@ -100,14 +97,6 @@ class StaticLM(LM):
         self._owner += 1
         return StaticCache(self._owner)
 
-    def length(self, cache: StaticCache) -> int:
-        return cache.n
-
-    def crop(self, cache: StaticCache, length: int) -> None:
-        if not 0 <= length <= cache.n:
-            raise ValueError(f"cannot crop a cache of {cache.n} tokens to {length}")
-        cache.n = length          # what lies beyond is overwritten before any query can see it
-
     def _check_owner(self, cache: StaticCache) -> None:
         if cache.owner != self._owner:
             raise RuntimeError("this model's static KV cache was handed to a newer run: the static path serves "
@@ -139,8 +128,7 @@ class StaticLM(LM):
         sin = sin * self._sign               # rotate_half's sign folded into sin: RoPE in three ops (_rotate)
         mask = self._keys[None, :span] <= pos[:, None]                                  # (T, span)
         k, v = self._kv.k[:, :, :span], self._kv.v[:, :, :span]         # views: the writes land in the cache
-        n_kv = k.shape[1]
-        group = lean.n_heads // n_kv
+        n_kv, group = lean.n_kv, lean.n_heads // lean.n_kv
         # the query heads sharing a key/value head are folded into the query length, (1, KV, G*T, D): SDPA's
         # enable_gqa with a mask would copy K and V out to every query head on CUDA (docs/gpu.md)
 
@@ -282,9 +270,7 @@ class StaticLM(LM):
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; elsewhere the static path runs eagerly")
         shapes = sorted(set(shapes), reverse=True)
-        too_long = [t for t, _ in shapes if t > self.capacity]
-        if too_long:
-            self.check_room(max(too_long), "a captured pass")
+        self.check_room(max((t for t, _ in shapes), default=0), "a captured pass")
         shapes = sorted(((t, keep, s) for t, keep in shapes for s in self.spans if s >= t), reverse=True,
                         key=lambda x: (x[2], x[0]))
         t0 = time.perf_counter()

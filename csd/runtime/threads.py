@@ -1,11 +1,8 @@
-"""Who uses the CPU's threads (docs/design.md, "One team of CPU threads"). torch's OpenMP runtime (GNU
-libgomp in the Linux wheels) gives each thread that runs a parallel operation a team of worker threads of
-its own and keeps it until that thread ends. Once a process holds more such threads than it has CPUs,
-libgomp stops spinning at its barriers and sleeps on a futex at every one of the thousands of parallel
-regions a pass makes: on 2 cores a target pass of 6 runs x 7 tokens took 343 ms on a thread beside the
-loader's idle team, 180 ms with one team. A process whose model runs on another thread than the one that
-loaded it (the app) ends the loader's team (``hand_back``), gives the model's thread the cores
-(``own_cores``) and keeps every other thread to one (``one_core``)."""
+"""Who uses the CPU's threads (why, measured: docs/design.md, "One team of CPU threads": libgomp gives every
+thread that runs torch a team of workers, and more teams than CPUs make each parallel region sleep). A process
+whose model runs on another thread than the one that loaded it (the app) ends the loader's team
+(``hand_back``), gives the model's thread the cores (``own_cores``) and keeps every other thread to one
+(``one_core``)."""
 from __future__ import annotations
 
 import ctypes
