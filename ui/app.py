@@ -47,7 +47,8 @@ def launch_kwargs() -> dict:
 
 
 # a representation in a student's words
-REPR_WORDS = {"int8": "8-bit integers", "int4": "4-bit integers", "ort4": "4-bit integers (ONNX Runtime)", "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)",
+REPR_WORDS = {"int8": "8-bit integers", "int4": "4-bit integers", "ort4": "4-bit integers (ONNX Runtime)", "ov4": "4-bit integers (OpenVINO)",
+              "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)",
               "float16": "16-bit floats"}
 
 

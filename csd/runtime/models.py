@@ -19,6 +19,7 @@ from . import profile, smoothing
 from .convert import FORMAT, cached_lean, digest, load_maxima, maxima_for, shipped_maxima
 from .lm import HFLM, LeanLM, lean_unsupported
 from .ortlm import ORT_FORMAT, OrtLM, ort_missing
+from .ovlm import OvLM, ov_missing
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
     CPU_DRAFT_REPRS,
@@ -57,8 +58,10 @@ def check_repr(name: str | torch.dtype, device: torch.device) -> str:
         name = str(name).removeprefix("torch.")
     if name not in TARGET_REPRS:
         raise ModelLoadError(f"unknown dtype {name!r}; choose auto, {', '.join(TARGET_REPRS)}")
-    if name == "int8" and device.type != "cpu":
-        raise ModelLoadError("int8 (dynamic quantisation) runs on the CPU only; choose bfloat16 or float16 on a GPU")
+    if name in ("int8", "ov4") and device.type != "cpu":
+        raise ModelLoadError(f"{name} runs on the CPU only; choose bfloat16 or float16 on a GPU")
+    if name == "ov4" and ov_missing():
+        raise ModelLoadError(f"--dtype ov4 cannot run here: {ov_missing()}; choose int8")
     return name
 
 
@@ -138,7 +141,7 @@ class LoadOptions:
 
     @property
     def act_dtype(self) -> torch.dtype:
-        return torch.float32 if self.dtype == "int8" else DTYPES[self.dtype]
+        return torch.float32 if self.dtype in ("int8", "ov4") else DTYPES[self.dtype]
 
     def validated(self) -> LoadOptions:
         """Checked before anything loads (ModelLoadError), with device, engine and dtypes resolved."""
@@ -179,9 +182,11 @@ class LoadOptions:
             raise ModelLoadError(f"the static engine cannot run {name!r}: {why} (use --engine eager)")
         impl = self.target_impl
         if impl == "auto":
-            impl = "lean" if (self.dtype == "int8" or self.static) and not why else "hf"
+            impl = "lean" if (self.dtype in ("int8", "ov4") or self.static) and not why else "hf"
         if self.static and impl != "lean":
             raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
+        if self.dtype == "ov4" and impl != "lean":
+            raise ModelLoadError(f"ov4 runs the lean target path, which cannot run {name!r}: {why or 'not --target-impl hf'}")
         if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
         return replace(self, target_impl=impl)
@@ -263,6 +268,12 @@ def end_tokens(tok, path: str) -> tuple[int, ...]:
 def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
     """The target: int8 lean mapped from the cache, else the float model (quantised where asked)."""
     prompts = smoothing_prompts(tok, config, ref.disp) if o.dtype == "int8" and o.int8_smoothing else None
+    if o.dtype == "ov4":
+        key = {"format": FORMAT, "source": ref.identity(), "role": "target", "bits": "ort4", "ort_format": ORT_FORMAT}
+        path = ref.int8_dir()
+        lm = cached_lean(path.with_name(f"{path.name}-ov4"), key, lambda: ref.source(progress), config, rows=False,
+                         name=ref.disp, progress=progress, bits="ort4")
+        return Loaded(OvLM.from_lean(lm), loader=lambda: ref.float_model(torch.float32, o.device))
     if o.dtype == "int8" and o.target_impl == "lean":
         key = {"format": FORMAT, "source": ref.identity(), "role": "target",
                "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}

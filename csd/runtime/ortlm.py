@@ -180,7 +180,19 @@ def draft_graph(lm: LeanLM):
     return helper.make_graph(b.nodes, "draft", ins, outs, b.inits), b.weights
 
 
-class OrtLM(LeanLM):
+class GraphLM(LeanLM):
+    """A lean model whose layers run as one call of another runtime (``OrtLM``, ``csd.runtime.ovlm.OvLM``): each
+    sequence of a pass is its own call (``_forward``), and the rows are whatever that runtime makes them."""
+
+    def int8_per_row(self) -> int:
+        return 0
+
+    @torch.inference_mode()
+    def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
+        return [self._forward(c, i, k) for c, i, k in zip(caches, ids, keeps)]
+
+
+class OrtLM(GraphLM):
     """A lean draft whose decoder layers run as one ONNX Runtime call (``draft_graph``); its cache is
     (layers, 1, KV, capacity, D), each layer's block bound as both the past and the present of its attention
     (IOBinding), so the session appends to it in place; ``cos``/``sin`` ride along, one row a position."""
@@ -209,13 +221,6 @@ class OrtLM(LeanLM):
             grown = self.new_cache(max(need, 2 * cap))
             grown.k[..., :cache.n, :], grown.v[..., :cache.n, :] = cache.k[..., :cache.n, :], cache.v[..., :cache.n, :]
             cache.k, cache.v, cache.rope = grown.k, grown.v, grown.rope
-
-    def int8_per_row(self) -> int:
-        return 0
-
-    @torch.inference_mode()
-    def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
-        return [self._forward(c, i, k) for c, i, k in zip(caches, ids, keeps)]
 
     def _forward(self, cache: LeanCache, ids, keep: int) -> torch.Tensor:
         ids = ids_tensor(ids, "cpu")

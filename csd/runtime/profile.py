@@ -106,7 +106,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "profile.py")   # the passes, representations, how timed
+ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "profile.py")   # the passes, representations, how timed
 
 
 @functools.cache
