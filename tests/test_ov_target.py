@@ -66,10 +66,8 @@ def test_sd_with_an_ov_target_runs_and_keeps_draft_tokens(tmp_path, qwen_tokeniz
         list(run)
         out[method] = run
         assert len(run.token_ids) == 40
+    # not row-exact, so SD need not write AR's answer token for token: only that the draft's tokens were kept
     assert out["sd"].metrics.accepted > 0 and out["sd"].metrics.target_forwards < 40
-    # not row-exact, so SD need not write AR's answer token for token; on these weights it nearly does
-    same = sum(a == b for a, b in zip(out["sd"].token_ids, out["ar"].token_ids))
-    assert same >= 20
 
 
 def test_without_openvino_ov4_is_refused_before_anything_loads(monkeypatch):
