@@ -74,11 +74,15 @@ def test_the_graph_computes_what_the_lean_pass_computes(tmp_path, one_thread):
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(6)
             layer.self_attn.k_proj.weight.mul_(6)
-    ort_lm = ort_draft(tmp_path, model)
-    ref = lean_on_the_same_weights(tmp_path / "d")
+    assert_computes_the_lean_pass(ort_draft(tmp_path, model), lean_on_the_same_weights(tmp_path / "d"))
+
+
+def assert_computes_the_lean_pass(graph_lm, ref: LeanLM) -> None:
+    """``graph_lm`` (one runtime call a pass) gives ``ref``'s logits over prefill, steps, several tokens, a
+    crop and a grown cache: within 3% of their range (int8 activations in the graph), 13 of 14 top-1s."""
     calls = [([3, 7, 1, 4, 9, 2, 5], 7), ([8], 1), ([6, 2, 9], 3), ("crop", 5), ([1, 2], 2), (list(range(20)) * 15, 1)]
     got, want = [], []
-    for lm, out in ((ort_lm, got), (ref, want)):
+    for lm, out in ((graph_lm, got), (ref, want)):
         cache = lm.new_cache(capacity=16)                             # grows past 16, then past 32 and 300
         for ids, keep in calls:
             if ids == "crop":
@@ -86,7 +90,7 @@ def test_the_graph_computes_what_the_lean_pass_computes(tmp_path, one_thread):
                 continue
             out.append(lm.forward(cache, ids, keep))
         assert lm.length(cache) == 307
-    for a, b in zip(got, want):                      # int8 activations in the graph: within 2%
+    for a, b in zip(got, want):
         assert a.shape == b.shape
         assert torch.allclose(a, b, atol=0.03 * float(b.abs().max()))
     assert (torch.cat(got).argmax(-1) == torch.cat(want).argmax(-1)).float().mean() >= 0.85     # 13 of 14 rows

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from test_ort_draft import lean_on_the_same_weights
+from test_ort_draft import assert_computes_the_lean_pass, lean_on_the_same_weights
 
 from conftest import make_pair, perturbed, tiny_model
 from csd.runtime import convert, ortlm
@@ -33,22 +33,18 @@ def test_the_graph_computes_what_the_lean_pass_computes(tmp_path, one_thread):
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(6)
             layer.self_attn.k_proj.weight.mul_(6)
-    ov_lm = ov_target(tmp_path, model)
-    ref = lean_on_the_same_weights(tmp_path / "d", KEY)
-    calls = [([3, 7, 1, 4, 9, 2, 5], 7), ([8], 1), ([6, 2, 9], 3), ("crop", 5), ([1, 2], 2), (list(range(20)) * 15, 1)]
-    got, want = [], []
-    for lm, out in ((ov_lm, got), (ref, want)):
-        cache = lm.new_cache(capacity=16)                             # grows past 16, then past 32 and 300
-        for ids, keep in calls:
-            if ids == "crop":
-                lm.crop(cache, keep)
-                continue
-            out.append(lm.forward(cache, ids, keep))
-        assert lm.length(cache) == 307
-    for a, b in zip(got, want):
-        assert a.shape == b.shape
-        assert torch.allclose(a, b, atol=0.03 * float(b.abs().max()))
-    assert (torch.cat(got).argmax(-1) == torch.cat(want).argmax(-1)).float().mean() >= 0.85
+    assert_computes_the_lean_pass(ov_target(tmp_path, model), lean_on_the_same_weights(tmp_path / "d", KEY))
+
+
+@needs_ov
+def test_ov4_where_the_lean_path_cannot_run_is_refused_naming_why():
+    from csd.runtime.models import LoadOptions, ModelLoadError
+    config = tiny_model(1).config
+    with pytest.raises(ModelLoadError, match=r"ov4 runs the lean target path \(not --target-impl hf\)"):
+        LoadOptions(dtype="ov4", device="cpu", target_impl="hf").validated().for_target("tiny", config)
+    config.model_type = "gpt2"
+    with pytest.raises(ModelLoadError, match="ov4 runs the lean target path, which cannot run 'tiny': model type"):
+        LoadOptions(dtype="ov4", device="cpu").validated().for_target("tiny", config)
 
 
 @needs_ov

@@ -186,7 +186,8 @@ class LoadOptions:
         if self.static and impl != "lean":
             raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
         if self.dtype == "ov4" and impl != "lean":
-            raise ModelLoadError(f"ov4 runs the lean target path, which cannot run {name!r}: {why or 'not --target-impl hf'}")
+            raise ModelLoadError(f"ov4 runs the lean target path, which cannot run {name!r}: {why}" if why
+                                 else "ov4 runs the lean target path (not --target-impl hf)")
         if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
         return replace(self, target_impl=impl)
