@@ -1,6 +1,5 @@
-"""Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair. ``load_pair``
-puts together, as ``LoadOptions`` say, ``csd.runtime.embedded``, ``csd.runtime.convert``, ``csd.runtime.quant`` and ``csd.runtime.lm``
-into a ``csd.runtime.pair.ModelPair``; none of them imports this module.
+"""Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair. ``load_pair`` puts together,
+as ``LoadOptions`` say, the runtime's modules into a ``ModelPair``; none of them imports this module.
 """
 from __future__ import annotations
 
@@ -205,10 +204,9 @@ class Loaded:
 
 def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, options: LoadOptions | None = None,
               progress: Progress | None = None, check=None, draft_alone: bool = False, **fields) -> ModelPair:
-    """Load a draft/target pair sharing one tokenizer (``draft=None``: AR only) as ``options`` (or the
-    ``LoadOptions`` keywords) say. ``check(tokenizer, context_limit)`` runs before any model loads and
-    raises to refuse a request the pair cannot serve. ``draft_alone``: the draft's ``Loaded`` only, the
-    target's tokenizer and config read but not its weights (what prepare times: ``choose_draft_weights``)."""
+    """Load a draft/target pair sharing one tokenizer (``draft=None``: AR only) as ``options`` (or ``LoadOptions``
+    keywords) say. ``check(tokenizer, context_limit)`` runs before any model loads, raising to refuse a request.
+    ``draft_alone``: the draft's ``Loaded`` only, the target's weights not read (``choose_draft_weights``)."""
     o = (options or LoadOptions(**fields)).validated()
     t_ref = resolve(target, "target", progress, o.trust_remote_code)
     d_ref = resolve(draft, "draft", progress, o.trust_remote_code) if draft is not None and o.load_draft else None
@@ -270,17 +268,13 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
     """The target: int8 lean mapped from the cache, else the float model (quantised where asked)."""
     prompts = smoothing_prompts(tok, config, ref.disp) if o.dtype == "int8" and o.int8_smoothing else None
     if o.dtype == "ov4":
-        key = {"format": FORMAT, "source": ref.identity(), "role": "target", "bits": "ort4", "ort_format": ORT_FORMAT}
-        path = ref.int8_dir()
-        lm = cached_lean(path.with_name(f"{path.name}-ov4"), key, lambda: ref.source(progress), config, rows=False,
-                         name=ref.disp, progress=progress, bits="ort4")
+        lm = from_cache(ref, config, progress, "ov4", key={"role": "target"}, bits="ort4")
         return Loaded(OvLM.from_lean(lm), loader=lambda: ref.float_model(torch.float32, o.device))
     if o.dtype == "int8" and o.target_impl == "lean":
-        key = {"format": FORMAT, "source": ref.identity(), "role": "target",
-               "smoothing": {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None}
+        smoothed = {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
-        lm = cached_lean(ref.int8_dir(), key, lambda: ref.source(progress), config, rows=o.activations == "row",
-                         name=ref.disp, progress=progress, smooth_prompts=prompts, maxima=shipped)
+        lm = from_cache(ref, config, progress, key={"role": "target", "smoothing": smoothed},
+                        rows=o.activations == "row", smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
         t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, o.device), "int8", maxima=maxima),
                    smoothing=SMOOTHED if prompts else "")
@@ -294,6 +288,17 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
     if o.dtype == "int8" and o.activations == "row":
         t.lm.int8_per_row()
     return t
+
+
+def from_cache(ref: ModelRef, config, progress: Progress | None, suffix: str = "", *, key: dict, rows: bool = False,
+               **how) -> LeanLM:
+    """``ref``'s lean model mapped from its int8 cache (a 4-bit one's in the folder named ``-suffix``), converted
+    once where the cache was made for another ``key`` (role and options; ``how``: ``convert``'s keywords)."""
+    four = {"bits": "ort4", "ort_format": ORT_FORMAT} if how.get("bits") == "ort4" else {}
+    path = ref.int8_dir()
+    return cached_lean(path.with_name(f"{path.name}-{suffix}") if suffix else path,
+                       {"format": FORMAT, "source": ref.identity(), **key, **four}, lambda: ref.source(progress),
+                       config, rows=rows, name=ref.disp, progress=progress, **how)
 
 
 def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progress: Progress | None) -> Loaded:
@@ -326,14 +331,9 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         d_repr = "int8"
     if lean and int8:           # int8 and ort4 run on the CPU only (LoadOptions.validated)
         bits = "ort4" if d_repr == "ort4" else 8
-        key = {"format": FORMAT, "source": ref.identity(), "role": "draft",
-               "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None,
-               **({"bits": bits} if bits != 8 else {}), **({"ort_format": ORT_FORMAT} if bits == "ort4" else {})}
-        path = ref.int8_dir()
+        key = {"role": "draft", "vocab": digest(vocab_ids.tolist()) if vocab_ids is not None else None}
         try:
-            lm = cached_lean(path.with_name(f"{path.name}-{d_repr}") if bits != 8 else path, key,
-                             lambda: ref.source(progress), config, rows=False, name=ref.disp, progress=progress,
-                             vocab_ids=vocab_ids, bits=bits)
+            lm = from_cache(ref, config, progress, d_repr if bits != 8 else "", key=key, vocab_ids=vocab_ids, bits=bits)
             lm = OrtLM.from_lean(lm) if bits == "ort4" else lm
         except ModelLoadError:
             raise
