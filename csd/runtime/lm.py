@@ -1,10 +1,8 @@
-"""The calls the decode loop makes on a model: ``new_cache()``, ``forward(cache, ids, keep)`` and
-``crop(cache, length)``. ``HFLM`` wraps any transformers causal LM and its ``DynamicCache`` (the float32
-reference target, so that greedy SD equals ``generate``). ``LeanLM`` is a gpt-fast style path for
-Llama-family models: fused QKV and gate/up projections, a preallocated cache cropped by moving its
-length, optionally a reduced-vocabulary output layer for a draft. An int8 target runs it too (unless
-``--target-impl hf``): the fused projections stack the same int8 rows and scales, so it computes what
-the transformers int8 model computes (``tests/test_target_impl.py``).
+"""The calls the decode loop makes on a model (``new_cache``, ``forward``, ``crop``). ``HFLM`` wraps a transformers
+causal LM and its ``DynamicCache`` (the float32 reference: greedy SD equals ``generate``). ``LeanLM`` is a gpt-fast
+style path for Llama-family models: fused QKV and gate/up projections, a preallocated cache cropped by moving its
+length, a draft's reduced-vocabulary output layer. An int8 target's fused projections stack the same int8 rows and
+scales, so it computes what the transformers int8 model computes (``tests/test_target_impl.py``).
 """
 from __future__ import annotations
 
@@ -202,19 +200,16 @@ def _fuse(mods: list[torch.nn.Module], int8: bool) -> torch.nn.Module:
 @torch.no_grad()
 def _shared(mods: list[torch.nn.Linear]) -> torch.nn.Linear:
     """One float Linear over the rows of ``mods``, whose weights become views of it (held once)."""
-    w = torch.cat([m.weight for m in mods])
-    b = _cat_bias([m.bias for m in mods])
+    w, b = torch.cat([m.weight for m in mods]), _cat_bias([m.bias for m in mods])
+    sizes = [m.weight.shape[0] for m in mods]
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
     lin.weight = torch.nn.Parameter(w, requires_grad=False)
     if b is not None:
         lin.bias = torch.nn.Parameter(b, requires_grad=False)
-    row = 0
-    for m in mods:
-        n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(w[row:row + n], requires_grad=False)
-        if b is not None:
-            m.bias = torch.nn.Parameter(b[row:row + n], requires_grad=False)
-        row += n
+    for m, wm, bm in zip(mods, w.split(sizes), b.split(sizes) if b is not None else [None] * len(mods)):
+        m.weight = torch.nn.Parameter(wm, requires_grad=False)
+        if bm is not None:
+            m.bias = torch.nn.Parameter(bm, requires_grad=False)
     return lin.eval()
 
 
@@ -259,13 +254,11 @@ class LeanLM(LM):
         layers = in_threads(build, list(base.layers))
         with torch.no_grad():
             vocab_ids = None if vocab_ids is None else vocab_ids.to(torch.long).to(model.device)
-            out = model.get_output_embeddings()
-            if _is_int8(out) and vocab_ids is None:
-                head = out
-            else:
-                if _is_int8(out):
-                    raise ValueError("a reduced vocabulary needs the float output layer")
-                rows = out.weight if vocab_ids is None else out.weight.index_select(0, vocab_ids)
+            head = model.get_output_embeddings()
+            if _is_int8(head) and vocab_ids is not None:
+                raise ValueError("a reduced vocabulary needs the float output layer")
+            if not _is_int8(head):
+                rows = head.weight if vocab_ids is None else head.weight.index_select(0, vocab_ids)
                 head = _linear(rows.detach(), None, int8)
         self._setup(model.config, base.embed_tokens.weight.detach(), layers, base.norm.weight.detach(), head,
                     vocab_ids, next(model.parameters()).dtype, model.device)
@@ -281,16 +274,13 @@ class LeanLM(LM):
 
     def _setup(self, cfg, embed, layers, norm, head, vocab_ids, dtype, device) -> None:
         self.n_heads, self.n_kv, self.head_dim = heads(cfg)
-        self.scaling = self.head_dim ** -0.5
-        self.eps = cfg.rms_norm_eps
+        self.scaling, self.eps = self.head_dim ** -0.5, cfg.rms_norm_eps
         self.dtype, self._device = dtype, device
         self.embed, self.layers, self.norm, self.head, self.vocab_ids = embed, layers, norm, head, vocab_ids
         theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or getattr(cfg, "rope_theta", 10000.0)
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                        device=self._device) / self.head_dim))
-        self.n_layers = len(self.layers)
-        self.q_size = self.n_heads * self.head_dim
-        self.inter = cfg.intermediate_size
+        self.n_layers, self.q_size, self.inter = len(self.layers), self.n_heads * self.head_dim, cfg.intermediate_size
         self.per_row = False     # int8_per_row(): a verify pass computes what 1-token steps compute
         self._hidden_shape = (cfg.hidden_size,)
 
@@ -307,7 +297,6 @@ class LeanLM(LM):
         """Make a pass of a few tokens compute bit for bit what 1-token steps compute (docs/exactness.md):
         int8 activations scaled per token (``csd.runtime.quant.RowInt8Linear``), and a pass of up to
         ``PER_QUERY_MAX`` tokens attends one query at a time. Returns how many layers changed."""
-        self.per_row = True
         changed = 0
 
         def row(m):
@@ -424,8 +413,7 @@ class LeanLM(LM):
             return torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1], k[:, :, :start + i + 1],
                                                              v[:, :, :start + i + 1], scale=self.scaling,
                                                              enable_gqa=True) for i in range(t)], 2)
-        mask = None
-        if t > 1:   # causal within the new tokens, everything cached is visible
-            mask = torch.ones(t, end, dtype=torch.bool, device=self._device).tril(start)
+        # causal within the new tokens, everything cached is visible
+        mask = torch.ones(t, end, dtype=torch.bool, device=self._device).tril(start) if t > 1 else None
         return F.scaled_dot_product_attention(q, k[:, :, :end], v[:, :, :end], attn_mask=mask,
                                               scale=self.scaling, enable_gqa=True)
