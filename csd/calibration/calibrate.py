@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -29,13 +29,6 @@ class Stop(Exception):
 
 
 # -- counting ----------------------------------------------------------------------------------
-def _chunks(pair: ModelPair, texts: Iterable[str], chunk_tokens: int) -> Iterator[list[int]]:
-    for text in texts:
-        ids = pair.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for s in range(0, len(ids) - chunk_tokens + 1, chunk_tokens):
-            yield ids[s:s + chunk_tokens]
-
-
 @torch.inference_mode()
 def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
     """The model's greedy token after each of ``ids[first:]``, teacher-forced over ``ids``: read in the passes a
@@ -52,18 +45,6 @@ def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
     finally:
         lm.release(cache)
     return out
-
-
-def count_divergences(pair: ModelPair, rows: Sequence[list[int]], prefix_len: int,
-                      skip_first: int) -> tuple[list[int], list[int]]:
-    """Teacher-forced predictions of both models over each row (prefix + text) for text tokens ``skip_first``..
-    end: (draft ids, target ids)."""
-    first = prefix_len + skip_first - 1          # the position whose prediction is text token skip_first
-    d, t = [], []
-    for ids in rows:
-        d += top1_after(pair.draft_lm, ids[:-1], first)
-        t += top1_after(pair.target_lm, ids[:-1], first)
-    return d, t
 
 
 @dataclass(frozen=True)
@@ -97,12 +78,18 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
         raise ValueError(f"chunk_tokens must exceed skip_first + 1 ({skip_first + 1})")
     prefix = pair.encode_prompt(CALIBRATION_INSTRUCTION, chat=True)    # the template's tokens before an answer
     max_chunks = None if max_positions is None else max(1, -(-max_positions // (chunk_tokens - skip_first)))
-    chunks = list(islice(_chunks(pair, texts, chunk_tokens), max_chunks))    # tokenized first: progress knows the total
+    tokenized = (pair.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts)
+    chunks = list(islice((ids[s:s + chunk_tokens] for ids in tokenized      # tokenized first: progress knows the total
+                          for s in range(0, len(ids) - chunk_tokens + 1, chunk_tokens)), max_chunks))
     positions = divergences = 0
+    first = len(prefix) + skip_first - 1          # the position whose prediction is text token skip_first
 
     def count(batch: list[list[int]], done: int) -> None:
         nonlocal positions, divergences
-        ds, ts = count_divergences(pair, [prefix + c for c in batch], len(prefix), skip_first)
+        ds, ts = [], []          # teacher-forced predictions of both models over prefix + text
+        for c in batch:
+            ds += top1_after(pair.draft_lm, (prefix + c)[:-1], first)
+            ts += top1_after(pair.target_lm, (prefix + c)[:-1], first)
         n = len(ds) if max_positions is None else min(len(ds), max_positions - positions)    # exactly those asked for
         for a, b in zip(ds[:n], ts[:n]):
             if a != b and a not in pair.special_ids and b not in pair.special_ids:
@@ -118,16 +105,13 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
             count(chunks[b:b + o.batch_size], b + o.batch_size)
     except Stop:
         stopped = True
-    if positions == 0 and stopped:
-        raise Stop
     if positions == 0:
-        raise ValueError(f"the corpus is too short: every text has fewer than {chunk_tokens} tokens")
-    prev = memory.meta.get("calibration", [])
-    memory.meta["calibration"] = prev + [{"mode": "text", "corpus": o.corpus_name, "positions": positions,
-                                           "divergences": divergences, "agreement": 1 - divergences / positions,
-                                           "chunk_tokens": chunk_tokens, "skip_first": skip_first,
-                                           "representation": pair.rep.as_dict()}
-                                          | ({"stopped": True} if stopped else {})]
+        raise Stop if stopped else ValueError(f"the corpus is too short: every text has fewer than {chunk_tokens} "
+                                              "tokens")
+    memory.meta["calibration"] = memory.meta.get("calibration", []) + [
+        {"mode": "text", "corpus": o.corpus_name, "positions": positions, "divergences": divergences,
+         "agreement": 1 - divergences / positions, "chunk_tokens": chunk_tokens, "skip_first": skip_first,
+         "representation": pair.rep.as_dict()} | ({"stopped": True} if stopped else {})]
     if stopped:
         raise Stop
     return memory
@@ -136,9 +120,8 @@ def calibrate(pair: ModelPair, texts: Iterable[str], memory: CorrectionMemory | 
 # -- prompt mode -----------------------------------------------------------------------------------
 def answer_prompts(pair: ModelPair, prompt_ids: Sequence[list[int]], max_new_tokens: int,
                    progress: Progress | None = None, label: str = "answering") -> list[list[int]]:
-    """The target's greedy answers (new token ids, up to its end token): the engine's AR runs, the target as it
-    decodes (no second copy of the models). An answer stops at the model's context; a prompt that fills it
-    gets none (``count_answers`` skips it)."""
+    """The target's greedy answers (new token ids, up to its end token) by the engine's AR runs, no second copy of
+    the models. An answer stops at the model's context; a prompt that fills it gets none (``count_answers`` skips)."""
     from ..decode import Decoder
     decoder, answers, unused = Decoder(pair), [], CorrectionMemory(pair.pair_id)     # AR reads no memory
     for n, ids in enumerate(prompt_ids):
