@@ -4,10 +4,7 @@
 The format, as read in SGLang's code (docs/scale.md names the commits and lines): metadata and entries, as
 one JSON value or JSON lines (by the ``.jsonl`` suffix); an entry is ``lhs_token`` (the draft's token),
 ``rhs_token`` (the target's) or their ``key`` = lhs << 32 | rhs, ``freq`` and ``allow``. A delta file alike.
-
-Pure functions, no torch: ``parse_table`` / ``read_table`` (text -> ``Table``), ``table_to_memory`` and
-``memory_to_table``, ``render_table`` (-> bytes); ``import_table`` and ``export_memory`` compose them,
-the latter writing atomically. Every refusal is a ``TableError`` (a ``MemoryFileError``) naming the line.
+No torch here; every refusal is a ``TableError`` (a ``MemoryFileError``) naming the line.
 """
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ class Vocabulary:
         """Whether ``name`` (a hub id or a path) names this tokenizer: the same name, or the same last part."""
         def last(s: str) -> str:
             return s.rstrip("/").rsplit("/", 1)[-1].lower()
-        names = (self.tokenizer, *self.aliases)
-        return any(name.strip().lower() == n.lower() or last(name) == last(n) for n in names)
+        return any(name.strip().lower() == n.lower() or last(name) == last(n) for n in (self.tokenizer, *self.aliases))
 
 
 # The embedded pair: both Qwen2.5-Coder models share one tokenizer (151,936 ids; MODELS.md).
@@ -120,8 +116,7 @@ def _entry(rec, where: str, vocab: Vocabulary | None) -> tuple[tuple[int, int], 
         if key >> 63 or (lhs is not None and _whole(lhs, "lhs_token", where) != d) \
                 or (rhs is not None and _whole(rhs, "rhs_token", where) != t):
             raise TableError(f"{where}: key {key} is lhs {d}, rhs {t}, but the entry's ids say {lhs}, {rhs}")
-        d = _token(d, "lhs_token (from key)", where, vocab)
-        t = _token(t, "rhs_token (from key)", where, vocab)
+        d, t = _token(d, "lhs_token (from key)", where, vocab), _token(t, "rhs_token (from key)", where, vocab)
     elif lhs is None or rhs is None:
         raise TableError(f"{where}: an entry needs lhs_token and rhs_token, or key")
     else:
@@ -188,9 +183,8 @@ def read_table(path: str | os.PathLike, vocab: Vocabulary | None = None) -> Tabl
     """``parse_table`` on a file (gzip allowed); JSON lines when the name ends in ``.jsonl`` (or ``.jsonl.gz``).
     An empty or blank file, or a table without one entry, is refused (``TableError`` naming the file)."""
     path = Path(path)
-    raw = read_or_raise(path, TableError)
     try:
-        text = raw.decode("utf-8")
+        text = read_or_raise(path, TableError).decode("utf-8")
     except UnicodeDecodeError as e:
         raise TableError(f"{path.name} is not UTF-8 text (byte {e.start})") from None
     if not text.strip():
@@ -314,10 +308,9 @@ def import_table(path: str | os.PathLike, pair_id: str, vocab: Vocabulary, force
 
 
 def is_table(path: str | os.PathLike) -> bool:
-    """Whether a file is meant as an SGLang table rather than this project's memory: named ``.jsonl``,
-    or JSON that is a list of objects or an object with ``entries`` and no ``format``; malformed JSON
-    named ``.json`` too (the table reader names the line). Anything else, an unreadable file included,
-    is left to the memory loader (its refusals say what a memory file is)."""
+    """Whether a file is meant as an SGLang table rather than this project's memory: named ``.jsonl``, or JSON that
+    is a list of objects or an object with ``entries`` and no ``format``; malformed JSON named ``.json`` too (the
+    table reader names the line). Anything else is left to the memory loader (its refusals say what one is)."""
     name = Path(path).name.removesuffix(".gz")
     if name.endswith(".jsonl"):
         return True

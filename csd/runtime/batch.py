@@ -52,8 +52,7 @@ class BatchedLM:
     def forward(self, cache, ids, keep: int) -> torch.Tensor:
         if self.member:                 # a run's target cache stands for the run, from its first pass
             self.batcher.join(id(cache))
-        n = ids.numel() if torch.is_tensor(ids) else len(ids)
-        return self.batcher.call(_Call(self, cache, ids, keep, n))
+        return self.batcher.call(_Call(self, cache, ids, keep, ids.numel() if torch.is_tensor(ids) else len(ids)))
 
 
 def can_batch(pair) -> bool:

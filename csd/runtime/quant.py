@@ -17,8 +17,7 @@ CPU_DRAFT_REPRS = ("int8", "ort4")     # a lean CPU draft's weights (ort4: csd.r
 RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "ov4")   # ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
-# how an int8 target scales its activations: per token ("row", RowInt8Linear: greedy SD == AR) or per pass
-INT8_ACTIVATIONS = ACTIVATIONS          # csd.representation's: an int8 target's activation scales
+INT8_ACTIVATIONS = ACTIVATIONS    # an int8 target's activations scaled per token ("row": SD == AR) or per pass
 INT8_ACTIVATIONS_DEFAULT = "pass"
 
 

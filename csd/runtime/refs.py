@@ -46,10 +46,8 @@ class ModelRef:
         try:
             if self.embedded:
                 return float_model(self.role, dtype, progress).to(dev)
-            kwargs = dict(dtype=dtype, trust_remote_code=self.trust_remote_code)
-            if device_map is not None:
-                kwargs["device_map"] = device_map
-            m = AutoModelForCausalLM.from_pretrained(self.path, **kwargs)
+            m = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                                                     **({"device_map": device_map} if device_map is not None else {}))
             return (m if device_map is not None else m.to(dev)).eval()
         except (torch.OutOfMemoryError, MemoryError):
             raise ModelLoadError(out_of_memory(self.role, self.disp, self.path, dtype, dev,

@@ -38,11 +38,9 @@ def _fold_into_norm(norm: torch.Tensor, weights: list[torch.Tensor], x_max: torc
         w.mul_(s.to(w.dtype))
 
 
-LAYER_KEYS = ("ln1", "q", "k", "v", "o", "ln2", "gate", "up", "down")   # with "q_b", "k_b", "v_b", "up_b" where they exist
-
-
 def layer_weights(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A transformers decoder layer's weight tensors (not copies) under ``LAYER_KEYS``."""
+    """A transformers decoder layer's weight tensors (not copies): "ln1", "q", "k", "v", "o", "ln2", "gate", "up",
+    "down", and "q_b" (...) where a bias exists."""
     a, m = layer.self_attn, layer.mlp
     mods = {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "o": a.o_proj, "gate": m.gate_proj, "up": m.up_proj,
             "down": m.down_proj}
@@ -57,7 +55,7 @@ def layer_weights(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def smooth_layer(w: dict[str, torch.Tensor], x_max: dict[str, torch.Tensor], n_heads: int, n_kv: int,
                  head_dim: int, alpha: float = ALPHA) -> None:
-    """Fold one decoder layer's smoothing factors into its float weights ``w`` (``LAYER_KEYS``), in place,
+    """Fold one decoder layer's smoothing factors into its float weights ``w`` (``layer_weights``), in place,
     from the maxima of the inputs of q/k/v ("qkv"), o ("o"), gate/up ("gu") and down ("down")."""
     groups = n_heads // n_kv
     dev = w["q"].device

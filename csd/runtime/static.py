@@ -1,8 +1,7 @@
-"""The static decode path (how and why: docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed
-shapes, so that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python:
-one KV cache of a fixed ``capacity`` per model (``check_room`` refuses a request first), attention under a
-mask over the smallest of a few ``attention_spans`` that holds the pass; ``capture`` records one graph per
-(pass length, rows kept, span), other shapes run eagerly; ``compiled`` puts the pass through
+"""The static decode path (how and why: docs/gpu.md): ``StaticLM`` runs a ``LeanLM``'s weights at fixed shapes, so
+that on a GPU each pass replays a captured CUDA graph instead of launching kernels from Python: one KV cache of a
+fixed ``capacity`` per model, attention under a mask over the smallest of a few ``attention_spans`` that holds the
+pass; one graph per (pass length, rows kept, span), other shapes eager; ``compiled`` puts the pass through
 ``torch.compile`` first. Greedy output equals the eager path's up to float rounding (``tests/test_static.py``).
 """
 from __future__ import annotations
@@ -126,7 +125,6 @@ class StaticLM(LM):
         x = lean.embed[ids][None]                                                       # (1, T, hidden)
         cos, sin = lean._rope(pos)
         sin = sin * self._sign               # rotate_half's sign folded into sin: RoPE in three ops (_rotate)
-        mask = self._keys[None, :span] <= pos[:, None]                                  # (T, span)
         k, v = self._kv.k[:, :, :span], self._kv.v[:, :, :span]         # views: the writes land in the cache
         n_kv, group = lean.n_kv, lean.n_heads // lean.n_kv
         # the query heads sharing a key/value head are folded into the query length, (1, KV, G*T, D): SDPA's
@@ -138,7 +136,7 @@ class StaticLM(LM):
 
         # exact int8: each query attends as a 1-token step would; additive masks made once a pass
         per_query = lean.per_row and 1 < t <= PER_QUERY_MAX
-        bias = torch.where(mask, self._bias[1], self._bias[0])                          # (T, span): 0 or -inf
+        bias = torch.where(self._keys[None, :span] <= pos[:, None], self._bias[1], self._bias[0])   # (T, span): 0, -inf
         folded_masks = ([bias[i:i + 1].repeat(group, 1) for i in range(t)] if per_query
                         else [bias.repeat(group, 1)])                                   # (G*n, span) each
 
@@ -179,12 +177,11 @@ class StaticLM(LM):
 
     def draft_block(self, cache: StaticCache, feed: list[int] | torch.Tensor, g: int,
                     adjust: Callable | None = None) -> torch.Tensor:
-        """g greedy draft steps on the device, the first after feeding ``feed``, each argmax feeding the next:
-        the proposed token ids (g,), what ``csd.decode`` drafts step by step. On CUDA the whole block is one
-        graph, captured on its first use per (feed length, g, span): the capture's two warm-up runs compute
-        the block itself (the same keys and values at the same positions), so it may happen mid-run.
-        ``adjust(logits (1, V), first position (1,), ids)``: a change of each step's logits that reads only
-        device tensors of fixed addresses (the benchmark's scripted draft)."""
+        """g greedy draft steps on the device, the first after feeding ``feed``, each argmax feeding the next: the
+        proposed ids (g,). On CUDA the block is one graph, captured on its first use per (feed length, g, span): the
+        capture's two warm-up runs compute the block itself (the same keys and values at the same positions), so it
+        may happen mid-run. ``adjust(logits (1, V), first position (1,), ids)``: a change of each step's logits that
+        reads only device tensors of fixed addresses (the benchmark's scripted draft)."""
         self._check_owner(cache)
         ids = ids_tensor(feed, self.device)
         t, start = ids.numel(), cache.n
@@ -246,9 +243,8 @@ class StaticLM(LM):
         return self.graphs[key]
 
     def _record(self, run: Callable[[], torch.Tensor], reset: Callable[[], object]):
-        """(graph, its output buffer): ``run`` twice off the capture on a side stream (allocator, kernel
-        choice), then captured into the model's one memory pool; ``reset`` sets the position before each
-        (outside the graph, whose replays start wherever the caller put it)."""
+        """(graph, its output buffer): ``run`` twice on a side stream (allocator, kernel choice), then captured into
+        the model's one memory pool; ``reset`` sets the position before each, outside the graph."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

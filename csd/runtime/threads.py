@@ -47,9 +47,8 @@ def one_core() -> None:
 
 
 def defer(step: int = 5) -> None:
-    """Lower this thread's scheduling priority by ``step`` (Linux: per thread; the workers it starts
-    inherit it), so that short work on other threads, a page's event loop or a recolouring, is not kept
-    waiting behind it when the cores are busy. Does nothing where the system does not allow it."""
+    """Lower this thread's scheduling priority by ``step`` (Linux: per thread, its workers inherit it), so that short
+    work on other threads (a page's event loop) does not wait behind it on busy cores. Where allowed."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + step))
     except (AttributeError, OSError):
