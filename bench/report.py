@@ -75,9 +75,8 @@ def leave_sd_lines(results: dict, top: int = 8) -> list[str]:
         ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
         for (a, b), rows in ranked[:top]:
             ds = ", ".join(f"{d} {c}" for d, c in Counter(d for d, _ in rows).most_common())
-            pos = sorted(p for _, p in rows)
-            where = str(pos[0]) if pos[0] == pos[-1] else f"{pos[0]}-{pos[-1]}"
-            lines.append(f"| {_tok(a)} | {_tok(b)} | {len(rows)} | {ds} | {where} |")
+            lo, hi = min(p for _, p in rows), max(p for _, p in rows)
+            lines.append(f"| {_tok(a)} | {_tok(b)} | {len(rows)} | {ds} | {lo if lo == hi else f'{lo}-{hi}'} |")
         if len(ranked) > top:
             lines.append(f"| (other pairs) | | {sum(len(v) for _, v in ranked[top:])} | | |")
     return lines
@@ -94,8 +93,7 @@ def _tok(text: str) -> str:
 def _header_lines(results: dict) -> list[str]:
     """The run's command, machine, pair, set-up and the reading of the table's columns."""
     meta = results["meta"]
-    cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
-    prof = meta.get("profile") or {}
+    cfg, mem, models, prof = meta["config"], meta["memory"], meta.get("models") or {}, meta.get("profile")
     copies = f"up to {cfg['lookup']} (--lookup)" if cfg.get("lookup") else "off"
     lines = [
         "# CSD Explorer benchmark", "",
@@ -160,8 +158,7 @@ def _goal_lines(results: dict) -> list[str]:
             continue
         val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
         thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
-        ci = t.get("ci95")
-        if ci:
+        if ci := t.get("ci95"):
             val += f" (95% bootstrap interval over the items: {ci[0]:.2f}-{ci[1]:.2f}{unit})"
         lines.append(f"- {label}: {val} (goal {'>=' if higher else '<='} {thr}: {'met' if t['met'] else 'missed'})")
     share = targets.get("csd_share_of_bound") or {}
@@ -272,17 +269,12 @@ FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the 
                     "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
 
 
-def is_merged(meta: dict | None) -> bool:
-    """A frontier joined from several runs: its speed compares only within a run."""
-    return len((meta or {}).get("runs") or []) > 1
-
-
 def frontier_figure(points: list[dict], meta: dict | None = None):
     """Speed against accuracy, one point per setting, with 95% intervals on accuracy."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    merged = is_merged(meta)                             # speed relative to SD in its own run
+    merged = len((meta or {}).get("runs") or []) > 1     # joined from several runs: speed relative to SD in its own
     xkey = "speed_vs_sd" if merged else "tokens_per_s"
     pts = [p for p in points if p.get(xkey) is not None]
     for p in pts:
@@ -306,8 +298,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     if meta:
         title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {Representation.of(meta).draft}, " \
                  f"N = {pts[0]['n'] if pts else 0} items</sup>"
-    xtitle = ("tokens per second relative to SD in the same run (all items)" if merged
-              else "tokens per second (all items)")
+    xtitle = "tokens per second " + ("relative to SD in the same run " if merged else "") + "(all items)"
     fig.update_layout(title=title, template="plotly_white", xaxis_title=xtitle,
                       yaxis_title="accuracy (graded items)", yaxis_tickformat=".0%", showlegend=False, height=520)
     return fig
@@ -319,7 +310,7 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
     if not points:
         return ""
     meta = meta or {}
-    merged = is_merged(meta)
+    merged = len(meta.get("runs") or []) > 1
     rows = ["| setting | tok/s | " + ("× SD, same run | " if merged else "") +
             "target passes / token | rescued | ended (EOS) | accuracy [95% CI] | vs SD (gained / lost) |",
             "|---|---:|" + ("---:|" if merged else "") + "---:|---:|---:|---:|---:|"]

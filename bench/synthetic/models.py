@@ -43,9 +43,7 @@ BIG = 1e4                # added to the scripted token's draft logit: it becomes
 # -- models ------------------------------------------------------------------------------------------
 class IdTokenizer:
     """The little of a tokenizer that the engine needs for random ids: each id's text is itself."""
-    eos_token_id = None
-    pad_token_id = None
-    chat_template = None
+    eos_token_id = pad_token_id = chat_template = None
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return " ".join(str(int(i)) for i in ids)
@@ -158,11 +156,8 @@ class ScriptedDraft(LM):
             self._boost = torch.cat([self._boost, self._boost.new_zeros(extra)])
 
     def new_cache(self) -> ScriptedCache:
-        if self._fixed is not None:           # the static draft's one cache: its flags, reset in place
-            ok = self._fixed["ok"]
-            ok.zero_()
-        else:
-            ok = torch.zeros(257, dtype=torch.bool, device=self.device)
+        fixed = self._fixed is not None       # the static draft's one cache: its flags, reset in place
+        ok = self._fixed["ok"].zero_() if fixed else torch.zeros(257, dtype=torch.bool, device=self.device)
         ok[0] = True
         return ScriptedCache(self.inner.new_cache(), ok)
 
