@@ -29,7 +29,6 @@ WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that 
 WARMUP_TOKENS = 8
 
 
-# -- one method on one item -------------------------------------------------------------------------
 def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
     """One method on one prompt, timed around the whole generation: its figures (dataset and item left
     empty) and the engine's run (None for hf)."""
@@ -222,12 +221,6 @@ class _Run:
         if self.progress:
             self.progress(message, fraction)
 
-    def _memory(self, m: Method):
-        """The memory a column reads on this item: its own (online) or a fresh copy; None without one."""
-        if m.name not in self.memories:
-            return None
-        return self.memories[m.name] if self.config.memory_mode == "online" else self.start_memory.copy()
-
     def _warm_up(self) -> None:
         """One short generation per column (the warm-up never teaches a memory)."""
         warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
@@ -245,7 +238,10 @@ class _Run:
         for j, m in enumerate(self.cols[k:] + self.cols[:k]):
             self._say(f"{it.dataset} {it.item_id}: {m.name}", self.done / self.total)
             self._represent(m)
-            r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
+            mem = self.memories.get(m.name)           # the column's own (online) or a fresh copy; None without one
+            if mem is not None and self.config.memory_mode != "online":
+                mem = self.start_memory.copy()
+            r, run = measure(self.pair, self.decoder, m, prompt_ids, mem)
             r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
             if run is not None and m.name in self.divergences:
                 for ev in (ev for ev in run.events if ev.is_divergence):

@@ -17,19 +17,6 @@ from .results import GOALS, ResultsError, bounds, fill_leaves_sd_at, load_result
 from .waterfall import waterfall_lines
 
 
-def _impl(models: dict) -> str:
-    """The target's forward path (and an int8 target's smoothing) as the header says it."""
-    path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
-    return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
-
-
-def _engines(cfg: dict) -> str:
-    """Which rows run on transformers' own generate (the rest run on this project's engine)."""
-    hf = [m for m, st in (cfg.get("settings") or {}).items() if st.get("hf")]
-    return (f"Rows on transformers' generate, on the same pair, representation and prompts: {', '.join(hf)}; "
-            "every other row runs on this project's engine." if hf else "Every row runs on this project's engine.")
-
-
 def _acc(s: dict) -> str:
     if s.get("accuracy") is None:
         return "–"
@@ -95,6 +82,11 @@ def _header_lines(results: dict) -> list[str]:
     meta = results["meta"]
     cfg, mem, models, prof = meta["config"], meta["memory"], meta.get("models") or {}, meta.get("profile")
     copies = f"up to {cfg['lookup']} (--lookup)" if cfg.get("lookup") else "off"
+    impl = f" ({models['target_impl']} path)" if models.get("target_impl") else ""   # and an int8 target's smoothing
+    impl += f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else ""
+    hf = [m for m, st in (cfg.get("settings") or {}).items() if st.get("hf")]      # rows on transformers' generate
+    engines = (f"Rows on transformers' generate, on the same pair, representation and prompts: {', '.join(hf)}; "
+               "every other row runs on this project's engine." if hf else "Every row runs on this project's engine.")
     lines = [
         "# CSD Explorer benchmark", "",
         f"- Command: `{meta['command'] or '(python API)'}`",
@@ -103,7 +95,7 @@ def _header_lines(results: dict) -> list[str]:
         f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
         f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
-        f"{_impl(models)}, draft "
+        f"{impl}, draft "
         f"**{Representation.of(meta).draft or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
         f"copies from the context {copies}, seed {cfg['seed']}",
@@ -120,7 +112,7 @@ def _header_lines(results: dict) -> list[str]:
     lines += [
         "- Speed-up (× AR, × SD, × hf): the ratio of tokens per second (summed tokens / summed wall time on "
         "the same items), with its 95% bootstrap interval over the items in brackets. "
-        f"{_engines(cfg)} Passes/token: target passes per generated "
+        f"{engines} Passes/token: target passes per generated "
         "token. Acc. vs SD: items gained / lost against SD on the same items, exact McNemar p. Accuracy: "
         "graded items with a 95% Wilson interval.", "",
         "| Dataset | Method | N | tok/s | × AR | × SD | × hf | Passes/token | Mean acc. len | Acceptance "
@@ -366,9 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             results = pool(runs, "python -m csd.bench.report " + " ".join(args.run) + f" --out {args.out}")
             path = Path(args.out) / "results.json"          # write_json makes the folder
         else:
-            results = runs[0]
-            path = Path(results.pop("_path"))
-            resummarize(results)
+            path = Path(runs[0].pop("_path"))
+            results = resummarize(runs[0])
     except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,6 @@ GOALS = {"csd_over_ar": ("csd", "speedup_over_ar", 2.0, True, "CSD speed-up over
 SHARE_OF_BOUND = 0.8            # CSD's share of the profile's ideal speed-up, the goal where that is under 2x
 
 
-# -- one method on one item -------------------------------------------------------------------------
 @dataclass
 class ItemResult:
     """One method on one item."""

@@ -29,7 +29,6 @@ class DatasetError(ValueError):
     """A dataset cannot be found or read; the message says which and how to fix it."""
 
 
-# -- locating the files ------------------------------------------------------------------------
 def data_file(name: str) -> Path:
     """Path of a packaged dataset file, found through the package's metadata (no import)."""
     pkg, rel = DATA_FILES[name]
@@ -203,7 +202,6 @@ def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | Non
     return name, lo - 1, hi
 
 
-# -- helpers -----------------------------------------------------------------------------------
 def _passages(text: str, chars: int) -> list[str]:
     """Consecutive passages of whole paragraphs of at most about ``chars`` characters (a longer one cut at a line
     end); short passages and ASCII tables are dropped unless they are the whole text."""

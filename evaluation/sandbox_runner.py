@@ -74,17 +74,6 @@ def _describe(e: BaseException) -> str:
 
 
 # -- the child: the candidate, sandboxed ------------------------------------------------------------------
-def _private_channels() -> tuple[int, int]:
-    """Private, non-inheritable duplicates of stdin (requests) and stdout (replies); then stdin reads
-    /dev/null and stdout goes to stderr, so the candidate's prints and reads touch neither channel."""
-    requests, replies = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-    return requests, replies
-
-
 def _child_main(argv: list[str]) -> None:
     """Load the candidate (as module ``candidate``) under the guard, answer ``R`` or ``F`` + why not, then
     each call with ``V`` + pickled value, ``E`` + what it raised or ``U`` + an unpicklable value's type.
@@ -94,7 +83,13 @@ def _child_main(argv: list[str]) -> None:
     script, entry_point, workdir = argv[0], argv[1], argv[2]
     cpu_s, mem_bytes, fsize_bytes = (int(a) for a in argv[3:6])
     read, write, exit_now, dumps, loads = os.read, os.write, os._exit, pickle.dumps, pickle.loads
-    requests, replies = _private_channels()
+    # private, non-inheritable duplicates of stdin (requests) and stdout (replies); then stdin reads /dev/null
+    # and stdout goes to stderr, so the candidate's prints and reads touch neither channel
+    requests, replies = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
 
     def reply(tag: bytes, data: bytes = b"") -> None:
         view = memoryview(frame(tag + data))

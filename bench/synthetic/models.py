@@ -11,7 +11,6 @@ import torch
 from csd.representation import Representation
 from csd.runtime.lm import LM, ids_tensor
 
-# -- the architectures ------------------------------------------------------------------------------
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
               max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
               use_sliding_window=False, attention_dropout=0.0)
@@ -40,7 +39,6 @@ LOGIT_STD = 4.0          # std of the output logits at init
 BIG = 1e4                # added to the scripted token's draft logit: it becomes the argmax
 
 
-# -- models ------------------------------------------------------------------------------------------
 class IdTokenizer:
     """The little of a tokenizer that the engine needs for random ids: each id's text is itself."""
     eos_token_id = pad_token_id = chat_template = None

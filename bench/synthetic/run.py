@@ -86,7 +86,6 @@ class SyntheticConfig:
         return self.seed * 1_000_003 + k
 
 
-# -- running ------------------------------------------------------------------------------------------
 def _script_of(prompt: list[int], run) -> tuple[list[int], list[int]]:
     """The path a run committed, and the target's top-1 at each of its new positions."""
     want = [e.target_id for e in run.events if e.in_output]
