@@ -59,9 +59,7 @@ def alarm_lines(results: dict, overall_stats: dict) -> list[str]:
         found = alarms(s, ar) if m != "ar" else []
         lines.append(f"| {m} | {fmt(s.get('length_vs_ar'), '.2f', 'x')} | {pct(s.get('eos_share'), 0)} | {pct(s.get('cap_share'), 0)} "
                      f"| {vs} | {'; '.join(found) if found else 'none'} |")
-    for m in overall_stats:
-        if m == "ar":
-            continue
+    for m in [m for m in overall_stats if m != "ar"]:
         for f in flips(results, m):
             verdict = ("right where AR was wrong" if f["correct"] else "wrong where AR was right")
             lines += ["", f"**{m}, {f['dataset']} {f['item_id']}: {verdict}** (graded {f['predicted']!r}; "

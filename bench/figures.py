@@ -86,12 +86,10 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
         return "\n".join(md_table(["method", "tok/s", "x AR", "tokens / target pass", "syncs / block"], body)) + "\n"
     if not isinstance(raw, dict) or "items" not in raw:     # (a run of the earlier engine has no frontier: fine here)
         raise ResultsError(f"{f}: not a benchmark results.json (no items)")
-    results = resummarize(raw)
-    summary = results["summary"]
+    summary = resummarize(raw)["summary"]
     stats = summary[dataset] if dataset else overall(summary)
     rows = methods or list(stats)
-    missing = [m for m in rows if m not in stats]
-    if missing:
+    if missing := [m for m in rows if m not in stats]:
         raise ResultsError(f"{run}: no method {', '.join(missing)} in this run (it has {', '.join(stats)})")
     refs = [(key, label) for key, ref, label in (("speedup_over_ar", "ar", "x AR"), ("speedup_over_sd", "sd", "x SD"),
                                                  ("speedup_over_hf", HF_ASSISTED, "x hf-assisted")) if ref in stats]
@@ -99,7 +97,7 @@ def table(run: Path, methods: list[str] | None = None, dataset: str | None = Non
     extra = []                                  # (header, {method: cell}) per asked column
     for c in columns or []:
         if ":" in c:
-            extra.append(_over(results, list(stats), *c.split(":", 1)))
+            extra.append(_over(raw, list(stats), *c.split(":", 1)))
         elif c in EXTRA:
             extra.append((EXTRA[c][0], {m: EXTRA[c][1](m, stats[m]) for m in rows}))
         else:

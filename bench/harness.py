@@ -29,7 +29,6 @@ WARMUP_PROMPT = "Write one sentence about the sea, then a Python one-liner that 
 WARMUP_TOKENS = 8
 
 
-# -- one method on one item -------------------------------------------------------------------------
 def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tuple[ItemResult, object]:
     """One method on one prompt, timed around the whole generation: its figures (dataset and item left
     empty) and the engine's run (None for hf)."""
@@ -64,8 +63,7 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
     passes = Counter()                   # forward passes by model
     target, draft = pair.hf_target(), (pair.hf_draft() if assisted else None)   # built on first use
     x = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)
-    pad = pair.tokenizer.pad_token_id
-    pad = pad if pad is not None else pair.eos_ids[0]
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else pair.eos_ids[0]
     gc = draft.generation_config if assisted else target.generation_config
     saved = {k: getattr(gc, k, None) for k in ("num_assistant_tokens", "num_assistant_tokens_schedule",
                                                 "assistant_confidence_threshold")}
@@ -158,10 +156,8 @@ def run_bench(pair, config: BenchConfig, *, store=None, memory=None, costs=None,
 
 def interleaved_items(datasets: list[str], limit: int | None, seed: int) -> list[Item]:
     """Each dataset spec's items, the datasets taking turns, so that a run stopped early stays balanced."""
-    per_dataset = []
-    for spec in datasets:
-        name, skip, stop = item_range(spec, limit)
-        per_dataset.append(load_dataset(name, stop, seed)[skip:])
+    ranges = [item_range(d, limit) for d in datasets]
+    per_dataset = [load_dataset(name, stop, seed)[skip:] for name, skip, stop in ranges]
     return [it for turn in zip_longest(*per_dataset) for it in turn if it is not None]
 
 
@@ -181,8 +177,7 @@ class _Run:
         self.records: list[ItemResult] = []
         self.divergences: dict[str, Counter] = {m.name: Counter() for m in cols if m.cfg.uses_draft and not m.hf}
         self.token_text: dict[int, str] = {}
-        self.bar = None
-        self.done = self.total = 0
+        self.bar, self.done, self.total = None, 0, 0
         self.acts = pair.rep.activations         # the run's representation; a column may name its own
 
     def _represent(self, m: Method | None) -> None:
@@ -195,9 +190,8 @@ class _Run:
         """Warm up, check the profile, run every column on every item, write the outputs; the results."""
         from tqdm.auto import tqdm
 
-        checks = self.config.bound_checks
+        checks, status = self.config.bound_checks, "failed"
         self.total = len(items) * len(self.cols)
-        status = "failed"
         self.bar = tqdm(total=self.total, desc="bench", unit="gen", disable=not self.config.show_bar,
                         dynamic_ncols=True)
         try:
@@ -227,12 +221,6 @@ class _Run:
         if self.progress:
             self.progress(message, fraction)
 
-    def _memory(self, m: Method):
-        """The memory a column reads on this item: its own (online) or a fresh copy; None without one."""
-        if m.name not in self.memories:
-            return None
-        return self.memories[m.name] if self.config.memory_mode == "online" else self.start_memory.copy()
-
     def _warm_up(self) -> None:
         """One short generation per column (the warm-up never teaches a memory)."""
         warm_ids = self.pair.encode_prompt(WARMUP_PROMPT, chat=True)
@@ -250,10 +238,16 @@ class _Run:
         for j, m in enumerate(self.cols[k:] + self.cols[:k]):
             self._say(f"{it.dataset} {it.item_id}: {m.name}", self.done / self.total)
             self._represent(m)
-            r, run = measure(self.pair, self.decoder, m, prompt_ids, self._memory(m))
+            mem = self.memories.get(m.name)           # the column's own (online) or a fresh copy; None without one
+            if mem is not None and self.config.memory_mode != "online":
+                mem = self.start_memory.copy()
+            r, run = measure(self.pair, self.decoder, m, prompt_ids, mem)
             r.dataset, r.item_id, r.order = it.dataset, it.item_id, j
             if run is not None and m.name in self.divergences:
-                self._count_divergences(m.name, run.events)
+                for ev in (ev for ev in run.events if ev.is_divergence):
+                    self.divergences[m.name][(ev.draft_id, ev.target_id)] += 1
+                    self.token_text.setdefault(ev.draft_id, ev.draft_text or "")
+                    self.token_text.setdefault(ev.target_id, ev.target_text or "")
             g = grade(it, r.text)
             r.correct, r.predicted, r.grade_detail = g.correct, g.predicted, g.detail
             item_records[m.name] = r
@@ -268,13 +262,6 @@ class _Run:
                     setattr(r, f"identical_to_{ref}", r.token_ids == ids)
         mark_where_answers_leave_sd(item_records, self.pair.tokenizer.decode)
         self.records.extend(item_records[m.name] for m in self.cols if m.name in item_records)
-
-    def _count_divergences(self, name: str, events) -> None:
-        for ev in events:
-            if ev.is_divergence:
-                self.divergences[name][(ev.draft_id, ev.target_id)] += 1
-                self.token_text.setdefault(ev.draft_id, ev.draft_text or "")
-                self.token_text.setdefault(ev.target_id, ev.target_text or "")
 
     def _check_profile(self) -> None:
         """Re-measure the profile beside the run (not cached, not used by the policy) into
@@ -297,9 +284,8 @@ class _Run:
         results["meta"]["finished_at"] = now()
         results["meta"]["loadavg_end"] = _loadavg()
         write_json(out / "results.json", results)
-        write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in
-                                                    ("command", "started_at", "machine", "dtype", "representation",
-                                                     "models", "config")},
+        keep = ("command", "started_at", "machine", "dtype", "representation", "models", "config")
+        write_json(out / "frontier.json", {"meta": {k: results["meta"].get(k) for k in keep},
                                            "status": results["status"], "points": results.get("frontier", [])})
         (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
         try:
@@ -307,15 +293,11 @@ class _Run:
         except (ImportError, ValueError, KeyError, OSError) as e:       # never lose the JSON and the table to a chart
             log.exception("bench charts not written: %s", e)
         for name, mem in self.memories.items():
-            mem.save(out / f"memory_{_safe(name)}.json.gz")
+            mem.save(out / f"memory_{re.sub(r'[^A-Za-z0-9_.=-]+', '_', name).strip('_')}.json.gz")
             if self.store is not None and self.config.memory_mode == "online":
                 self.store.save_memory(mem, label=f"bench {self.bench_id} {name} memory after {n_items} items")
         if self.progress:
             self.progress(f"bench {results['status']}", 1.0)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_")
 
 
 def _record(store, pair, m: Method, item: Item, r: ItemResult, run, bench_id: str, policy: str) -> None:
@@ -358,18 +340,19 @@ def _loadavg():
 
 
 def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_id: str) -> dict:
+    from csd.evaluation.sandbox import SandboxError, isolation
+    try:
+        iso = isolation()
+    except SandboxError as e:
+        iso = f"unavailable: {e}"
     costs = _profile_record(decoder.costs) if decoder.has_costs else None
     base = config.engine()
     return {
-        "bench_id": bench_id, "command": config.command, "started_at": now(),
-        "machine": machine(pair.device),
+        "bench_id": bench_id, "command": config.command, "started_at": now(), "machine": machine(pair.device),
         "loadavg_start": _loadavg(),
         "pair": {"pair_id": pair.pair_id, "draft": pair.draft_name, "target": pair.target_name},
-        "dtype": pair.rep.target,
-        "representation": pair.rep.as_dict(),
-        "models": pair.describe(),
-        "profile": costs,
-        "humaneval_isolation": _isolation(),
+        "dtype": pair.rep.target, "representation": pair.rep.as_dict(), "models": pair.describe(),
+        "profile": costs, "humaneval_isolation": iso,
         "config": {"datasets": config.datasets(), "limit": config.limit, "methods": [m.name for m in cols],
                    "settings": {m.name: {"method": m.cfg.method, "gamma": m.cfg.gamma, "lam": m.cfg.lam,
                                          "tau": m.cfg.tau, "lookup": m.cfg.lookup, "hf": m.hf,
@@ -386,12 +369,3 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
                    "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration"),
                    "policy": memory.policy.to_dict()},
     }
-
-
-def _isolation() -> str:
-    from csd.evaluation.sandbox import SandboxError, isolation
-    try:
-        return isolation()
-    except SandboxError as e:
-        return f"unavailable: {e}"
-

@@ -17,19 +17,6 @@ from .results import GOALS, ResultsError, bounds, fill_leaves_sd_at, load_result
 from .waterfall import waterfall_lines
 
 
-def _impl(models: dict) -> str:
-    """The target's forward path (and an int8 target's smoothing) as the header says it."""
-    path = f" ({models['target_impl']} path)" if models.get("target_impl") else ""
-    return path + (f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else "")
-
-
-def _engines(cfg: dict) -> str:
-    """Which rows run on transformers' own generate (the rest run on this project's engine)."""
-    hf = [m for m, st in (cfg.get("settings") or {}).items() if st.get("hf")]
-    return (f"Rows on transformers' generate, on the same pair, representation and prompts: {', '.join(hf)}; "
-            "every other row runs on this project's engine." if hf else "Every row runs on this project's engine.")
-
-
 def _acc(s: dict) -> str:
     if s.get("accuracy") is None:
         return "–"
@@ -75,9 +62,8 @@ def leave_sd_lines(results: dict, top: int = 8) -> list[str]:
         ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
         for (a, b), rows in ranked[:top]:
             ds = ", ".join(f"{d} {c}" for d, c in Counter(d for d, _ in rows).most_common())
-            pos = sorted(p for _, p in rows)
-            where = str(pos[0]) if pos[0] == pos[-1] else f"{pos[0]}-{pos[-1]}"
-            lines.append(f"| {_tok(a)} | {_tok(b)} | {len(rows)} | {ds} | {where} |")
+            lo, hi = min(p for _, p in rows), max(p for _, p in rows)
+            lines.append(f"| {_tok(a)} | {_tok(b)} | {len(rows)} | {ds} | {lo if lo == hi else f'{lo}-{hi}'} |")
         if len(ranked) > top:
             lines.append(f"| (other pairs) | | {sum(len(v) for _, v in ranked[top:])} | | |")
     return lines
@@ -94,9 +80,13 @@ def _tok(text: str) -> str:
 def _header_lines(results: dict) -> list[str]:
     """The run's command, machine, pair, set-up and the reading of the table's columns."""
     meta = results["meta"]
-    cfg, mem, models = meta["config"], meta["memory"], meta.get("models") or {}
-    prof = meta.get("profile") or {}
+    cfg, mem, models, prof = meta["config"], meta["memory"], meta.get("models") or {}, meta.get("profile")
     copies = f"up to {cfg['lookup']} (--lookup)" if cfg.get("lookup") else "off"
+    impl = f" ({models['target_impl']} path)" if models.get("target_impl") else ""   # and an int8 target's smoothing
+    impl += f", smoothed ({models['target_smoothing']})" if models.get("target_smoothing") else ""
+    hf = [m for m, st in (cfg.get("settings") or {}).items() if st.get("hf")]      # rows on transformers' generate
+    engines = (f"Rows on transformers' generate, on the same pair, representation and prompts: {', '.join(hf)}; "
+               "every other row runs on this project's engine." if hf else "Every row runs on this project's engine.")
     lines = [
         "# CSD Explorer benchmark", "",
         f"- Command: `{meta['command'] or '(python API)'}`",
@@ -105,7 +95,7 @@ def _header_lines(results: dict) -> list[str]:
         f"{meta['machine']['torch']}, transformers {meta['machine']['transformers']}; load average at start "
         f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
-        f"{_impl(models)}, draft "
+        f"{impl}, draft "
         f"**{Representation.of(meta).draft or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
         f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
         f"copies from the context {copies}, seed {cfg['seed']}",
@@ -122,7 +112,7 @@ def _header_lines(results: dict) -> list[str]:
     lines += [
         "- Speed-up (× AR, × SD, × hf): the ratio of tokens per second (summed tokens / summed wall time on "
         "the same items), with its 95% bootstrap interval over the items in brackets. "
-        f"{_engines(cfg)} Passes/token: target passes per generated "
+        f"{engines} Passes/token: target passes per generated "
         "token. Acc. vs SD: items gained / lost against SD on the same items, exact McNemar p. Accuracy: "
         "graded items with a 95% Wilson interval.", "",
         "| Dataset | Method | N | tok/s | × AR | × SD | × hf | Passes/token | Mean acc. len | Acceptance "
@@ -160,8 +150,7 @@ def _goal_lines(results: dict) -> list[str]:
             continue
         val = f"{100 * t['value']:.3f}%" if unit == "%" else f"{t['value']:.2f}{unit}"
         thr = f"{100 * t['threshold']:g}%" if unit == "%" else f"{t['threshold']:g}{unit}"
-        ci = t.get("ci95")
-        if ci:
+        if ci := t.get("ci95"):
             val += f" (95% bootstrap interval over the items: {ci[0]:.2f}-{ci[1]:.2f}{unit})"
         lines.append(f"- {label}: {val} (goal {'>=' if higher else '<='} {thr}: {'met' if t['met'] else 'missed'})")
     share = targets.get("csd_share_of_bound") or {}
@@ -272,17 +261,12 @@ FRONTIER_COLOURS = {"ar": "#7f7f7f", "sd": "#1f77b4", "csd": "#e07b00",   # the 
                     "lossy": "#8c564b", "topk": "#17becf", "typical": "#bcbd22", "fly": "#e377c2"}
 
 
-def is_merged(meta: dict | None) -> bool:
-    """A frontier joined from several runs: its speed compares only within a run."""
-    return len((meta or {}).get("runs") or []) > 1
-
-
 def frontier_figure(points: list[dict], meta: dict | None = None):
     """Speed against accuracy, one point per setting, with 95% intervals on accuracy."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    merged = is_merged(meta)                             # speed relative to SD in its own run
+    merged = len((meta or {}).get("runs") or []) > 1     # joined from several runs: speed relative to SD in its own
     xkey = "speed_vs_sd" if merged else "tokens_per_s"
     pts = [p for p in points if p.get(xkey) is not None]
     for p in pts:
@@ -306,8 +290,7 @@ def frontier_figure(points: list[dict], meta: dict | None = None):
     if meta:
         title += f"<br><sup>{meta['machine']['cpu']}, target {meta['dtype']}, draft {Representation.of(meta).draft}, " \
                  f"N = {pts[0]['n'] if pts else 0} items</sup>"
-    xtitle = ("tokens per second relative to SD in the same run (all items)" if merged
-              else "tokens per second (all items)")
+    xtitle = "tokens per second " + ("relative to SD in the same run " if merged else "") + "(all items)"
     fig.update_layout(title=title, template="plotly_white", xaxis_title=xtitle,
                       yaxis_title="accuracy (graded items)", yaxis_tickformat=".0%", showlegend=False, height=520)
     return fig
@@ -319,7 +302,7 @@ def frontier_markdown(points: list[dict], meta: dict | None = None, escape=str) 
     if not points:
         return ""
     meta = meta or {}
-    merged = is_merged(meta)
+    merged = len(meta.get("runs") or []) > 1
     rows = ["| setting | tok/s | " + ("× SD, same run | " if merged else "") +
             "target passes / token | rescued | ended (EOS) | accuracy [95% CI] | vs SD (gained / lost) |",
             "|---|---:|" + ("---:|" if merged else "") + "---:|---:|---:|---:|---:|"]
@@ -375,9 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             results = pool(runs, "python -m csd.bench.report " + " ".join(args.run) + f" --out {args.out}")
             path = Path(args.out) / "results.json"          # write_json makes the folder
         else:
-            results = runs[0]
-            path = Path(results.pop("_path"))
-            resummarize(results)
+            path = Path(runs[0].pop("_path"))
+            results = resummarize(runs[0])
     except ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

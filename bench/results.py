@@ -29,7 +29,6 @@ GOALS = {"csd_over_ar": ("csd", "speedup_over_ar", 2.0, True, "CSD speed-up over
 SHARE_OF_BOUND = 0.8            # CSD's share of the profile's ideal speed-up, the goal where that is under 2x
 
 
-# -- one method on one item -------------------------------------------------------------------------
 @dataclass
 class ItemResult:
     """One method on one item."""
@@ -71,20 +70,15 @@ class ItemResult:
 
     @property
     def acceptance_rate(self) -> float | None:
-        if not self.drafted:
-            return None
-        return ((self.accepted or 0) + (self.rescued or 0)) / self.drafted
+        return ((self.accepted or 0) + (self.rescued or 0)) / self.drafted if self.drafted else None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(tokens_per_s=self.tokens_per_s, mean_accepted_length=self.mean_accepted_length,
-                 acceptance_rate=self.acceptance_rate)
-        return d
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s, "mean_accepted_length": self.mean_accepted_length,
+                "acceptance_rate": self.acceptance_rate}
 
     @classmethod
     def from_dict(cls, d: dict) -> ItemResult:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 def by_item(items: list) -> dict[tuple, dict[str, dict]]:
@@ -247,9 +241,8 @@ def check_targets(stats: dict, bound: float | None = None) -> dict:
     for goal, (m, key, threshold, higher, _label, _unit) in GOALS.items():
         value, ci = ((stats.get(m) or {}).get(k) for k in (key, key + "_ci95"))
         out[goal] = {"value": value, "threshold": threshold,
-                     "met": None if value is None else (value >= threshold if higher else value <= threshold)}
-        if ci is not None:
-            out[goal]["ci95"] = ci
+                     "met": None if value is None else (value >= threshold if higher else value <= threshold),
+                     **({"ci95": ci} if ci is not None else {})}
     csd = stats.get("csd") or {}
     speedup = csd.get("speedup_over_ar")
     share = speedup / bound if speedup is not None and bound else None
@@ -265,13 +258,10 @@ def assemble(records: list[ItemResult], names: list[str], divergences: dict[str,
              status: str, bound: float | None = None) -> dict:
     """A run's figures from its records: items, summary, goals, frontier and each drafting column's
     divergence patterns (``divergences``: counts of (draft id, target id), ``token_text``: their text)."""
-    div = {}
-    for m, counts in divergences.items():
-        p = pareto(counts)
-        p["top"] = [{"draft_id": d, "target_id": t, "draft_text": token_text.get(d, ""),
-                     "target_text": token_text.get(t, ""), "count": c}
-                    for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]
-        div[m] = p
+    div = {m: {**pareto(counts), "top": [{"draft_id": d, "target_id": t, "draft_text": token_text.get(d, ""),
+                                          "target_text": token_text.get(t, ""), "count": c}
+                                         for (d, t), c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]]}
+           for m, counts in divergences.items()}
     summary = summarize(records, names)
     return {"status": status, "items": [r.to_dict() for r in records], "summary": summary,
             "targets": check_targets(overall(summary), bound),
@@ -329,9 +319,7 @@ def pool(runs: list[dict], command: str = "") -> dict:
         raise ResultsError("pooling needs at least two runs")
     first = _setup(runs[0])
     for r in runs[1:]:
-        other = _setup(r)
-        diff = [k for k in first if first[k] != other[k]]
-        if diff:
+        if diff := [k for k, v in _setup(r).items() if first[k] != v]:
             raise ResultsError(f"the runs differ in {', '.join(diff)}: only runs of one set-up can be pooled")
     seen, items = set(), []
     for r in runs:

@@ -26,8 +26,7 @@ def mcnemar_exact(gained: int, lost: int) -> float:
     n = gained + lost
     if n == 0:
         return 1.0
-    k = min(gained, lost)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
 
 

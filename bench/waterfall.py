@@ -40,8 +40,7 @@ def waterfall(results: dict) -> list[dict]:
     rows = [v for v in by_item(results.get("items") or []).values() if all(c in v for c in names)]
     out, prev = [], None
     for step, col in steps:
-        tok = sum(r[col]["new_tokens"] for r in rows)
-        wall = sum(r[col]["wall_s"] for r in rows)
+        tok, wall = sum(r[col]["new_tokens"] for r in rows), sum(r[col]["wall_s"] for r in rows)
         f, ci = (speedup((r[col]["new_tokens"], r[col]["wall_s"], r[prev]["new_tokens"], r[prev]["wall_s"])
                          for r in rows) if prev else (None, None))
         out.append({"step": step, "column": col, "n": len(rows), "tokens_per_s": tok / wall if wall else None,

@@ -14,15 +14,7 @@ from pathlib import Path
 
 from csd.calibration.corpus import PROMPTS_FILE, pydoc_topics
 
-from .datasets import (
-    HUMANEVAL_PROMPT,
-    PROSE_EXCERPT_CHARS,
-    _passages,
-    load_champ,
-    load_gsm8k,
-    load_humaneval,
-    load_prose,
-)
+from .datasets import HUMANEVAL_PROMPT, LOADERS, PROSE_EXCERPT_CHARS, _passages, load_gsm8k
 
 NGRAM = 8
 HELDOUT_EVERY = 7
@@ -71,11 +63,8 @@ def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
 
 def eval_ngrams() -> set[tuple[str, ...]]:
     """The word n-grams of every evaluation item's own content (instruction templates excluded)."""
-    out: set[tuple[str, ...]] = set()
-    for items in (load_gsm8k("eval"), load_humaneval(), load_champ(), load_prose()):
-        for it in items:
-            out |= ngrams(it.content or it.prompt)
-    return out
+    names = ("gsm8k", "humaneval", "champ", "prose")                    # gsm8k: its eval split
+    return {g for name in names for it in LOADERS[name]() for g in ngrams(it.content or it.prompt)}
 
 
 def _hash(s: str) -> int:
@@ -106,10 +95,9 @@ def _stdlib_functions() -> list[tuple[str, str]]:
             doc = ast.get_docstring(node)
             if not doc or not 60 <= len(doc) <= 700 or "deprecated" in doc.lower():
                 continue
-            args = ast.unparse(node.args)
             returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
             body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
-            stub = f'def {node.name}({args}){returns}:\n    """{body.strip()}\n    """\n'
+            stub = f'def {node.name}({ast.unparse(node.args)}){returns}:\n    """{body.strip()}\n    """\n'
             out.append((f"stdlib/{'.'.join(rel.with_suffix('').parts)}.{node.name}", stub))
     return out
 
@@ -129,14 +117,10 @@ def prose_prompts(limit: int = DOC_PASSAGES) -> list[dict]:
                          "prompt": DOC_TEMPLATES[_hash(pid) % len(DOC_TEMPLATES)].format(text=passage),
                          "content": passage})
     rows = sorted(rows, key=lambda r: _hash(r["id"]))[:limit * 2]
-    for i, subject in enumerate(SUBJECTS):
-        for j, template in enumerate(SUBJECT_TEMPLATES):
-            if (i + j) % 2:          # two of the four requests per subject
-                continue
-            text = template.format(s=subject)
-            rows.append({"id": f"subject/{i}/{j}", "kind": "prose", "source": "written for this project",
-                         "prompt": text, "content": text})
-    return rows
+    return rows + [{"id": f"subject/{i}/{j}", "kind": "prose", "source": "written for this project",
+                    "prompt": template.format(s=subject), "content": template.format(s=subject)}
+                   for i, subject in enumerate(SUBJECTS) for j, template in enumerate(SUBJECT_TEMPLATES)
+                   if (i + j) % 2 == 0]          # two of the four requests per subject
 
 
 def build() -> list[dict]:

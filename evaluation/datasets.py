@@ -29,7 +29,6 @@ class DatasetError(ValueError):
     """A dataset cannot be found or read; the message says which and how to fix it."""
 
 
-# -- locating the files ------------------------------------------------------------------------
 def data_file(name: str) -> Path:
     """Path of a packaged dataset file, found through the package's metadata (no import)."""
     pkg, rel = DATA_FILES[name]
@@ -58,6 +57,7 @@ PROSE_PROMPTS = (
     "Python documentation:\n\n{text}",
 )
 PROSE_EXCERPT_CHARS = 600
+OVERLAP_WORDS = 10
 
 
 # -- loaders (the whole dataset, in its own order) ---------------------------------------------
@@ -85,9 +85,9 @@ def load_humaneval() -> list[Item]:
 
 def load_champ() -> list[Item]:
     problems = json.loads(data_file("champ").read_text(encoding="utf-8"))["problems"]
+    natural = sorted(problems, key=lambda s: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)])
     return [Item("champ", p["identifier"], CHAMP_PROMPT.format(problem=p["_text"].strip()), p["_answer"], "champ",
-                 {"category": p.get("category")}, content=p["_text"].strip())
-            for p in (problems[key] for key in sorted(problems, key=_natural_key))]
+                 {"category": p.get("category")}, content=p["_text"].strip()) for p in (problems[k] for k in natural)]
 
 
 def load_prose() -> list[Item]:
@@ -104,9 +104,6 @@ def load_prose() -> list[Item]:
             template = PROSE_PROMPTS[len(items) % len(PROSE_PROMPTS)]
             items.append(Item("prose", f"pydoc/{name}/{k}", template.format(text=passage), content=passage))
     return items
-
-
-OVERLAP_WORDS = 10
 
 
 def _word_ngrams(text: str, n: int = OVERLAP_WORDS) -> set[int]:
@@ -205,11 +202,6 @@ def item_range(spec: str, limit: int | None = None) -> tuple[str, int, int | Non
     return name, lo - 1, hi
 
 
-# -- helpers -----------------------------------------------------------------------------------
-def _natural_key(s: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
-
-
 def _passages(text: str, chars: int) -> list[str]:
     """Consecutive passages of whole paragraphs of at most about ``chars`` characters (a longer one cut at a line
     end); short passages and ASCII tables are dropped unless they are the whole text."""
@@ -220,19 +212,15 @@ def _passages(text: str, chars: int) -> list[str]:
             cut = p.rfind("\n", chars // 2, chars)
             cut = cut if cut > 0 else chars
             head, p = p[:cut].rstrip(), p[cut:].lstrip("\n")
-            if cur:
-                out.append(cur)
-                cur = ""
-            out.append(head)
+            out += [cur, head] if cur else [head]
+            cur = ""
         if cur and len(cur) + 2 + len(p) > chars:
             out.append(cur)
             cur = ""
         cur = f"{cur}\n\n{p}" if cur else p
     if cur:
         out.append(cur)
-    if len(out) == 1:
-        return out
-    return [p for p in out if len(p) >= chars // 4 and not _mostly_table(p)]
+    return out if len(out) == 1 else [p for p in out if len(p) >= chars // 4 and not _mostly_table(p)]
 
 
 def _mostly_table(passage: str) -> bool:

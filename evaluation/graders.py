@@ -118,11 +118,9 @@ def _expression_value(expr: str) -> str | None:
     last = re.split(r"[=≈]", expr)[-1].strip()
     if not last:
         return None
-    single = _SINGLE.fullmatch(last.replace(" ", "").replace("\t", ""))
-    if single:
+    if single := _SINGLE.fullmatch(last.replace(" ", "").replace("\t", "")):
         return _normalise_number(single.group(1))
-    value = _evaluate(last)
-    if value is not None:
+    if (value := _evaluate(last)) is not None:
         return str(value)                        # "3", "-3/4": Fraction's own form
     numbers = re.findall(_NUM, last)
     return _normalise_number(numbers[-1]) if numbers else None
@@ -148,8 +146,7 @@ def _clause_value(clause: str) -> str | None:
     """The last number (or expression result) of a clause that is not negated ("not 16")."""
     for m in reversed(list(_EXPR.finditer(clause))):
         if not _NEGATED.search(clause, max(0, m.start() - 40), m.start()):
-            value = _expression_value(m.group(0))
-            if value is not None:
+            if (value := _expression_value(m.group(0))) is not None:
                 return value
     return None
 
@@ -295,8 +292,7 @@ def champ_checkable(reference: str | None) -> str | None:
 
 def champ_final_answer(text: str) -> str | None:
     """The rest of the line after the last "final answer (is):", else the last \\boxed{} content."""
-    m = list(re.finditer(r"final answer\s*(?:is)?\s*:?\s*(.+)", text, flags=re.IGNORECASE))
-    if m:
+    if m := list(re.finditer(r"final answer\s*(?:is)?\s*:?\s*(.+)", text, flags=re.IGNORECASE)):
         return m[-1].group(1).strip()
     boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
     return boxed[-1].strip() if boxed else None

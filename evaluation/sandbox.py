@@ -114,7 +114,6 @@ def run_humaneval(program: str, test: str, entry_point: str, timeout: float = HU
                                 stderr=err, start_new_session=True)
         try:
             proc.communicate(json.dumps(job).encode("utf-8"), timeout=timeout + _HARNESS_GRACE_S)
-            rc = proc.returncode
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:g} s: no verdict within {timeout + _HARNESS_GRACE_S:g} s ({iso})"
         finally:
@@ -124,7 +123,7 @@ def run_humaneval(program: str, test: str, entry_point: str, timeout: float = HU
         lines = out.read(1 << 20).decode("utf-8", "replace").splitlines()
         err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
         last = err.read().decode("utf-8", "replace").strip().splitlines()
-    return _verdict(nonce, lines, rc, last[-1].strip() if last else "", iso)
+    return _verdict(nonce, lines, proc.returncode, last[-1].strip() if last else "", iso)
 
 
 def _env(home: str) -> dict[str, str]:

@@ -70,22 +70,10 @@ def _describe(e: BaseException) -> str:
         msg = str(e)
     except Exception:                # a candidate's exception whose __str__ fails
         msg = ""
-    name = type(e).__name__
-    return (f"{name}: {msg}" if msg else name)[:300]
+    return (f"{type(e).__name__}: {msg}" if msg else type(e).__name__)[:300]
 
 
 # -- the child: the candidate, sandboxed ------------------------------------------------------------------
-def _private_channels() -> tuple[int, int]:
-    """Private, non-inheritable duplicates of stdin (requests) and stdout (replies); then stdin reads
-    /dev/null and stdout goes to stderr, so the candidate's prints and reads touch neither channel."""
-    requests, replies = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-    return requests, replies
-
-
 def _child_main(argv: list[str]) -> None:
     """Load the candidate (as module ``candidate``) under the guard, answer ``R`` or ``F`` + why not, then
     each call with ``V`` + pickled value, ``E`` + what it raised or ``U`` + an unpicklable value's type.
@@ -95,7 +83,13 @@ def _child_main(argv: list[str]) -> None:
     script, entry_point, workdir = argv[0], argv[1], argv[2]
     cpu_s, mem_bytes, fsize_bytes = (int(a) for a in argv[3:6])
     read, write, exit_now, dumps, loads = os.read, os.write, os._exit, pickle.dumps, pickle.loads
-    requests, replies = _private_channels()
+    # private, non-inheritable duplicates of stdin (requests) and stdout (replies); then stdin reads /dev/null
+    # and stdout goes to stderr, so the candidate's prints and reads touch neither channel
+    requests, replies = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
 
     def reply(tag: bytes, data: bytes = b"") -> None:
         view = memoryview(frame(tag + data))
@@ -143,16 +137,6 @@ def _child_main(argv: list[str]) -> None:
     exit_now(0)
 
 
-def _set_limits(cpu_s: int, mem_bytes: int, fsize_bytes: int) -> None:
-    import resource
-
-    for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_bytes),
-                         (resource.RLIMIT_FSIZE, fsize_bytes), (resource.RLIMIT_CORE, 0)):
-        _, hard = resource.getrlimit(limit)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(limit, (value, value))
-
-
 _OS_DISABLED = (
     # processes and signals
     "kill", "killpg", "system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp",
@@ -180,7 +164,13 @@ def reliability_guard(workdir: str, cpu_s: int, mem_bytes: int, fsize_bytes: int
     """Make this process unfit for accidental damage before it runs a candidate: resource limits, no
     process, deletion, permission, network or environment calls, writes only under ``workdir``. Not a
     security boundary: ``ctypes`` gets around it (docs/grading.md)."""
-    _set_limits(cpu_s, mem_bytes, fsize_bytes)
+    import resource
+
+    for limit, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_bytes),
+                         (resource.RLIMIT_FSIZE, fsize_bytes), (resource.RLIMIT_CORE, 0)):
+        _, hard = resource.getrlimit(limit)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
     sys.modules["resource"] = None    # the limits stay as set (a root process could raise them)
     _refuse_calls()
     _confine_writes(workdir)
@@ -425,8 +415,7 @@ def _harness_main() -> None:
 
     job = json.loads(sys.stdin.buffer.read())
     sys.stdin.close()
-    verdict = run_tests(job)
-    sys.stdout.write(f"{job['nonce']} {json.dumps(verdict)}\n")
+    sys.stdout.write(f"{job['nonce']} {json.dumps(run_tests(job))}\n")
     sys.stdout.flush()
 
 

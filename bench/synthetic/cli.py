@@ -35,22 +35,18 @@ def add_synthetic_args(p: argparse.ArgumentParser) -> None:
                         "clocks follow the load)")
 
 
-def config_from_args(args) -> SyntheticConfig:
+def run_from_args(args, command: str = "") -> int:
+    """Run, print the Markdown table (progress on stderr); 0 when greedy SD == AR held (or was not checkable)."""
     try:
         lengths = tuple(int(x) for x in str(args.pass_lengths).split(",") if x.strip())
     except ValueError:
         raise ValueError(f"--pass-lengths must be comma-separated whole numbers, got {args.pass_lengths!r}") from None
-    return SyntheticConfig(
+    cfg = SyntheticConfig(
         pair=args.synthetic_config, acceptance=args.acceptance, prompts=args.limit, prompt_tokens=args.prompt_tokens,
         max_new_tokens=args.max_new_tokens, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
         memory_mode=getattr(args, "memory_mode", "online"), seed=args.seed, device=args.device, dtype=args.dtype,
         draft_weights=args.draft_weights, draft_impl=args.draft_impl, pass_lengths=lengths, engine=getattr(args, "engine", "auto"),
         warmup=not args.no_warmup, rehearsals=args.rehearsals, repeats=args.repeats).validated()
-
-
-def run_from_args(args, command: str = "") -> int:
-    """Run, print the Markdown table (progress on stderr); 0 when greedy SD == AR held (or was not checkable)."""
-    cfg = config_from_args(args)
     res = run_synthetic(cfg, args.out, command or command_line("csd.bench.synthetic"),
                         log=lambda msg: print(f"synthetic: {msg}", file=sys.stderr, flush=True))
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))

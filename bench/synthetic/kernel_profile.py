@@ -98,12 +98,8 @@ def measure_call(lm, fn: Callable[[], object], reps: int = 10) -> dict:
         _sync(dev)
     out = {"ops": sum(ops.values()), "computing_ops": launches(ops), "top_ops": ops.most_common(8),
            "wall_ms": round(1000 * (time.perf_counter() - t0) / reps, 4)}
-    if dev.type == "cuda":
-        out.update(_kernels(fn, reps))
-    return out
-
-
-def _kernels(fn, reps: int) -> dict:
+    if dev.type != "cuda":
+        return out
     from torch.profiler import ProfilerActivity, profile
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -113,7 +109,7 @@ def _kernels(fn, reps: int) -> dict:
     by_name: Counter = Counter()
     for e in kernels:
         by_name[e.name] += e.self_device_time_total
-    return {"kernels": round(len(kernels) / reps, 1),
+    return {**out, "kernels": round(len(kernels) / reps, 1),
             "device_ms": round(sum(e.self_device_time_total for e in kernels) / 1000 / reps, 4),
             "top_kernels": [(name[:90], round(us / 1000 / reps, 4)) for name, us in by_name.most_common(8)]}
 

@@ -11,7 +11,6 @@ import torch
 from csd.representation import Representation
 from csd.runtime.lm import LM, ids_tensor
 
-# -- the architectures ------------------------------------------------------------------------------
 _QWEN2 = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, tie_word_embeddings=False,
               max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
               use_sliding_window=False, attention_dropout=0.0)
@@ -40,12 +39,9 @@ LOGIT_STD = 4.0          # std of the output logits at init
 BIG = 1e4                # added to the scripted token's draft logit: it becomes the argmax
 
 
-# -- models ------------------------------------------------------------------------------------------
 class IdTokenizer:
     """The little of a tokenizer that the engine needs for random ids: each id's text is itself."""
-    eos_token_id = None
-    pad_token_id = None
-    chat_template = None
+    eos_token_id = pad_token_id = chat_template = None
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return " ".join(str(int(i)) for i in ids)
@@ -158,11 +154,8 @@ class ScriptedDraft(LM):
             self._boost = torch.cat([self._boost, self._boost.new_zeros(extra)])
 
     def new_cache(self) -> ScriptedCache:
-        if self._fixed is not None:           # the static draft's one cache: its flags, reset in place
-            ok = self._fixed["ok"]
-            ok.zero_()
-        else:
-            ok = torch.zeros(257, dtype=torch.bool, device=self.device)
+        fixed = self._fixed is not None       # the static draft's one cache: its flags, reset in place
+        ok = self._fixed["ok"].zero_() if fixed else torch.zeros(257, dtype=torch.bool, device=self.device)
         ok[0] = True
         return ScriptedCache(self.inner.new_cache(), ok)
 

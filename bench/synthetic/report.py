@@ -11,7 +11,6 @@ from ..io import fmt, md_table, ratio
 from ..stats import speedup
 
 
-# -- one method on one prompt ---------------------------------------------------------------------------
 @dataclass
 class Measured:
     """One method on one prompt: the counted run (the last attempt)."""
@@ -37,7 +36,6 @@ class Measured:
     token_ids: list = field(default_factory=list)
 
 
-# -- the summary and the table ------------------------------------------------------------------------
 def summarize(rs: list[Measured], ar: list[Measured]) -> dict:
     """One method over the prompts (``ar``: AR's records on the same prompts)."""
     wall, tokens = sum(r.wall_s for r in rs), sum(r.new_tokens for r in rs)

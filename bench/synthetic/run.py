@@ -82,12 +82,10 @@ class SyntheticConfig:
         """The block length of the SD == AR check (6 where gamma is auto)."""
         return self.gamma if self.gamma != "auto" else 6
 
-    def coin_seed(self, k: int) -> int:
-        """The seed of prompt k's coins."""
+    def coin_seed(self, k: int) -> int:      # of prompt k's coins
         return self.seed * 1_000_003 + k
 
 
-# -- running ------------------------------------------------------------------------------------------
 def _script_of(prompt: list[int], run) -> tuple[list[int], list[int]]:
     """The path a run committed, and the target's top-1 at each of its new positions."""
     want = [e.target_id for e in run.events if e.in_output]
@@ -95,8 +93,7 @@ def _script_of(prompt: list[int], run) -> tuple[list[int], list[int]]:
 
 
 def _coins(n: int, acceptance: float, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(n, generator=g) < acceptance
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed)) < acceptance
 
 
 def _timed(pair, decoder, prompt: list[int], cfg: CSDConfig, memory):
@@ -183,8 +180,7 @@ def check_sd_equals_ar(pair, prompts: list[list[int]], tokens: int, gamma: int, 
 
 
 def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, length), generator=g).tolist()
+    return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _reprs(cfg: SyntheticConfig, device: torch.device) -> tuple[str, str]:
@@ -358,12 +354,10 @@ def cuda_syncs(pair, decoder, cfg: SyntheticConfig, prompt: list[int], say) -> d
 
 def _peak_memory(device: torch.device, records: list[Measured], table_peak: int | None) -> dict:
     if device.type == "cuda":
-        peak = {"kind": "cuda max_memory_allocated",
-                "bytes": max([table_peak or 0] + [r.peak_bytes or 0 for r in records])}
+        kind, n = "cuda max_memory_allocated", max([table_peak or 0] + [r.peak_bytes or 0 for r in records])
     else:
-        peak = {"kind": "cpu peak RSS (ru_maxrss of this process)",
-                "bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    return {**peak, "mib": peak["bytes"] / 2**20}
+        kind, n = "cpu peak RSS (ru_maxrss of this process)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"kind": kind, "bytes": n, "mib": n / 2**20}
 
 
 def _results(cfg: SyntheticConfig, pair, records: list[Measured], costs, check: dict, syncs: dict, peak: dict,
