@@ -1,8 +1,10 @@
 """The target on OpenVINO (issue 52, ``--dtype ov4``): its decoder layers, final norm and output layer as one
 OpenVINO graph. The layers' products hold 4-bit weights in groups (the ort4 draft's ``quantize_nbits``: a float32
 scale and a 4-bit zero point a group), the output layer its int8 rows; attention reads the project's own KV
-cache in place and hands back the new keys and values, which torch writes. Not row-exact: a pass of several
-tokens may round a token's row differently from a pass of one (docs/exactness.md), as int8 per pass does.
+cache in place and hands back the new keys and values, which torch writes. Attention spans a multiple of
+``KEY_BLOCK`` keys, the rest masked: OpenVINO's attention rounds a row by the length it spans, so without it a
+verify pass and 1-token steps differed; with it, where the products are row-independent (the Intel Xeon measured),
+each token's row is what a pass of one gives it (docs/exactness.md).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import torch
 from .lm import LeanCache, LeanLM, ids_tensor
 from .ortlm import GraphLM, NBits, quantize_nbits
 from .quant import release_memory
+
+KEY_BLOCK = 64
 
 
 @functools.cache
@@ -87,6 +91,9 @@ def target_graph(lm: LeanLM, head_rows: np.ndarray, head_scales: np.ndarray):
     mask = ops.parameter([-1, -1], np.float32, name="mask")
     kc, vc = (ops.parameter([lm.n_layers, nkv, -1, d], np.float32, name=n) for n in ("kc", "vc"))
     held = ops.parameter([1], np.int64, name="held")
+    tail = ops.subtract(ops.subtract(ops.gather(ops.shape_of(mask), _i64(1), _axis(0)), held),
+                        ops.gather(ops.shape_of(x_in), _i64(0), _axis(0)))           # the mask's span less S + T
+    pads = ops.concat([_i64(0), tail, _i64(0)], 0)
     new_k, new_v = [], []
     for li, (ln1, qkv, o, ln2, gate_up, down) in enumerate(lm.layers):
         h = ops.reshape(_fc(rms(x, ln1), qkv), _i64(0, nh + 2 * nkv, d), True)          # (T, H + 2 KV, D)
@@ -94,8 +101,9 @@ def target_graph(lm: LeanLM, head_rows: np.ndarray, head_scales: np.ndarray):
         k, v = ops.transpose(rotate(k), _i64(1, 0, 2)), ops.transpose(v, _i64(1, 0, 2))  # (KV, T, D)
         new_k.append(ops.unsqueeze(k, _i64(0)))
         new_v.append(ops.unsqueeze(v, _i64(0)))
-        kf, vf = (ops.concat([ops.slice(ops.gather(c, _axis(li), _axis(0)), _i64(0), held, _i64(1), _i64(1)), new], 1)
-                  for c, new in ((kc, k), (vc, v)))                                     # (KV, S + T, D)
+        kf, vf = (ops.pad(ops.concat([ops.slice(ops.gather(c, _axis(li), _axis(0)), _i64(0), held, _i64(1), _i64(1)),
+                                      new], 1), _i64(0, 0, 0), pads, "constant")
+                  for c, new in ((kc, k), (vc, v)))                                     # (KV, span, D)
         qg = ops.reshape(ops.transpose(rotate(q), _i64(1, 0, 2)), _i64(nkv, -1, d), False)   # (KV, G*T, D)
         a = ops.scaled_dot_product_attention(qg, kf, vf, mask, ops.constant(np.float32(lm.scaling)), causal=False)
         a = ops.reshape(ops.transpose(ops.reshape(a, _i64(nh, -1, d), False), _i64(1, 0, 2)), _i64(-1, nh * d), False)
@@ -135,8 +143,9 @@ class OvLM(GraphLM):
         t, s = ids.numel(), cache.n
         self._grow(cache, s + t)
         cos, sin = self._rope(torch.arange(s, s + t))
-        mask = torch.zeros(t, s + t).masked_fill_(torch.ones(t, s + t, dtype=torch.bool).tril(s).logical_not(),
-                                                  float("-inf")).repeat(self.n_heads // self.n_kv, 1)
+        span = -(-(s + t) // KEY_BLOCK) * KEY_BLOCK
+        mask = torch.zeros(t, span).masked_fill_(torch.ones(t, span, dtype=torch.bool).tril(s).logical_not(),
+                                                 float("-inf")).repeat(self.n_heads // self.n_kv, 1)
         x = self.embed[ids].to(torch.float32)
         res = self.request.infer({"x": x.numpy(), "cos": cos.contiguous().numpy(), "sin": sin.contiguous().numpy(),
                                   "mask": mask.numpy(), "kc": cache.k.numpy(), "vc": cache.v.numpy(),
