@@ -69,8 +69,8 @@ def static_text(name: str) -> str:
 
 
 CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
-JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys,
-JS += f"<script>\n{static_text('numbers.js')}</script>\n"     # and the number boxes taken as typed
+# launch(head=...): details on click, nav, Teach's keys, and the number boxes taken as typed
+JS = "".join(f"<script>\n{static_text(name)}</script>\n" for name in ("app.js", "numbers.js"))
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 
@@ -159,10 +159,8 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
     lam_s = f"λ = {lam:g}" if lam is not None else "λ"
     lt_s = f"log τ = {rules.num(lt)}" if lt is not None else "log τ"
     seen = "had never seen this swap" if c == 0 else f"had seen this swap {plural(c or 0, 'time')}"
-    if mem_ok is False:
-        mem = f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
-    else:
-        mem = f"the memory {seen} (at least {lam_s})"
+    mem = f"the memory {seen} (at least {lam_s})" if mem_ok is not False else \
+        f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
     gate_no = f"the target found {x} too unlikely (logit gap {rules.num(gap)}, below {lt_s})"
     gate_yes = f"the target found {x} close enough (logit gap {rules.num(gap)}, at or above {lt_s})"
     if ev.status == RESCUED:
@@ -264,13 +262,12 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
                ("matches after", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
     if scores:
         lines.append(" · ".join(scores))
-    if whatif is not None:
-        w = rules.would_keep(ev, whatif)
-        if w is not None:
-            rule = rules.as_rule(whatif)
-            head = (f"what-if λ = {rule.lam:g}, τ = {whatif[1]:.3g}" if isinstance(whatif, tuple)
-                    else f"what-if {rules.describe(rule)}")
-            lines.append(f"{head}: " + (("rescued" if rule.relax is None else "kept") if w else "rejected"))
+    w = rules.would_keep(ev, whatif) if whatif is not None else None
+    if w is not None:
+        rule = rules.as_rule(whatif)
+        head = (f"what-if λ = {rule.lam:g}, τ = {whatif[1]:.3g}" if isinstance(whatif, tuple)
+                else f"what-if {rules.describe(rule)}")
+        lines.append(f"{head}: " + (("rescued" if rule.relax is None else "kept") if w else "rejected"))
     return "\n".join(lines)
 
 
@@ -320,18 +317,15 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
         raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
     diff_positions, latest_block = marks
     text, extra, after = token_text_html(ev)
-    cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
-           *filter(None, [whatif_class(ev, whatif) if whatif is not None else None])]
-    if diff_positions and ev.in_output and ev.position in diff_positions:
-        cls.append("diff")
-    if latest_block is not None and ev.block == latest_block:
-        cls.append("latest")
-    if ev.source == "lookup":
-        cls.append("copied")
+    flags = {"diff": bool(diff_positions) and ev.in_output and ev.position in diff_positions,
+             "latest": latest_block is not None and ev.block == latest_block, "copied": ev.source == "lookup"}
+    cls = " ".join(filter(None, ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
+                                 whatif_class(ev, whatif) if whatif is not None else None,
+                                 *(c for c, on in flags.items() if on)]))
     attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
              + (' data-pass-end="1"' if ev.pass_end else ""))
     run = (cfg.lam, cfg.tau, whatif, cfg.method, cfg.relax) if cfg is not None else (None, None, whatif)
-    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
+    return f'<span class="{cls}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
 
 
 def _nav_bar(n: dict) -> str:
@@ -413,15 +407,11 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
         line = (f"Under {rules.describe(rule)}: {would} of {plural(len(div), 'divergence')} in the last answer would be kept; "
                 f"the run kept {now}." + (f" {unknown} lack a score this rule reads (the Generate tab logs every "
                                           f"rule's scores)." if unknown else ""))
-    if not outline:
-        return line
-    if changed:
-        line += (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would be "
-                 f"{'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the first "
-                 f"one would differ.")
-    else:
-        line += " No decision changes."
-    return line
+    if not outline or not changed:
+        return line + ("" if not outline else " No decision changes.")
+    return line + (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would "
+                   f"be {'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the "
+                   f"first one would differ.")
 
 
 def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
