@@ -25,7 +25,7 @@ from ..render import plural
 from ..state import Services, Session
 from .common import (
     SCOPE_SESSION,
-    as_int,
+    as_number,
     decoder_for,
     ensure_session,
     error,
@@ -197,9 +197,9 @@ def _table_line(mem: CorrectionMemory) -> str:
 
 def _sizes(prompts_mode: bool, *, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
     """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
-    n_prompts = as_int("prompts", n_prompts)
-    tokens = as_int("answer tokens", answer_tokens)
-    n = as_int("positions", max_positions)
+    n_prompts = as_number("prompts", n_prompts)
+    tokens = as_number("answer tokens", answer_tokens)
+    n = as_number("positions", max_positions)
     if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
         raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
                           f"got {n_prompts} and {tokens}")
