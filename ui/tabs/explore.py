@@ -105,8 +105,7 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     return [_event_row(le) for le in rows], caption, gr.update(choices=choices), targets, hidden, sess
 
 
-def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, target,
-                      sess: Session | None):
+def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, target, sess: Session | None):
     """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
     sess = ensure_session(services, sess)
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
@@ -272,23 +271,18 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
             note = _run_calibration(job, lambda cb: calibrate(
                 pair, data, work, max_positions=n, progress=cb, corpus_name=name))
         sess.memory = work
-        _save_calibrated(services, work, before, name)
+        if services.store is not None and work.total != before:
+            try:
+                services.store.save_memory(work, label=f"ui calibration: {name}")
+            except Exception as e:
+                log.exception("could not save the calibrated memory")
+                warn(f"The calibrated memory is in your session but not saved in the store: {e}")
         last = (work.meta.get("calibration") or [{}])[-1]
-        what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
-        job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {plural(round(work.total - before), 'divergence')} added.{note}")
+        what = f" ({plural(last['positions'], 'position')})" if isinstance(last, dict) and last.get("positions") else ""
+        job.summary = f"Calibrated on {name}{what}: {plural(round(work.total - before), 'divergence')} added.{note}"
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
-
-
-def _save_calibrated(services: Services, work: CorrectionMemory, before: int, name: str) -> None:
-    if services.store is not None and work.total != before:
-        try:
-            services.store.save_memory(work, label=f"ui calibration: {name}")
-        except Exception as e:
-            log.exception("could not save the calibrated memory")
-            warn(f"The calibrated memory is in your session but not saved in the store: {e}")
 
 
 def memory_reset(services: Services, to: str, lam, sess: Session | None):
@@ -326,10 +320,9 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
     else:
         sess.memory = mem
         info(f"Memory loaded: {plural(len(mem), 'pattern')}")
-        md, rows, sess = memory_view(services, lam, sess)
         mismatch = mem.mismatch(services.pair)
         note = render.render_error(f"Loaded, with a note: {mismatch}.") if mismatch else ""
-        return md, rows, note, sess
+        return (*memory_view(services, lam, sess)[:2], note, sess)
     warn(f"Memory not loaded: {msg}")
     return (*memory_view(services, lam, sess)[:2], render.render_error(f"Memory not loaded: {msg}"), sess)
 
@@ -357,23 +350,6 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
                            btn=btn, csv_btn=csv_btn, caption=caption, csv=csv, table=table)
 
 
-def _calibration_inputs(s) -> dict:
-    """The calibration's settings, by ``calibrate_memory``'s names."""
-    mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on", elem_id="cal-mode")
-    source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From", elem_id="cal-source")
-    upload = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or text (.txt, .jsonl "
-                     "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
-    with gr.Row():
-        sizes = dict(n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
-                                      maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
-                     answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
-                                          minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
-                                          elem_id="cal-answer"),
-                     max_positions=number("Text positions", value=s.calibrate_positions, precision=0, minimum=1,
-                                          maximum=MAX_POSITIONS, label="Text positions", elem_id="cal-positions"))
-    return dict(mode=mode, source=source, upload=upload, **sizes)
-
-
 def _memory_panel(s) -> SimpleNamespace:
     gr.Markdown("### Correction memory (this session's copy)")
     m = SimpleNamespace(summary=gr.Markdown(elem_id="memory-summary"))
@@ -381,7 +357,20 @@ def _memory_panel(s) -> SimpleNamespace:
         with gr.Column(scale=2):
             m.table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360, elem_id="memory-table")
         with gr.Column(scale=1):
-            m.cal_in = _calibration_inputs(s)
+            mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on", elem_id="cal-mode")
+            source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From", elem_id="cal-source")
+            upload = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or text (.txt, .jsonl "
+                             "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
+            with gr.Row():     # the calibration's settings, by ``calibrate_memory``'s names
+                m.cal_in = dict(mode=mode, source=source, upload=upload,
+                                n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
+                                                 maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
+                                answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
+                                                     minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
+                                                     elem_id="cal-answer"),
+                                max_positions=number("Text positions", value=s.calibrate_positions, precision=0,
+                                                     minimum=1, maximum=MAX_POSITIONS, label="Text positions",
+                                                     elem_id="cal-positions"))
             with gr.Row(equal_height=True):
                 m.cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0, min_width=110)
                 m.stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
@@ -403,15 +392,6 @@ def _memory_panel(s) -> SimpleNamespace:
     return m
 
 
-def _wire_events(services: Services, e: SimpleNamespace, tab, sess, light: dict) -> None:
-    ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
-    e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
-    e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
-    for ctl in e.filters:   # a prepared file must match the filters
-        ctl.change(hide_download, None, e.csv, queue=False, show_progress="hidden", api_visibility="private")
-    tab.select(partial(explore_events, services), ev_inputs, ev_out, api_visibility="private", **light)
-
-
 def build(page: Page):
     """Lay out the Explore & memory tab; returns the function that wires its events."""
     services, sess, light, lam = page.services, page.sess, page.light, page.lam
@@ -423,19 +403,22 @@ def build(page: Page):
     def wire():
         mem_out = [m.summary, m.table, sess]
         explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
-        _wire_events(services, e, explore_tab, sess, light)
+        ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
+        e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
+        e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
+        for ctl in e.filters:   # a prepared file must match the filters
+            ctl.change(hide_download, None, e.csv, queue=False, show_progress="hidden", api_visibility="private")
+        explore_tab.select(partial(explore_events, services), ev_inputs, ev_out, api_visibility="private", **light)
         sizes = [m.cal_in[k] for k in ("n_prompts", "answer_tokens", "max_positions")]
         page.model_job(m.cal, "calibrate", partial(calibrate_memory, services), dict(**m.cal_in, lam=lam),
                        [m.summary, m.table, m.status, sess], "calibrate", check_in=sizes)
         m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False, api_name="stop_calibrate")
         m.reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
                       **light)
-        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
-                      **light)
+        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear", **light)
         m.policy.click(partial(memory_set_policy, services), [m.capacity, m.half_life, lam, sess], mem_out,
                        api_name="memory_policy", **light)
-        m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download",
-                       **light)
+        m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download", **light)
         m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],
                         api_name="memory_upload", **light)
     return wire
