@@ -122,22 +122,6 @@ API_ORDER = ("prompt", "chat", "method", "gamma", "auto_gamma", "lam", "log10_ta
              "seed", "hide_rejected", "lookup", "show_spec")
 
 
-def _settings_column(s) -> dict:
-    """Generate's own settings (beside the prompt), by ``RunSettings`` field."""
-    return dict(
-        method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd", label="Method",
-                        elem_id="method"),
-        chat=gr.Checkbox(True, label="Chat template (instruct models)"),
-        temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
-                           label="Temperature (0 = greedy)", elem_id="temperature"),
-        max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
-                              value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
-        seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
-        lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens that "
-                           "followed the last few earlier, where the costs say it pays (sd and csd; underlined)",
-                           elem_id="lookup"))
-
-
 def build(page: Page):
     """Lay out the Generate tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
@@ -160,7 +144,19 @@ def build(page: Page):
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
                 # the colours' key at the column's top: in view beside the answer as it streams (1440x900)
                 gr.HTML(render.render_legend(key=True, whatif=False), elem_id="legend-key")
-                own = _settings_column(s)
+                own = dict(     # Generate's own settings, by ``RunSettings`` field
+                    method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
+                                    label="Method", elem_id="method"),
+                    chat=gr.Checkbox(True, label="Chat template (instruct models)"),
+                    temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
+                                       label="Temperature (0 = greedy)", elem_id="temperature"),
+                    max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                                          value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
+                    seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)",
+                                elem_id="seed"),
+                    lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens "
+                                       "that followed the last few earlier, where the costs say it pays (sd and csd; "
+                                       "underlined)", elem_id="lookup"))
         gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
                     elem_id="examples")
         gr.HTML(render.render_legend(), elem_id="legend")

@@ -52,10 +52,6 @@ class Page:
         return dict(concurrency_limit=8, concurrency_id=LIGHT_GROUP)
 
     @property
-    def model(self) -> dict:
-        return dict(concurrency_limit=self.settings.concurrency, concurrency_id=MODEL_GROUP)
-
-    @property
     def status_io(self) -> tuple[list, list]:
         """``poll_status``'s inputs and outputs: every status line, in its order, and the timer."""
         return [self.sess], [*(self.status[k] for k in KINDS), self.status_timer]
@@ -95,7 +91,7 @@ class Page:
                         [sess, self.status[kind], self.status_timer], show_progress="hidden",
                         api_visibility="private", **self.light)
         run = ask.success(fn, [sess], outputs, inputs_kwargs=named, api_name=api_name, show_progress="hidden",
-                          **self.model)
+                          concurrency_limit=self.settings.concurrency, concurrency_id=MODEL_GROUP)
         for step in (ask, run):      # refused before its handler ran: the status line says so, nothing waits
             step.failure(partial(refused, services, kind), [sess], [self.status[kind]], show_progress="hidden",
                          api_visibility="private", **self.light)
