@@ -75,9 +75,8 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
                           font=dict(color="#c62828"))),
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
     fig.update_xaxes(tickmode="array", tickvals=x, ticktext=labels, tickangle=-45, title="", automargin=True)
-    top = max(counts)
     fig.update_yaxes(title_text="count", secondary_y=False, rangemode="tozero", tickformat="d",
-                     **(dict(dtick=1) if top <= 10 else {}))
+                     **(dict(dtick=1) if max(counts) <= 10 else {}))
     fig.update_yaxes(title_text="cumulative share", range=[0, 1.05], tickformat=".0%", secondary_y=True)
     return fig
 

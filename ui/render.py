@@ -208,12 +208,10 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
         return f"{wrote}; kept because {decision_reasons(ev, lam, tau, method)}."
     if ev.status == RELAXED:
         return f"{wrote}; kept by the run's relaxed rule, not by a memory: {rules.relax_sentence(ev, relax)}."
-    if ev.status == REJECTED and ev.rule == RULE_NOT_RELAXED:
-        return (f"{wrote}; thrown away because the run's relaxed rule refused it ({rules.relax_sentence(ev, relax)}). "
-                f"The target's {t} was written instead{rest}.")
     if ev.status == REJECTED:
-        return (f"{wrote}; rejected because {decision_reasons(ev, lam, tau, method)}. The target's {t} was written "
-                f"instead{rest}.")
+        why = (f"thrown away because the run's relaxed rule refused it ({rules.relax_sentence(ev, relax)})"
+               if ev.rule == RULE_NOT_RELAXED else f"rejected because {decision_reasons(ev, lam, tau, method)}")
+        return f"{wrote}; {why}. The target's {t} was written instead{rest}."
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
 

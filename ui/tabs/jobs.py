@@ -67,9 +67,7 @@ def stop(services: Services, kind: str | None, sess: Session | None):
 def take_back(services: Services, sess: Session, kind: str) -> None:
     """The stopped requests of ``kind`` still waiting in gradio's queue of model work leave it for the light
     group, where their handler ends them at once ("Stopped before it started"): the requests behind move up."""
-    stopped = [j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn]
-    if stopped:
-        services.lane.take_back(stopped)
+    services.lane.take_back([j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn])
 
 
 REFUSED = "Not run: the request was refused (the message says why)."

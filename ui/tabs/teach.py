@@ -63,9 +63,8 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
             f'<td class="why">{esc(plain_sentence(e, lam, tau, method=method, relax=relax))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
-            first = e.index_in_block + 2
-            for k, t in enumerate(discarded_texts):
-                rows.append(f'<tr class="discarded"><td>{first + k}</td><td><code>{esc(show_token(t))}</code></td>'
+            for k, t in enumerate(discarded_texts, start=e.index_in_block + 2):
+                rows.append(f'<tr class="discarded"><td>{k}</td><td><code>{esc(show_token(t))}</code></td>'
                             f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
