@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import html
-import time
 from dataclasses import replace
 from functools import partial
 
@@ -29,7 +28,7 @@ from .common import (
     tokens_html,
 )
 from .inputs import slider
-from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
+from .jobs import in_lane, run_recorded, speculation_sentence, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
 COMPARE_METHODS = ("ar", "sd", "csd")   # the default panes; their names are also the panes' element ids
@@ -188,12 +187,9 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
                 break
             # the others get a throwaway copy of the memory, so that CSD does not learn from their runs of this prompt
             memory = sess.memory if m == "csd" else sess.memory.copy()
-            t0 = time.perf_counter()
-            run, views[m] = start_run(services, sess, job, prompt, s.chat, cfgs[m], memory, label=m.upper())
-            yield out()
-            with recorded(services, sess, prompt, cfgs[m], "compare") as rec:
-                for _ in follow_run(run, rec, views[m], t0):
-                    yield out()
+            for view in run_recorded(services, sess, job, prompt, s.chat, cfgs[m], memory, "compare", m.upper()):
+                views[m] = view
+                yield out()     # once started, then after every target pass
             remember_ar(sess, views[m])
         sess.last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None),
                                              sess.last)

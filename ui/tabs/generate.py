@@ -3,7 +3,6 @@ recoloured under other λ/τ without the model; exported as HTML and JSON."""
 from __future__ import annotations
 
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
@@ -18,17 +17,7 @@ from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
 from .inputs import dropdown, number, slider
-from .jobs import (
-    done_sentence,
-    follow_run,
-    in_lane,
-    recorded,
-    speculation_sentence,
-    start_run,
-    status_line,
-    stop,
-    take_job,
-)
+from .jobs import done_sentence, in_lane, run_recorded, speculation_sentence, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
@@ -68,16 +57,13 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
     with in_lane(services, job):
         cfg = page_config(s, score_all=True)
         rule, hide = (cfg.lam, cfg.tau), s.hide_rejected
-        t0 = time.perf_counter()
-        run, view = start_run(services, sess, job, prompt, s.chat, cfg, sess.memory)
-        sess.last = view
+        views = run_recorded(services, sess, job, prompt, s.chat, cfg, sess.memory, "generate")
+        view = sess.last = next(views)
         yield (tokens_html(view, rule, hide, empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), "
                                                   f"then the first draft block and its verify pass…"),
                "", export.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
-        with recorded(services, sess, prompt, cfg, "generate") as rec:
-            for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
-                if view.done:
-                    break
+        for _ in views:    # the same view, one pass further each time (done: answered below)
+            if not view.done:
                 yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
                        gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)

@@ -254,6 +254,16 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
     yield view
 
 
+def run_recorded(services: Services, sess: Session, job: Job, prompt: str, chat: bool, cfg: CSDConfig, memory,
+                 kind: str, label: str = "") -> Iterator[RunView]:
+    """A tab's run: ``start_run``, the view once started, then ``follow_run`` under ``recorded`` (``kind``)."""
+    t0 = time.perf_counter()
+    run, view = start_run(services, sess, job, prompt, chat, cfg, memory, label)
+    yield view
+    with recorded(services, sess, prompt, cfg, kind) as rec:
+        yield from follow_run(run, rec, view, t0)
+
+
 def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bool, cfg: CSDConfig, memory,
               label: str = "") -> tuple[object, RunView]:
     ids = prompt_ids(services, prompt, chat, cfg)

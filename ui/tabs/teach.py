@@ -2,7 +2,6 @@
 iteration at a time, by hand or by the autoplay timer."""
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -17,7 +16,7 @@ from ..render import STATUS_STYLE, esc, plain_sentence, plural, show_token, toke
 from ..state import RunSettings, Services, Session
 from .common import error, exactness_note, page_config
 from .inputs import dropdown, slider
-from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .jobs import done_sentence, in_lane, run_recorded, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
@@ -122,12 +121,11 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
         # greedy, in a chat, at the γ of the slider (Teach keeps the number even with γ = auto)
         cfg = page_config(replace(s, chat=True, temperature=0.0, seed=None, lookup=False, auto_gamma=False),
                           explain=True, score_all=True)
-        t0 = time.perf_counter()
-        run, view = start_run(services, sess, job, prompt, True, cfg, sess.memory)
-        with recorded(services, sess, prompt, cfg, "teach") as rec:
-            for _ in follow_run(run, rec, view, t0):
-                if not view.done:
-                    yield gr.skip(), status_line(services, sess, "teach"), sess
+        views = run_recorded(services, sess, job, prompt, True, cfg, sess.memory, "teach")
+        view = next(views)      # started: the status line follows the passes
+        for _ in views:
+            if not view.done:
+                yield gr.skip(), status_line(services, sess, "teach"), sess
         sess.teach, sess.teach_step = view, 0
         job.summary = done_sentence(view) + " Step through the iterations below."
     yield teach_view(services, sess, 0), status_line(services, sess, "teach"), sess
