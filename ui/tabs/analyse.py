@@ -172,7 +172,6 @@ def refresh_after(page: Page, dep) -> None:
 
 # -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
-    """Lay out the Analyse tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     scope_choices = [*scopes(services), SCOPE_MEMORY]
     with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:

@@ -195,8 +195,7 @@ def target_choices(services: Services, sess: Session):
 
 
 # -- answers -----------------------------------------------------------------------------------
-def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True,
-                **frame) -> str:
+def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True, **frame) -> str:
     """The coloured answer of ``run``, its changed decisions outlined under ``whatif`` (CSD's (lam, tau) or a
     ``csd.rule.Rescue``); ``frame``: ``render.render_tokens``' marks and frame."""
     if run is None:

@@ -207,7 +207,6 @@ API_ORDER = ("prompt", "chat", "gamma", "auto_gamma", "lam", "log10_tau", "max_n
 
 
 def build(page: Page):
-    """Lay out the Compare tab; returns the function that wires its events."""
     services, s, sess = page.services, page.settings, page.sess
     with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
         gr.Markdown("The same prompt with two or three methods, one after another (greedy, γ/λ/τ and the rivals' "

@@ -393,7 +393,6 @@ def _memory_panel(s) -> SimpleNamespace:
 
 
 def build(page: Page):
-    """Lay out the Explore & memory tab; returns the function that wires its events."""
     services, sess, light, lam = page.services, page.sess, page.light, page.lam
     with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
         e = _events_panel(page.settings, scopes(services))

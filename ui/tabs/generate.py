@@ -109,7 +109,6 @@ API_ORDER = ("prompt", "chat", "method", "gamma", "auto_gamma", "lam", "log10_ta
 
 
 def build(page: Page):
-    """Lay out the Generate tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     lam, log10_tau = page.lam, page.log10_tau
     with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
@@ -118,8 +117,7 @@ def build(page: Page):
                 prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
                                     max_lines=14, value=EXAMPLES[0], elem_id="prompt")
                 with gr.Row(equal_height=False):
-                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0,
-                                        min_width=120)
+                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0, min_width=120)
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=0, min_width=90)
                     with gr.Column(scale=3, min_width=220):
                         gen_status = gr.HTML(render.render_status("Ready."), elem_id="gen-status")
@@ -149,8 +147,7 @@ def build(page: Page):
         with gr.Row(elem_classes=HIDE_PRESENT):
             hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
-        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False,
-                               elem_id="export-files")
+        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False, elem_id="export-files")
         metrics = gr.HTML(export.render_metrics(None), elem_id="metrics")
         with gr.Accordion("Metrics as JSON", open=False, elem_classes=HIDE_PRESENT):
             metrics_json = gr.JSON(elem_id="metrics-json")

@@ -145,14 +145,12 @@ def teach_play(services: Services, sess: Session | None):
 
 # -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
-    """Lay out the Teach tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     with gr.Tab("Teach", id="teach", elem_id="tab-teach"):
         with gr.Row():
             with gr.Column(scale=3):
                 with gr.Row():
-                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
-                                          elem_id="t-prompt")
+                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3, elem_id="t-prompt")
                     with gr.Column(scale=1, min_width=160, elem_classes=HIDE_PRESENT):
                         t_method = dropdown("Teach's method", [m for m in METHODS if m != "ar"], value="csd",
                                             label="Method", elem_id="t-method")
@@ -181,8 +179,7 @@ def build(page: Page):
                        "teach_run", check_in=(t_method, page.gamma, page.lam, page.log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
-        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
-                     **light)
+        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play", **light)
         teach_timer.tick(partial(teach_play, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
         t_stop.click(lambda: gr.Timer(active=False), None, teach_timer, queue=False, api_visibility="private")
