@@ -156,11 +156,10 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
 
 def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
     """Target passes, wall time and tokens per second of each method (``RunMetrics``), side by side."""
-    title = " vs ".join(m.upper() for m in results) + " on the same prompt" if results else \
-        "AR vs SD vs CSD on the same prompt"
     if not results:
-        return empty_figure("Run a comparison to see the chart.", title)
+        return empty_figure("Run a comparison to see the chart.", "AR vs SD vs CSD on the same prompt")
     methods = list(results)
+    title = " vs ".join(m.upper() for m in methods) + " on the same prompt"
     panels = [("target passes", lambda m: m.target_forwards, "d"), ("wall time (s)", lambda m: m.wall_s, ".2f"),
               ("tokens / s", lambda m: m.tokens_per_s, ".2f")]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels])

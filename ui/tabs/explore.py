@@ -70,12 +70,6 @@ def _event_filter(services: Services, sess: Session, scope: str, run_id, statuse
                    text=(text or "").strip() or None), None
 
 
-def _pattern_choices(services: Services, f) -> list[tuple[str, str]]:
-    rows = A.pareto_table(services.store, replace(f, statuses=None, pattern=None, text=None), limit=60)
-    return [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  ({r.count})",
-                                f"{r.draft_id}:{r.target_id}") for r in rows]
-
-
 def _event_row(le: A.LoggedEvent) -> list:
     e: TokenEvent = le.event
     return [le.run_id, le.seq, e.position, e.status + (" (special)" if e.special else ""), render.show_token(e.text),
@@ -96,7 +90,9 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     try:
         rows = A.logged_events(services.store, f, limit=limit)
         n = A.count_events(services.store, f)
-        choices = _pattern_choices(services, f)
+        top = A.pareto_table(services.store, replace(f, statuses=None, pattern=None, text=None), limit=60)
+        choices = [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  "
+                                       f"({r.count})", f"{r.draft_id}:{r.target_id}") for r in top]
         targets = target_choices(services, sess)
     except Exception as e:
         log.exception("the store could not list events")
@@ -194,19 +190,6 @@ def _table_line(mem: CorrectionMemory) -> str:
                "admits by count alone)" if n_off else "") + ".")
 
 
-def _sizes(prompts_mode: bool, *, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
-    """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
-    n_prompts = as_number("prompts", n_prompts)
-    tokens = as_number("answer tokens", answer_tokens)
-    n = as_number("positions", max_positions)
-    if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
-        raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
-                          f"got {n_prompts} and {tokens}")
-    if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
-        raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
-    return n_prompts, tokens, n
-
-
 def _read_source(services: Services, job, prompts_mode: bool, source: str, upload) -> tuple[str, list]:
     """(its name, the prompts or texts) of a calibration's source; a refusal ends the job."""
     if source == SRC_UPLOAD and not upload:
@@ -246,15 +229,22 @@ def _run_calibration(job, run) -> str:
     return ""
 
 
-def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
+def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, *, n_prompts,
+                     answer_tokens, max_positions):
     """Calibrate the session's memory on the target's answers to prompts or teacher-forced over a text (shipped or
-    uploaded); ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
+    uploaded), its sizes checked against the limits. -> (summary, rows, status line, session)."""
     sess, job = take_job(services, sess, "calibrate")
     if job.cancel:
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts, tokens, n = _sizes(prompts_mode, **sizes)
+        n_prompts, tokens = as_number("prompts", n_prompts), as_number("answer tokens", answer_tokens)
+        n = as_number("positions", max_positions)
+        if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
+            raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
+                              f"got {n_prompts} and {tokens}")
+        if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
+            raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None

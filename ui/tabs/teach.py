@@ -22,9 +22,7 @@ from .page import EXAMPLES, HIDE_PRESENT, Page
 
 # -- the view of one iteration -----------------------------------------------------------------
 def _top_list(top: list | None) -> str:
-    if not top:
-        return "–"
-    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top)
+    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top) if top else "–"
 
 
 def _chip(text: str, cls: str, title: str = "") -> str:
