@@ -81,9 +81,8 @@ def plain_words(d: dict) -> str:
 
 
 def header(services: Services, mode: str = "") -> str:
-    """What runs, in plain words (``plain_words``), then, folded, the models and how they run here
-    (``pair.describe()``; ``mode``: this user's int8 activation scales, default: the app's; the threads of the
-    model's passes, ``services.model_threads``, not the page's), and the paper."""
+    """What runs in plain words (``plain_words``), then, folded, how the models run (``pair.describe()``; ``mode``:
+    this user's int8 activation scales, default the app's; threads: the model's passes', not the page's), the paper."""
     d = services.pair.describe()
     d["representation"] = (rep := Representation.of(d).with_activations(mode or services.default_activations)).as_dict()
     md = render.esc_md
@@ -171,8 +170,7 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
 
 def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
     """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
-    group's, where their handler ends the stopped request at once (``jobs.take_back``), on gradio's event loop.
-    -> how many were moved."""
+    group's, whose handler ends each stopped request at once (``jobs.take_back``), on the event loop. -> how many."""
     def move() -> int:
         q = getattr(demo, "_queue", None)
         groups = q.event_queue_per_concurrency_id if q is not None else {}

@@ -68,8 +68,7 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     if k <= len(shown):
         fig.add_vline(x=k + 0.5, line_dash="dash", line_color="#c62828")
     # the share is the title's second line, the legend under it: clear of each other and of the slanted labels
-    layout = dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440)
-    fig.update_layout(**layout, bargap=0.15,
+    fig.update_layout(**dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440), bargap=0.15,
                       title=dict(text=title, y=0.97, subtitle=dict(
                           text=f"top {top_fraction:.0%} of patterns ({k} of {len(rows)}) = {share:.0%} of divergences",
                           font=dict(color="#c62828"))),
@@ -139,11 +138,9 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
     title = "What-if: share of divergences rescued at λ × τ"
     if total == 0:
         return empty_figure("No divergences logged in this scope yet.", title)
-    z = np.asarray(rate, dtype=float)
-    x = [math.log10(t) for t in taus]
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=[float(v) for v in lams], zmin=0, zmax=1, colorscale="YlOrBr",
-        colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
+        z=np.asarray(rate, dtype=float), x=[math.log10(t) for t in taus], y=[float(v) for v in lams], zmin=0, zmax=1,
+        colorscale="YlOrBr", colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
         hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued: %{z:.1%} of divergences<extra></extra>"))
     fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
                              marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),

@@ -216,9 +216,8 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
 
 
 def block_place(ev: TokenEvent) -> str:
-    """Where a token stands in its verify pass's block: ", draft position 3 of 4"; a token past the drafts (a
-    bonus, or the target's correction after every draft was kept) is no draft position: ", after the 4 drafted
-    tokens"; a run without drafts (AR) names none."""
+    """Where a token stands in its pass's block: ", draft position 3 of 4"; past the drafts (a bonus, or the target's
+    correction after all were kept): ", after the 4 drafted tokens"; none in a run without drafts (AR)."""
     n = ev.block_len or 0
     if ev.status == BONUS or (n and ev.index_in_block >= n):
         return f", after the {plural(n, 'drafted token')}" if n else ", the target's own token"

@@ -162,9 +162,8 @@ def poll_status(services: Services, sess: Session | None):
             if job.waiting and job is not sess.jobs.get(job.kind):
                 services.lane.touch(job)
                 _orphan(services, sess, job, services.lane.position(job), now)
-    lines = [status_line(services, sess, k) for k in KINDS]
-    busy = isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())
-    return (*lines, gr.Timer(active=busy))
+    return (*[status_line(services, sess, k) for k in KINDS],
+            gr.Timer(active=isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())))
 
 
 @contextmanager

@@ -25,9 +25,8 @@ HIDE_PRESENT = ["csd-hide-present"]
 
 @dataclass(eq=False)
 class Page:
-    """Made by ``build_demo`` before the tabs; each tab's ``build(page)`` lays the tab out, adds
-    what other tabs need to the page, and returns the function that wires its events (called once
-    every tab is laid out, so that a tab can wire events to another tab's components)."""
+    """Made by ``build_demo`` before the tabs; each tab's ``build(page)`` lays it out, adds what other tabs need, and
+    returns its wiring function, called once every tab is laid out (so it can wire to another tab's components)."""
     services: Services
     sess: gr.State              # the Session, made by the first handler that needs it (ensure_session)
     status_timer: gr.Timer      # refreshes the status lines while a job waits or runs

@@ -130,8 +130,7 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
 
 
 def teach_step(services: Services, delta: int, sess: Session | None):
-    step = sess.teach_step + int(delta) if isinstance(sess, Session) else 0
-    return teach_view(services, sess, step), sess
+    return teach_view(services, sess, sess.teach_step + int(delta) if isinstance(sess, Session) else 0), sess
 
 
 def teach_play(services: Services, sess: Session | None):
