@@ -71,12 +71,10 @@ def plain_words(d: dict) -> str:
     rep = Representation.of(d)
     tw, dw = (REPR_WORDS.get(r, r) for r in (rep.target, rep.draft or rep.target))
     weights = f"weights in {tw}" if tw == dw else f"the target's weights in {tw}, the draft's in {dw}"
-    if rep.exact_rows:
-        exact = "exact: SD gives the target's own answer"
-    elif rep.target == "int8":
-        exact = "not exact: SD can differ from the target's own answer where two tokens nearly tie"
-    else:
-        exact = "not exact in this representation: SD can differ from the target's own answer"
+    exact = ("exact: SD gives the target's own answer" if rep.exact_rows
+             else "not exact: SD can differ from the target's own answer where two tokens nearly tie"
+             if rep.target == "int8" else "not exact in this representation: SD can differ from the target's own "
+             "answer")
     return f"{head}; {weights}; {exact}"
 
 

@@ -61,11 +61,10 @@ SPECIAL_LABELS = {"<|endoftext|>": "⟨end of text⟩", "<|im_start|>": "⟨turn
                   **dict.fromkeys(("<|im_end|>", "</s>", "<|eot_id|>", "<|end|>"), "⟨end of turn⟩")}
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
-STATIC = Path(__file__).resolve().parent / "static"   # package data: the page's style sheet, script and texts
-
 
 def static_text(name: str) -> str:
-    return (STATIC / name).read_text(encoding="utf-8")
+    """Package data: the page's style sheet, script and texts."""
+    return (Path(__file__).resolve().parent / "static" / name).read_text(encoding="utf-8")
 
 
 CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
@@ -420,9 +419,8 @@ def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
     if not known:
         return " This method has no correction memory: it rescues nothing."
     rare = sum(1 for e in known if e.memory_count < lam)
-    gated = len(known) - rare
     return (f" None rescued because {rare} of {plural(len(div), 'rejected swap')} had been seen fewer than "
-            f"λ = {lam:g} times (the memory's count), and {gated} passed λ but fell below the gate "
+            f"λ = {lam:g} times (the memory's count), and {len(known) - rare} passed λ but fell below the gate "
             f"(log τ = {rules.num(log_tau(tau))}); lower λ or τ in Analyse to see what they would rescue.")
 
 

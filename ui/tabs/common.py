@@ -68,15 +68,10 @@ def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | N
     return [*(fn(sess.activations) for fn in redraw), sess]
 
 
-def session_activations(services: Services, sess: Session | None) -> str:
-    """The int8 activation scales this user's runs use: their choice, else the app's default."""
-    return (sess.activations if isinstance(sess, Session) else "") or services.default_activations
-
-
 def decoder_for(services: Services, sess: Session):
     """The decoder of this user's run, on a view of the shared pair in their activation scales (``csd.runtime.batch``
     views when runs decode together, else ``ModelPair.with_activations``); one decoder a mode (its costs differ)."""
-    mode = session_activations(services, sess)
+    mode = (sess.activations if isinstance(sess, Session) else "") or services.default_activations  # theirs, else ours
     if not can_switch_exactness(services.pair) or not mode:
         return services.decoder
     if mode not in services.decoders:
@@ -133,8 +128,7 @@ def rival_params(values: dict) -> dict:
 
 
 def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) -> CSDConfig:
-    """The engine's config from the page's settings (floats from the page), validated by the engine;
-    ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+    """The engine's config from the page's settings, validated; ``score_all``: every rule's scores, for the what-if."""
     method = s.method
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")

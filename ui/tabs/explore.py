@@ -142,8 +142,7 @@ def _calibration_line(c: dict) -> str:
 def memory_view(services: Services, lam, sess: Session | None):
     """The session's memory: a summary line and its top patterns. -> (markdown, rows, session)."""
     sess = ensure_session(services, sess)
-    mem, lam = sess.memory, float(lam)
-    tok = services.pair.tokenizer
+    mem, lam, tok = sess.memory, float(lam), services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
              "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
     cal = mem.meta.get("calibration")   # a list; an uploaded memory's may hold anything, names included

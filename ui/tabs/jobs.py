@@ -77,14 +77,13 @@ _refusals = itertools.count(1)      # each refusal's line differs from the last:
 def refused(services: Services, kind: str, sess: Session | None):
     """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
     it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
-    if not isinstance(sess, Session):
-        return render.render_status(REFUSED, "stopped", next(_refusals))
-    q = sess.pending[kind]
-    if q and q[-1].waiting:
-        services.lane.finish(q.pop(), REFUSED)
-    job = sess.jobs.get(kind)
-    if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
-        return status_line(services, sess, kind)
+    if isinstance(sess, Session):
+        q = sess.pending[kind]
+        if q and q[-1].waiting:
+            services.lane.finish(q.pop(), REFUSED)
+        job = sess.jobs.get(kind)
+        if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
+            return status_line(services, sess, kind)
     return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
@@ -244,8 +243,7 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
         raise error(f"Generation failed: {type(e).__name__}: {e}", expected=False) from None
     finally:
         run.close()
-        view.token_ids = list(run.token_ids)
-        view.text = run.text
+        view.token_ids, view.text = list(run.token_ids), run.text
         view.metrics = run.metrics_snapshot()
         view.done = True
     rec.result(view.text, view.metrics)
