@@ -123,8 +123,7 @@ def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
         ys = [(_get(r, "kept") / _get(r, "decided")) if _get(r, "decided") else 0.0 for r in rows]
         hover = [f"{method} position {x}: {_get(r, 'kept')} kept of {_get(r, 'decided')}" for x, r in zip(xs, rows)]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=method, hovertext=hover,
-                                 hovertemplate="%{hovertext}<extra></extra>",
-                                 line_color=COLORS.get(method)))
+                                 hovertemplate="%{hovertext}<extra></extra>", line_color=COLORS.get(method)))
     fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), xaxis_title="draft position i in the block",
                       yaxis_title="kept / decided", legend=dict(orientation="h", y=-0.25))
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%")

@@ -68,10 +68,15 @@ def set_exact_mode(services: Services, redraw: list, on: bool, sess: Session | N
     return [*(fn(sess.activations) for fn in redraw), sess]
 
 
+def session_activations(services: Services, sess: Session | None) -> str:
+    """The int8 activation scales this user's runs use: their choice, else the app's default."""
+    return (sess.activations if isinstance(sess, Session) else "") or services.default_activations
+
+
 def decoder_for(services: Services, sess: Session):
     """The decoder of this user's run, on a view of the shared pair in their activation scales (``csd.runtime.batch``
     views when runs decode together, else ``ModelPair.with_activations``); one decoder a mode (its costs differ)."""
-    mode = (sess.activations if isinstance(sess, Session) else "") or services.default_activations  # theirs, else ours
+    mode = session_activations(services, sess)
     if not can_switch_exactness(services.pair) or not mode:
         return services.decoder
     if mode not in services.decoders:
@@ -174,8 +179,7 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None, tar
 
 
 def target_dropdown(elem_id: str):
-    """The filter by the runs' recorded target representation (an int8 target's with its activation
-    scales: per token, the exact mode, or per pass); its choices follow the store (``target_choices``)."""
+    """The filter by the runs' recorded target representation (int8: with its activation scales): ``target_choices``."""
     return gr.Dropdown([ANY_TARGET], value=ANY_TARGET, label="Target (representation, activation scales)",
                        allow_custom_value=True, elem_id=elem_id)
 

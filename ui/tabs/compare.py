@@ -91,9 +91,8 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
         return f"**{method.upper()}**: reading the prompt…"
     saved = m.new_tokens - m.target_forwards
     head = f"**{method.upper()}**: {plural(m.target_forwards, 'target pass', 'target passes')}"
-    if method != "ar" and saved > 0:
-        head += f" (**{saved} saved**)"
-    head += f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
+    head += (f" (**{saved} saved**)" if method != "ar" and saved > 0 else "") \
+        + f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
     if not view.done:
         return head + " (running…)"
     r = ref.upper()
