@@ -71,19 +71,16 @@ def plain_words(d: dict) -> str:
     rep = Representation.of(d)
     tw, dw = (REPR_WORDS.get(r, r) for r in (rep.target, rep.draft or rep.target))
     weights = f"weights in {tw}" if tw == dw else f"the target's weights in {tw}, the draft's in {dw}"
-    if rep.exact_rows:
-        exact = "exact: SD gives the target's own answer"
-    elif rep.target == "int8":
-        exact = "not exact: SD can differ from the target's own answer where two tokens nearly tie"
-    else:
-        exact = "not exact in this representation: SD can differ from the target's own answer"
+    exact = ("exact: SD gives the target's own answer" if rep.exact_rows
+             else "not exact: SD can differ from the target's own answer where two tokens nearly tie"
+             if rep.target == "int8" else "not exact in this representation: SD can differ from the target's own "
+             "answer")
     return f"{head}; {weights}; {exact}"
 
 
 def header(services: Services, mode: str = "") -> str:
-    """What runs, in plain words (``plain_words``), then, folded, the models and how they run here
-    (``pair.describe()``; ``mode``: this user's int8 activation scales, default: the app's; the threads of the
-    model's passes, ``services.model_threads``, not the page's), and the paper."""
+    """What runs in plain words (``plain_words``), then, folded, how the models run (``pair.describe()``; ``mode``:
+    this user's int8 activation scales, default the app's; threads: the model's passes', not the page's), the paper."""
     d = services.pair.describe()
     d["representation"] = (rep := Representation.of(d).with_activations(mode or services.default_activations)).as_dict()
     md = render.esc_md
@@ -171,8 +168,7 @@ def model_queue(demo: gr.Blocks) -> list[tuple[str, str]]:
 
 def withdraw(demo: gr.Blocks, session_hash: str, api_name: str, n: int) -> int:
     """Move the first ``n`` events of a page's session and api_name from gradio's queue of model work to the light
-    group's, where their handler ends the stopped request at once (``jobs.take_back``), on gradio's event loop.
-    -> how many were moved."""
+    group's, whose handler ends each stopped request at once (``jobs.take_back``), on the event loop. -> how many."""
     def move() -> int:
         q = getattr(demo, "_queue", None)
         groups = q.event_queue_per_concurrency_id if q is not None else {}

@@ -59,21 +59,19 @@ def render_metrics(m: RunMetrics | None, *, running: bool = False, ar: RunMetric
 def render_export_html(events: Sequence[TokenEvent], *, prompt: str, title: str, facts: dict,
                        metrics: RunMetrics | None, cfg: CSDConfig) -> str:
     """A self-contained HTML page of a run's coloured answer (styles inline, details as hover titles, no script)."""
-    method = cfg.method
     spans = []
     for ev in events:
-        cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0]]
         text, extra, after = token_text_html(ev)
-        spans.append(f'<span class="{" ".join(cls + extra)}" '
-                     f'title="{esc(token_detail(ev, cfg.lam, cfg.tau, method=method, relax=cfg.relax))}">{text}</span>'
-                     + after)
+        cls = " ".join(["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra])
+        detail = token_detail(ev, cfg.lam, cfg.tau, method=cfg.method, relax=cfg.relax)
+        spans.append(f'<span class="{cls}" title="{esc(detail)}">{text}</span>{after}')
     fact_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in facts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
             f"<style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}"
             f"table{{border-collapse:collapse;font-size:13px}}th,td{{text-align:left;padding:2px 8px}}{CSS}</style>"
             f"</head><body><h1>{esc(title)}</h1>{_prompt_html(prompt)}"
             f'<div class="csd-tokens">{"".join(spans)}</div>{render_legend(whatif=False)}'
-            f"{render_metrics(metrics, method=method)}<table>{fact_rows}</table>"
+            f"{render_metrics(metrics, method=cfg.method)}<table>{fact_rows}</table>"
             f'<p>Calibrated Speculative Decoding: <a href="{PAPER_URL}">arXiv 2604.13634</a>. Hover a token for its '
             f"details.</p></body></html>")
 

@@ -68,16 +68,14 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     if k <= len(shown):
         fig.add_vline(x=k + 0.5, line_dash="dash", line_color="#c62828")
     # the share is the title's second line, the legend under it: clear of each other and of the slanted labels
-    layout = dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440)
-    fig.update_layout(**layout, bargap=0.15,
+    fig.update_layout(**dict(LAYOUT, margin=dict(l=55, r=55, t=100, b=110), height=440), bargap=0.15,
                       title=dict(text=title, y=0.97, subtitle=dict(
                           text=f"top {top_fraction:.0%} of patterns ({k} of {len(rows)}) = {share:.0%} of divergences",
                           font=dict(color="#c62828"))),
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
     fig.update_xaxes(tickmode="array", tickvals=x, ticktext=labels, tickangle=-45, title="", automargin=True)
-    top = max(counts)
     fig.update_yaxes(title_text="count", secondary_y=False, rangemode="tozero", tickformat="d",
-                     **(dict(dtick=1) if top <= 10 else {}))
+                     **(dict(dtick=1) if max(counts) <= 10 else {}))
     fig.update_yaxes(title_text="cumulative share", range=[0, 1.05], tickformat=".0%", secondary_y=True)
     return fig
 
@@ -125,8 +123,7 @@ def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
         ys = [(_get(r, "kept") / _get(r, "decided")) if _get(r, "decided") else 0.0 for r in rows]
         hover = [f"{method} position {x}: {_get(r, 'kept')} kept of {_get(r, 'decided')}" for x, r in zip(xs, rows)]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=method, hovertext=hover,
-                                 hovertemplate="%{hovertext}<extra></extra>",
-                                 line_color=COLORS.get(method)))
+                                 hovertemplate="%{hovertext}<extra></extra>", line_color=COLORS.get(method)))
     fig.update_layout(**LAYOUT, title=dict(text=title, y=0.98), xaxis_title="draft position i in the block",
                       yaxis_title="kept / decided", legend=dict(orientation="h", y=-0.25))
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
@@ -140,11 +137,9 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
     title = "What-if: share of divergences rescued at λ × τ"
     if total == 0:
         return empty_figure("No divergences logged in this scope yet.", title)
-    z = np.asarray(rate, dtype=float)
-    x = [math.log10(t) for t in taus]
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=[float(v) for v in lams], zmin=0, zmax=1, colorscale="YlOrBr",
-        colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
+        z=np.asarray(rate, dtype=float), x=[math.log10(t) for t in taus], y=[float(v) for v in lams], zmin=0, zmax=1,
+        colorscale="YlOrBr", colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
         hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued: %{z:.1%} of divergences<extra></extra>"))
     fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
                              marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),
@@ -157,11 +152,10 @@ def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: 
 
 def make_compare_figure(results: Mapping[str, RunMetrics]) -> go.Figure:
     """Target passes, wall time and tokens per second of each method (``RunMetrics``), side by side."""
-    title = " vs ".join(m.upper() for m in results) + " on the same prompt" if results else \
-        "AR vs SD vs CSD on the same prompt"
     if not results:
-        return empty_figure("Run a comparison to see the chart.", title)
+        return empty_figure("Run a comparison to see the chart.", "AR vs SD vs CSD on the same prompt")
     methods = list(results)
+    title = " vs ".join(m.upper() for m in methods) + " on the same prompt"
     panels = [("target passes", lambda m: m.target_forwards, "d"), ("wall time (s)", lambda m: m.wall_s, ".2f"),
               ("tokens / s", lambda m: m.tokens_per_s, ".2f")]
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in panels])

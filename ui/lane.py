@@ -73,8 +73,7 @@ class Lane:
     (session hash, api_name) of each waiting event, oldest first: only it knows of an API request."""
 
     def __init__(self, stale_s: float = 30.0, queue: Callable[[], list[tuple[str, str]]] | None = None):
-        self.stale_s = stale_s
-        self.queue = queue
+        self.stale_s, self.queue = stale_s, queue
         self._lock = threading.Lock()
         self._tickets = itertools.count(1)
         self._jobs: dict[int, Job] = {}

@@ -61,16 +61,15 @@ SPECIAL_LABELS = {"<|endoftext|>": "⟨end of text⟩", "<|im_start|>": "⟨turn
                   **dict.fromkeys(("<|im_end|>", "</s>", "<|eot_id|>", "<|end|>"), "⟨end of turn⟩")}
 PROMPT_FOLD_CHARS = 240      # a longer prompt is echoed folded (click to unfold)
 
-STATIC = Path(__file__).resolve().parent / "static"   # package data: the page's style sheet, script and texts
-
 
 def static_text(name: str) -> str:
-    return (STATIC / name).read_text(encoding="utf-8")
+    """Package data: the page's style sheet, script and texts."""
+    return (Path(__file__).resolve().parent / "static" / name).read_text(encoding="utf-8")
 
 
 CSS = static_text("app.css")      # launch(css=...), and inlined in an exported answer
-JS = f"<script>\n{static_text('app.js')}</script>\n"     # launch(head=...): details on click, nav, Teach's keys,
-JS += f"<script>\n{static_text('numbers.js')}</script>\n"     # and the number boxes taken as typed
+# launch(head=...): details on click, nav, Teach's keys, and the number boxes taken as typed
+JS = "".join(f"<script>\n{static_text(name)}</script>\n" for name in ("app.js", "numbers.js"))
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
 
@@ -159,10 +158,8 @@ def decision_reasons(ev: TokenEvent, lam: float | None = None, tau: float | None
     lam_s = f"λ = {lam:g}" if lam is not None else "λ"
     lt_s = f"log τ = {rules.num(lt)}" if lt is not None else "log τ"
     seen = "had never seen this swap" if c == 0 else f"had seen this swap {plural(c or 0, 'time')}"
-    if mem_ok is False:
-        mem = f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
-    else:
-        mem = f"the memory {seen} (at least {lam_s})"
+    mem = f"the memory {seen} (at least {lam_s})" if mem_ok is not False else \
+        f"the memory {seen}, fewer than {lam_s}" if c is not None else "the memory did not know this swap"
     gate_no = f"the target found {x} too unlikely (logit gap {rules.num(gap)}, below {lt_s})"
     gate_yes = f"the target found {x} close enough (logit gap {rules.num(gap)}, at or above {lt_s})"
     if ev.status == RESCUED:
@@ -210,19 +207,16 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
         return f"{wrote}; kept because {decision_reasons(ev, lam, tau, method)}."
     if ev.status == RELAXED:
         return f"{wrote}; kept by the run's relaxed rule, not by a memory: {rules.relax_sentence(ev, relax)}."
-    if ev.status == REJECTED and ev.rule == RULE_NOT_RELAXED:
-        return (f"{wrote}; thrown away because the run's relaxed rule refused it ({rules.relax_sentence(ev, relax)}). "
-                f"The target's {t} was written instead{rest}.")
     if ev.status == REJECTED:
-        return (f"{wrote}; rejected because {decision_reasons(ev, lam, tau, method)}. The target's {t} was written "
-                f"instead{rest}.")
+        why = (f"thrown away because the run's relaxed rule refused it ({rules.relax_sentence(ev, relax)})"
+               if ev.rule == RULE_NOT_RELAXED else f"rejected because {decision_reasons(ev, lam, tau, method)}")
+        return f"{wrote}; {why}. The target's {t} was written instead{rest}."
     return f"{ev.status} ({ev.rule or 'no rule'})"
 
 
 def block_place(ev: TokenEvent) -> str:
-    """Where a token stands in its verify pass's block: ", draft position 3 of 4"; a token past the drafts (a
-    bonus, or the target's correction after every draft was kept) is no draft position: ", after the 4 drafted
-    tokens"; a run without drafts (AR) names none."""
+    """Where a token stands in its pass's block: ", draft position 3 of 4"; past the drafts (a bonus, or the target's
+    correction after all were kept): ", after the 4 drafted tokens"; none in a run without drafts (AR)."""
     n = ev.block_len or 0
     if ev.status == BONUS or (n and ev.index_in_block >= n):
         return f", after the {plural(n, 'drafted token')}" if n else ", the target's own token"
@@ -264,13 +258,12 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
                ("matches after", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
     if scores:
         lines.append(" · ".join(scores))
-    if whatif is not None:
-        w = rules.would_keep(ev, whatif)
-        if w is not None:
-            rule = rules.as_rule(whatif)
-            head = (f"what-if λ = {rule.lam:g}, τ = {whatif[1]:.3g}" if isinstance(whatif, tuple)
-                    else f"what-if {rules.describe(rule)}")
-            lines.append(f"{head}: " + (("rescued" if rule.relax is None else "kept") if w else "rejected"))
+    w = rules.would_keep(ev, whatif) if whatif is not None else None
+    if w is not None:
+        rule = rules.as_rule(whatif)
+        head = (f"what-if λ = {rule.lam:g}, τ = {whatif[1]:.3g}" if isinstance(whatif, tuple)
+                else f"what-if {rules.describe(rule)}")
+        lines.append(f"{head}: " + (("rescued" if rule.relax is None else "kept") if w else "rejected"))
     return "\n".join(lines)
 
 
@@ -320,18 +313,15 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
         raise TypeError(f"render_tokens takes TokenEvent, not {type(ev).__name__}")
     diff_positions, latest_block = marks
     text, extra, after = token_text_html(ev)
-    cls = ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
-           *filter(None, [whatif_class(ev, whatif) if whatif is not None else None])]
-    if diff_positions and ev.in_output and ev.position in diff_positions:
-        cls.append("diff")
-    if latest_block is not None and ev.block == latest_block:
-        cls.append("latest")
-    if ev.source == "lookup":
-        cls.append("copied")
+    flags = {"diff": bool(diff_positions) and ev.in_output and ev.position in diff_positions,
+             "latest": latest_block is not None and ev.block == latest_block, "copied": ev.source == "lookup"}
+    cls = " ".join(filter(None, ["tok", STATUS_STYLE.get(ev.status, ("tok-other",))[0], *extra,
+                                 whatif_class(ev, whatif) if whatif is not None else None,
+                                 *(c for c, on in flags.items() if on)]))
     attrs = (f'data-i="{i}" data-status="{esc(ev.status)}" data-pos="{ev.position}" data-block="{ev.block}"'
              + (' data-pass-end="1"' if ev.pass_end else ""))
     run = (cfg.lam, cfg.tau, whatif, cfg.method, cfg.relax) if cfg is not None else (None, None, whatif)
-    return f'<span class="{" ".join(cls)}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
+    return f'<span class="{cls}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
 
 
 def _nav_bar(n: dict) -> str:
@@ -413,15 +403,11 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
         line = (f"Under {rules.describe(rule)}: {would} of {plural(len(div), 'divergence')} in the last answer would be kept; "
                 f"the run kept {now}." + (f" {unknown} lack a score this rule reads (the Generate tab logs every "
                                           f"rule's scores)." if unknown else ""))
-    if not outline:
-        return line
-    if changed:
-        line += (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would be "
-                 f"{'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the first "
-                 f"one would differ.")
-    else:
-        line += " No decision changes."
-    return line
+    if not outline or not changed:
+        return line + ("" if not outline else " No decision changes.")
+    return line + (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would "
+                   f"be {'rescued' if tau is not None else 'kept'}, double: would be rejected); the text after the "
+                   f"first one would differ.")
 
 
 def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
@@ -433,9 +419,8 @@ def why_none(events: Sequence[TokenEvent], lam: float, tau: float) -> str:
     if not known:
         return " This method has no correction memory: it rescues nothing."
     rare = sum(1 for e in known if e.memory_count < lam)
-    gated = len(known) - rare
     return (f" None rescued because {rare} of {plural(len(div), 'rejected swap')} had been seen fewer than "
-            f"λ = {lam:g} times (the memory's count), and {gated} passed λ but fell below the gate "
+            f"λ = {lam:g} times (the memory's count), and {len(known) - rare} passed λ but fell below the gate "
             f"(log τ = {rules.num(log_tau(tau))}); lower λ or τ in Analyse to see what they would rescue.")
 
 

@@ -36,10 +36,7 @@ def whatif_rule(method: str, lam: float, tau: float, rivals: dict | None = None)
 
 def as_rule(whatif) -> Rescue:
     """A what-if as a rule: a ``Rescue`` (made by ``whatif_rule``) as it is, or CSD's (λ, τ) through the door."""
-    if isinstance(whatif, Rescue):
-        return whatif
-    lam, tau = whatif
-    return whatif_rule("csd", lam, tau)
+    return whatif if isinstance(whatif, Rescue) else whatif_rule("csd", *whatif)
 
 
 def memory_knows(count, lam: float):

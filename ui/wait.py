@@ -51,9 +51,8 @@ def left_of(run: Live, typical: tuple[float, float]) -> tuple[float, float]:
 
 
 def estimate(waiting: int, running: list[Live], ended: list[Ran], slots: int) -> Wait | None:
-    """Seconds, as a (low, high) ``Wait``, until a request starts with ``running`` runs on the model and
-    ``waiting`` requests before it, ``slots`` runs at a time. None while nothing has ended and no run in
-    progress has written a token (no measure of a run's length yet)."""
+    """Seconds (a low-high ``Wait``) until a request starts with ``running`` runs on the model, ``waiting`` before it,
+    ``slots`` at a time; None while no run has ended or written a token (no measure of a run's length yet)."""
     slots = max(1, slots)
     durations = [r.seconds for r in ended if r.seconds > 0]
     # what the runs in progress are on course to take, at their live rate
@@ -84,9 +83,8 @@ def _secs(s: float) -> str:
 
 
 def describe(w: Wait | None, waiting: int) -> str:
-    """The estimate for the status line: "; about 40 s more" or "; about 2-5 min more", and what it comes from.
-    "Any moment" only when no request waits before it; a range when the high end is half as long again as the
-    low one (and 10 s more)."""
+    """The estimate for the status line ("; about 40 s more", "; about 2-5 min more") and what it comes from; "any
+    moment" only with no request before it; a range when the high end is 1.5 times the low one and 10 s more."""
     if w is None:
         return ""
     basis = [f"the last {plural(w.ended, 'run')}" if w.ended else "",

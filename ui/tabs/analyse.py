@@ -101,13 +101,6 @@ def memory_pareto_rows(memory: CorrectionMemory, tokenizer, limit: int | None = 
     return rows
 
 
-def recount(d: A.Divergences, memory: CorrectionMemory) -> A.Divergences:
-    """``d`` with each divergence's count taken from ``memory``: what the rule would have decided with it."""
-    per_pattern = np.array([memory.count(a, b) for a, b in d.patterns], dtype=float)
-    count = per_pattern[d.pattern] if len(d) else np.zeros(0)
-    return replace(d, count=count)
-
-
 def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     """The charts of the session's memory (an uploaded SGLang table, say): its patterns by count, and this
     session's logged divergences decided with its counts. -> (pareto, gaps, positions, what-if, summary)."""
@@ -124,7 +117,9 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
         return figures.make_pareto_figure(rows), e, positions, e, summary + " " + NO_STORE
     f, _ = scope_filter(services, sess, SCOPE_SESSION)
     try:
-        d = recount(A.cached_divergences(services.store, f), mem)
+        d = A.cached_divergences(services.store, f)
+        per_pattern = np.array([mem.count(a, b) for a, b in d.patterns], dtype=float)   # each divergence decided
+        d = replace(d, count=per_pattern[d.pattern] if len(d) else np.zeros(0))          # with this memory's count
     except Exception as e:
         log.exception("the store could not answer the analysis")
         raise error(f"The store could not answer: {e}", expected=False) from None
@@ -177,7 +172,6 @@ def refresh_after(page: Page, dep) -> None:
 
 # -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
-    """Lay out the Analyse tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     scope_choices = [*scopes(services), SCOPE_MEMORY]
     with gr.Tab("Analyse", id="analyse", elem_id="tab-analyse") as analyse_tab:
@@ -212,16 +206,15 @@ def build(page: Page):
                          label="What-if: a memory of N patterns", elem_id="capacity-whatif")
             cap_btn = gr.Button("What would it rescue?", scale=0, elem_id="capacity-whatif-btn")
             cap_out = gr.Markdown(elem_id="capacity-whatif-out")
-        with gr.Accordion("Speed / quality frontier of the shipped benchmark (λ/τ settings)", open=False,
-                          elem_id="frontier-panel"):
-            frontier_data = figures.load_frontier(s.frontier_file)
-            gr.Plot(figures.make_frontier_figure(frontier_data), show_label=False, elem_id="frontier-plot")
-            gr.Markdown(figures.frontier_table(frontier_data), elem_id="frontier-table")
-        with gr.Accordion("Acceptance rules side by side: speed against quality, beside the paper's table", open=False,
-                          elem_id="rivals-frontier-panel"):
-            rivals_data = figures.load_frontier(s.rivals_file)
-            gr.Plot(figures.make_rivals_figure(rivals_data), show_label=False, elem_id="rivals-frontier-plot")
-            gr.Markdown(figures.rivals_table(rivals_data), elem_id="rivals-frontier-table")
+        for title, path, name, chart, table in (
+                ("Speed / quality frontier of the shipped benchmark (λ/τ settings)", s.frontier_file, "frontier",
+                 figures.make_frontier_figure, figures.frontier_table),
+                ("Acceptance rules side by side: speed against quality, beside the paper's table", s.rivals_file,
+                 "rivals-frontier", figures.make_rivals_figure, figures.rivals_table)):
+            with gr.Accordion(title, open=False, elem_id=f"{name}-panel"):
+                data = figures.load_frontier(path)
+                gr.Plot(chart(data), show_label=False, elem_id=f"{name}-plot")
+                gr.Markdown(table(data), elem_id=f"{name}-table")
     assert page.hide_rejected is not None, "Generate is laid out before Analyse: its switch is an input here"
     named = {**page.named(("scope", "lam", "log10_tau", "hide_rejected", "whatif_method"), scope=scope,
                           hide_rejected=page.hide_rejected, whatif_method=a_rule), "target": target}

@@ -118,38 +118,32 @@ def describe_tau(log10_tau: float) -> str:
     return f"τ = {tau:.3g}  (log τ = {log_tau(tau):.2f})"
 
 
-def as_int(name: str, v) -> int:
+def as_number(name: str, v, whole: bool = True):
+    """``v`` as an int (``whole``) or a float; ``ConfigError`` when it is missing or, ``whole``, not whole."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         raise ConfigError(f"{name} is missing")
-    if isinstance(v, float) and not v.is_integer():
+    if whole and isinstance(v, float) and not v.is_integer():
         raise ConfigError(f"{name} must be a whole number, got {v!r}")
-    return int(v)
+    return int(v) if whole else float(v)
 
 
 def rival_params(values: dict) -> dict:
     """The rivals' parameters from the bar's inputs by name (k and the window made whole numbers, or refused)."""
-    out = {}
-    for name, v in values.items():
-        if v is None or (isinstance(v, float) and not math.isfinite(v)):
-            raise ConfigError(f"{name} is missing")
-        out[name] = as_int(name, v) if name in rules.INT_FIELDS else float(v)
-    return out
+    return {name: as_number(name, v, whole=name in rules.INT_FIELDS) for name, v in values.items()}
 
 
 def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) -> CSDConfig:
-    """The engine's config from the page's settings (floats from the page), validated by the engine;
-    ``score_all``: log every rule's scores so that the what-if can replay any rule."""
+    """The engine's config from the page's settings, validated; ``score_all``: every rule's scores, for the what-if."""
     method = s.method
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    seed = None if s.seed is None or s.seed == "" else as_int("seed", s.seed)
-    cfg = CSDConfig.of(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_int("gamma", s.gamma), lam=float(s.lam),
-                    tau=tau_from_log10(s.log10_tau), temperature=float(s.temperature),
-                    max_new_tokens=as_int("max new tokens", s.max_new_tokens), seed=seed, explain=explain,
-                    lookup=default_lookup(method) if s.lookup else 0,   # ar drafts nothing to copy into
-                    gamma_min=SHOW_SPECULATION if s.auto_gamma and s.show_spec and method != "ar" else 0,
-                    score_all=score_all and method != "ar", **rival_params(s.rivals))
-    return cfg.validated()
+    seed = None if s.seed is None or s.seed == "" else as_number("seed", s.seed)
+    return CSDConfig.of(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_number("gamma", s.gamma),
+                        lam=float(s.lam), tau=tau_from_log10(s.log10_tau), temperature=float(s.temperature),
+                        max_new_tokens=as_number("max new tokens", s.max_new_tokens), seed=seed, explain=explain,
+                        lookup=default_lookup(method) if s.lookup else 0,   # ar drafts nothing to copy into
+                        gamma_min=SHOW_SPECULATION if s.auto_gamma and s.show_spec and method != "ar" else 0,
+                        score_all=score_all and method != "ar", **rival_params(s.rivals)).validated()
 
 
 def page_config(s: RunSettings, **kw) -> CSDConfig:
@@ -167,30 +161,25 @@ def scope_filter(services: Services, sess: Session, scope: str, run_id=None, tar
     """The ``Filter`` of a scope (and a recorded target representation), or why there is nothing to show."""
     if services.store is None:
         return None, NO_STORE
-    f, why = _scope(services, sess, scope, run_id)
-    if f is not None and target not in (None, "", ANY_TARGET):
-        f = replace(f, representations=(str(target),))
-    return f, why
-
-
-def _scope(services: Services, sess: Session, scope: str, run_id=None):
-    private = None if services.settings.shared_scope else sess.session_id
     if run_id not in (None, "", 0):
-        return A.Filter(run_ids=(int(run_id),), session_id=private), None
-    if scope == SCOPE_RUN:
+        f = A.Filter(run_ids=(int(run_id),), session_id=None if services.settings.shared_scope else sess.session_id)
+    elif scope == SCOPE_RUN:
         if sess.last is None or sess.last.run_id is None:
             return None, "No run in this session yet: generate an answer first, or pick another scope."
-        return A.Filter(run_ids=(sess.last.run_id,)), None
-    if scope == SCOPE_SESSION:
-        return A.Filter(session_id=sess.session_id), None
-    if scope == SCOPE_ALL and services.settings.shared_scope:
-        return A.ANY, None
-    raise error(f"unknown scope {scope!r}; choose one of {', '.join(scopes(services))}")
+        f = A.Filter(run_ids=(sess.last.run_id,))
+    elif scope == SCOPE_SESSION:
+        f = A.Filter(session_id=sess.session_id)
+    elif scope == SCOPE_ALL and services.settings.shared_scope:
+        f = A.ANY
+    else:
+        raise error(f"unknown scope {scope!r}; choose one of {', '.join(scopes(services))}")
+    if target not in (None, "", ANY_TARGET):
+        f = replace(f, representations=(str(target),))
+    return f, None
 
 
 def target_dropdown(elem_id: str):
-    """The filter by the runs' recorded target representation (an int8 target's with its activation
-    scales: per token, the exact mode, or per pass); its choices follow the store (``target_choices``)."""
+    """The filter by the runs' recorded target representation (int8: with its activation scales): ``target_choices``."""
     return gr.Dropdown([ANY_TARGET], value=ANY_TARGET, label="Target (representation, activation scales)",
                        allow_custom_value=True, elem_id=elem_id)
 
@@ -204,8 +193,7 @@ def target_choices(services: Services, sess: Session):
 
 
 # -- answers -----------------------------------------------------------------------------------
-def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True,
-                **frame) -> str:
+def tokens_html(run: RunView | None, whatif, hide_rejected: bool = False, show_prompt: bool = True, **frame) -> str:
     """The coloured answer of ``run``, its changed decisions outlined under ``whatif`` (CSD's (lam, tau) or a
     ``csd.rule.Rescue``); ``frame``: ``render.render_tokens``' marks and frame."""
     if run is None:

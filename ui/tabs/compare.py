@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import difflib
 import html
-import time
 from dataclasses import replace
 from functools import partial
 
@@ -29,7 +28,7 @@ from .common import (
     tokens_html,
 )
 from .inputs import slider
-from .jobs import follow_run, in_lane, recorded, speculation_sentence, start_run, status_line, stop, take_job
+from .jobs import in_lane, run_recorded, speculation_sentence, status_line, stop, take_job
 from .page import EXAMPLES, Page
 
 COMPARE_METHODS = ("ar", "sd", "csd")   # the default panes; their names are also the panes' element ids
@@ -92,9 +91,8 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
         return f"**{method.upper()}**: reading the prompt…"
     saved = m.new_tokens - m.target_forwards
     head = f"**{method.upper()}**: {plural(m.target_forwards, 'target pass', 'target passes')}"
-    if method != "ar" and saved > 0:
-        head += f" (**{saved} saved**)"
-    head += f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
+    head += (f" (**{saved} saved**)" if method != "ar" and saved > 0 else "") \
+        + f" for {plural(m.new_tokens, 'token')}, {m.wall_s:.2f} s"
     if not view.done:
         return head + " (running…)"
     r = ref.upper()
@@ -188,28 +186,18 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
                 break
             # the others get a throwaway copy of the memory, so that CSD does not learn from their runs of this prompt
             memory = sess.memory if m == "csd" else sess.memory.copy()
-            t0 = time.perf_counter()
-            run, views[m] = start_run(services, sess, job, prompt, s.chat, cfgs[m], memory, label=m.upper())
-            yield out()
-            with recorded(services, sess, prompt, cfgs[m], "compare") as rec:
-                for _ in follow_run(run, rec, views[m], t0):
-                    yield out()
+            for view in run_recorded(services, sess, job, prompt, s.chat, cfgs[m], memory, "compare", m.upper()):
+                views[m] = view
+                yield out()     # once started, then after every target pass
             remember_ar(sess, views[m])
-        last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None), None)
-        if last is not None:
-            sess.last = last
-        job.summary = _compare_summary(job, views, s.gamma, (job.decoder or services.decoder).costs)
+        sess.last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None),
+                                             sess.last)
+        done, csd = [v for v in views.values() if v is not None and v.done], views.get("csd")
+        note = speculation_sentence(csd, s.gamma, (job.decoder or services.decoder).costs) if csd and csd.done else ""
+        job.summary = (f"{'Stopped' if job.cancel else 'Done'}: {len(done)} of {len(views)} methods ran, "
+                       f"{plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
+                       + (f" CSD: {note}" if note else ""))
     yield out(final=True)
-
-
-def _compare_summary(job, views: dict, gamma, costs) -> str:
-    done = [v for v in views.values() if v is not None and v.done]
-    out = ("Stopped" if job.cancel else "Done") + \
-        f": {len(done)} of {len(views)} methods ran, {plural(sum(v.metrics.new_tokens for v in done), 'token')} in all."
-    if views.get("csd") is not None and views["csd"].done:
-        note = speculation_sentence(views["csd"], gamma, costs)
-        out += f" CSD: {note}" if note else ""
-    return out
 
 
 # the /compare API's values by position; the rivals' parameters follow
@@ -217,30 +205,7 @@ API_ORDER = ("prompt", "chat", "gamma", "auto_gamma", "lam", "log10_tau", "max_n
              "method_1", "method_2", "method_3")
 
 
-def _prompt_row(s):
-    """The prompt, the buttons and the status line; Compare's own settings by name."""
-    with gr.Row():
-        with gr.Column(scale=3):
-            c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
-                                  value=EXAMPLES[1], elem_id="c-prompt")
-            with gr.Row(equal_height=False):
-                c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0, min_width=120)
-                c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
-                with gr.Column(scale=3, min_width=220):
-                    c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
-        with gr.Column(scale=1):
-            choices = [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS]
-            own = {f"method_{i + 1}": gr.Dropdown(choices + ([("— none —", NONE)] if i == 2 else []), value=m,
-                                                  label=f"Pane {i + 1}", elem_id=f"c-method-{i + 1}")
-                   for i, m in enumerate(COMPARE_METHODS)}
-            own["chat"] = gr.Checkbox(True, label="Chat template")
-            own["max_new_tokens"] = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
-                                           value=s.compare_tokens, step=1, label="Max new tokens", elem_id="c-max-new")
-    return c_prompt, c_btn, c_stop, c_status, own
-
-
 def build(page: Page):
-    """Lay out the Compare tab; returns the function that wires its events."""
     services, s, sess = page.services, page.settings, page.sess
     with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
         gr.Markdown("The same prompt with two or three methods, one after another (greedy, γ/λ/τ and the rivals' "
@@ -256,15 +221,31 @@ def build(page: Page):
                             visible=can_switch_exactness(services.pair), interactive=one_at_a_time,
                             info=None if one_at_a_time else "fixed while several generations may run at once "
                                                             "(--concurrency > 1)")
-        c_prompt, c_btn, c_stop, c_status, own = _prompt_row(s)
+        with gr.Row():
+            with gr.Column(scale=3):
+                c_prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
+                                      value=EXAMPLES[1], elem_id="c-prompt")
+                with gr.Row(equal_height=False):
+                    c_btn = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=0, min_width=120)
+                    c_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", scale=0, min_width=90)
+                    with gr.Column(scale=3, min_width=220):
+                        c_status = gr.HTML(render.render_status("Ready."), elem_id="compare-status")
+            with gr.Column(scale=1):      # Compare's own settings, by name
+                choices = [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS]
+                own = {f"method_{i + 1}": gr.Dropdown(choices + ([("— none —", NONE)] if i == 2 else []), value=m,
+                                                      label=f"Pane {i + 1}", elem_id=f"c-method-{i + 1}")
+                       for i, m in enumerate(COMPARE_METHODS)}
+                own["chat"] = gr.Checkbox(True, label="Chat template")
+                own["max_new_tokens"] = slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                                               value=s.compare_tokens, step=1, label="Max new tokens",
+                                               elem_id="c-max-new")
         with gr.Row(equal_height=False):
             panes, caps = [], []
             for m in COMPARE_METHODS:
                 with gr.Column(min_width=240):
                     caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
                     panes.append(gr.HTML(render.render_tokens([], empty="not run yet", view=f"pane-{m}",
-                                                              panel="compare"),
-                                         elem_id=f"pane-{m}"))
+                                                              panel="compare"), elem_id=f"pane-{m}"))
         gr.HTML(render.detail_panel(), elem_id="compare-detail")
         c_note = gr.Markdown(compare_note({}), elem_id="compare-note")
         c_fig = gr.Plot(figures.make_compare_figure({}), label="Target passes, wall time, tokens/s",

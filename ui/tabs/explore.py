@@ -25,7 +25,7 @@ from ..render import plural
 from ..state import Services, Session
 from .common import (
     SCOPE_SESSION,
-    as_int,
+    as_number,
     decoder_for,
     ensure_session,
     error,
@@ -70,12 +70,6 @@ def _event_filter(services: Services, sess: Session, scope: str, run_id, statuse
                    text=(text or "").strip() or None), None
 
 
-def _pattern_choices(services: Services, f) -> list[tuple[str, str]]:
-    rows = A.pareto_table(services.store, replace(f, statuses=None, pattern=None, text=None), limit=60)
-    return [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  ({r.count})",
-                                f"{r.draft_id}:{r.target_id}") for r in rows]
-
-
 def _event_row(le: A.LoggedEvent) -> list:
     e: TokenEvent = le.event
     return [le.run_id, le.seq, e.position, e.status + (" (special)" if e.special else ""), render.show_token(e.text),
@@ -96,7 +90,9 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     try:
         rows = A.logged_events(services.store, f, limit=limit)
         n = A.count_events(services.store, f)
-        choices = _pattern_choices(services, f)
+        top = A.pareto_table(services.store, replace(f, statuses=None, pattern=None, text=None), limit=60)
+        choices = [("any", "any")] + [(f"{render.show_token(r.draft_text)} → {render.show_token(r.target_text)}  "
+                                       f"({r.count})", f"{r.draft_id}:{r.target_id}") for r in top]
         targets = target_choices(services, sess)
     except Exception as e:
         log.exception("the store could not list events")
@@ -105,8 +101,7 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     return [_event_row(le) for le in rows], caption, gr.update(choices=choices), targets, hidden, sess
 
 
-def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, target,
-                      sess: Session | None):
+def export_events_csv(services: Services, scope: str, run_id, statuses, pattern, text, target, sess: Session | None):
     """Write exactly the filtered events to a new CSV file. -> (download button, session)."""
     sess = ensure_session(services, sess)
     f, why = _event_filter(services, sess, scope, run_id, statuses, pattern, text, target)
@@ -147,8 +142,7 @@ def _calibration_line(c: dict) -> str:
 def memory_view(services: Services, lam, sess: Session | None):
     """The session's memory: a summary line and its top patterns. -> (markdown, rows, session)."""
     sess = ensure_session(services, sess)
-    mem, lam = sess.memory, float(lam)
-    tok = services.pair.tokenizer
+    mem, lam, tok = sess.memory, float(lam), services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
              "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
     cal = mem.meta.get("calibration")   # a list; an uploaded memory's may hold anything, names included
@@ -195,19 +189,6 @@ def _table_line(mem: CorrectionMemory) -> str:
                "admits by count alone)" if n_off else "") + ".")
 
 
-def _sizes(prompts_mode: bool, *, n_prompts, answer_tokens, max_positions) -> tuple[int, int, int]:
-    """A calibration's sizes made whole numbers and checked against its limits (``ConfigError``)."""
-    n_prompts = as_int("prompts", n_prompts)
-    tokens = as_int("answer tokens", answer_tokens)
-    n = as_int("positions", max_positions)
-    if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
-        raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
-                          f"got {n_prompts} and {tokens}")
-    if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
-        raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
-    return n_prompts, tokens, n
-
-
 def _read_source(services: Services, job, prompts_mode: bool, source: str, upload) -> tuple[str, list]:
     """(its name, the prompts or texts) of a calibration's source; a refusal ends the job."""
     if source == SRC_UPLOAD and not upload:
@@ -247,15 +228,22 @@ def _run_calibration(job, run) -> str:
     return ""
 
 
-def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, **sizes):
+def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, source: str, upload, *, n_prompts,
+                     answer_tokens, max_positions):
     """Calibrate the session's memory on the target's answers to prompts or teacher-forced over a text (shipped or
-    uploaded); ``sizes``: n_prompts, answer_tokens, max_positions. -> (summary, rows, status line, session)."""
+    uploaded), its sizes checked against the limits. -> (summary, rows, status line, session)."""
     sess, job = take_job(services, sess, "calibrate")
     if job.cancel:
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts, tokens, n = _sizes(prompts_mode, **sizes)
+        n_prompts, tokens = as_number("prompts", n_prompts), as_number("answer tokens", answer_tokens)
+        n = as_number("positions", max_positions)
+        if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
+            raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
+                              f"got {n_prompts} and {tokens}")
+        if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
+            raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
@@ -272,23 +260,18 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
             note = _run_calibration(job, lambda cb: calibrate(
                 pair, data, work, max_positions=n, progress=cb, corpus_name=name))
         sess.memory = work
-        _save_calibrated(services, work, before, name)
+        if services.store is not None and work.total != before:
+            try:
+                services.store.save_memory(work, label=f"ui calibration: {name}")
+            except Exception as e:
+                log.exception("could not save the calibrated memory")
+                warn(f"The calibrated memory is in your session but not saved in the store: {e}")
         last = (work.meta.get("calibration") or [{}])[-1]
-        what = plural(last.get('positions'), 'position') if isinstance(last, dict) and last.get("positions") else ""
-        job.summary = (f"Calibrated on {name}" + (f" ({what})" if what else "") +
-                       f": {plural(round(work.total - before), 'divergence')} added.{note}")
+        what = f" ({plural(last['positions'], 'position')})" if isinstance(last, dict) and last.get("positions") else ""
+        job.summary = f"Calibrated on {name}{what}: {plural(round(work.total - before), 'divergence')} added.{note}"
         job.progress = ""
     info(job.summary)
     return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
-
-
-def _save_calibrated(services: Services, work: CorrectionMemory, before: int, name: str) -> None:
-    if services.store is not None and work.total != before:
-        try:
-            services.store.save_memory(work, label=f"ui calibration: {name}")
-        except Exception as e:
-            log.exception("could not save the calibrated memory")
-            warn(f"The calibrated memory is in your session but not saved in the store: {e}")
 
 
 def memory_reset(services: Services, to: str, lam, sess: Session | None):
@@ -326,10 +309,9 @@ def memory_upload(services: Services, file, lam, sess: Session | None):
     else:
         sess.memory = mem
         info(f"Memory loaded: {plural(len(mem), 'pattern')}")
-        md, rows, sess = memory_view(services, lam, sess)
         mismatch = mem.mismatch(services.pair)
         note = render.render_error(f"Loaded, with a note: {mismatch}.") if mismatch else ""
-        return md, rows, note, sess
+        return (*memory_view(services, lam, sess)[:2], note, sess)
     warn(f"Memory not loaded: {msg}")
     return (*memory_view(services, lam, sess)[:2], render.render_error(f"Memory not loaded: {msg}"), sess)
 
@@ -357,23 +339,6 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
                            btn=btn, csv_btn=csv_btn, caption=caption, csv=csv, table=table)
 
 
-def _calibration_inputs(s) -> dict:
-    """The calibration's settings, by ``calibrate_memory``'s names."""
-    mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on", elem_id="cal-mode")
-    source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From", elem_id="cal-source")
-    upload = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or text (.txt, .jsonl "
-                     "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
-    with gr.Row():
-        sizes = dict(n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
-                                      maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
-                     answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
-                                          minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
-                                          elem_id="cal-answer"),
-                     max_positions=number("Text positions", value=s.calibrate_positions, precision=0, minimum=1,
-                                          maximum=MAX_POSITIONS, label="Text positions", elem_id="cal-positions"))
-    return dict(mode=mode, source=source, upload=upload, **sizes)
-
-
 def _memory_panel(s) -> SimpleNamespace:
     gr.Markdown("### Correction memory (this session's copy)")
     m = SimpleNamespace(summary=gr.Markdown(elem_id="memory-summary"))
@@ -381,7 +346,20 @@ def _memory_panel(s) -> SimpleNamespace:
         with gr.Column(scale=2):
             m.table = gr.Dataframe(headers=MEMORY_COLUMNS, interactive=False, max_height=360, elem_id="memory-table")
         with gr.Column(scale=1):
-            m.cal_in = _calibration_inputs(s)
+            mode = gr.Radio([CAL_PROMPTS, CAL_TEXT], value=CAL_PROMPTS, label="Calibrate on", elem_id="cal-mode")
+            source = gr.Radio([SRC_SHIPPED, SRC_UPLOAD], value=SRC_SHIPPED, label="From", elem_id="cal-source")
+            upload = gr.File(label="Prompts (.jsonl: a 'prompt' per line, or .txt: one per line) or text (.txt, .jsonl "
+                             "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
+            with gr.Row():     # the calibration's settings, by ``calibrate_memory``'s names
+                m.cal_in = dict(mode=mode, source=source, upload=upload,
+                                n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
+                                                 maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
+                                answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
+                                                     minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
+                                                     elem_id="cal-answer"),
+                                max_positions=number("Text positions", value=s.calibrate_positions, precision=0,
+                                                     minimum=1, maximum=MAX_POSITIONS, label="Text positions",
+                                                     elem_id="cal-positions"))
             with gr.Row(equal_height=True):
                 m.cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0, min_width=110)
                 m.stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)
@@ -403,17 +381,7 @@ def _memory_panel(s) -> SimpleNamespace:
     return m
 
 
-def _wire_events(services: Services, e: SimpleNamespace, tab, sess, light: dict) -> None:
-    ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
-    e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
-    e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
-    for ctl in e.filters:   # a prepared file must match the filters
-        ctl.change(hide_download, None, e.csv, queue=False, show_progress="hidden", api_visibility="private")
-    tab.select(partial(explore_events, services), ev_inputs, ev_out, api_visibility="private", **light)
-
-
 def build(page: Page):
-    """Lay out the Explore & memory tab; returns the function that wires its events."""
     services, sess, light, lam = page.services, page.sess, page.light, page.lam
     with gr.Tab("Explore & memory", id="explore", elem_id="tab-explore") as explore_tab:
         e = _events_panel(page.settings, scopes(services))
@@ -423,19 +391,22 @@ def build(page: Page):
     def wire():
         mem_out = [m.summary, m.table, sess]
         explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
-        _wire_events(services, e, explore_tab, sess, light)
+        ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
+        e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
+        e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
+        for ctl in e.filters:   # a prepared file must match the filters
+            ctl.change(hide_download, None, e.csv, queue=False, show_progress="hidden", api_visibility="private")
+        explore_tab.select(partial(explore_events, services), ev_inputs, ev_out, api_visibility="private", **light)
         sizes = [m.cal_in[k] for k in ("n_prompts", "answer_tokens", "max_positions")]
         page.model_job(m.cal, "calibrate", partial(calibrate_memory, services), dict(**m.cal_in, lam=lam),
                        [m.summary, m.table, m.status, sess], "calibrate", check_in=sizes)
         m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False, api_name="stop_calibrate")
         m.reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
                       **light)
-        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
-                      **light)
+        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear", **light)
         m.policy.click(partial(memory_set_policy, services), [m.capacity, m.half_life, lam, sess], mem_out,
                        api_name="memory_policy", **light)
-        m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download",
-                       **light)
+        m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download", **light)
         m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],
                         api_name="memory_upload", **light)
     return wire

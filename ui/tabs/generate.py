@@ -3,7 +3,6 @@ recoloured under other λ/τ without the model; exported as HTML and JSON."""
 from __future__ import annotations
 
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
@@ -18,17 +17,7 @@ from ..state import RunSettings, RunView, Services, Session
 from . import analyse
 from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
 from .inputs import dropdown, number, slider
-from .jobs import (
-    done_sentence,
-    follow_run,
-    in_lane,
-    recorded,
-    speculation_sentence,
-    start_run,
-    status_line,
-    stop,
-    take_job,
-)
+from .jobs import done_sentence, in_lane, run_recorded, speculation_sentence, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 LOOKUP_TOKENS = DEFAULT_LOOKUP   # the Generate tab's copy length when copying is on (the CLI's default --lookup)
@@ -68,16 +57,13 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
     with in_lane(services, job):
         cfg = page_config(s, score_all=True)
         rule, hide = (cfg.lam, cfg.tau), s.hide_rejected
-        t0 = time.perf_counter()
-        run, view = start_run(services, sess, job, prompt, s.chat, cfg, sess.memory)
-        sess.last = view
+        views = run_recorded(services, sess, job, prompt, s.chat, cfg, sess.memory, "generate")
+        view = sess.last = next(views)
         yield (tokens_html(view, rule, hide, empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), "
                                                   f"then the first draft block and its verify pass…"),
                "", export.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
-        with recorded(services, sess, prompt, cfg, "generate") as rec:
-            for _ in follow_run(run, rec, view, t0):    # the same view, one pass further each time
-                if view.done:
-                    break
+        for _ in views:    # the same view, one pass further each time (done: answered below)
+            if not view.done:
                 yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
                        gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
@@ -122,24 +108,7 @@ API_ORDER = ("prompt", "chat", "method", "gamma", "auto_gamma", "lam", "log10_ta
              "seed", "hide_rejected", "lookup", "show_spec")
 
 
-def _settings_column(s) -> dict:
-    """Generate's own settings (beside the prompt), by ``RunSettings`` field."""
-    return dict(
-        method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd", label="Method",
-                        elem_id="method"),
-        chat=gr.Checkbox(True, label="Chat template (instruct models)"),
-        temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
-                           label="Temperature (0 = greedy)", elem_id="temperature"),
-        max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
-                              value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
-        seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)", elem_id="seed"),
-        lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens that "
-                           "followed the last few earlier, where the costs say it pays (sd and csd; underlined)",
-                           elem_id="lookup"))
-
-
 def build(page: Page):
-    """Lay out the Generate tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     lam, log10_tau = page.lam, page.log10_tau
     with gr.Tab("Generate", id="generate", elem_id="tab-generate"):
@@ -148,8 +117,7 @@ def build(page: Page):
                 prompt = gr.Textbox(label=f"Prompt (at most {s.max_prompt_tokens:,} tokens)", lines=3,
                                     max_lines=14, value=EXAMPLES[0], elem_id="prompt")
                 with gr.Row(equal_height=False):
-                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0,
-                                        min_width=120)
+                    gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=0, min_width=120)
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=0, min_width=90)
                     with gr.Column(scale=3, min_width=220):
                         gen_status = gr.HTML(render.render_status("Ready."), elem_id="gen-status")
@@ -160,15 +128,26 @@ def build(page: Page):
             with gr.Column(scale=1, elem_classes=HIDE_PRESENT):
                 # the colours' key at the column's top: in view beside the answer as it streams (1440x900)
                 gr.HTML(render.render_legend(key=True, whatif=False), elem_id="legend-key")
-                own = _settings_column(s)
+                own = dict(     # Generate's own settings, by ``RunSettings`` field
+                    method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
+                                    label="Method", elem_id="method"),
+                    chat=gr.Checkbox(True, label="Chat template (instruct models)"),
+                    temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
+                                       label="Temperature (0 = greedy)", elem_id="temperature"),
+                    max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                                          value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
+                    seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)",
+                                elem_id="seed"),
+                    lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens "
+                                       "that followed the last few earlier, where the costs say it pays (sd and csd; "
+                                       "underlined)", elem_id="lookup"))
         gr.Examples([[e] for e in EXAMPLES], inputs=[prompt], label="Examples (GSM8K, HumanEval, prose)",
                     elem_id="examples")
         gr.HTML(render.render_legend(), elem_id="legend")
         with gr.Row(elem_classes=HIDE_PRESENT):
             hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
-        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False,
-                               elem_id="export-files")
+        export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False, elem_id="export-files")
         metrics = gr.HTML(export.render_metrics(None), elem_id="metrics")
         with gr.Accordion("Metrics as JSON", open=False, elem_classes=HIDE_PRESENT):
             metrics_json = gr.JSON(elem_id="metrics-json")

@@ -67,9 +67,7 @@ def stop(services: Services, kind: str | None, sess: Session | None):
 def take_back(services: Services, sess: Session, kind: str) -> None:
     """The stopped requests of ``kind`` still waiting in gradio's queue of model work leave it for the light
     group, where their handler ends them at once ("Stopped before it started"): the requests behind move up."""
-    stopped = [j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn]
-    if stopped:
-        services.lane.take_back(stopped)
+    services.lane.take_back([j for j in sess.pending[kind] if j.cancel and j.waiting and not j.withdrawn])
 
 
 REFUSED = "Not run: the request was refused (the message says why)."
@@ -79,14 +77,13 @@ _refusals = itertools.count(1)      # each refusal's line differs from the last:
 def refused(services: Services, kind: str, sess: Session | None):
     """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
     it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
-    if not isinstance(sess, Session):
-        return render.render_status(REFUSED, "stopped", next(_refusals))
-    q = sess.pending[kind]
-    if q and q[-1].waiting:
-        services.lane.finish(q.pop(), REFUSED)
-    job = sess.jobs.get(kind)
-    if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
-        return status_line(services, sess, kind)
+    if isinstance(sess, Session):
+        q = sess.pending[kind]
+        if q and q[-1].waiting:
+            services.lane.finish(q.pop(), REFUSED)
+        job = sess.jobs.get(kind)
+        if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
+            return status_line(services, sess, kind)
     return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
@@ -164,9 +161,8 @@ def poll_status(services: Services, sess: Session | None):
             if job.waiting and job is not sess.jobs.get(job.kind):
                 services.lane.touch(job)
                 _orphan(services, sess, job, services.lane.position(job), now)
-    lines = [status_line(services, sess, k) for k in KINDS]
-    busy = isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())
-    return (*lines, gr.Timer(active=busy))
+    return (*[status_line(services, sess, k) for k in KINDS],
+            gr.Timer(active=isinstance(sess, Session) and any(not j.finished for j in sess.all_jobs())))
 
 
 @contextmanager
@@ -247,13 +243,22 @@ def follow_run(run, rec, view: RunView, t0: float) -> Iterator[RunView]:
         raise error(f"Generation failed: {type(e).__name__}: {e}", expected=False) from None
     finally:
         run.close()
-        view.token_ids = list(run.token_ids)
-        view.text = run.text
+        view.token_ids, view.text = list(run.token_ids), run.text
         view.metrics = run.metrics_snapshot()
         view.done = True
     rec.result(view.text, view.metrics)
     threads.hand_back()
     yield view
+
+
+def run_recorded(services: Services, sess: Session, job: Job, prompt: str, chat: bool, cfg: CSDConfig, memory,
+                 kind: str, label: str = "") -> Iterator[RunView]:
+    """A tab's run: ``start_run``, the view once started, then ``follow_run`` under ``recorded`` (``kind``)."""
+    t0 = time.perf_counter()
+    run, view = start_run(services, sess, job, prompt, chat, cfg, memory, label)
+    yield view
+    with recorded(services, sess, prompt, cfg, kind) as rec:
+        yield from follow_run(run, rec, view, t0)
 
 
 def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bool, cfg: CSDConfig, memory,

@@ -25,9 +25,8 @@ HIDE_PRESENT = ["csd-hide-present"]
 
 @dataclass(eq=False)
 class Page:
-    """Made by ``build_demo`` before the tabs; each tab's ``build(page)`` lays the tab out, adds
-    what other tabs need to the page, and returns the function that wires its events (called once
-    every tab is laid out, so that a tab can wire events to another tab's components)."""
+    """Made by ``build_demo`` before the tabs; each tab's ``build(page)`` lays it out, adds what other tabs need, and
+    returns its wiring function, called once every tab is laid out (so it can wire to another tab's components)."""
     services: Services
     sess: gr.State              # the Session, made by the first handler that needs it (ensure_session)
     status_timer: gr.Timer      # refreshes the status lines while a job waits or runs
@@ -50,10 +49,6 @@ class Page:
     def light(self) -> dict:
         """The group of the chart, table and bookkeeping handlers, which no model work holds up."""
         return dict(concurrency_limit=8, concurrency_id=LIGHT_GROUP)
-
-    @property
-    def model(self) -> dict:
-        return dict(concurrency_limit=self.settings.concurrency, concurrency_id=MODEL_GROUP)
 
     @property
     def status_io(self) -> tuple[list, list]:
@@ -95,7 +90,7 @@ class Page:
                         [sess, self.status[kind], self.status_timer], show_progress="hidden",
                         api_visibility="private", **self.light)
         run = ask.success(fn, [sess], outputs, inputs_kwargs=named, api_name=api_name, show_progress="hidden",
-                          **self.model)
+                          concurrency_limit=self.settings.concurrency, concurrency_id=MODEL_GROUP)
         for step in (ask, run):      # refused before its handler ran: the status line says so, nothing waits
             step.failure(partial(refused, services, kind), [sess], [self.status[kind]], show_progress="hidden",
                          api_visibility="private", **self.light)

@@ -2,7 +2,6 @@
 iteration at a time, by hand or by the autoplay timer."""
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -17,15 +16,13 @@ from ..render import STATUS_STYLE, esc, plain_sentence, plural, show_token, toke
 from ..state import RunSettings, Services, Session
 from .common import error, exactness_note, page_config
 from .inputs import dropdown, slider
-from .jobs import done_sentence, follow_run, in_lane, recorded, start_run, status_line, stop, take_job
+from .jobs import done_sentence, in_lane, run_recorded, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
 
 
 # -- the view of one iteration -----------------------------------------------------------------
 def _top_list(top: list | None) -> str:
-    if not top:
-        return "–"
-    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top)
+    return "<br>".join(f"<code>{esc(show_token(t))}</code> {p:.3f}" for t, p in top) if top else "–"
 
 
 def _chip(text: str, cls: str, title: str = "") -> str:
@@ -63,9 +60,8 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
             f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
             f'<td class="why">{esc(plain_sentence(e, lam, tau, method=method, relax=relax))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
-            first = e.index_in_block + 2
-            for k, t in enumerate(discarded_texts):
-                rows.append(f'<tr class="discarded"><td>{first + k}</td><td><code>{esc(show_token(t))}</code></td>'
+            for k, t in enumerate(discarded_texts, start=e.index_in_block + 2):
+                rows.append(f'<tr class="discarded"><td>{k}</td><td><code>{esc(show_token(t))}</code></td>'
                             f'<td>–</td><td>–</td><td>–</td><td><span class="tok tok-discarded">discarded</span></td>'
                             f'<td class="why">Never checked: once a draft token is rejected, the rest of the block '
                             f'is thrown away.</td></tr>')
@@ -123,20 +119,18 @@ def teach_run(services: Services, prompt: str, s: RunSettings, sess: Session | N
         # greedy, in a chat, at the γ of the slider (Teach keeps the number even with γ = auto)
         cfg = page_config(replace(s, chat=True, temperature=0.0, seed=None, lookup=False, auto_gamma=False),
                           explain=True, score_all=True)
-        t0 = time.perf_counter()
-        run, view = start_run(services, sess, job, prompt, True, cfg, sess.memory)
-        with recorded(services, sess, prompt, cfg, "teach") as rec:
-            for _ in follow_run(run, rec, view, t0):
-                if not view.done:
-                    yield gr.skip(), status_line(services, sess, "teach"), sess
+        views = run_recorded(services, sess, job, prompt, True, cfg, sess.memory, "teach")
+        view = next(views)      # started: the status line follows the passes
+        for _ in views:
+            if not view.done:
+                yield gr.skip(), status_line(services, sess, "teach"), sess
         sess.teach, sess.teach_step = view, 0
         job.summary = done_sentence(view) + " Step through the iterations below."
     yield teach_view(services, sess, 0), status_line(services, sess, "teach"), sess
 
 
 def teach_step(services: Services, delta: int, sess: Session | None):
-    step = sess.teach_step + int(delta) if isinstance(sess, Session) else 0
-    return teach_view(services, sess, step), sess
+    return teach_view(services, sess, sess.teach_step + int(delta) if isinstance(sess, Session) else 0), sess
 
 
 def teach_play(services: Services, sess: Session | None):
@@ -148,14 +142,12 @@ def teach_play(services: Services, sess: Session | None):
 
 # -- the tab -----------------------------------------------------------------------------------
 def build(page: Page):
-    """Lay out the Teach tab; returns the function that wires its events."""
     services, s, sess, light = page.services, page.settings, page.sess, page.light
     with gr.Tab("Teach", id="teach", elem_id="tab-teach"):
         with gr.Row():
             with gr.Column(scale=3):
                 with gr.Row():
-                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3,
-                                          elem_id="t-prompt")
+                    t_prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLES[2], scale=3, elem_id="t-prompt")
                     with gr.Column(scale=1, min_width=160, elem_classes=HIDE_PRESENT):
                         t_method = dropdown("Teach's method", [m for m in METHODS if m != "ar"], value="csd",
                                             label="Method", elem_id="t-method")
@@ -184,8 +176,7 @@ def build(page: Page):
                        "teach_run", check_in=(t_method, page.gamma, page.lam, page.log10_tau, t_max))
         t_prev.click(partial(teach_step, services, -1), [sess], [t_view, sess], api_name="teach_prev", **light)
         t_next.click(partial(teach_step, services, 1), [sess], [t_view, sess], api_name="teach_next", **light)
-        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play",
-                     **light)
+        t_play.click(partial(teach_play, services), [sess], [t_view, teach_timer, sess], api_name="teach_play", **light)
         teach_timer.tick(partial(teach_play, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
         t_stop.click(lambda: gr.Timer(active=False), None, teach_timer, queue=False, api_visibility="private")
