@@ -39,8 +39,8 @@ def exactness_note(target: str, activations: str = "") -> str:
         return ("**Exactness here:** the target runs in int8 with each token's activations scaled on their own, "
                 f"so a verify pass computes for every token what the target alone computes for it: {exact}")
     how = ("quantises the activations of all the tokens in a verify pass with one scale"
-           if target == "int8" else f"rounds a verify pass of several tokens in {target} differently "
-           "from a pass of one")
+           if target == "int8" else f"need not compute a verify pass of several tokens in {target} as it "
+           "computes a pass of one")
     return (f"**Exactness here:** the target runs in {target}, which {how}, so where the target's top two "
             "tokens nearly tie, SD can pick differently from the target alone (AR) and its answer can leave AR's. "
             "In float32 (`--dtype float32`) SD writes AR's answer token for token; CSD may also leave it where it "
