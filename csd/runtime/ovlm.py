@@ -24,11 +24,10 @@ KEY_BLOCK = 64
 def ov_missing() -> str | None:
     """None where OpenVINO compiles and runs a 4-bit product here (checked once), else why not."""
     try:
-        import openvino  # noqa: F401
+        import openvino as ov
     except ImportError:
         return "openvino is not installed (pip install openvino)"
     try:
-        import openvino as ov
         g = torch.Generator().manual_seed(0)
         w, x = torch.randn(16, 128, generator=g), torch.randn(2, 128, generator=g)
         nb = NBits(*quantize_nbits(w))
@@ -59,10 +58,10 @@ def _fc(x, nb: NBits):
     """x @ W.T (+ bias) with W held as 4-bit levels, zero points and scales: OpenVINO's compressed product."""
     import openvino as ov
     ops = _ops()
-    q = torch.stack([nb.q & 15, nb.q >> 4], -1).flatten(-2)                      # (N, K/G, G) levels
-    z = torch.stack([nb.zeros & 15, nb.zeros >> 4], -1).flatten(-2)[:, :q.shape[1], None]
-    n, blocks, group = q.shape
-    w = ops.multiply(ops.subtract(ops.convert(ops.constant(q.numpy(), ov.Type.u4), ov.Type.f32),
+    (n, blocks), group = nb.scales.shape, 2 * nb.q.shape[2]
+    q = ov.Tensor(nb.q.numpy(), ov.Shape([n, blocks, group]), ov.Type.u4)     # the packed bytes as they are: OpenVINO's
+    z = torch.stack([nb.zeros & 15, nb.zeros >> 4], -1).flatten(-2)[:, :blocks, None]   # u4, first level low
+    w = ops.multiply(ops.subtract(ops.convert(ops.constant(q), ov.Type.f32),
                                   ops.convert(ops.constant(z.numpy(), ov.Type.u4), ov.Type.f32)),
                      ops.constant(nb.scales[..., None].numpy()))
     y = ops.matmul(x, ops.reshape(w, _i64(n, blocks * group), False), False, True)
@@ -121,7 +120,7 @@ class OvLM(GraphLM):
 
     @classmethod
     def from_lean(cls, lm: LeanLM, threads: int | None = None) -> OvLM:
-        """From a ``LeanLM`` whose layers hold ``NBits`` (its output layer int8); the weights move into the graph."""
+        """From a ``LeanLM`` whose layers hold ``NBits`` (its output layer int8), whose levels the graph reads in place."""
         import openvino as ov
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)
@@ -133,9 +132,10 @@ class OvLM(GraphLM):
             "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_PRECISION_HINT": "f32"})      # not bf16 where the CPU has it: the weights' own products
         out.request = out.compiled.create_infer_request()
-        out.layers = lm.layers = []
+        out.shared, out.layers, lm.layers = lm.layers, [], []
         del model, rows
         release_memory()
+        out._forward(out.new_cache(), [0], 1)    # OpenVINO lays its weights out at the first call (3 s): at load
         return out
 
     def _forward(self, cache: LeanCache, ids, keep: int) -> torch.Tensor:
