@@ -212,7 +212,8 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
 
 def cmd_prepare(args) -> int:
     """Make the embedded pair ready once (config, tokenizer, int8 conversion, this machine's costs for gamma
-    auto under both int8 activation scalings), so that the first generation pays for none of them."""
+    auto under both int8 activation scalings, and with the app's int8 draft), so that the first generation pays
+    for none of them."""
     from csd.fileio import cache_dir
     from csd.runtime.models import load_pair
     from csd.runtime.profile import cached_costs
@@ -228,6 +229,9 @@ def cmd_prepare(args) -> int:
     print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
           f"{pair.rep.target}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
           f"pass; {pair.memory_gib} GiB resident", file=sys.stderr)
+    if pair.rep.draft != "int8":      # the app's draft where runs decode together (csd_app.app_draft_weights)
+        del pair
+        cached_costs(load_pair(draft_weights="int8", activations="row", progress=tqdm_progress()), progress=tqdm_progress())
     return 0
 
 

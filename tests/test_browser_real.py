@@ -68,7 +68,7 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     head = page.locator("#header").inner_text()         # plain words first, the technical detail folded
     weights = r"(weights in 8-bit integers|the target's weights in 8-bit integers, the draft's in 4-bit integers \(ONNX Runtime\))"
     assert re.search(r"Qwen2\.5-Coder 0\.5B drafts for Qwen2\.5-Coder 1\.5B; " + weights + r"; exact: SD gives the "
-                     r"target's own answer", head)     # the draft's weights: int8 or ort4, as prepare timed them
+                     r"target's own answer", head)     # int8 draft where runs decode together, else as prepare timed it
     assert "arXiv 2604.13634" in head and "q4_k_m" not in head
     page.locator("#header summary").click(position={"x": 4, "y": 4})   # its start: the middle may be the paper link
     assert "q4_k_m" in page.locator("#header").inner_text()

@@ -230,6 +230,19 @@ def test_runs_decode_together_by_default_where_they_can():
     assert csd_app.concurrency_for(3, pair) == 3
 
 
+def test_the_app_drafts_in_int8_where_runs_decode_together():
+    """An int8 draft's steps for several runs are one batched pass, an ort4 draft's one call a run
+    (docs/users.md): the app's auto is int8 where runs may decode together on the CPU, prepare's timed choice
+    where they go one at a time, and what was asked otherwise."""
+    import csd_app
+    cpu = ["--device", "cpu"]
+    assert csd_app.app_draft_weights(csd_app.parse_args(cpu)) == "int8"
+    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--concurrency", "4"])) == "int8"
+    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--concurrency", "1"])) == "auto"
+    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--target-impl", "hf"])) == "auto"
+    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--draft-dtype", "ort4"])) == "ort4"
+
+
 def test_session_objects_are_per_user(services):
     a, b = common.ensure_session(services, None), common.ensure_session(services, None)
     assert isinstance(a, Session) and a.session_id != b.session_id and a.memory is not b.memory
