@@ -78,17 +78,6 @@ def concurrency_for(requested: int | None, pair) -> int:
     return BATCHED_CONCURRENCY if can_batch(pair) and pair.describe()["engine"] not in STATIC_ENGINES else 1
 
 
-def app_draft_weights(args) -> str:
-    """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is int8 where runs decode together
-    (``--concurrency`` not 1): an int8 draft's steps for several runs are one batched pass, an ort4 draft's one
-    call a run, so 8 runs at once wrote 17.7 tok/s with int8 against 15.0 with ort4 (docs/users.md)."""
-    from csd.runtime.models import resolve_device
-    if args.draft_weights == "auto" and args.concurrency != 1 and resolve_device(args.device).type == "cpu" \
-            and "hf" not in (args.draft_impl, args.target_impl):      # the transformers path decodes runs one by one
-        return "int8"
-    return args.draft_weights
-
-
 class ConsoleProgress:
     """Model preparation progress on stderr, at most a line a second per stage."""
 
@@ -105,7 +94,7 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.cli.common import choose_draft, load_from_args, open_store
+    from csd.cli.common import app_draft_weights, choose_draft, load_from_args, open_store
     from csd.db.store import StoreOpenError
     from csd.runtime.pair import ModelLoadError
     from csd.runtime.static import STATIC_ENGINES
@@ -118,7 +107,7 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
-        args.draft_weights = app_draft_weights(args)
+        args.draft_weights = app_draft_weights(args, args.concurrency)
         choose_draft(args, ConsoleProgress())      # one run at a time: int8 or ort4, whichever runs faster here
         pair = load_from_args(args, progress=ConsoleProgress())
     except ModelLoadError as e:

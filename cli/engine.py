@@ -15,6 +15,7 @@ from .common import (
     add_memory_policy_args,
     add_model_args,
     add_rival_args,
+    app_draft_weights,
     choose_draft,
     load_from_args,
     memory_policy,
@@ -220,7 +221,8 @@ def cmd_prepare(args) -> int:
     t0 = time.perf_counter()
     defaults = argparse.ArgumentParser()
     add_model_args(defaults, store=False)
-    choose_draft(defaults.parse_args([]))      # --draft-dtype auto: int8 or ort4, whichever runs faster here
+    default_args = defaults.parse_args([])
+    choose_draft(default_args)      # --draft-dtype auto: int8 or ort4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
     if pair.rep.target == "int8":     # the app's exact int8 (per-token activations) has its own costs
@@ -229,9 +231,11 @@ def cmd_prepare(args) -> int:
     print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
           f"{pair.rep.target}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
           f"pass; {pair.memory_gib} GiB resident", file=sys.stderr)
-    if pair.rep.draft != "int8":      # the app's draft where runs decode together (csd_app.app_draft_weights)
+    app_draft = app_draft_weights(default_args, None)      # the app's where runs decode together ("auto" on a GPU)
+    if app_draft not in ("auto", pair.rep.draft):
         del pair
-        cached_costs(load_pair(draft_weights="int8", activations="row", progress=tqdm_progress()), progress=tqdm_progress())
+        cached_costs(load_pair(draft_weights=app_draft, activations="row", progress=tqdm_progress()),
+                     progress=tqdm_progress())
     return 0
 
 

@@ -235,12 +235,17 @@ def test_the_app_drafts_in_int8_where_runs_decode_together():
     (docs/users.md): the app's auto is int8 where runs may decode together on the CPU, prepare's timed choice
     where they go one at a time, and what was asked otherwise."""
     import csd_app
-    cpu = ["--device", "cpu"]
-    assert csd_app.app_draft_weights(csd_app.parse_args(cpu)) == "int8"
-    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--concurrency", "4"])) == "int8"
-    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--concurrency", "1"])) == "auto"
-    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--target-impl", "hf"])) == "auto"
-    assert csd_app.app_draft_weights(csd_app.parse_args([*cpu, "--draft-dtype", "ort4"])) == "ort4"
+    from csd.cli.common import app_draft_weights
+
+    def draft(*flags):
+        args = csd_app.parse_args(["--device", "cpu", *flags])
+        return app_draft_weights(args, args.concurrency)
+    assert draft() == "int8"
+    assert draft("--concurrency", "4") == "int8"
+    assert draft("--concurrency", "1") == "auto"
+    assert draft("--target-impl", "hf") == "auto"
+    assert draft("--draft-dtype", "ort4") == "ort4"
+    assert app_draft_weights(csd_app.parse_args(["--device", "cuda"]), None) == "auto"   # a GPU's draft: the target's dtype
 
 
 def test_session_objects_are_per_user(services):

@@ -59,8 +59,8 @@ def _fc(x, nb: NBits):
     import openvino as ov
     ops = _ops()
     (n, blocks), group = nb.scales.shape, 2 * nb.q.shape[2]
-    q = ov.Tensor(nb.q.numpy(), ov.Shape([n, blocks, group]), ov.Type.u4)     # the packed bytes as they are: OpenVINO's
-    z = torch.stack([nb.zeros & 15, nb.zeros >> 4], -1).flatten(-2)[:, :blocks, None]   # u4, first level low
+    q = ov.Tensor(nb.q.numpy(), ov.Shape([n, blocks, group]), ov.Type.u4)   # the bytes in place: u4, first level low
+    z = torch.stack([nb.zeros & 15, nb.zeros >> 4], -1).flatten(-2)[:, :blocks, None]
     w = ops.multiply(ops.subtract(ops.convert(ops.constant(q), ov.Type.f32),
                                   ops.convert(ops.constant(z.numpy(), ov.Type.u4), ov.Type.f32)),
                      ops.constant(nb.scales[..., None].numpy()))
