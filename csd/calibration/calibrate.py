@@ -1,8 +1,7 @@
 """Calibration of the Online Correction Memory (CSD, arXiv 2604.13634; docs/calibration.md): count the
 pairs (draft top-1 -> target top-1) wherever they differ, never with a special token on either side.
 **prompts** (the default): the draft is teacher-forced over the target's greedy answers to prompts (a
-``heldout`` split measures how the memory generalises); **text**: both models read human-written text.
-"""
+``heldout`` split measures how the memory generalises); **text**: both models read human-written text."""
 from __future__ import annotations
 
 import logging
@@ -28,7 +27,6 @@ class Stop(Exception):
     """Raised by a progress callback to stop a calibration early (the counts so far are kept)."""
 
 
-# -- counting ----------------------------------------------------------------------------------
 @torch.inference_mode()
 def top1_after(lm, ids: Sequence[int], first: int) -> list[int]:
     """The model's greedy token after each of ``ids[first:]``, teacher-forced over ``ids``: read in the passes a
@@ -162,8 +160,7 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
             if a != b and a not in special:
                 patterns[(a, b)] += 1
         if progress:
-            progress(f"counting: {positions} positions, {sum(patterns.values())} divergences",
-                     (n + 1) / len(answers))
+            progress(f"counting: {positions} positions, {sum(patterns.values())} divergences", (n + 1) / len(answers))
     if memory is not None:
         for (a, b), c in patterns.items():
             memory.observe(a, b, c)
@@ -173,8 +170,7 @@ def count_answers(pair: ModelPair, prompt_ids: Sequence[list[int]], answers: Seq
 @dataclass(frozen=True)
 class PromptOptions:
     """``batch_size`` prompts a step (shortest first); ``heldout`` prompts measure how the patterns at ``lam`` cover
-    divergences never counted; ``token_freq``, if given, counts the answers' tokens; ``source`` names the prompts
-    in the record."""
+    divergences never counted; ``token_freq`` counts the answers' tokens; ``source`` names the prompts in the record."""
     max_new_tokens: int = 320
     batch_size: int = 8
     chat: bool = True
@@ -212,8 +208,7 @@ def calibrate_prompts(pair: ModelPair, prompts: Sequence[dict | str], memory: Co
 
     try:
         for b in range(0, len(order), o.batch_size):
-            idx = order[b:b + o.batch_size]
-            _count_batch(pair, memory, [(rows[i], ids[i]) for i in idx], o, info, patterns)
+            _count_batch(pair, memory, [(rows[i], ids[i]) for i in order[b:b + o.batch_size]], o, info, patterns)
             if progress:
                 progress(f"calibrating: {info['prompts']}/{len(rows)} prompts, {info['answer_tokens']} answer tokens, "
                          f"{info['divergences']} divergences", info["prompts"] / len(rows))

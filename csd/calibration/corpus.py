@@ -1,7 +1,6 @@
 """What calibration reads (``csd.calibration.calibrate``), files only: the shipped prompts (``calibration`` and
 ``heldout`` splits, built by ``python -m csd.evaluation.calibration_set``) or a user's file; and text:
-Python's documentation topics (3 in 4; the rest are the prose benchmark's) and standard-library sources.
-"""
+Python's documentation topics (3 in 4; the rest are the prose benchmark's) and standard-library sources."""
 from __future__ import annotations
 
 import hashlib
@@ -13,7 +12,6 @@ from pathlib import Path
 PROMPTS_FILE = Path(__file__).parents[1] / "data" / "calibration_prompts.jsonl"
 
 
-# -- prompts ---------------------------------------------------------------------------------------
 def _read(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -54,7 +52,6 @@ def read_prompts(path: str | Path = PROMPTS_FILE, split: str | None = "calibrati
     return rows
 
 
-# -- text -----------------------------------------------------------------------------------
 def _topic_split(name: str) -> str:
     """Deterministic split of pydoc topics: 1 in 4 is held out for the prose benchmark."""
     return "eval" if int(hashlib.sha1(name.encode()).hexdigest(), 16) % 4 == 0 else "calibration"

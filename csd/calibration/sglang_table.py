@@ -4,8 +4,7 @@
 The format, as read in SGLang's code (docs/scale.md names the commits and lines): metadata and entries, as
 one JSON value or JSON lines (by the ``.jsonl`` suffix); an entry is ``lhs_token`` (the draft's token),
 ``rhs_token`` (the target's) or their ``key`` = lhs << 32 | rhs, ``freq`` and ``allow``. A delta file alike.
-No torch here; every refusal is a ``TableError`` (a ``MemoryFileError``) naming the line.
-"""
+No torch here; every refusal is a ``TableError`` (a ``MemoryFileError``) naming the line."""
 from __future__ import annotations
 
 import json
@@ -18,7 +17,6 @@ from ..memory import CorrectionMemory, MemoryFileError, MemoryPolicy
 from ..runtime.pair import EMBEDDED, EMBEDDED_PAIR_ID
 
 MAX_TOKEN_ID = (1 << 31) - 1          # SGLang's CSD_MAX_TOKEN_ID: an id is packed into 32 bits
-EMPTY_KEY = -1                        # SGLang's empty-slot sentinel, never a key
 CONTENT_TABLE, CONTENT_DELTA = "csd_pair_frequency", "raw_delta_counts"
 PRODUCER = "csd-explorer"
 
@@ -83,7 +81,6 @@ class Table:
         self.allow[pair] = self.allow.get(pair, True) and allow
 
 
-# -- reading -----------------------------------------------------------------------------------
 def _whole(value, what: str, where: str) -> int:
     """A JSON whole number (an integral float too, as SGLang's ``int()`` takes it), not a bool."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
@@ -139,9 +136,8 @@ def _metadata(rec: dict, where: str) -> dict:
 
 
 def parse_table(text: str, jsonl: bool, vocab: Vocabulary | None = None) -> Table:
-    """A table from its text; ``jsonl``: one JSON value a line (SGLang decides by the ``.jsonl`` suffix).
-    Refused (``TableError``) with the line number: malformed JSON, an entry that is not one, an id
-    outside ``vocab``."""
+    """A table from its text; ``jsonl``: one JSON value a line (SGLang decides by the ``.jsonl`` suffix). Refused
+    (``TableError``) with the line number: malformed JSON, an entry that is not one, an id outside ``vocab``."""
     table = Table()
     if jsonl:
         for n, line in enumerate(text.splitlines(), 1):
@@ -199,10 +195,9 @@ def read_table(path: str | os.PathLike, vocab: Vocabulary | None = None) -> Tabl
 # -- table <-> memory --------------------------------------------------------------------------
 def check_tokenizer(metadata: dict, vocab: Vocabulary, force: bool = False) -> None:
     """Refuse a table whose metadata names another tokenizer (or vocabulary size), unless ``force``."""
-    name = metadata.get("tokenizer", metadata.get("tokenizer_path"))
-    size = metadata.get("vocab_size")
     if force:
         return
+    name, size = metadata.get("tokenizer", metadata.get("tokenizer_path")), metadata.get("vocab_size")
     if name is not None and not vocab.accepts(str(name)):
         raise TableError(f"the table's metadata names tokenizer {name!r}, not {vocab.tokenizer!r}: "
                          "its ids would mean other tokens (--force takes it anyway)")
@@ -239,8 +234,7 @@ def memory_lambda(memory: CorrectionMemory, default: float = 6) -> float:
     return float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float(default)
 
 
-def memory_to_table(memory: CorrectionMemory, vocab: Vocabulary, lam: float,
-                    tau: float | None = None) -> Table:
+def memory_to_table(memory: CorrectionMemory, vocab: Vocabulary, lam: float, tau: float | None = None) -> Table:
     """The memory as a table: every pattern, ``freq`` its count, ``allow`` false where an imported table
     said so. The metadata names the pair, the tokenizer and lambda (``freq_threshold``, the name SGLang's
     later runtime writes), keeping the keys of an imported table's metadata that it does not set."""

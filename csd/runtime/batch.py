@@ -3,8 +3,7 @@ waiting for that model. Each run keeps its own loop, caches, rule, memory and ev
 ``Batcher.view`` calls ``forward`` on a ``BatchedLM``, which hands the call to the batcher's model thread.
 That thread gathers the calls waiting for one model (up to ``window_s``, or until every joined run has
 one waiting) into one ``LeanLM.forward_many`` pass. Rows scaled per token compute the same bits alone or
-in any batch (``tests/test_batch.py``); a target scaled per pass is not merged with other runs.
-"""
+in any batch (``tests/test_batch.py``); a target scaled per pass is not merged with other runs."""
 from __future__ import annotations
 
 import logging
@@ -75,8 +74,7 @@ class Batcher:
         self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
         ready = threading.Event()
         self.threads = torch.get_num_threads()     # the model thread's (its creator's count: csd.runtime.threads)
-        threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher",
-                         daemon=True).start()
+        threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher", daemon=True).start()
         ready.wait()        # the model thread holds its cores before the caller's next step (csd.runtime.threads)
 
     def view(self, mode: str = ""):
@@ -120,7 +118,8 @@ class Batcher:
             # drafts first: the verify passes then gather every run (runs fall into step)
             drafts = [c for c in self._pending if not c.lm.member]
             first = drafts[0] if drafts else self._pending[0]
-            alone = self._alone(first)
+            # a target pass with one activation scale per pass is not merged with other runs' rows
+            alone = first.lm.member and first.lm.mode == "pass" and self.pair.rep.target == "int8"
             batch, tokens = [], 0
             for c in list(self._pending):
                 if c.lm.lm is first.lm.lm and c.lm.mode == first.lm.mode and tokens + c.tokens <= MAX_BATCH_TOKENS \
@@ -130,18 +129,13 @@ class Batcher:
                     self._pending.remove(c)
             return batch
 
-    def _alone(self, c: _Call) -> bool:
-        """A target pass with one activation scale per pass is not merged with other runs' rows."""
-        return c.lm.member and c.lm.mode == "pass" and self.pair.rep.target == "int8"
-
     def _run(self, batch: list[_Call]) -> None:
         """One pass for the batch; if it fails, each call again alone (a failed pass moved no cache)."""
         first = batch[0]
         try:
             if first.lm.member and first.lm.mode and first.lm.mode != self.pair.rep.activations:
                 self.pair.set_activations(first.lm.mode)
-            out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch],
-                                           [c.keep for c in batch])
+            out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch], [c.keep for c in batch])
         except Exception as e:
             if len(batch) > 1:
                 for c in batch:

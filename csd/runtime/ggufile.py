@@ -1,7 +1,6 @@
 """A GGUF file read quickly (format: github.com/ggml-org/ggml, docs/gguf.md, versions 2 and 3): the header
 walked once, skipping the tokenizer's long arrays by their lengths (the ``gguf`` package's reader makes
-300,000 numpy views of them, 15 s a file on 2 cores); a tensor's rows are a slice of one ``np.memmap``.
-"""
+300,000 numpy views of them, 15 s a file on 2 cores); a tensor's rows are a slice of one ``np.memmap``."""
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +28,7 @@ class GGUFFile:
     def __init__(self, path: str | Path):
         import gguf
         self.path = Path(path)
-        self.map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = self.map
+        self.map = buf = np.memmap(self.path, dtype=np.uint8, mode="r")
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError(f"{self.path.name} is not a GGUF file")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -87,12 +85,11 @@ class GGUFFile:
             return None, pos + count * struct.calcsize(SCALARS[etype])
         items = []
         for _ in range(count):
-            if etype == STRING and count > KEEP_ARRAY:
-                (n,) = struct.unpack_from("<Q", self.map, pos)
-                pos += 8 + n
-                continue
-            v, pos = self._value(etype, pos)
-            items.append(v)
+            if etype == STRING and count > KEEP_ARRAY:      # skipped by its length, not decoded
+                pos += 8 + struct.unpack_from("<Q", self.map, pos)[0]
+            else:
+                v, pos = self._value(etype, pos)
+                items.append(v)
         return (items if count <= KEEP_ARRAY else None), pos
 
     def raw(self, name: str) -> np.ndarray:

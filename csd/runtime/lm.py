@@ -2,8 +2,7 @@
 causal LM and its ``DynamicCache`` (the float32 reference: greedy SD equals ``generate``). ``LeanLM`` is a gpt-fast
 style path for Llama-family models: fused QKV and gate/up projections, a preallocated cache cropped by moving its
 length, a draft's reduced-vocabulary output layer. An int8 target's fused projections stack the same int8 rows and
-scales, so it computes what the transformers int8 model computes (``tests/test_target_impl.py``).
-"""
+scales, so it computes what the transformers int8 model computes (``tests/test_target_impl.py``)."""
 from __future__ import annotations
 
 import inspect
@@ -224,9 +223,7 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> torc
         lin.weight.copy_(weight)
         if bias is not None:
             lin.bias.copy_(bias)
-    if not int8:
-        return lin.eval()
-    return quantize_int8(torch.nn.Sequential(lin))[0].eval()
+    return quantize_int8(torch.nn.Sequential(lin))[0].eval() if int8 else lin.eval()
 
 
 class LeanLM(LM):
@@ -236,8 +233,7 @@ class LeanLM(LM):
     impl = "lean"
 
     def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None, int8: bool = False):
-        why = lean_unsupported(model.config)
-        if why:
+        if why := lean_unsupported(model.config):
             raise ValueError(f"the lean path cannot run this model: {why}")
         base = model.model
 
@@ -297,18 +293,14 @@ class LeanLM(LM):
         """Make a pass of a few tokens compute bit for bit what 1-token steps compute (docs/exactness.md):
         int8 activations scaled per token (``csd.runtime.quant.RowInt8Linear``), and a pass of up to
         ``PER_QUERY_MAX`` tokens attends one query at a time. Returns how many layers changed."""
-        changed = 0
+        def dynamic(m) -> bool:     # one to convert: not a norm weight, a float layer, or one converted before
+            return isinstance(m, PackedInt8Linear) or _is_int8(m)
 
-        def row(m):
-            nonlocal changed
-            if not (isinstance(m, PackedInt8Linear) or _is_int8(m)):
-                return m                     # a norm weight, a float layer, or one converted before
-            changed += 1
-            return RowInt8Linear.from_dynamic(m)
-
+        changed = sum(dynamic(m) for layer in self.layers for m in layer) + dynamic(self.head)
         for i, layer in enumerate(self.layers):      # one layer at a time: its old packed weights go first
-            self.layers[i] = tuple(row(m) for m in layer)
-        self.head = row(self.head)
+            self.layers[i] = tuple(RowInt8Linear.from_dynamic(m) if dynamic(m) else m for m in layer)
+        if dynamic(self.head):
+            self.head = RowInt8Linear.from_dynamic(self.head)
         release_memory()
         self.int8_rows(True)
         return changed

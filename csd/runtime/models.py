@@ -1,6 +1,5 @@
 """Model loading: the embedded Qwen2.5-Coder 0.5B/1.5B pair, or any Hugging Face pair. ``load_pair`` puts together,
-as ``LoadOptions`` say, the runtime's modules into a ``ModelPair``; none of them imports this module.
-"""
+as ``LoadOptions`` say, the runtime's modules into a ``ModelPair``; none of them imports this module."""
 from __future__ import annotations
 
 import logging
@@ -40,8 +39,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4")
-DRAFT_IMPLS = ("auto", "hf", "lean")
-TARGET_IMPLS = ("auto", "hf", "lean")
+DRAFT_IMPLS = TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
 
 
@@ -108,8 +106,7 @@ def draft_vocab_ids(pair_id: str, tokenizer, special_ids, vocab_size: int, choic
     data = read_json(DRAFT_VOCAB_FILE)
     ids = [int(i) for i in data["ids"]]
     n = data.get("default", len(ids)) if choice == "auto" else int(choice)
-    keep = list(dict.fromkeys(ids[:n] + sorted(special_ids)))
-    return torch.tensor(sorted(i for i in keep if i < vocab_size), dtype=torch.long)
+    return torch.tensor(sorted(i for i in {*ids[:n], *special_ids} if i < vocab_size), dtype=torch.long)
 
 
 SMOOTHED = f"SmoothQuant alpha {smoothing.ALPHA}"

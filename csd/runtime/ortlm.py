@@ -3,8 +3,7 @@
 level 4), the norms and ``GroupQueryAttention`` (RoPE, attention over the cache, appended in place): one call a
 step, not some twenty torch ops a layer. The embedding and int8 output layer stay torch's (``LeanLM``). It changes
 what the draft proposes, never what the target verifies. Float zero points (a GGUF Q4_K block exactly) take a
-dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again.
-"""
+dequantising path 25x slower in ONNX Runtime 1.32, so the weights are quantised again."""
 from __future__ import annotations
 
 import functools
@@ -189,7 +188,7 @@ class GraphLM(LeanLM):
 
     @torch.inference_mode()
     def forward_many(self, caches: list[LeanCache], ids: list, keeps: list[int]) -> list[torch.Tensor]:
-        return [self._forward(c, i, k) for c, i, k in zip(caches, ids, keeps)]
+        return [self._forward(c, ids_tensor(i, "cpu"), k) for c, i, k in zip(caches, ids, keeps)]
 
 
 class OrtLM(GraphLM):
@@ -222,8 +221,7 @@ class OrtLM(GraphLM):
             grown.k[..., :cache.n, :], grown.v[..., :cache.n, :] = cache.k[..., :cache.n, :], cache.v[..., :cache.n, :]
             cache.k, cache.v, cache.rope = grown.k, grown.v, grown.rope
 
-    def _forward(self, cache: LeanCache, ids, keep: int) -> torch.Tensor:
-        ids = ids_tensor(ids, "cpu")
+    def _forward(self, cache: LeanCache, ids: torch.Tensor, keep: int) -> torch.Tensor:
         t, s = ids.numel(), cache.n
         self._grow(cache, s + t)
         x = self.embed[ids].to(torch.float32).contiguous()

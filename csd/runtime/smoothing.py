@@ -3,8 +3,7 @@ docs/bench-representation.md): input channel j of a linear layer is divided by
 s_j = max|x_j|^alpha / max|W_j|^(1 - alpha) and the weight column j multiplied by it, the division folded
 into what produces the input: the RMSNorm weights (q/k/v, gate/up), the up projection's rows (down), the
 v projection's rows (o, one factor per v channel shared by its query heads). The maxima are measured on
-float32 passes over a few calibration prompts (``csd.runtime.convert``).
-"""
+float32 passes over a few calibration prompts (``csd.runtime.convert``)."""
 from __future__ import annotations
 
 import torch
@@ -31,8 +30,7 @@ def _factor(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Ten
 
 
 def _fold_into_norm(norm: torch.Tensor, weights: list[torch.Tensor], x_max: torch.Tensor, alpha: float) -> None:
-    w_max = torch.stack([w.abs().amax(0).float() for w in weights]).amax(0)
-    s = _factor(x_max, w_max, alpha)
+    s = _factor(x_max, torch.stack([w.abs().amax(0).float() for w in weights]).amax(0), alpha)
     norm.div_(s.to(norm.dtype))
     for w in weights:
         w.mul_(s.to(w.dtype))
@@ -58,8 +56,7 @@ def smooth_layer(w: dict[str, torch.Tensor], x_max: dict[str, torch.Tensor], n_h
     """Fold one decoder layer's smoothing factors into its float weights ``w`` (``layer_weights``), in place,
     from the maxima of the inputs of q/k/v ("qkv"), o ("o"), gate/up ("gu") and down ("down")."""
     groups = n_heads // n_kv
-    dev = w["q"].device
-    x_max = {name: x_max[name].to(dev, torch.float32) for name in ("qkv", "o", "gu", "down")}
+    x_max = {name: x_max[name].to(w["q"].device, torch.float32) for name in ("qkv", "o", "gu", "down")}
     _fold_into_norm(w["ln1"], [w["q"], w["k"], w["v"]], x_max["qkv"], alpha)
     _fold_into_norm(w["ln2"], [w["gate"], w["up"]], x_max["gu"], alpha)
     s = _factor(x_max["down"], w["down"].abs().amax(0).float(), alpha)
@@ -94,5 +91,4 @@ def smooth(model: torch.nn.Module, maxima: dict[str, torch.Tensor], alpha: float
 def calibration_prompt_ids(encode) -> list[list[int]]:
     """Token ids of the prompts the maxima are measured on (``encode``: a pair's ``encode_prompt``)."""
     from ..calibration.corpus import read_prompts
-    rows = read_prompts()[::20][:CALIBRATION_PROMPTS]
-    return [encode(r["prompt"]) for r in rows]
+    return [encode(r["prompt"]) for r in read_prompts()[::20][:CALIBRATION_PROMPTS]]

@@ -1,8 +1,7 @@
-"""Who uses the CPU's threads (why, measured: docs/design.md, "One team of CPU threads": libgomp gives every
-thread that runs torch a team of workers, and more teams than CPUs make each parallel region sleep). A process
-whose model runs on another thread than the one that loaded it (the app) ends the loader's team
-(``hand_back``), gives the model's thread the cores (``own_cores``) and keeps every other thread to one
-(``one_core``)."""
+"""Who uses the CPU's threads (why, measured: docs/design.md, "One team of CPU threads": libgomp gives every thread that
+runs torch a team of workers, and more teams than CPUs make each parallel region sleep). A process whose model runs on
+another thread than the one that loaded it (the app) ends the loader's team (``hand_back``), gives the model's thread
+the cores (``own_cores``) and keeps every other thread to one (``one_core``)."""
 from __future__ import annotations
 
 import ctypes
