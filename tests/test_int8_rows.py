@@ -15,7 +15,7 @@ from csd.decode import Decoder
 from csd.memory import CorrectionMemory
 from csd.representation import Representation
 from csd.runtime.lm import LeanLM
-from csd.runtime.quant import RowInt8Linear, quantize_int8
+from csd.runtime.quant import RowInt8Linear, quantize_int8, quantize_rows
 
 
 def _int8_linear(k: int = 64, n: int = 48, bias: bool = True, seed: int = 0):
@@ -41,6 +41,23 @@ def test_a_row_is_computed_the_same_alone_or_in_a_pass(bias):
     err = (full - ref(x)).abs().max() / ref(x).abs().max()
     assert err < 0.02
     assert row(x[None]).shape == (1, 7, 48)
+
+
+@pytest.mark.parametrize("k,n", [(64, 48), (896, 1152), (1536, 2048)])    # tiny; the draft's and the target's q/k/v
+def test_the_kernel_a_shape_gets_computes_fbgemms_bits(k, n):
+    """oneDNN runs a shape only where its probe found fbgemm's bits (``csd.runtime.quant.onednn_exact``; on the
+    Xeon the two larger shapes): whichever kernel a shape gets, its passes give fbgemm's bits per token and per
+    pass, and a token's row is the same alone as in a pass."""
+    torch.manual_seed(k)
+    rows, scales = quantize_rows(torch.randn(n, k) * 0.05)
+    bias = torch.randn(n)
+    chosen, fbgemm = RowInt8Linear(rows, scales, bias), RowInt8Linear(rows, scales, bias, onednn=False)
+    x = torch.randn(9, k) * torch.logspace(-1, 1, 9)[:, None]
+    for per_row in (True, False):
+        for m in (1, 2, 7, 9):
+            assert torch.equal(chosen.rows_as(per_row)(x[:m]), fbgemm.rows_as(per_row)(x[:m])), (chosen.onednn, m)
+    full = chosen.rows_as(True)(x)
+    assert all(torch.equal(full[i:i + 1], chosen(x[i:i + 1])) for i in range(9))
 
 
 def test_only_per_channel_weights_are_taken():

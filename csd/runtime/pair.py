@@ -9,6 +9,7 @@ import torch
 
 from ..representation import Representation, activation_mode
 from .lm import HFLM, LM
+from .quant import int8_kernels
 from .static import STATIC_ENGINES
 
 
@@ -148,7 +149,7 @@ class ModelPair:
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
                 "threads": torch.get_num_threads(), "engine": self.target_lm.impl if self.target_lm.impl in STATIC_ENGINES else "eager",
-                "memory_gib": self.memory_gib, "static": {role: lm.describe() for role, lm in (
+                "int8_kernels": int8_kernels(self.target_lm), "memory_gib": self.memory_gib, "static": {role: lm.describe() for role, lm in (
                     ("target", self.target_lm), ("draft", getattr(self.draft_lm, "inner", self.draft_lm)))
                     if hasattr(lm, "describe")}}
 

@@ -111,8 +111,10 @@ ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "profil
 
 @functools.cache
 def engine_revision() -> str:
-    """A digest of the code whose speed a profile measures (``ENGINE_FILES``): a change re-times it."""
-    h = hashlib.sha1()
+    """A digest of the code whose speed a profile measures (``ENGINE_FILES``) and of the int8 kernel asked for
+    (``CSD_INT8_KERNEL``): a change re-times it."""
+    from .quant import KERNEL
+    h = hashlib.sha1(KERNEL.encode())
     for name in ENGINE_FILES:
         h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:12]

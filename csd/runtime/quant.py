@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import warnings
+from collections import Counter
 
 import torch
 
@@ -70,23 +72,56 @@ def int8_weight(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
                                                         torch.zeros(rows.shape[0], dtype=torch.long), 0)
 
 
+ROW_SCALE = float(torch.tensor(2 / 127))   # the scale fbgemm's dynamic op picks for a pass spanning [-1, 1]
+KERNEL = os.environ.get("CSD_INT8_KERNEL", "auto")   # "fbgemm": never oneDNN (to measure both: docs/cpu.md)
+PROBE_ROWS = (*range(1, 17), 24, 32, 40)    # the pass lengths a probe compares: verify passes up to gamma 15, and more
+_EXACT: dict[tuple[int, int], bool] = {}
+
+
+def onednn_exact(rows: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether ``RowInt8Linear`` runs on oneDNN at this shape: a product of 7 rows costs it what one costs (fbgemm
+    1.5x). oneDNN picks its kernel by shape and CPU, and some round a row by the others (small products, on the
+    Xeon), so a shape goes to oneDNN only where its first layer gives fbgemm's bits in passes of ``PROBE_ROWS``."""
+    if KERNEL == "fbgemm" or not hasattr(torch.ops.onednn, "qlinear_prepack"):
+        return False
+    if tuple(rows.shape) not in _EXACT:
+        x = torch.randn(max(PROBE_ROWS), rows.shape[1], generator=torch.Generator().manual_seed(0)) * 3
+        try:
+            fb, od = (RowInt8Linear(rows, scales, None, onednn) for onednn in (False, True))
+            _EXACT[tuple(rows.shape)] = all(torch.equal(fb.rows_as(per_row)(x[:m]), od.rows_as(per_row)(x[:m]))
+                                            for per_row in (True, False) for m in PROBE_ROWS)
+        except RuntimeError:         # no oneDNN int8 kernel on this CPU
+            _EXACT[tuple(rows.shape)] = False
+    return _EXACT[tuple(rows.shape)]
+
+
 class RowInt8Linear(torch.nn.Module):
     """A dynamic int8 linear layer whose activations are quantised per row (token), not per pass
     (docs/exactness.md): each row is divided by its largest magnitude and two sentinel columns, +1 and
     -1 with zero weights, fix every pass's range, so a row's result is the same whatever else is in the
-    pass. ``per_row = False`` feeds the rows as they are: one scale a pass, as torch's dynamic layer."""
+    pass. ``per_row = False`` feeds the rows as they are: one scale a pass, as torch's dynamic layer.
+    On oneDNN (``onednn_exact``) the rows are quantised as fbgemm quantises them, without the sentinels."""
 
-    def __init__(self, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, rows: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 onednn: bool | None = None):
         super().__init__()
         self.out_features, self.in_features = rows.shape
+        self.bias = None if bias is None else bias.detach().to(torch.float32)
+        self.per_row, self.onednn = True, onednn_exact(rows, scales) if onednn is None else onednn
+        if self.onednn:
+            self.packed = torch.ops.onednn.qlinear_prepack(rows.contiguous(), None)
+            self.scales, self.zeros = scales.to(torch.float32), torch.zeros(self.out_features, dtype=torch.long)
+            return
         pad = -(self.in_features + 2) % 8 + 2
         padded = torch.zeros(self.out_features, self.in_features + pad, dtype=torch.int8)
         padded[:, :self.in_features] = rows           # the only copy of the rows before they are packed
         self.packed = torch.ops.quantized.linear_prepack(int8_weight(padded, scales), None)
         self.sentinel = torch.zeros(1, pad)
         self.sentinel[0, :2] = torch.tensor([1.0, -1.0])
-        self.bias = None if bias is None else bias.detach().to(torch.float32)
-        self.per_row = True
+
+    def rows_as(self, per_row: bool) -> RowInt8Linear:
+        self.per_row = per_row          # per token (True) or per pass
+        return self
 
     @classmethod
     def from_dynamic(cls, mod: torch.nn.Module) -> RowInt8Linear:
@@ -101,16 +136,27 @@ class RowInt8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.per_row:
-            s = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30)
-            xs = torch.cat([rows / s, self.sentinel.expand(rows.shape[0], -1)], 1)
-            y = torch.ops.quantized.linear_dynamic(xs, self.packed, True).mul_(s)
+        s = rows.abs().amax(1, keepdim=True).clamp_min_(1e-30) if self.per_row else None
+        if self.onednn:     # fbgemm's quantisation (torch's op rounds as its kernel does), then oneDNN's product
+            q = (torch.quantize_per_tensor(rows / s, ROW_SCALE, 64, torch.quint8) if self.per_row
+                 else torch.quantize_per_tensor_dynamic(rows, torch.quint8, True))
+            y = torch.ops.onednn.qlinear_pointwise(q.int_repr(), q.q_scale(), q.q_zero_point(), self.packed,
+                                                   self.scales, self.zeros, None, 1.0, 0, torch.float32, "none", [], "")
         else:
-            xs = torch.cat([rows, rows.new_zeros(rows.shape[0], self.sentinel.shape[1])], 1)
-            y = torch.ops.quantized.linear_dynamic(xs, self.packed, True)
+            xs = [rows / s, self.sentinel.expand(len(rows), -1)] if self.per_row else \
+                [rows, rows.new_zeros(len(rows), self.sentinel.shape[1])]
+            y = torch.ops.quantized.linear_dynamic(torch.cat(xs, 1), self.packed, True)
+        if self.per_row:
+            y.mul_(s)
         if self.bias is not None:
             y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def int8_kernels(lm) -> dict[str, int]:
+    """How many of a lean model's int8 products run on each kernel, for every result's record."""
+    mods = [*(m for layer in getattr(lm, "layers", ()) for m in layer), getattr(lm, "head", None)]
+    return dict(Counter("onednn" if getattr(m, "onednn", False) else "fbgemm" for m in mods if hasattr(m, "packed")))
 
 
 def release_memory(collect: bool = True) -> None:
