@@ -48,7 +48,8 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                    help="for an int8 target: move activation outliers into the weights first (SmoothQuant)")
     p.add_argument("--int8-activations", dest="activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
                    help="for an int8 target: one activation scale per token (row: greedy SD is AR's answer) or per "
-                        "pass (7-17%% faster) (default %(default)s; docs/exactness.md)")
+                        "pass; auto (default): row where every int8 product runs on oneDNN, which then costs a verify "
+                        "pass no more, else pass (7-17%% faster on fbgemm) (docs/exactness.md)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")

@@ -225,8 +225,8 @@ def cmd_prepare(args) -> int:
     choose_draft(default_args)      # --draft-dtype auto: int8 or ort4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
-    if pair.rep.target == "int8":     # the app's exact int8 (per-token activations) has its own costs
-        pair.set_activations("row")
+    if pair.rep.target == "int8":     # the other activation scaling has its own costs (the app's: per token)
+        pair.set_activations("pass" if pair.rep.activations == "row" else "row")
         cached_costs(pair, progress=tqdm_progress())
     print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
           f"{pair.rep.target}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "

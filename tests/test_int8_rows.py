@@ -100,7 +100,8 @@ def test_sd_equals_ar_on_an_int8_target_scaled_per_row(qwen_tokenizer, one_threa
     assert torch.equal(block, steps)
 
 
-def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_tokenizer, one_thread):
+def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_tokenizer, one_thread, monkeypatch):
+    import csd.runtime.quant as quant
     from csd.runtime.models import load_pair
     from csd.runtime.pair import ModelLoadError
     d = tmp_path / "tiny"
@@ -108,20 +109,28 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
     qwen_tokenizer.save_pretrained(d)
     row = load_pair(str(d), str(d), dtype="int8", activations="row")
     assert row.rep.activations == "row" and row.describe()["representation"]["activations"] == "row" and row.target_lm.per_row
-    per_pass = load_pair(str(d), str(d), dtype="int8")                    # the command line's default
+    per_pass = load_pair(str(d), str(d), dtype="int8", activations="pass")
     assert per_pass.rep.activations == "pass" and not per_pass.target_lm.per_row
+    auto = load_pair(str(d), str(d), dtype="int8")        # the command line's default: rows where all run on oneDNN
+    on_onednn = set(quant.int8_kernels(auto.target_lm)) == {"onednn"}
+    assert auto.rep.activations == ("row" if on_onednn else "pass") and auto.target_lm.per_row == on_onednn
+    monkeypatch.setattr(quant, "KERNEL", "fbgemm")                        # a CPU where no shape passes the probe
+    monkeypatch.setattr(quant, "_EXACT", {})
+    fbgemm = load_pair(str(d), str(d), dtype="int8")
+    assert fbgemm.rep.activations == "pass" and not fbgemm.target_lm.per_row and quant.int8_kernels(fbgemm.target_lm)
+    assert load_pair(str(d), str(d), dtype="int8", target_impl="hf").rep.activations == "pass"   # rows need lean
     assert load_pair(str(d), str(d), dtype="float32").rep.activations == ""      # not an int8 target
-    with pytest.raises(ModelLoadError, match="choose row or pass"):
+    with pytest.raises(ModelLoadError, match="choose auto or row or pass"):
         load_pair(str(d), str(d), dtype="int8", activations="token")
     with pytest.raises(ModelLoadError, match="need the lean target path"):
         load_pair(str(d), str(d), dtype="int8", target_impl="hf", activations="row")
 
 
-def test_the_app_runs_the_exact_int8_and_the_command_line_the_faster_one():
+def test_the_app_runs_the_exact_int8_and_the_command_line_chooses_by_kernel():
     import csd.cli as cli
     import csd_app
     assert csd_app.parse_args([]).activations == "row"
-    assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).activations == "pass"
+    assert cli.build_parser().parse_args(["generate", "--prompt", "x"]).activations == "auto"
 
 
 @pytest.mark.parametrize("bias", [True, False])

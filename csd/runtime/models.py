@@ -26,6 +26,7 @@ from .quant import (
     INT8_ACTIVATIONS_DEFAULT,
     RETIRED_DRAFT_REPRS,
     TARGET_REPRS,
+    int8_kernels,
     memory_gib,
     quantize_int8,
     release_memory,
@@ -186,7 +187,7 @@ class LoadOptions:
                                  else "ov4 runs the lean target path (not --target-impl hf)")
         if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
-        return replace(self, target_impl=impl)
+        return replace(self, target_impl=impl, activations="pass" if impl != "lean" else self.activations)
 
 
 @dataclass
@@ -220,6 +221,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
     if draft_alone:
         return d
     t = load_target(t_ref, t_config, tok, o, progress)
+    acts = ("row" if getattr(t.lm, "per_row", False) else "pass") if o.dtype == "int8" else ""   # auto resolved
     release_memory()            # the float weights that quantising replaced
     if o.static:
         t.lm, d.lm = static_engine(t.lm, d.lm, d_ref, o, progress)
@@ -229,7 +231,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
     return ModelPair(d.model, t.model, tok, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
                      t.lm.device if o.device_map is None else o.device, o.act_dtype, eos_ids,
                      context_limit(t_config), special_ids=special, target_lm=t.lm, draft_lm=d.lm,
-                     rep=Representation(o.dtype, d.repr, o.activations if o.dtype == "int8" else ""),
+                     rep=Representation(o.dtype, d.repr, acts),
                      target_smoothing=t.smoothing, memory_gib=mem, target_loader=t.loader, draft_loader=d.loader)
 
 
@@ -271,7 +273,7 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
         smoothed = {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
         lm = from_cache(ref, config, progress, key={"role": "target", "smoothing": smoothed},
-                        rows=o.activations == "row", smooth_prompts=prompts, maxima=shipped)
+                        rows=o.activations != "pass", smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
         t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, o.device), "int8", maxima=maxima),
                    smoothing=SMOOTHED if prompts else "")
@@ -282,8 +284,9 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
             model = to_repr(model, "int8", maxima=maxima)
         t = Loaded(LeanLM(model) if o.target_impl == "lean" else HFLM(model), model,
                    smoothing=SMOOTHED if maxima is not None else "")
-    if o.dtype == "int8" and o.activations == "row":
-        t.lm.int8_per_row()
+    if o.dtype == "int8" and o.activations != "pass":
+        t.lm.int8_per_row()         # auto: per token where every product runs on oneDNN (no dearer than a pass)
+        t.lm.int8_rows(o.activations == "row" or set(int8_kernels(t.lm)) == {"onednn"})
     return t
 
 

@@ -109,15 +109,6 @@ class ModelPair:
             self.draft = self.draft_loader()
         return self.draft
 
-    def drop_hf(self) -> None:
-        """Let go of the transformers models built on demand (``hf_target``, ``hf_draft``)."""
-        from .quant import release_memory
-        if self.target_loader is not None:
-            self.target = None
-        if self.draft_loader is not None:
-            self.draft = None
-        release_memory()
-
     def with_activations(self, mode: str) -> ModelPair:
         """The pair as one request sees it: ``mode`` (an int8 target's activation scales) travels with the request,
         and the shared target takes it before each of its passes (``csd.runtime.batch`` alike for runs together)."""

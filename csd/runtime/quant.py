@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import threading
 import warnings
 from collections import Counter
 
@@ -19,8 +20,8 @@ CPU_DRAFT_REPRS = ("int8", "ort4")     # a lean CPU draft's weights (ort4: csd.r
 RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "ov4")   # ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
-INT8_ACTIVATIONS = ACTIVATIONS    # an int8 target's activations scaled per token ("row": SD == AR) or per pass
-INT8_ACTIVATIONS_DEFAULT = "pass"
+INT8_ACTIVATIONS = ("auto", *ACTIVATIONS)   # auto: "row" where every product runs on oneDNN, else "pass"
+INT8_ACTIVATIONS_DEFAULT = "auto"
 
 
 def in_threads(fn, items: list) -> list:
@@ -76,6 +77,7 @@ ROW_SCALE = float(torch.tensor(2 / 127))   # the scale fbgemm's dynamic op picks
 KERNEL = os.environ.get("CSD_INT8_KERNEL", "auto")   # "fbgemm": never oneDNN (to measure both: docs/cpu.md)
 PROBE_ROWS = (*range(1, 17), 24, 32, 40)    # the pass lengths a probe compares: verify passes up to gamma 15, and more
 _EXACT: dict[tuple[int, int], bool] = {}
+_PROBING = threading.Lock()         # the load builds layers on several threads: one probe a shape
 
 
 def onednn_exact(rows: torch.Tensor, scales: torch.Tensor) -> bool:
@@ -84,15 +86,17 @@ def onednn_exact(rows: torch.Tensor, scales: torch.Tensor) -> bool:
     Xeon), so a shape goes to oneDNN only where its first layer gives fbgemm's bits in passes of ``PROBE_ROWS``."""
     if KERNEL == "fbgemm" or not hasattr(torch.ops.onednn, "qlinear_prepack"):
         return False
-    if tuple(rows.shape) not in _EXACT:
-        x = torch.randn(max(PROBE_ROWS), rows.shape[1], generator=torch.Generator().manual_seed(0)) * 3
-        try:
-            fb, od = (RowInt8Linear(rows, scales, None, onednn) for onednn in (False, True))
-            _EXACT[tuple(rows.shape)] = all(torch.equal(fb.rows_as(per_row)(x[:m]), od.rows_as(per_row)(x[:m]))
-                                            for per_row in (True, False) for m in PROBE_ROWS)
-        except RuntimeError:         # no oneDNN int8 kernel on this CPU
-            _EXACT[tuple(rows.shape)] = False
-    return _EXACT[tuple(rows.shape)]
+    shape = tuple(rows.shape)
+    with _PROBING:
+        if shape not in _EXACT:
+            x = torch.randn(max(PROBE_ROWS), rows.shape[1], generator=torch.Generator().manual_seed(0)) * 3
+            try:
+                fb, od = (RowInt8Linear(rows, scales, None, onednn) for onednn in (False, True))
+                _EXACT[shape] = all(torch.equal(fb.rows_as(per_row)(x[:m]), od.rows_as(per_row)(x[:m]))
+                                    for per_row in (True, False) for m in PROBE_ROWS)
+            except RuntimeError:         # no oneDNN int8 kernel on this CPU
+                _EXACT[shape] = False
+        return _EXACT[shape]
 
 
 class RowInt8Linear(torch.nn.Module):
