@@ -268,7 +268,7 @@ def _area_files(area: str) -> list[Path]:
 
 AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
     "csd": 2500,                              # issue 53's target: 2,500 (met once csd/calibration/ moved out)
-    "csd subpackages": 4029,                  # issue 53's target: 3,800 (3,928 before the ov4 target, issue 52)
+    "csd subpackages": 4031,                  # issue 53's target: 3,800 (3,928 before the ov4 target, issue 52)
     "ui": 3400,                               # issue 53's target: 3,400 (met; 3,384 before issues 54 and 55)
     "db": 996,                                # issue 53's target: 1,000 (met: 985, then 1,002 with issue 54)
     "cli, tools, app.py, csd_app.py": 1300,   # issue 53's target: 1,300 (met once tools/batch_ratio.py retired)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..events import Progress
 from .lm import LeanLM, PackedInt8Linear, _cat_bias, _linear
-from .quant import RowInt8Linear, in_threads, quantize_rows, release_memory
+from .quant import RowInt8Linear, in_threads, onednn_exact, quantize_rows, release_memory
 from .smoothing import ALPHA, heads, smooth_layer, supported
 
 log = logging.getLogger(__name__)
@@ -320,13 +320,17 @@ def _linear_from(f, prefix: str, rows: bool):
     return RowInt8Linear(w, s, b) if rows else PackedInt8Linear.from_int8(w, s, b)
 
 
-def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
+def load(path: Path, key: dict, *, rows: bool | str) -> LeanLM:
     """The lean model mapped from a cache made for ``key``. ``rows``: every layer a ``RowInt8Linear`` (scales per
-    token or per pass, switchable), else torch's packed dynamic int8 layers (5-10% faster a 1-token pass on the CPU)."""
+    token or per pass, switchable), else torch's packed dynamic int8 layers (5-10% faster a 1-token pass on fbgemm);
+    "auto": rows where oneDNN runs every shape (``onednn_exact``: per token then costs no more), else packed."""
     from safetensors import safe_open
 
     check(path, key)
     cfg = SimpleNamespace(**json.loads((path / "config.json").read_text()))
+    if auto := rows == "auto":      # the first layer's shapes and the head's, every layer's then
+        with safe_open(path / "layer-000.safetensors", "pt") as f, safe_open(path / "head.safetensors", "pt") as h:
+            rows = all(onednn_exact(g.get_tensor(f"{k}.w"), g.get_tensor(f"{k}.s")) for g, k in zip([f] * 4 + [h], [*PROJECTIONS, "head"]))
 
     def layer(i):
         with torch.no_grad(), safe_open(path / f"layer-{i:03d}.safetensors", framework="pt") as f:
@@ -346,7 +350,7 @@ def load(path: Path, key: dict, *, rows: bool) -> LeanLM:
     release_memory()
     lm = LeanLM.from_parts(cfg, embed, layers, norm, head, vocab_ids)
     if rows:
-        lm.int8_rows(False)
+        lm.int8_rows(auto)          # where auto chose rows, per token
     return lm
 
 
@@ -378,7 +382,7 @@ def _building(final: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool, name: str,
+def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool | str, name: str,
                 progress: Progress | None = None, **how) -> LeanLM:
     """The lean int8 model cached at ``path`` for ``key``, converted first where the cache does not match.
     ``open_source()``: a context manager giving the float source. ``how``: ``convert``'s keywords."""

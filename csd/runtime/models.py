@@ -26,7 +26,6 @@ from .quant import (
     INT8_ACTIVATIONS_DEFAULT,
     RETIRED_DRAFT_REPRS,
     TARGET_REPRS,
-    int8_kernels,
     memory_gib,
     quantize_int8,
     release_memory,
@@ -273,7 +272,7 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
         smoothed = {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
         lm = from_cache(ref, config, progress, key={"role": "target", "smoothing": smoothed},
-                        rows=o.activations != "pass", smooth_prompts=prompts, maxima=shipped)
+                        rows={"row": True, "pass": False}.get(o.activations, "auto"), smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
         t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, o.device), "int8", maxima=maxima),
                    smoothing=SMOOTHED if prompts else "")
@@ -284,13 +283,12 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
             model = to_repr(model, "int8", maxima=maxima)
         t = Loaded(LeanLM(model) if o.target_impl == "lean" else HFLM(model), model,
                    smoothing=SMOOTHED if maxima is not None else "")
-    if o.dtype == "int8" and o.activations != "pass":
-        t.lm.int8_per_row()         # auto: per token where every product runs on oneDNN (no dearer than a pass)
-        t.lm.int8_rows(o.activations == "row" or set(int8_kernels(t.lm)) == {"onednn"})
+    if o.dtype == "int8" and o.activations == "row":
+        t.lm.int8_per_row()
     return t
 
 
-def from_cache(ref: ModelRef, config, progress: Progress | None, suffix: str = "", *, key: dict, rows: bool = False,
+def from_cache(ref: ModelRef, config, progress: Progress | None, suffix: str = "", *, key: dict, rows: bool | str = False,
                **how) -> LeanLM:
     """``ref``'s lean model mapped from its int8 cache (a 4-bit one's in the folder named ``-suffix``), converted
     once where the cache was made for another ``key`` (role and options; ``how``: ``convert``'s keywords)."""
