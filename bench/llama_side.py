@@ -48,8 +48,8 @@ def table(res: dict) -> str:
     lines = [f"# Side by side with llama.cpp: {res['machine']}", "",
              f"{res['date']}; one machine, one run, nothing else running (`{res['command']}`). llama.cpp "
              f"{ll['target'].get('build')}: `{ll['target']['command']}` (Q4_K_M, as the GGUF ships); this "
-             f"project: `{res['ours']['command']}` (its defaults: target int8 per pass, draft "
-             f"{Representation.of(res['ours']['meta']).draft}).", "",
+             f"project: `{res['ours']['command']}` (its defaults: target {(r := Representation.of(res['ours']['meta'])).label}, "
+             f"draft {r.draft}).", "",
              "| what runs | tok/s | x llama.cpp plain | ms a token |", "|---|---:|---:|---:|",
              f"| llama.cpp, the target alone (plain decoding) | {base:.2f} ± {sd:.2f} | 1.00x | {1000 / base:.1f} |",
              f"| llama.cpp, the draft alone | {ll['draft']['tokens_per_s']:.2f} | "
