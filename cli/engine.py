@@ -207,7 +207,7 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
               f"{m.target_forwards} target passes, mean acceptance length {m.mean_accepted_length:.2f}, "
               f"accepted {m.accepted_share:.1%} and {kept[0]} {n_kept:.1%} of {m.drafted} draft tokens "
-              f"({kept[1]} {kept[0]}){copies}; target {pair.rep.target}, draft {pair.rep.draft or '-'}; "
+              f"({kept[1]} {kept[0]}){copies}; target {pair.rep.label}, draft {pair.rep.draft or '-'}; "
               f"memory {len(memory):,} patterns, {memory.policy.describe()}", file=sys.stderr)
 
 
@@ -282,7 +282,7 @@ def cmd_calibrate(args) -> int:
         store.finish_run(run_id, "", info)
         store.close()
     print(calibration_summary(mode, info, memory, lam) + f"; memory {len(memory):,} patterns, "
-          f"{memory.policy.describe()}; target {pair.rep.target}, draft {pair.rep.draft}; "
+          f"{memory.policy.describe()}; target {pair.rep.label}, draft {pair.rep.draft}; "
           f"{time.perf_counter() - t0:.0f} s; written to {args.out}", file=sys.stderr)
     return 0
 
