@@ -55,25 +55,6 @@ def static_lm(arch: str, device: torch.device, dtype: torch.dtype, capacity: int
     return make_static(LeanLM(model), capacity, shapes, name=arch)
 
 
-def tiny_pass_ops(gamma: int = 6) -> dict[str, int]:
-    """Computing ops of the tiny synthetic pair's static calls on the CPU (what ``tests/test_static.py``
-    holds to the counts committed in ``docs/bench/static-ops/counts.json``): per draft step, draft block
-    of ``gamma``, and verify pass of 1 and 7 tokens."""
-    from csd.runtime.static import draft_shapes
-    cpu = torch.device("cpu")
-    draft = static_lm("tiny-draft", cpu, torch.float32, 128, draft_shapes())
-    target = static_lm("tiny-target", cpu, torch.float32, 128, draft_shapes())
-    dc, tc = draft.new_cache(), target.new_cache()
-    draft.forward(dc, list(range(20)), 1)
-    target.forward(tc, list(range(20)), 1)
-    out = {"draft step": launches(count_ops(lambda: draft.forward(dc, [7], 1))),
-           f"draft block of {gamma}": launches(count_ops(lambda: draft.draft_block(dc, torch.tensor([7]), gamma)))}
-    for t in VERIFY_LENGTHS:
-        target.crop(tc, 20)
-        out[f"verify pass of {t}"] = launches(count_ops(lambda t=t: target.forward(tc, [7] * t, t)))
-    return out
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
