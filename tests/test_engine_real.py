@@ -150,9 +150,11 @@ def test_calibration_reads_with_the_models_that_decode(real_pair):
     never building a second, transformers copy of the draft (before: 12-13 GB resident and about two minutes
     for the embedded pair, where the models decode in 2.5 GB)."""
     from csd.calibration.calibrate import calibrate, calibrate_prompts, draft_predictions
+    from csd.runtime.quant import release_memory
     for role in ("draft", "target"):       # the transformers copies an earlier test may have built, let go
         if getattr(real_pair, f"{role}_loader") is not None:
             setattr(real_pair, role, None)
+    release_memory()
     assert real_pair.draft is None and real_pair.draft_loader is not None     # built only if something asks
     mem = calibrate_prompts(real_pair, ["Write a Python function that adds two numbers."], max_new_tokens=12)
     info = mem.meta["calibration"][-1]

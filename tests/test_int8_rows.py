@@ -126,6 +126,20 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
         load_pair(str(d), str(d), dtype="int8", target_impl="hf", activations="row")
 
 
+def test_the_cost_cache_tells_a_targets_kernels_apart(tmp_path, qwen_tokenizer, one_thread):
+    """One representation label ("int8, activations per pass") covers torch's packed layers on fbgemm and row
+    layers on oneDNN fed per pass, whose passes cost differently: gamma auto's cached costs are kept apart."""
+    from csd.runtime.models import load_pair
+    from csd.runtime.profile import profile_key
+    d = tmp_path / "tiny"
+    tiny_model(2).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    pair = load_pair(str(d), str(d), dtype="int8", activations="row")
+    before = profile_key(pair)
+    pair.target_lm.head.onednn = not pair.target_lm.head.onednn      # as another CPU's probe would have chosen
+    assert profile_key(pair) != before and profile_key(pair)["representation"] == before["representation"]
+
+
 def test_the_app_runs_the_exact_int8_and_the_command_line_chooses_by_kernel():
     import csd.cli as cli
     import csd_app

@@ -22,7 +22,7 @@ from ..events import Progress
 from ..fileio import atomic_write, cache_dir
 from .convert import digest
 from .lm import HFLM, LeanLM
-from .quant import CPU_DRAFT_REPRS, quantize_int8, to_repr
+from .quant import CPU_DRAFT_REPRS, int8_kernels, quantize_int8, to_repr
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def profile_key(pair) -> dict:
     return {"machine": machine_name(pair.device), "device": str(pair.device), "torch": torch.__version__,
             "engine": engine_revision(), "pair": pair.pair_id, "representation": pair.rep.as_dict(),
             "target_impl": pair.target_lm.impl, "draft_impl": pair.draft_lm.impl if pair.draft_lm is not None else "",
-            "draft_vocab": pair.draft_vocab_size,
+            "draft_vocab": pair.draft_vocab_size, "int8_kernels": int8_kernels(pair.target_lm),   # a pass's kernels
             **({"static_capacity": pair.target_lm.capacity} if hasattr(pair.target_lm, "capacity") else {})}
 
 
