@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import time
+from dataclasses import replace
 
 # generations at once where runs decode together: 8 users at once gave 1.42x one user's tokens per
 # second through the app's API (docs/users.md), against 1.01x one at a time
@@ -94,7 +95,7 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.cli.common import app_draft_weights, choose_draft, load_from_args, open_store
+    from csd.cli.common import app_draft_weights, app_solo_draft, choose_draft, load_from_args, open_store
     from csd.db.store import StoreOpenError
     from csd.runtime.pair import ModelLoadError
     from csd.runtime.static import STATIC_ENGINES
@@ -107,14 +108,15 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
-        args.draft_weights = app_draft_weights(args, args.concurrency)
         choose_draft(args, ConsoleProgress())      # one run at a time: int8 or ort4, whichever runs faster here
+        asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
         pair = load_from_args(args, progress=ConsoleProgress())
+        args.concurrency = concurrency_for(args.concurrency, pair)
+        solo = app_solo_draft(args, asked, ConsoleProgress()) if args.concurrency > 1 else None
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     static = pair.describe()["engine"] in STATIC_ENGINES
-    args.concurrency = concurrency_for(args.concurrency, pair)
     if static and args.concurrency > 1:
         print("error: the static engine (the default on a GPU) holds one KV cache per model and serves one "
               "generation at a time (the others wait in the queue): use --concurrency 1, or --engine eager",
@@ -125,9 +127,11 @@ def main(argv=None) -> int:
         if not costs_cached(pair):
             print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
         cached_costs(pair, progress=ConsoleProgress())
+        if solo is not None:        # a run alone drafts with it (csd.runtime.batch): its costs too
+            cached_costs(replace(pair, draft_lm=solo[1], rep=replace(pair.rep, draft=solo[0])), progress=ConsoleProgress())
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
-                                                   shared_scope=args.shared_scope))
+                                                   shared_scope=args.shared_scope), solo=solo)
     from csd.runtime import threads
     if services.batcher is not None:
         threads.one_core()      # the batcher's thread has the cores; this one's workers end (csd.runtime.threads)

@@ -80,14 +80,25 @@ def load_options(args):
 
 def app_draft_weights(args, concurrency: int | None) -> str:
     """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is int8 where runs decode together
-    (``concurrency`` not 1; None: the app's default): an int8 draft's steps for several runs are one batched pass,
-    an ort4 draft's one call a run, so 8 runs at once wrote 1.17-1.19x as many tokens a second with int8 as with
-    ort4 on the Xeon (docs/users.md)."""
+    (``concurrency`` not 1; None: the app's default): their int8 steps are one pass, ort4's one call a run (8 runs at
+    once: 1.17-1.19x the tokens a second, docs/users.md); a run alone may take ``app_solo_draft``."""
     from csd.runtime.models import resolve_device
     if args.draft_weights == "auto" and concurrency != 1 and resolve_device(args.device).type == "cpu" \
             and "hf" not in (args.draft_impl, args.target_impl):      # the transformers path decodes runs one by one
         return "int8"
     return args.draft_weights
+
+
+def app_solo_draft(args, asked: str, progress=None):
+    """The batcher's draft for a run alone where the app drafts in int8 (``app_draft_weights``) though ``--draft-dtype
+    auto`` (``asked``) chose ort4 here (faster alone, docs/users.md): (its representation, its ``LM``), else None."""
+    from csd.runtime.models import load_pair
+    from csd.runtime.profile import chosen_draft_weights
+    if asked != "auto" or args.draft_weights != "int8" or (r := chosen_draft_weights()) == "int8":
+        return None
+    d = load_pair(args.draft, args.target, options=replace(load_options(args), draft_weights=r), progress=progress,
+                  draft_alone=True)
+    return (r, d.lm) if d.repr == r else None
 
 
 def choose_draft(args, progress=None) -> None:

@@ -122,6 +122,34 @@ def test_per_pass_scales_are_never_merged_across_runs(int8_pair, one_thread):
     int8_pair.set_activations("row")
 
 
+def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_thread):
+    """The app's lone presenter: a run that starts while none is in flight drafts with the batcher's ``solo``
+    draft (ort4 in the app; a float one here) and writes what that pair writes unbatched; a run that starts
+    while one is in flight drafts with the pair's own. Both verify on the one shared target."""
+    from csd.ui.state import Settings, make_services
+    from csd.ui.tabs.common import decoder_for
+    solo_lm = LeanLM(perturbed(tiny_model(2, hidden=64), 0.5, seed=1))     # the fixture's target, other noise
+    services = make_services(int8_pair, settings=Settings(concurrency=4), solo=("float32", solo_lm))
+    batcher = services.batcher
+    assert batcher.idle()
+    from csd.ui.app import header
+    assert "float32 for a run that starts alone" in header(services)          # the page says which drafts
+    first = decoder_for(services, None)
+    assert first.pair.rep.draft == "float32" and first.pair.draft_lm.lm is solo_lm
+    cfg = CSDConfig(method="csd", gamma=4, max_new_tokens=24, lookup=0, lam=0)
+    run = first.run(PROMPTS[0], cfg, CorrectionMemory(int8_pair.pair_id))
+    next(iter(run))                               # its first token: the run is in flight
+    assert not batcher.idle()
+    second = decoder_for(services, None)
+    assert second.pair.rep.draft == int8_pair.rep.draft and second.pair.draft_lm.lm is int8_pair.draft_lm
+    list(run)
+    assert batcher.idle()                         # the run ended and left
+    alone = Decoder(replace(int8_pair, draft_lm=solo_lm)).run(PROMPTS[0], cfg, CorrectionMemory(int8_pair.pair_id))
+    list(alone)
+    assert run.token_ids == alone.token_ids and run.metrics.rescued == alone.metrics.rescued
+    assert run.metrics.target_forwards == alone.metrics.target_forwards
+
+
 def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread):
     batcher = Batcher(int8_pair, window_s=0.05)
     lm = batcher.view("row").target_lm

@@ -248,6 +248,26 @@ def test_the_app_drafts_in_int8_where_runs_decode_together():
     assert app_draft_weights(csd_app.parse_args(["--device", "cuda"]), None) == "auto"   # a GPU's draft: the target's dtype
 
 
+def test_a_run_alone_drafts_with_ort4_where_prepare_chose_it_and_the_app_drafts_in_int8(monkeypatch):
+    """``app_solo_draft``: the real embedded draft in ort4 for the batcher's lone runs (csd.runtime.batch), only
+    where ``--draft-dtype auto`` met int8 for runs that decode together and prepare timed ort4 faster."""
+    import csd_app
+    from csd.cli.common import app_draft_weights, app_solo_draft
+    from csd.runtime import profile
+    from csd.runtime.ortlm import OrtLM, ort_missing
+
+    def solo(chosen, *flags):
+        monkeypatch.setattr(profile, "chosen_draft_weights", lambda: chosen)
+        args = csd_app.parse_args(["--device", "cpu", *flags])
+        asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
+        return app_solo_draft(args, asked)
+    assert solo("ort4", "--draft-dtype", "int8") is None and solo("ort4", "--draft-dtype", "ort4") is None
+    assert solo("ort4", "--concurrency", "1") is None          # every run drafts with prepare's choice already
+    assert solo("int8") is None
+    got = solo("ort4")
+    assert got is None if ort_missing() else (got[0] == "ort4" and isinstance(got[1], OrtLM))
+
+
 def test_session_objects_are_per_user(services):
     a, b = common.ensure_session(services, None), common.ensure_session(services, None)
     assert isinstance(a, Session) and a.session_id != b.session_id and a.memory is not b.memory
@@ -341,8 +361,8 @@ def test_the_exact_mode_switch_is_each_users_own(store, monkeypatch):
     one_pass(dec_b)                                                             # B's: B's mode
     assert pair.rep.activations == "row" and pair.target_lm.per_row and services.decoder is first
     for sess, scales in ((a, "pass"), (b, "token")):                          # what each run records
-        services.lane.finish(jobs.take_job(services, sess, "generate")[1])
-        with jobs.recorded(services, sess, PROMPT, CSDConfig(), "") as rec:
+        services.lane.finish(job := jobs.take_job(services, sess, "generate")[1])
+        with jobs.recorded(services, sess, job, PROMPT, CSDConfig(), "") as rec:
             pass
         assert store.get_run(rec.run_id).representation == f"int8, activations per {scales}"
     *on, a = common.set_exact_mode(services, [note], True, a)
@@ -384,7 +404,7 @@ def test_users_decoding_together_keep_their_own_scales_and_answers(store):
             with jobs.in_lane(services, job):
                 run, view = jobs.start_run(services, sess, job, PROMPT, True, CSDConfig(method=method, gamma=4,
                                            max_new_tokens=20, lookup=0), sess.memory.copy())
-                with jobs.recorded(services, sess, PROMPT, view.cfg, "") as rec:
+                with jobs.recorded(services, sess, job, PROMPT, view.cfg, "") as rec:
                     list(jobs.follow_run(run, rec, view, 0.0))
                 out[name] = (view.token_ids, store.get_run(rec.run_id).representation)
 

@@ -84,11 +84,11 @@ class Services:
         return CorrectionMemory(self.pair.pair_id) if self.base_memory is None else self.base_memory.copy()
 
 
-def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None) -> Services:
-    """``costs``: the machine's cost model for gamma "auto" (default: measured once and cached)."""
+def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None, solo=None) -> Services:
+    """``costs``: the cost model of gamma "auto" (default: measured once, cached); ``solo``: the ``Batcher``'s."""
     settings = settings or Settings()
     decoder = measured_decoder(pair, costs)
-    batcher = Batcher(pair) if settings.concurrency > 1 and can_batch(pair) else None
+    batcher = Batcher(pair, solo=solo) if settings.concurrency > 1 and can_batch(pair) else None
     # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
     return Services(pair, decoder, store, settings, decoder.default_memory(), default_activations=pair.rep.activations,
                     batcher=batcher, model_threads=batcher.threads if batcher is not None else pair.describe()["threads"])

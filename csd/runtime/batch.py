@@ -3,7 +3,8 @@ waiting for that model. Each run keeps its own loop, caches, rule, memory and ev
 ``Batcher.view`` calls ``forward`` on a ``BatchedLM``, which hands the call to the batcher's model thread.
 That thread gathers the calls waiting for one model (up to ``window_s``, or until every joined run has
 one waiting) into one ``LeanLM.forward_many`` pass. Rows scaled per token compute the same bits alone or
-in any batch (``tests/test_batch.py``); a target scaled per pass is not merged with other runs."""
+in any batch (``tests/test_batch.py``); a target scaled per pass is not merged with other runs. A run that
+starts alone may draft with a ``solo`` draft (ort4: faster for one run, one call a run; docs/users.md)."""
 from __future__ import annotations
 
 import logging
@@ -62,11 +63,11 @@ def can_batch(pair) -> bool:
 class Batcher:
     """The one thread that runs a pair's model passes for every run of its views."""
 
-    def __init__(self, pair, window_s: float = 0.01):
+    def __init__(self, pair, window_s: float = 0.01, solo: tuple[str, object] | None = None):
         if not can_batch(pair):
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
-        self.pair, self.window_s = pair, window_s
-        if pair.draft_lm is not None and hasattr(pair.draft_lm, "int8_per_row"):
+        self.pair, self.window_s, self.solo = pair, window_s, solo     # solo: (representation, the draft's LM)
+        if hasattr(pair.draft_lm, "int8_per_row"):
             pair.draft_lm.int8_per_row()    # an int8 draft's rows scaled on their own: a batch cannot change them
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
@@ -77,12 +78,16 @@ class Batcher:
         threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher", daemon=True).start()
         ready.wait()        # the model thread holds its cores before the caller's next step (csd.runtime.threads)
 
-    def view(self, mode: str = ""):
+    def view(self, mode: str = "", solo: bool = False):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
-        mode = mode or self.pair.rep.activations
-        draft = self.pair.draft_lm
+        mode, rep, draft = mode or self.pair.rep.activations, self.pair.rep, self.pair.draft_lm
+        if solo and self.solo and draft is not None:        # the solo draft drafts
+            rep, draft = replace(rep, draft=self.solo[0]), self.solo[1]
         return replace(self.pair, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
-                       draft_lm=None if draft is None else BatchedLM(self, draft), rep=self.pair.rep.with_activations(mode))
+                       draft_lm=None if draft is None else BatchedLM(self, draft), rep=rep.with_activations(mode))
+
+    def idle(self) -> bool:     # no run in flight: the next may take the solo draft (two that start at once both may)
+        return not (self._members or self._pending)
 
     def join(self, run: int) -> None:
         with self._cond:
@@ -116,8 +121,7 @@ class Batcher:
             while len(self._pending) < len(self._members) and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
             # drafts first: the verify passes then gather every run (runs fall into step)
-            drafts = [c for c in self._pending if not c.lm.member]
-            first = drafts[0] if drafts else self._pending[0]
+            first = next((c for c in self._pending if not c.lm.member), self._pending[0])
             # a target pass with one activation scale per pass is not merged with other runs' rows
             alone = first.lm.member and first.lm.mode == "pass" and self.pair.rep.target == "int8"
             batch, tokens = [], 0
@@ -150,10 +154,8 @@ class Batcher:
 
     def stats(self) -> dict:
         """Passes made and calls served per model: calls / passes is how many runs a pass served."""
-        out = {}
+        out = {role: dict(passes=0, calls=0, widest=0) for role, _ in self.sizes}
         for (role, n), k in self.sizes.items():
-            d = out.setdefault(role, dict(passes=0, calls=0, widest=0))
-            d["passes"] += k
-            d["calls"] += n * k
-            d["widest"] = max(d["widest"], n)
+            d = out[role]
+            d["passes"], d["calls"], d["widest"] = d["passes"] + k, d["calls"] + n * k, max(d["widest"], n)
         return out

@@ -19,9 +19,10 @@ import torch
 from ..costs import CostModel
 from ..decode import Decoder
 from ..events import Progress
-from ..fileio import atomic_write, cache_dir
+from ..fileio import atomic_write, cache_dir, write_json
 from .convert import digest
 from .lm import HFLM, LeanLM
+from .ortlm import ort_missing, ort_version
 from .quant import CPU_DRAFT_REPRS, int8_kernels, quantize_int8, to_repr
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,6 @@ def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, r
 
 def draft_choice_file() -> Path:
     """Where ``python -m csd prepare`` records which CPU draft representation ran faster on this machine."""
-    from .ortlm import ort_version
     key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision(),
            **({"onnxruntime": v} if (v := ort_version()) else {})}
     return _cache_file("draft-repr", key)
@@ -240,8 +240,6 @@ def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
     """Time the draft's one-token step in int8 and ort4 here, alternating (``load_draft_lm(repr)``: the draft's
     ``LM``, None where it fell back), and record the fastest for ``--draft-dtype auto``; a 4-bit one only where it
     is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns what was written."""
-    from ..fileio import write_json
-    from .ortlm import ort_missing
     missing = {"ort4": why} if (why := ort_missing()) else {}
     lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
     times = time_interleaved(lms, 3 * reps)

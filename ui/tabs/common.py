@@ -75,16 +75,16 @@ def session_activations(services: Services, sess: Session | None) -> str:
 
 def decoder_for(services: Services, sess: Session):
     """The decoder of this user's run, on a view of the shared pair in their activation scales (``csd.runtime.batch``
-    views when runs decode together, else ``ModelPair.with_activations``); one decoder a mode (its costs differ)."""
-    mode = session_activations(services, sess)
-    if not can_switch_exactness(services.pair) or not mode:
+    views when runs decode together, its solo draft if none is in flight, else ``ModelPair.with_activations``)."""
+    mode, b = session_activations(services, sess), services.batcher
+    if not (solo := bool(b and b.solo and b.idle())) and (not can_switch_exactness(services.pair) or not mode):
         return services.decoder
-    if mode not in services.decoders:
+    if (mode, solo) not in services.decoders:
         from csd.runtime.profile import decoder as measured_decoder  # another mode: the view's own costs
-        costs = services.decoder._costs if mode == services.default_activations else None
-        view = services.batcher.view(mode) if services.batcher is not None else services.pair.with_activations(mode)
-        services.decoders[mode] = measured_decoder(view, costs, online_costs=services.decoder.online_costs)
-    return services.decoders[mode]
+        costs = services.decoder._costs if mode == services.default_activations and not solo else None
+        view = b.view(mode, solo) if b is not None else services.pair.with_activations(mode)
+        services.decoders[mode, solo] = measured_decoder(view, costs, online_costs=services.decoder.online_costs)
+    return services.decoders[mode, solo]
 
 
 def scopes(services: Services) -> list[str]:

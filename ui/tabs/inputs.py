@@ -17,9 +17,7 @@ def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
         return f"{kind} from {lo:g} to {hi:g}" if whole else f"between {lo:g} and {hi:g}"
     if lo is not None:
         return f"{kind}, {lo:g} or more"
-    if hi is not None:
-        return f"{kind}, {hi:g} or less"
-    return kind
+    return f"{kind}, {hi:g} or less" if hi is not None else kind
 
 
 def check_range(what: str, value, lo: float | None, hi: float | None, whole: bool, note: str = "") -> None:

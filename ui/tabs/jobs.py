@@ -200,9 +200,9 @@ def prompt_ids(services: Services, prompt: str, chat: bool, cfg: CSDConfig | Non
 
 
 @contextmanager
-def recorded(services: Services, sess: Session, prompt: str, cfg: CSDConfig, label: str):
+def recorded(services: Services, sess: Session, job: Job, prompt: str, cfg: CSDConfig, label: str):
     """The run's recorder (a no-op one without a store); a failing database costs a warning, never the run."""
-    pair = decoder_for(services, sess).pair       # the user's view: its activation scales go into the record
+    pair = (job.decoder or services.decoder).pair     # the run's view: its representation goes into the record
     fields = run_fields(pair, cfg, kind="generate", prompt=prompt, session_id=sess.session_id, label=label,
                         memory_policy=sess.memory.policy.label if cfg.use_ocm else None)
     try:
@@ -257,7 +257,7 @@ def run_recorded(services: Services, sess: Session, job: Job, prompt: str, chat:
     t0 = time.perf_counter()
     run, view = start_run(services, sess, job, prompt, chat, cfg, memory, label)
     yield view
-    with recorded(services, sess, prompt, cfg, kind) as rec:
+    with recorded(services, sess, job, prompt, cfg, kind) as rec:
         yield from follow_run(run, rec, view, t0)
 
 
