@@ -314,7 +314,11 @@ def test_export_of_the_coloured_answer(services, csd_run):
     assert re.findall(r"(?:src|href)=\"(https?://[^\"]+)", text) == ["https://arxiv.org/abs/2604.13634"]
     payload = json.loads(data.read_text())
     assert len(payload["events"]) == len(sess.last.events) and payload["metrics"]["new_tokens"] == 24
-    assert payload["pair"]["representation"]["target"] == "float32"
+    assert payload["pair"]["representation"]["target"] == "float32" and sess.last.pair == payload["pair"]
+    # the run's own pair, not the app's: a run that started alone drafted with the batcher's solo draft
+    sess.last.pair = {**sess.last.pair, "representation": {**sess.last.pair["representation"], "draft": "ort4"}}
+    files, _ = generate.export_answer(services, 6, -0.5, sess)
+    assert json.loads(Path(files["value"][1]).read_text())["pair"]["representation"]["draft"] == "ort4"
     with pytest.raises(gr.Error, match="Nothing to export"):
         generate.export_answer(services, 6, -2, common.ensure_session(services, None))
 

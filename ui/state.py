@@ -108,6 +108,7 @@ class RunView:
     prompt_tokens: int = 0
     first_token_s: float | None = None
     done: bool = False
+    pair: dict = field(default_factory=dict)    # how its pair ran (``ModelPair.describe``: its draft may be the solo one)
 
 
 @dataclass

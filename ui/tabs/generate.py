@@ -88,7 +88,7 @@ def export_answer(services: Services, lam, log10_tau, sess: Session | None):
     view = sess.last
     if view is None or not view.events:
         raise error("Nothing to export yet: generate an answer first.")
-    d = services.pair.describe()
+    d = view.pair or services.pair.describe()       # the run's own: its draft may be the batcher's solo one
     facts = {"method": view.cfg.method, "γ": view.cfg.gamma, "λ": f"{view.cfg.lam:g}", "τ": f"{view.cfg.tau:.3g}",
              "draft": d["draft"], "target": d["target"], "representations": f"target {d['representation']['target']}, "
              f"draft {d['representation']['draft']}", "device": d["device"], **(view.cfg.rule_params() or {})}

@@ -265,12 +265,12 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
               label: str = "") -> tuple[object, RunView]:
     ids = prompt_ids(services, prompt, chat, cfg)
     try:
-        run = (job.decoder or services.decoder).run(ids, cfg, memory, should_stop=lambda: job.cancel)
+        run = (dec := job.decoder or services.decoder).run(ids, cfg, memory, should_stop=lambda: job.cancel)
     except (ConfigError, ValueError) as e:
         raise error(str(e)) from None
     job.run, job.label, job.progress = run, label, ""
     job.prompt_tokens, job.max_tokens = len(ids), cfg.max_new_tokens
-    return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids))
+    return run, RunView(None, prompt, chat, cfg, prompt_tokens=len(ids), pair=dec.pair.describe())
 
 
 def done_sentence(view: RunView) -> str:
