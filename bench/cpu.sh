@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The CPU engine's tables (issue 52) on the machine at hand, in one call, with nothing else running:
+#   bash bench/cpu.sh OUT_DIR [LLAMA_BENCH]
+# Steps, in order (STEPS picks a subset):
+#   prepare   python -m csd prepare: the embedded pair converted, the draft timed (int8 or ort4), the costs
+#   profile   python -m csd.bench.cpu_profile: where a draft step and 1- and 6-token target passes go
+#   keep      python -m csd.bench.keep_rate: the draft's keep rate per block position, int8 and ort4
+#   bench     python -m csd bench, AR, SD and CSD on ITEMS: the defaults (bench-default), then the target's
+#             activations per pass (bench-pass); each result names its representation and int8 kernels
+#   side      python -m csd.bench.llama_side beside llama.cpp (needs LLAMA_BENCH: docs/cpu.md builds it)
+#   solo      docs/bench/solo-draft-xeon/solo.py: the app's lone run with the int8 and the ort4 draft
+#   start     the app's first start with an empty cache: seconds to the address, resident and peak memory
+# ITEMS (humaneval:4,gsm8k:4; KEEP_ITEMS for keep: humaneval:8,gsm8k:8) and TOKENS (128) set the items and
+# new tokens. Each step's output lands in OUT_DIR/<step>; a failing step is logged and the next one runs.
+# Commit a benchmark run's results.json.gz and results.md, not its charts (docs/benchmarks.md). About 40
+# minutes on 2 cores with llama.cpp, its build aside (docs/cpu.md, "Beside llama.cpp").
+set -u
+out=${1:?usage: bash bench/cpu.sh OUT_DIR [LLAMA_BENCH]}
+llama=${2:-}
+items=${ITEMS:-humaneval:4,gsm8k:4}
+tokens=${TOKENS:-128}
+py=${PYTHON:-python}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+log="$out/log.txt"
+cd "$(dirname "$0")/.."
+{ date -u; grep -m1 "model name" /proc/cpuinfo; nproc; $py -c "import torch; print('torch', torch.__version__)"; } \
+    2>&1 | tee -a "$log"
+run() {   # name, command...
+    local name=$1 t0=$SECONDS; shift
+    echo "== $name: $*" | tee -a "$log"
+    "$@" >>"$log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$log"
+}
+bench() {   # name, extra flags...
+    local name=$1; shift
+    run "$name" $py -m csd bench --dataset "$items" --methods ar,sd,csd --max-new-tokens "$tokens" --no-db \
+        --out "$out/$name" "$@"
+    rm -rf "$out/$name"/*.html "$out/$name"/plotly* "$out/$name"/frontier.json "$out/$name"/memory_*.json.gz
+    [ -f "$out/$name/results.json" ] && gzip -nf "$out/$name/results.json"
+}
+first_start() {   # the app with an empty cache, until it prints its address
+    local cache="$out/start/cache" t0 pid
+    rm -rf "$cache"; mkdir -p "$cache"
+    t0=$(date +%s.%N)
+    CSD_CACHE_DIR=$cache $py app.py --port "${PORT:-7869}" --db none >"$out/start/app.log" 2>&1 &
+    pid=$!
+    until grep -q "running at" "$out/start/app.log"; do
+        kill -0 "$pid" 2>/dev/null || { echo "the app exited"; return 1; }
+        sleep 0.5
+    done
+    { echo "to the address: $($py -c "print(round($(date +%s.%N) - $t0, 1))") s"
+      sleep 3
+      grep -E "VmRSS|VmHWM" "/proc/$pid/status"
+      du -sh "$cache"; } | tee "$out/start/start.txt"
+    kill "$pid"; wait "$pid" 2>/dev/null
+    rm -rf "$cache"
+}
+for s in ${STEPS:-prepare profile keep bench side solo start}; do
+    case $s in
+        prepare) run prepare $py -m csd prepare ;;
+        profile) run profile $py -m csd.bench.cpu_profile --out "$out/profile" ;;
+        keep) run keep $py -m csd.bench.keep_rate --out "$out/keep" --dataset "${KEEP_ITEMS:-humaneval:8,gsm8k:8}" \
+                  --max-new-tokens "$tokens" ;;
+        bench) bench bench-default; bench bench-pass --int8-activations pass ;;
+        side) if [ -n "$llama" ]; then run side $py -m csd.bench.llama_side --llama-bench "$llama" --out "$out/side" \
+                  --dataset "$items" --tokens "$tokens"
+              else echo "== side: skipped (no LLAMA_BENCH given)" | tee -a "$log"; fi ;;
+        solo) mkdir -p "$out/solo"; run solo sh -c "$py docs/bench/solo-draft-xeon/solo.py > '$out/solo/solo.json'" ;;
+        start) mkdir -p "$out/start"; run start first_start ;;
+        *) echo "unknown step $s" | tee -a "$log" ;;
+    esac
+done
