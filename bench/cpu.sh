@@ -32,12 +32,15 @@ run() {   # name, command...
     "$@" >>"$log" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0)) s" | tee -a "$log"
 }
+tidy() {   # a benchmark run's folder: its results, not its charts
+    rm -rf "$1"/*.html "$1"/plotly* "$1"/frontier.json "$1"/memory_*.json.gz
+    [ -f "$1/results.json" ] && gzip -nf "$1/results.json"
+}
 bench() {   # name, extra flags...
     local name=$1; shift
     run "$name" $py -m csd bench --dataset "$items" --methods ar,sd,csd --max-new-tokens "$tokens" --no-db \
         --out "$out/$name" "$@"
-    rm -rf "$out/$name"/*.html "$out/$name"/plotly* "$out/$name"/frontier.json "$out/$name"/memory_*.json.gz
-    [ -f "$out/$name/results.json" ] && gzip -nf "$out/$name/results.json"
+    tidy "$out/$name"
 }
 first_start() {   # the app with an empty cache, until it prints its address
     local cache="$out/start/cache" t0 pid
@@ -64,7 +67,7 @@ for s in ${STEPS:-prepare profile keep bench side solo start}; do
                   --max-new-tokens "$tokens" ;;
         bench) bench bench-default; bench bench-pass --int8-activations pass ;;
         side) if [ -n "$llama" ]; then run side $py -m csd.bench.llama_side --llama-bench "$llama" --out "$out/side" \
-                  --dataset "$items" --tokens "$tokens"
+                  --dataset "$items" --tokens "$tokens"; tidy "$out/side/ours"
               else echo "== side: skipped (no LLAMA_BENCH given)" | tee -a "$log"; fi ;;
         solo) mkdir -p "$out/solo"; run solo sh -c "$py docs/bench/solo-draft-xeon/solo.py > '$out/solo/solo.json'" ;;
         start) mkdir -p "$out/start"; run start first_start ;;
