@@ -14,7 +14,6 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import replace
 
 # generations at once where runs decode together: 8 users at once gave 1.42x one user's tokens per
 # second through the app's API (docs/users.md), against 1.01x one at a time
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
         asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
         pair = load_from_args(args, progress=ConsoleProgress())
         args.concurrency = concurrency_for(args.concurrency, pair)
-        solo = app_solo_draft(args, asked, ConsoleProgress()) if args.concurrency > 1 else None
+        solo = app_solo_draft(args, asked, pair, ConsoleProgress()) if args.concurrency > 1 else None
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
             print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
         cached_costs(pair, progress=ConsoleProgress())
         if solo is not None:        # a run alone drafts with it (csd.runtime.batch): its costs too
-            cached_costs(replace(pair, draft_lm=solo[1], rep=replace(pair.rep, draft=solo[0])), progress=ConsoleProgress())
+            cached_costs(solo, progress=ConsoleProgress())
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
                                                    shared_scope=args.shared_scope), solo=solo)

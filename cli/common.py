@@ -89,16 +89,16 @@ def app_draft_weights(args, concurrency: int | None) -> str:
     return args.draft_weights
 
 
-def app_solo_draft(args, asked: str, progress=None):
+def app_solo_draft(args, asked: str, pair, progress=None):
     """The batcher's draft for a run alone where the app drafts in int8 (``app_draft_weights``) though ``--draft-dtype
-    auto`` (``asked``) chose ort4 here (faster alone, docs/users.md): (its representation, its ``LM``), else None."""
+    auto`` (``asked``) chose ort4 here (faster alone, docs/users.md): ``pair`` drafting with it, else None."""
     from csd.runtime.models import load_pair
     from csd.runtime.profile import chosen_draft_weights
     if asked != "auto" or args.draft_weights != "int8" or (r := chosen_draft_weights()) == "int8":
         return None
     d = load_pair(args.draft, args.target, options=replace(load_options(args), draft_weights=r), progress=progress,
                   draft_alone=True)
-    return (r, d.lm) if d.repr == r else None
+    return replace(pair, draft_lm=d.lm, rep=replace(pair.rep, draft=r)) if d.repr == r else None
 
 
 def choose_draft(args, progress=None) -> None:

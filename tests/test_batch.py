@@ -129,13 +129,15 @@ def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_threa
     from csd.ui.state import Settings, make_services
     from csd.ui.tabs.common import decoder_for
     solo_lm = LeanLM(perturbed(tiny_model(2, hidden=64), 0.5, seed=1))     # the fixture's target, other noise
-    services = make_services(int8_pair, settings=Settings(concurrency=4), solo=("float32", solo_lm))
+    solo = replace(int8_pair, draft_lm=solo_lm, rep=replace(int8_pair.rep, draft="float32"))
+    services = make_services(int8_pair, settings=Settings(concurrency=4), solo=solo)
     batcher = services.batcher
     assert batcher.idle()
     from csd.ui.app import header
     assert "float32 for a run that starts alone" in header(services)          # the page says which drafts
     first = decoder_for(services, None)
     assert first.pair.rep.draft == "float32" and first.pair.draft_lm.lm is solo_lm
+    assert first.pair.target_lm.lm is int8_pair.target_lm and first.pair.rep.activations == "row"
     cfg = CSDConfig(method="csd", gamma=4, max_new_tokens=24, lookup=0, lam=0)
     run = first.run(PROMPTS[0], cfg, CorrectionMemory(int8_pair.pair_id))
     next(iter(run))                               # its first token: the run is in flight
@@ -144,7 +146,7 @@ def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_threa
     assert second.pair.rep.draft == int8_pair.rep.draft and second.pair.draft_lm.lm is int8_pair.draft_lm
     list(run)
     assert batcher.idle()                         # the run ended and left
-    alone = Decoder(replace(int8_pair, draft_lm=solo_lm)).run(PROMPTS[0], cfg, CorrectionMemory(int8_pair.pair_id))
+    alone = Decoder(solo).run(PROMPTS[0], cfg, CorrectionMemory(int8_pair.pair_id))
     list(alone)
     assert run.token_ids == alone.token_ids and run.metrics.rescued == alone.metrics.rescued
     assert run.metrics.target_forwards == alone.metrics.target_forwards

@@ -256,16 +256,19 @@ def test_a_run_alone_drafts_with_ort4_where_prepare_chose_it_and_the_app_drafts_
     from csd.runtime import profile
     from csd.runtime.ortlm import OrtLM, ort_missing
 
+    base = tiny_services().pair          # the pair the app loaded: the solo one shares its target
+
     def solo(chosen, *flags):
         monkeypatch.setattr(profile, "chosen_draft_weights", lambda: chosen)
         args = csd_app.parse_args(["--device", "cpu", *flags])
         asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
-        return app_solo_draft(args, asked)
+        return app_solo_draft(args, asked, base)
     assert solo("ort4", "--draft-dtype", "int8") is None and solo("ort4", "--draft-dtype", "ort4") is None
     assert solo("ort4", "--concurrency", "1") is None          # every run drafts with prepare's choice already
     assert solo("int8") is None
     got = solo("ort4")
-    assert got is None if ort_missing() else (got[0] == "ort4" and isinstance(got[1], OrtLM))
+    assert got is None if ort_missing() else (got.rep.draft == "ort4" and isinstance(got.draft_lm, OrtLM)
+                                              and got.target_lm is base.target_lm and got.rep.target == base.rep.target)
 
 
 def test_session_objects_are_per_user(services):

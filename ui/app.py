@@ -89,7 +89,7 @@ def header(services: Services, mode: str = "") -> str:
               + (f", activations smoothed ({md(d['target_smoothing'])})" if d.get("target_smoothing") else "")
               + ({"row": ", scaled per token (exact)", "pass": ", scaled per pass"}.get(rep.activations, ""))
               + f", draft {md(rep.draft or '–')}" + (f" ({md(d['draft_impl'])} path)" if d.get("draft_impl") else "")
-              + (f"; {md(b.solo[0])} for a run that starts alone" if (b := services.batcher) and b.solo else "")
+              + (f"; {md(b.solo.rep.draft)} for a run that starts alone" if (b := services.batcher) and b.solo else "")
               + f" · {md(d['device'])}, {plural(services.model_threads or d['threads'], 'model thread')}")
     return (f'<details><summary title="How it runs here (technical)">{render.esc(plain_words(d))} · paper: '
             f'<a href="{render.PAPER_URL}">arXiv 2604.13634</a></summary>\n\n{detail}\n\n</details>')

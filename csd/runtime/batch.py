@@ -63,10 +63,10 @@ def can_batch(pair) -> bool:
 class Batcher:
     """The one thread that runs a pair's model passes for every run of its views."""
 
-    def __init__(self, pair, window_s: float = 0.01, solo: tuple[str, object] | None = None):
+    def __init__(self, pair, window_s: float = 0.01, solo=None):
         if not can_batch(pair):
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
-        self.pair, self.window_s, self.solo = pair, window_s, solo     # solo: (representation, the draft's LM)
+        self.pair, self.window_s, self.solo = pair, window_s, solo     # solo: ``pair`` with another draft
         if hasattr(pair.draft_lm, "int8_per_row"):
             pair.draft_lm.int8_per_row()    # an int8 draft's rows scaled on their own: a batch cannot change them
         self._cond = threading.Condition()
@@ -80,11 +80,10 @@ class Batcher:
 
     def view(self, mode: str = "", solo: bool = False):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
-        mode, rep, draft = mode or self.pair.rep.activations, self.pair.rep, self.pair.draft_lm
-        if solo and self.solo and draft is not None:        # the solo draft drafts
-            rep, draft = replace(rep, draft=self.solo[0]), self.solo[1]
-        return replace(self.pair, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
-                       draft_lm=None if draft is None else BatchedLM(self, draft), rep=rep.with_activations(mode))
+        mode, base = mode or self.pair.rep.activations, self.solo if solo and self.solo is not None else self.pair
+        return replace(base, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
+                       draft_lm=None if base.draft_lm is None else BatchedLM(self, base.draft_lm),
+                       rep=base.rep.with_activations(mode))
 
     def idle(self) -> bool:     # no run in flight: the next may take the solo draft (two that start at once both may)
         return not (self._members or self._pending)

@@ -19,9 +19,10 @@ from csd.runtime.profile import cached_costs, machine_name
 from csd.runtime.profile import decoder as measured_decoder
 
 pair = load_pair(draft_weights="int8", activations="row")         # the app's pair where runs decode together
-solo = ("ort4", load_pair(draft_weights="ort4", activations="row", draft_alone=True).lm)
+solo = replace(pair, draft_lm=load_pair(draft_weights="ort4", activations="row", draft_alone=True).lm,
+               rep=replace(pair.rep, draft="ort4"))          # the app's cli.common.app_solo_draft
 costs = cached_costs(pair)
-solo_costs = cached_costs(replace(pair, draft_lm=solo[1], rep=replace(pair.rep, draft="ort4")))
+solo_costs = cached_costs(solo)
 print("draft ms: int8", costs.draft_ms, "ort4", solo_costs.draft_ms, "; 1-token pass", costs.verify(1), file=sys.stderr)
 batcher = Batcher(pair, solo=solo)
 threads.one_core()          # as the app: the batcher's thread has the cores
