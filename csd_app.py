@@ -94,7 +94,14 @@ class ConsoleProgress:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_logging()
-    from csd.cli.common import app_draft_weights, app_solo_draft, choose_draft, load_from_args, open_store
+    from csd.cli.common import (
+        app_draft_weights,
+        app_solo_draft,
+        choose_draft,
+        choose_target,
+        load_from_args,
+        open_store,
+    )
     from csd.db.store import StoreOpenError
     from csd.runtime.pair import ModelLoadError
     from csd.runtime.static import STATIC_ENGINES
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
+        choose_target(args, ConsoleProgress())     # int8 or the GGUF's own blocks, whichever runs faster here
         choose_draft(args, ConsoleProgress())      # one run at a time: int8 or ort4, whichever runs faster here
         asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
         pair = load_from_args(args, progress=ConsoleProgress())

@@ -33,10 +33,14 @@ def tqdm_progress():
 def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     """The options that choose and load the pair (the command line's and the app's), and, with
     ``store``, the command line's store options (the app has its own ``--db``)."""
-    p.add_argument("--draft", default="embedded", help="draft model: 'embedded', a local path or a Hugging Face id")
-    p.add_argument("--target", default="embedded", help="target model: 'embedded', a local path or a Hugging Face id")
+    p.add_argument("--draft", default="embedded",
+                   help="draft model: 'embedded', a local path, a .gguf file or a Hugging Face id")
+    p.add_argument("--target", default="embedded",
+                   help="target model: 'embedded', a local path, a .gguf file or a Hugging Face id")
     p.add_argument("--dtype", default="auto", choices=("auto",) + TARGET_REPRS,
-                   help="the target's representation (auto: int8 on the CPU, bfloat16 on CUDA; float32 is exact)")
+                   help="the target's representation: gguf (the GGUF file's own Q4_K/Q6_K blocks, exact rows), "
+                        "int8, ov4, or a float dtype; auto: on the CPU whichever of gguf and int8 `python -m csd "
+                        "prepare` measured faster here (int8 until it has), bfloat16 on CUDA")
     p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
                    help="the draft's weights (auto: on the CPU int8 or ort4, whichever prepare timed faster here, the "
                         "target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; int4 now runs ort4)")
@@ -47,9 +51,9 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
     p.add_argument("--int8-smoothing", default="on", choices=("on", "off"),
                    help="for an int8 target: move activation outliers into the weights first (SmoothQuant)")
     p.add_argument("--int8-activations", dest="activations", default=INT8_ACTIVATIONS_DEFAULT, choices=INT8_ACTIVATIONS,
-                   help="for an int8 target: one activation scale per token (row: greedy SD is AR's answer) or per "
-                        "pass; auto (default): row where every int8 product runs on oneDNN, which then costs a verify "
-                        "pass no more, else pass (7-17%% faster on fbgemm) (docs/exactness.md)")
+                   help="for an int8 target: one activation scale per token (row, and auto, the default: greedy SD "
+                        "writes AR's answer) or per pass (lossy: a verify pass can round a near-tie differently; a few "
+                        "percent faster on fbgemm) (docs/exactness.md)")
     p.add_argument("--draft-vocab", default="auto",
                    help="tokens the draft may propose: auto (the embedded pair's frequent-token list), full, or N")
     p.add_argument("--device", default="auto", help="auto (CUDA if available, else CPU), cpu, cuda, cuda:1 ...")
@@ -116,6 +120,28 @@ def choose_draft(args, progress=None) -> None:
         options, draft_weights=r), progress=progress or tqdm_progress(), draft_alone=True)).repr != r else d.lm)
     print(f"draft representation: {out['choice']} ({', '.join(f'{r} {ms} ms' for r, ms in out['draft_ms'].items())} "
           "a token)", file=sys.stderr, flush=True)
+
+
+def choose_target(args, progress=None) -> None:
+    """``--dtype auto`` on the CPU: where this machine has not yet measured whether the target runs faster in int8
+    or on its GGUF file's own blocks, measure it once (``csd.runtime.profile.choose_target_dtype``), one target
+    loaded after the other and both held while they are timed in turn."""
+    from csd.runtime.models import load_pair, resolve_device
+    from csd.runtime.profile import target_choice_file
+    if args.dtype != "auto" or resolve_device(args.device).type != "cpu" or target_choice_file().exists():
+        return
+    from csd.runtime.profile import choose_target_dtype
+    print("CSD Explorer: timing the target in int8 and on its GGUF blocks once…", file=sys.stderr, flush=True)
+    options = replace(load_options(args), activations="row")
+
+    def load(r: str):
+        pair = load_pair(None, args.target, options=replace(options, dtype=r), progress=progress or tqdm_progress())
+        return pair.target_lm if pair.rep.target == r else None     # None: it fell back
+
+    out = choose_target_dtype(load)
+    times = ", ".join(f"{r} {out['step_ms'][r]} ms a step and {out['verify_5_ms'][r]} ms a 5-token pass"
+                      for r in out["step_ms"])
+    print(f"target representation: {out['choice']} ({times})", file=sys.stderr, flush=True)
 
 
 def load_from_args(args, need_draft: bool = True, check=None, progress=None):

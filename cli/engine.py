@@ -17,6 +17,7 @@ from .common import (
     add_rival_args,
     app_draft_weights,
     choose_draft,
+    choose_target,
     load_from_args,
     memory_policy,
     open_store,
@@ -222,6 +223,7 @@ def cmd_prepare(args) -> int:
     defaults = argparse.ArgumentParser()
     add_model_args(defaults, store=False)
     default_args = defaults.parse_args([])
+    choose_target(default_args)     # --dtype auto: int8 or the GGUF's own blocks, whichever runs faster here
     choose_draft(default_args)      # --draft-dtype auto: int8 or ort4, whichever runs faster here
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once

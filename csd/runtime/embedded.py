@@ -97,7 +97,7 @@ def gguf_config(f):
     from transformers import AutoConfig
     arch = f.fields["general.architecture"]
     if arch not in ("qwen2", "llama"):
-        raise ModelLoadError(f"{f.path.name}: architecture {arch!r} (the embedded pair is qwen2)")
+        raise ModelLoadError(f"{f.path.name}: architecture {arch!r}: the GGUF converter reads qwen2 and llama files")
 
     def g(key, default=None):
         return f.fields.get(f"{arch}.{key}", default)
@@ -158,6 +158,43 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
                                          "tokenizer": tok_digest}).encode())
         if progress:
             progress(f"{model.name} ready", 1.0)
+    return out
+
+
+def file_identity(path: Path) -> str:
+    """A local GGUF file's identity for the cache: its name, size and modification time (a changed file is a miss)."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def prepare_gguf_file(path: Path, progress: Progress | None = None) -> Path:
+    """A directory with a local GGUF file's config, generation config and tokenizer, made once from the file
+    (``--draft PATH.gguf --target PATH.gguf``). ModelLoadError for an architecture the converter does not know."""
+    from filelock import FileLock
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from .ggufile import GGUFFile
+    path = Path(path).expanduser().resolve()
+    ident = file_identity(path)
+    out = cache_dir() / "gguf" / f"{path.stem[:40]}-{ident[:12]}"
+    if _marker(out).get("sha256") == ident and _marker(out).get("version") == MARKER_VERSION:
+        return out
+    try:
+        f = GGUFFile(path)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+    config = gguf_config(f)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f"{out.name}.lock")):
+        out.mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
+        if progress:
+            progress(f"converting the tokenizer of {path.name} (once)", 0.5)
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(out)
+        atomic_write(out / MARKER, json.dumps({"source": str(path), "sha256": ident, "version": MARKER_VERSION,
+                                               "tokenizer": f.digest("tokenizer.", skip=("tokenizer.chat_template",))
+                                               }).encode())
     return out
 
 

@@ -13,7 +13,7 @@ from ..config import GAMMA_RANGE, CSDConfig
 from ..events import Progress
 from ..fileio import read_json
 from ..representation import Representation
-from . import profile, smoothing
+from . import kquant, profile, smoothing
 from .convert import FORMAT, cached_lean, digest, load_maxima, maxima_for, shipped_maxima
 from .lm import HFLM, LeanLM, lean_unsupported
 from .ortlm import ORT_FORMAT, OrtLM, ort_missing
@@ -21,6 +21,7 @@ from .ovlm import OvLM, ov_missing
 from .pair import EMBEDDED, EMBEDDED_PAIR_ID, ModelLoadError, ModelPair, encode_prompt, special_token_ids
 from .quant import (
     CPU_DRAFT_REPRS,
+    CPU_TARGET_REPRS,
     DTYPES,
     INT8_ACTIVATIONS,
     INT8_ACTIVATIONS_DEFAULT,
@@ -55,7 +56,7 @@ def check_repr(name: str | torch.dtype, device: torch.device) -> str:
         name = str(name).removeprefix("torch.")
     if name not in TARGET_REPRS:
         raise ModelLoadError(f"unknown dtype {name!r}; choose auto, {', '.join(TARGET_REPRS)}")
-    if name in ("int8", "ov4") and device.type != "cpu":
+    if name in CPU_TARGET_REPRS and device.type != "cpu":
         raise ModelLoadError(f"{name} runs on the CPU only; choose bfloat16 or float16 on a GPU")
     if name == "ov4" and ov_missing():
         raise ModelLoadError(f"--dtype ov4 cannot run here: {ov_missing()}; choose int8")
@@ -137,7 +138,7 @@ class LoadOptions:
 
     @property
     def act_dtype(self) -> torch.dtype:
-        return torch.float32 if self.dtype in ("int8", "ov4") else DTYPES[self.dtype]
+        return torch.float32 if self.dtype in CPU_TARGET_REPRS else DTYPES[self.dtype]
 
     def validated(self) -> LoadOptions:
         """Checked before anything loads (ModelLoadError), with device, engine and dtypes resolved."""
@@ -149,7 +150,8 @@ class LoadOptions:
             raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
                                  if self.device_map is None else "the static engine runs on one device (no --device-map)")
         if self.dtype in (None, "auto"):
-            dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" else "int8"
+            dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" \
+                else profile.chosen_target_dtype()
         else:
             dtype = check_repr(self.dtype, dev)
         for value, choices, what in ((self.draft_weights, DRAFT_DTYPES, "draft dtype"),
@@ -165,8 +167,9 @@ class LoadOptions:
             else RETIRED_DRAFT_REPRS.get(self.draft_weights, self.draft_weights)
         if draft_weights in CPU_DRAFT_REPRS and dev.type != "cpu":
             raise ModelLoadError(f"draft dtype {draft_weights} runs on the CPU only")
+        activations = "row" if self.activations == "auto" else self.activations    # exact rows by default
         return replace(self, device=dev, engine=engine, dtype=dtype, draft_weights=draft_weights,
-                       fallback=self.fallback or self.engine == "auto")
+                       activations=activations, fallback=self.fallback or self.engine == "auto")
 
     def for_target(self, name: str, config) -> LoadOptions:
         """With ``target_impl`` resolved for the target's config; ModelLoadError where it cannot run."""
@@ -178,12 +181,12 @@ class LoadOptions:
             raise ModelLoadError(f"the static engine cannot run {name!r}: {why} (use --engine eager)")
         impl = self.target_impl
         if impl == "auto":
-            impl = "lean" if (self.dtype in ("int8", "ov4") or self.static) and not why else "hf"
+            impl = "lean" if (self.dtype in CPU_TARGET_REPRS or self.static) and not why else "hf"
         if self.static and impl != "lean":
             raise ModelLoadError("the static engine runs the lean target path (not --target-impl hf)")
-        if self.dtype == "ov4" and impl != "lean":
-            raise ModelLoadError(f"ov4 runs the lean target path, which cannot run {name!r}: {why}" if why
-                                 else "ov4 runs the lean target path (not --target-impl hf)")
+        if self.dtype in ("ov4", "gguf") and impl != "lean":
+            raise ModelLoadError(f"{self.dtype} runs the lean target path, which cannot run {name!r}: {why}" if why
+                                 else f"{self.dtype} runs the lean target path (not --target-impl hf)")
         if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
         return replace(self, target_impl=impl, activations="pass" if impl != "lean" else self.activations)
@@ -220,7 +223,8 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
     if draft_alone:
         return d
     t = load_target(t_ref, t_config, tok, o, progress)
-    acts = ("row" if getattr(t.lm, "per_row", False) else "pass") if o.dtype == "int8" else ""   # auto resolved
+    target_repr = t.repr or o.dtype         # gguf falls back to int8 where its kernel cannot run
+    acts = ("row" if getattr(t.lm, "per_row", False) else "pass") if target_repr == "int8" else ""   # auto resolved
     release_memory()            # the float weights that quantising replaced
     if o.static:
         t.lm, d.lm = static_engine(t.lm, d.lm, d_ref, o, progress)
@@ -230,7 +234,7 @@ def load_pair(draft: str | None = DEFAULT_PAIR, target: str = DEFAULT_PAIR, *, o
     return ModelPair(d.model, t.model, tok, pair_id, d_ref.disp if d_ref else "", t_ref.disp,
                      t.lm.device if o.device_map is None else o.device, o.act_dtype, eos_ids,
                      context_limit(t_config), special_ids=special, target_lm=t.lm, draft_lm=d.lm,
-                     rep=Representation(o.dtype, d.repr, acts),
+                     rep=Representation(target_repr, d.repr, acts),
                      target_smoothing=t.smoothing, memory_gib=mem, target_loader=t.loader, draft_loader=d.loader)
 
 
@@ -263,7 +267,20 @@ def end_tokens(tok, path: str) -> tuple[int, ...]:
 
 
 def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
-    """The target: int8 lean mapped from the cache, else the float model (quantised where asked)."""
+    """The target: on its GGUF file's own blocks, int8 lean mapped from the cache, else the float model (quantised
+    where asked)."""
+    if o.dtype == "gguf":
+        why = kquant.kernel_missing() or (None if (ref.embedded or ref.gguf) else
+                                          f"{ref.disp!r} is not a GGUF file (the k-quant path reads GGUF files)")
+        if why is None:
+            with ref.gguf_file(progress) as path:
+                if progress:
+                    progress(f"reading {ref.disp}'s Q4_K and Q6_K blocks", 0.5)
+                lm = kquant.lean_from_gguf(path)
+            return Loaded(lm, loader=lambda: ref.float_model(torch.float32, o.device), repr="gguf")
+        log.warning("the target cannot run on its GGUF blocks here (%s): the int8 target runs, activations per "
+                    "token", why)
+        o = replace(o, dtype="int8", activations="row")
     prompts = smoothing_prompts(tok, config, ref.disp) if o.dtype == "int8" and o.int8_smoothing else None
     if o.dtype == "ov4":
         lm = from_cache(ref, config, progress, "ov4", key={"role": "target"}, bits="ort4")
@@ -285,6 +302,7 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
                    smoothing=SMOOTHED if maxima is not None else "")
     if o.dtype == "int8" and o.activations == "row":
         t.lm.int8_per_row()
+    t.repr = o.dtype
     return t
 
 

@@ -25,6 +25,8 @@ from .lm import HFLM, LeanLM
 from .ortlm import ort_missing, ort_version
 from .quant import CPU_DRAFT_REPRS, int8_kernels, quantize_int8, to_repr
 
+CPU_TARGET_CHOICES = ("int8", "gguf")     # what ``--dtype auto`` picks between on the CPU (``choose_target_dtype``)
+
 log = logging.getLogger(__name__)
 
 PASS_LENGTHS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)   # tokens in a target pass (a block of k - 1 + 1)
@@ -90,7 +92,8 @@ def time_interleaved(lms: dict, reps: int = 9, context: int = CONTEXT, tokens: i
     for k, lm in lms.items():
         lm.forward(caches[k], [100 + (i % 1000) for i in range(context)], 1)
     times = {k: ([], []) for k in lms}
-    for _ in range(reps + 1):          # the first round warms up
+    warm = 3
+    for _ in range(reps + warm):       # the first rounds warm up (a runtime's first calls lay out its weights)
         for k, lm in lms.items():
             wall, cpu = time.perf_counter(), time.process_time()
             lm.forward(caches[k], [7] * tokens, tokens)
@@ -98,7 +101,7 @@ def time_interleaved(lms: dict, reps: int = 9, context: int = CONTEXT, tokens: i
             times[k][0].append(1000 * (time.perf_counter() - wall))
             times[k][1].append(1000 * (time.process_time() - cpu))
             lm.crop(caches[k], context)
-    return {k: {"wall_ms": round(statistics.median(w[1:]), 2), "cpu_ms": round(statistics.median(c[1:]), 2)}
+    return {k: {"wall_ms": round(statistics.median(w[warm:]), 2), "cpu_ms": round(statistics.median(c[warm:]), 2)}
             for k, (w, c) in times.items()}
 
 
@@ -107,7 +110,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "profile.py")   # the passes, representations, how timed
+ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "kquant.py", "kernels/kquant.c",
+                "profile.py")   # the passes, representations, how timed
 
 
 @functools.cache
@@ -253,3 +257,44 @@ def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
 
 
 INT4_MARGIN = 0.08
+
+
+def target_choice_file() -> Path:
+    """Where ``python -m csd prepare`` records whether the target ran faster in int8 or on its GGUF blocks here."""
+    key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision()}
+    return _cache_file("target-repr", key)
+
+
+def chosen_target_dtype() -> str:
+    """``--dtype auto`` on the CPU: what prepare measured to run faster here (``choose_target_dtype``), int8 where
+    nothing was measured or the k-quant kernel cannot run."""
+    try:
+        choice = json.loads(target_choice_file().read_text()).get("choice")
+    except (OSError, ValueError, AttributeError):
+        return "int8"
+    if choice == "gguf":
+        from .kquant import kernel_missing
+        if kernel_missing():
+            return "int8"
+    return choice if choice in CPU_TARGET_CHOICES else "int8"
+
+
+VERIFY_TOKENS = 5      # the verify pass weighed beside a 1-token step: a block of gamma 4, near gamma auto's choice
+
+
+def choose_target_dtype(load_target_lm, reps: int = 9) -> dict:
+    """Time the target's 1-token step and a ``VERIFY_TOKENS``-token verify pass in int8 (activations per token) and
+    on the GGUF's blocks, the two in turn (``load_target_lm(repr)``: the target's ``LM``, None where it cannot run),
+    and record the faster by the sum of the two for ``--dtype auto``. Returns what was written."""
+    from .kquant import kernel_missing
+    missing = {"gguf": why} if (why := kernel_missing()) else {}
+    lms = {r: lm for r in CPU_TARGET_CHOICES if r not in missing and (lm := load_target_lm(r)) is not None}
+    one = time_interleaved(lms, reps)
+    verify = time_interleaved(lms, reps, tokens=VERIFY_TOKENS)
+    score = {r: one[r]["wall_ms"] + verify[r]["wall_ms"] for r in lms}
+    choice = min(score, key=score.get) if score else "int8"
+    out = {"choice": choice, "step_ms": {r: t["wall_ms"] for r, t in one.items()},
+           f"verify_{VERIFY_TOKENS}_ms": {r: t["wall_ms"] for r, t in verify.items()},
+           "measured_at": _now(), "machine": machine_name("cpu"), **{f"{r}_missing": w for r, w in missing.items()}}
+    write_json(target_choice_file(), out)
+    return out

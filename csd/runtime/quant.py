@@ -18,9 +18,11 @@ from .smoothing import smooth
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_DRAFT_REPRS = ("int8", "ort4")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm)
 RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
-TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "ov4")   # ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
+# gguf: the GGUF file's own Q4_K / Q6_K blocks (csd.runtime.kquant); ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
+TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "gguf", "ov4")
+CPU_TARGET_REPRS = ("int8", "gguf", "ov4")
 BUILD_THREADS = max(1, min(4, torch.get_num_threads()))
-INT8_ACTIVATIONS = ("auto", *ACTIVATIONS)   # auto: "row" where every product runs on oneDNN, else "pass"
+INT8_ACTIVATIONS = ("auto", *ACTIVATIONS)   # auto: "row" (exact: greedy SD == AR) on every CPU; "pass" is opt-in
 INT8_ACTIVATIONS_DEFAULT = "auto"
 
 

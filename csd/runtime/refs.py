@@ -12,7 +12,7 @@ import torch
 from ..events import Progress
 from ..fileio import cache_dir
 from .convert import GGUFSource, ModuleSource, digest
-from .embedded import assembled, float_model, model_dir, prepare_embedded
+from .embedded import assembled, file_identity, float_model, model_dir, prepare_embedded, prepare_gguf_file
 from .pair import EMBEDDED, ModelLoadError
 
 EMBEDDED_ALIASES = {"embedded", "default", "embedded-draft", "embedded-target",
@@ -28,6 +28,7 @@ class ModelRef:
     path: str
     embedded: bool = False
     trust_remote_code: bool = False
+    gguf: str = ""          # a local GGUF file the weights are read from (``--target PATH.gguf``)
 
     def config(self):
         from transformers import AutoConfig
@@ -46,6 +47,13 @@ class ModelRef:
         try:
             if self.embedded:
                 return float_model(self.role, dtype, progress).to(dev)
+            if self.gguf:
+                m = AutoModelForCausalLM.from_pretrained(Path(self.gguf).parent, gguf_file=Path(self.gguf).name,
+                                                         dtype=torch.float32)
+                quantizer = getattr(m, "hf_quantizer", None)
+                if quantizer is not None:
+                    quantizer.remove_quantization_config(m)
+                return m.to(dtype).to(dev).eval()
             m = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
                                                      **({"device_map": device_map} if device_map is not None else {}))
             return (m if device_map is not None else m.to(dev)).eval()
@@ -61,11 +69,22 @@ class ModelRef:
     @contextmanager
     def source(self, progress: Progress | None = None):
         """Its float weights a tensor at a time (``csd.runtime.convert``): the GGUF file, or the loaded model."""
-        if self.embedded:
-            with assembled(self.role, progress) as gguf:
+        if self.embedded or self.gguf:
+            with self.gguf_file(progress) as gguf:
                 yield GGUFSource(gguf)
         else:
             yield ModuleSource(self.float_model(torch.float32, torch.device("cpu"), progress=progress))
+
+    @contextmanager
+    def gguf_file(self, progress: Progress | None = None):
+        """The GGUF file its weights come from: the shipped one assembled for the block, or the user's own."""
+        if self.gguf:
+            yield Path(self.gguf)
+        elif self.embedded:
+            with assembled(self.role, progress) as gguf:
+                yield gguf
+        else:
+            raise ModelLoadError(f"{self.role} model {self.disp!r} is not a GGUF file: --dtype gguf reads GGUF files")
 
     def int8_dir(self) -> Path:
         """Where its int8 conversion is cached: beside the shipped model's tokenizer, or by path."""
@@ -78,6 +97,8 @@ class ModelRef:
         and modification time (a changed file makes the cache a miss)."""
         if self.embedded:
             return EMBEDDED[self.role].sha256
+        if self.gguf:
+            return file_identity(Path(self.gguf))
         files = sorted(p for p in Path(self.path).iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
         return digest([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
 
@@ -86,6 +107,10 @@ def resolve(name: str, role: str, progress: Progress | None, trust_remote_code: 
     if name in EMBEDDED_ALIASES:
         return ModelRef(role, EMBEDDED[role].name, str(prepare_embedded(role, progress)), True)
     p = Path(name).expanduser()
+    if p.suffix.lower() == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"{role} GGUF file {str(p)!r} does not exist")
+        return ModelRef(role, p.name, str(prepare_gguf_file(p, progress)), gguf=str(p.resolve()))
     if p.exists():
         return ModelRef(role, p.name, str(p), trust_remote_code=trust_remote_code)
     return ModelRef(role, name, str(hub_snapshot(name, role, progress)), trust_remote_code=trust_remote_code)

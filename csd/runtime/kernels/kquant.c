@@ -1,0 +1,278 @@
+/* Products on a GGUF file's own k-quant blocks (Q4_K, Q6_K), one token's row at a time.
+ *
+ * Weights are the file's integers, repacked (csd/runtime/kquant.py) into tiles of 16 output rows so that one
+ * 512-bit register holds 4 consecutive input columns of 16 rows:
+ *   Q4_K  qw[tile][superblock][pair p][i][16 rows][4 bytes]: low nibble column 64p + 4i + b (sub-block 2p),
+ *         high nibble column 64p + 32 + 4i + b (sub-block 2p + 1): the file's own nibble pairing;
+ *         sc, m[tile][superblock][8 sub-blocks][16 rows] (6-bit, unsigned); d, dmin[tile][superblock][16] (f16).
+ *         w = d * sc * q - dmin * m.
+ *   Q6_K  qw[tile][superblock][group g][i][16 rows][4 bytes] = q + 32 (0..63), column 16g + 4i + b;
+ *         sc[tile][superblock][16 groups][16 rows] (int8); d[tile][superblock][16] (f16). w = d * sc * q.
+ * Activations are quantised per row and 256 columns to int8 with one float scale, as llama.cpp's Q8_K does.
+ *
+ * Exactness: every row of x goes through the same instructions in the same order whatever the number of rows
+ * or threads (rows are taken 4 at a time, each in its own registers; threads split output tiles), so a row's
+ * result depends on that row alone. A verify pass of 7 tokens gives each token what a 1-token pass gives it.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define KQ_AVX512 1
+#endif
+
+#define QK 256
+
+int kq_simd(void) {
+#if defined(KQ_AVX512)
+    return 512;
+#else
+    return 0;
+#endif
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else {      /* subnormal */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* x (R, K) float -> q (R, K) int8, scale (R, K/256), sums of 16 columns (R, K/16) and of 32 (R, K/32). */
+void kq_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *scale, int32_t *s16, int32_t *s32) {
+    int64_t nsb = K / QK;
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t b = 0; b < nsb; b++) {
+            const float *xb = x + r * K + b * QK;
+            int8_t *qb = q + r * K + b * QK;
+            float amax = 0.f;
+            for (int k = 0; k < QK; k++) amax = fmaxf(amax, fabsf(xb[k]));
+            float iscale = amax > 0.f ? 127.f / amax : 0.f;
+            scale[r * nsb + b] = amax / 127.f;
+            for (int k = 0; k < QK; k++) {
+                float v = nearbyintf(xb[k] * iscale);
+                qb[k] = (int8_t)(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
+            }
+            for (int g = 0; g < QK / 16; g++) {
+                int32_t s = 0;
+                for (int k = 0; k < 16; k++) s += qb[16 * g + k];
+                s16[r * (K / 16) + b * 16 + g] = s;
+            }
+            for (int g = 0; g < QK / 32; g++)
+                s32[r * (K / 32) + b * 8 + g] = s16[r * (K / 16) + b * 16 + 2 * g] + s16[r * (K / 16) + b * 16 + 2 * g + 1];
+        }
+    }
+}
+
+static int threads_for(int nt, int64_t tiles) {
+    if (nt < 1) nt = 1;
+    if (tiles < nt) nt = (int)tiles;
+    return nt < 1 ? 1 : nt;
+}
+
+/* ---- Q4_K ---------------------------------------------------------------------------------------- */
+#if defined(KQ_AVX512)
+#define KQ_ROWS 4       /* rows of x taken together: a verify pass of up to 8 tokens reads each weight once */
+
+/* Rows r0 .. r0 + NR - 1 of one output tile; NR is a constant at each call, so every row's sums stay in
+ * registers (three a row: the two sub-blocks' products and their scaled sum). */
+static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t t, int64_t r0, int64_t nsb, int64_t K,
+        const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
+        const int8_t *q, const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    __m512 acc[KQ_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const int64_t tb = t * nsb + b;
+        const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
+        __m512i isc[KQ_ROWS];
+        for (int r = 0; r < NR; r++) isc[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            __m512i plo[KQ_ROWS], phi[KQ_ROWS];
+            for (int r = 0; r < NR; r++) { plo[r] = _mm512_setzero_si512(); phi[r] = _mm512_setzero_si512(); }
+            for (int i = 0; i < 8; i++) {
+                __m512i wv = _mm512_loadu_si512((const void *)(w + (p * 8 + i) * 64));
+                __m512i wl = _mm512_and_si512(wv, low);
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
+                for (int r = 0; r < NR; r++) {
+                    const int32_t *xr = (const int32_t *)(q + (r0 + r) * K + b * QK + 64 * p + 4 * i);
+                    plo[r] = _mm512_dpbusd_epi32(plo[r], wl, _mm512_set1_epi32(xr[0]));
+                    phi[r] = _mm512_dpbusd_epi32(phi[r], wh, _mm512_set1_epi32(xr[8]));
+                }
+            }
+            __m512i sclo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + (2 * p) * 16)));
+            __m512i schi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + (2 * p + 1) * 16)));
+            for (int r = 0; r < NR; r++)
+                isc[r] = _mm512_add_epi32(isc[r], _mm512_add_epi32(_mm512_mullo_epi32(plo[r], sclo),
+                                                                  _mm512_mullo_epi32(phi[r], schi)));
+        }
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
+        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dmin + tb * 16)));
+        for (int r = 0; r < NR; r++) {
+            /* the mins: sum over the 8 sub-blocks of m * (the row's sum of those 32 activations) */
+            const int32_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
+            __m512i imn = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++)
+                imn = _mm512_add_epi32(imn, _mm512_mullo_epi32(
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mb + j * 16))), _mm512_set1_epi32(sr[j])));
+            __m512 a = _mm512_set1_ps(ascale[(r0 + r) * nsb + b]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isc[r]), _mm512_mul_ps(dv, a), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imn), _mm512_mul_ps(mv, a), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, acc[r]);
+}
+#endif
+
+static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qw, const uint8_t *sc,
+                     const uint8_t *mn, const uint16_t *d, const uint16_t *dmin, const int8_t *q,
+                     const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+#if defined(KQ_AVX512)
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
+        switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
+#define KQ_CASE(n) case n: q4k_rows(n, t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy); break;
+        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+#undef KQ_CASE
+        }
+    }
+#else
+    for (int64_t r = 0; r < R; r++) {
+        float acc[16] = {0};
+        for (int64_t b = 0; b < nsb; b++) {
+            const int64_t tb = t * nsb + b;
+            const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
+            const int8_t *xb = q + r * K + b * QK;
+            const int32_t *sr = s32 + r * (K / 32) + b * 8;
+            float a = ascale[r * nsb + b];
+            for (int n = 0; n < 16; n++) {
+                int32_t isc = 0, imn = 0;
+                for (int p = 0; p < 4; p++) {
+                    int32_t plo = 0, phi = 0;
+                    for (int i = 0; i < 8; i++)
+                        for (int c = 0; c < 4; c++) {
+                            uint8_t byte = w[(p * 8 + i) * 64 + n * 4 + c];
+                            plo += (byte & 15) * xb[64 * p + 4 * i + c];
+                            phi += (byte >> 4) * xb[64 * p + 32 + 4 * i + c];
+                        }
+                    isc += plo * scb[2 * p * 16 + n] + phi * scb[(2 * p + 1) * 16 + n];
+                    imn += mb[2 * p * 16 + n] * sr[2 * p] + mb[(2 * p + 1) * 16 + n] * sr[2 * p + 1];
+                }
+                acc[n] = fmaf((float)isc, f16_to_f32(d[tb * 16 + n]) * a, acc[n]);
+                acc[n] = fmaf(-(float)imn, f16_to_f32(dmin[tb * 16 + n]) * a, acc[n]);
+            }
+        }
+        memcpy(y + r * ldy + t * 16, acc, sizeof acc);
+    }
+#endif
+}
+
+void kq_q4k(const int8_t *q, const float *ascale, const int32_t *s32, int64_t R, int64_t K,
+            const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
+            int64_t N, float *y, int64_t ldy, int nthreads) {
+    int64_t tiles = N / 16, nsb = K / QK;
+    int nt = threads_for(nthreads, tiles);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        q4k_tile(t, nsb, R, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy);
+}
+
+/* ---- Q6_K ---------------------------------------------------------------------------------------- */
+#if defined(KQ_AVX512)
+static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t t, int64_t r0, int64_t nsb, int64_t K,
+        const uint8_t *qw, const int8_t *sc, const uint16_t *d, const int8_t *q, const float *ascale,
+        const int32_t *s16, float *y, int64_t ldy) {
+    __m512 acc[KQ_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const int64_t tb = t * nsb + b;
+        const uint8_t *w = qw + tb * 4096;
+        const int8_t *scb = sc + tb * 256;
+        __m512i isc[KQ_ROWS];
+        for (int r = 0; r < NR; r++) isc[r] = _mm512_setzero_si512();
+        for (int g = 0; g < 16; g++) {
+            __m512i p[KQ_ROWS];
+            for (int r = 0; r < NR; r++) p[r] = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) {
+                __m512i wv = _mm512_loadu_si512((const void *)(w + (g * 4 + i) * 64));
+                for (int r = 0; r < NR; r++) {
+                    const int32_t *xr = (const int32_t *)(q + (r0 + r) * K + b * QK + 16 * g + 4 * i);
+                    p[r] = _mm512_dpbusd_epi32(p[r], wv, _mm512_set1_epi32(xr[0]));
+                }
+            }
+            __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16)));
+            for (int r = 0; r < NR; r++) isc[r] = _mm512_add_epi32(isc[r], _mm512_mullo_epi32(p[r], s));
+        }
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
+        for (int r = 0; r < NR; r++) {
+            /* the offset of 32: sum over the 16 groups of sc * (the row's sum of those 16 activations) */
+            const int32_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
+            __m512i imn = _mm512_setzero_si512();
+            for (int g = 0; g < 16; g++)
+                imn = _mm512_add_epi32(imn, _mm512_mullo_epi32(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16))), _mm512_set1_epi32(sr[g])));
+            __m512 a = _mm512_set1_ps(ascale[(r0 + r) * nsb + b]);
+            __m512i tot = _mm512_sub_epi32(isc[r], _mm512_slli_epi32(imn, 5));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dv, a), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, acc[r]);
+}
+#endif
+
+static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qw, const int8_t *sc,
+                     const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s16, float *y, int64_t ldy) {
+#if defined(KQ_AVX512)
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
+        switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
+#define KQ_CASE(n) case n: q6k_rows(n, t, r0, nsb, K, qw, sc, d, q, ascale, s16, y, ldy); break;
+        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+#undef KQ_CASE
+        }
+    }
+#else
+    for (int64_t r = 0; r < R; r++) {
+        float acc[16] = {0};
+        for (int64_t b = 0; b < nsb; b++) {
+            const int64_t tb = t * nsb + b;
+            const uint8_t *w = qw + tb * 4096;
+            const int8_t *scb = sc + tb * 256, *xb = q + r * K + b * QK;
+            float a = ascale[r * nsb + b];
+            for (int n = 0; n < 16; n++) {
+                int32_t isc = 0, imn = 0;
+                for (int g = 0; g < 16; g++) {
+                    int32_t p = 0;
+                    for (int i = 0; i < 4; i++)
+                        for (int c = 0; c < 4; c++) p += w[(g * 4 + i) * 64 + n * 4 + c] * xb[16 * g + 4 * i + c];
+                    isc += p * scb[g * 16 + n];
+                    imn += scb[g * 16 + n] * s16[r * (K / 16) + b * 16 + g];
+                }
+                acc[n] = fmaf((float)(isc - 32 * imn), f16_to_f32(d[tb * 16 + n]) * a, acc[n]);
+            }
+        }
+        memcpy(y + r * ldy + t * 16, acc, sizeof acc);
+    }
+#endif
+}
+
+void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R, int64_t K,
+            const uint8_t *qw, const int8_t *sc, const uint16_t *d, int64_t N, float *y, int64_t ldy, int nthreads) {
+    int64_t tiles = N / 16, nsb = K / QK;
+    int nt = threads_for(nthreads, tiles);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t t = 0; t < tiles; t++)
+        q6k_tile(t, nsb, R, K, qw, sc, d, q, ascale, s16, y, ldy);
+}

@@ -1,0 +1,330 @@
+"""Products on a GGUF file's own k-quant blocks (Q4_K, Q6_K), one token's row at a time: the kernel
+``kernels/kquant.c``, compiled for this CPU on first use and called through ctypes.
+
+A weight keeps the file's integers and scales (w = d * sc * q - dmin * m for Q4_K, w = d * sc * q for Q6_K);
+the activations are quantised per row and 256 columns to int8, as llama.cpp does. Every row of a product is
+computed by the same instructions whatever the number of rows or threads, so a verify pass gives each token
+exactly what a 1-token pass gives it (``tests/test_kquant.py``).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+QK = 256
+TILE = 16
+Q4_K, Q6_K = 12, 14                 # ggml's type numbers
+KNOWN = {Q4_K: "Q4_K", Q6_K: "Q6_K"}
+SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel cannot be built or run here (no C compiler, or a build that fails)."""
+
+
+# -- the compiled kernel -------------------------------------------------------------------------------
+_libs: dict[bool, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def _build_dir() -> Path:
+    from ..fileio import cache_dir
+    return cache_dir() / "kernels"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def library(portable: bool = False):
+    """The compiled kernel (built once per source and CPU into the cache), or KernelUnavailable. ``portable``:
+    its plain C loops, built without this CPU's vector instructions (the tests hold both to the same rules)."""
+    with _lock:
+        if portable in _libs:
+            return _libs[portable]
+        cc = _compiler()
+        if cc is None:
+            raise KernelUnavailable("no C compiler (cc or gcc) on PATH to build the k-quant kernel")
+        flags = ["-O3", "-fopenmp", "-shared", "-fPIC", *([] if portable else ["-march=native"])]
+        key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags]).encode() + _cpu_flags().encode())
+        out = _build_dir() / f"kquant-{key.hexdigest()[:16]}.so"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            done = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True)
+            if done.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise KernelUnavailable(f"building the k-quant kernel failed: {done.stderr.strip()[:400]}")
+            os.replace(tmp, out)
+        lib = ctypes.CDLL(str(out))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.kq_simd.restype = i32
+        lib.kq_quantize.argtypes = [p, i64, i64, p, p, p, p]
+        lib.kq_q4k.argtypes = [p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32]
+        lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, i64, p, i64, i32]
+        _libs[portable] = lib
+        return lib
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def simd_width() -> int:
+    """512 where the kernel runs on AVX-512 VNNI, else 0 (its portable C loops: correct, slow)."""
+    return int(library().kq_simd())
+
+
+def kernel_missing() -> str | None:
+    """Why ``--dtype gguf`` should not run here (the target then runs in int8), or None where it can."""
+    try:
+        width = simd_width()
+    except (KernelUnavailable, OSError) as e:
+        return str(e)
+    if width == 0 and not os.environ.get("CSD_KQUANT_PORTABLE"):
+        return ("this CPU has no AVX-512 VNNI, and the k-quant kernel's portable loops are slower than int8 "
+                "(CSD_KQUANT_PORTABLE=1 runs them anyway)")
+    return None
+
+
+# -- the file's blocks, repacked into tiles of 16 output rows -------------------------------------------
+def _tiles(a: np.ndarray) -> np.ndarray:
+    """(N, ...) -> (N/16, 16, ...) with N padded to a multiple of 16 by zero rows."""
+    n = a.shape[0]
+    pad = -n % TILE
+    if pad:
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return a.reshape(-1, TILE, *a.shape[1:])
+
+
+def q4k_unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
+    """A Q4_K tensor's bytes (N, K/256 * 144) as its integers: q (N, K) 0..15, sc and m (N, K/32) 0..63,
+    d and dmin (N, K/256) float16 (w = d * sc * q - dmin * m)."""
+    n = raw.shape[0]
+    blk = raw.reshape(n, -1, 144)
+    d = blk[..., 0:2].copy().view(np.float16)[..., 0]
+    dmin = blk[..., 2:4].copy().view(np.float16)[..., 0]
+    s = blk[..., 4:16].astype(np.uint8)
+    sc = np.empty((*s.shape[:2], 8), np.uint8)
+    m = np.empty_like(sc)
+    sc[..., :4], m[..., :4] = s[..., 0:4] & 63, s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
+    m[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    qs = blk[..., 16:144].reshape(n, -1, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, -1)          # (chunk, low/high, 32): columns in order
+    return {"q": q, "sc": sc.reshape(n, -1), "m": m.reshape(n, -1), "d": d, "dmin": dmin}
+
+
+def q6k_unpack(raw: np.ndarray) -> dict[str, np.ndarray]:
+    """A Q6_K tensor's bytes (N, K/256 * 210) as its integers: u = q + 32 (N, K) 0..63, sc (N, K/16) int8,
+    d (N, K/256) float16 (w = d * sc * (u - 32))."""
+    n = raw.shape[0]
+    blk = raw.reshape(n, -1, 210)
+    ql = blk[..., 0:128].reshape(n, -1, 2, 64)
+    qh = blk[..., 128:192].reshape(n, -1, 2, 32)
+    sc = blk[..., 192:208].copy().view(np.int8)
+    d = blk[..., 208:210].copy().view(np.float16)[..., 0]
+    lo, hi = ql[..., :32], ql[..., 32:]
+    u = np.stack([(lo & 15) | ((qh & 3) << 4), (hi & 15) | (((qh >> 2) & 3) << 4),
+                  (lo >> 4) | (((qh >> 4) & 3) << 4), (hi >> 4) | (((qh >> 6) & 3) << 4)], axis=3)
+    return {"u": u.reshape(n, -1).astype(np.uint8), "sc": sc.reshape(n, -1), "d": d}
+
+
+def q4k_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    n, k = p["q"].shape
+    q = p["q"].reshape(n, k // 32, 32).astype(np.float32)
+    d = np.repeat(p["d"].astype(np.float32), 8, axis=1)[..., None]
+    dm = np.repeat(p["dmin"].astype(np.float32), 8, axis=1)[..., None]
+    return (d * p["sc"][..., None] * q - dm * p["m"][..., None]).reshape(n, k)
+
+
+def q6k_dequantize(p: dict[str, np.ndarray]) -> np.ndarray:
+    n, k = p["u"].shape
+    u = p["u"].reshape(n, k // 16, 16).astype(np.float32) - 32
+    d = np.repeat(p["d"].astype(np.float32), 16, axis=1)[..., None]
+    return (d * p["sc"][..., None] * u).reshape(n, k)
+
+
+def q4k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
+    """The kernel's layout of a Q4_K tensor (its bytes, N rows): the file's own nibble bytes, transposed."""
+    n = raw.shape[0]
+    blk = raw.reshape(n, -1, 144)
+    nb = blk.shape[1]
+    u = q4k_unpack(raw)
+    qs = _tiles(blk[..., 16:144].reshape(n, nb, 4, 8, 4))                  # (T, 16, nb, p, i, c)
+    qw = np.ascontiguousarray(qs.transpose(0, 2, 3, 4, 1, 5))              # (T, nb, p, i, 16, c)
+    sc = np.ascontiguousarray(_tiles(u["sc"].reshape(n, nb, 8)).transpose(0, 2, 3, 1))   # (T, nb, 8, 16)
+    m = np.ascontiguousarray(_tiles(u["m"].reshape(n, nb, 8)).transpose(0, 2, 3, 1))
+    d = np.ascontiguousarray(_tiles(u["d"]).transpose(0, 2, 1))                          # (T, nb, 16)
+    dmin = np.ascontiguousarray(_tiles(u["dmin"]).transpose(0, 2, 1))
+    return {"qw": torch.from_numpy(qw), "sc": torch.from_numpy(sc), "m": torch.from_numpy(m),
+            "d": torch.from_numpy(d.view(np.int16)), "dmin": torch.from_numpy(dmin.view(np.int16))}
+
+
+def q6k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
+    n = raw.shape[0]
+    u = q6k_unpack(raw)
+    nb = u["d"].shape[1]
+    qw = np.ascontiguousarray(_tiles(u["u"].reshape(n, nb, 16, 4, 4)).transpose(0, 2, 3, 4, 1, 5))  # (T,nb,g,i,16,c)
+    sc = np.ascontiguousarray(_tiles(u["sc"].reshape(n, nb, 16)).transpose(0, 2, 3, 1))            # (T,nb,16,16)
+    d = np.ascontiguousarray(_tiles(u["d"]).transpose(0, 2, 1))
+    return {"qw": torch.from_numpy(qw), "sc": torch.from_numpy(sc), "d": torch.from_numpy(d.view(np.int16))}
+
+
+# -- the product ------------------------------------------------------------------------------------
+PACK = {Q4_K: q4k_pack, Q6_K: q6k_pack}
+
+
+class KQuantPart:
+    """One GGUF matrix in the kernel's layout: its type, packed blocks and shape."""
+
+    def __init__(self, qtype: int, raw: np.ndarray, in_features: int):
+        if qtype not in PACK:
+            raise ValueError(f"the k-quant kernel takes {', '.join(KNOWN.values())}, not ggml type {qtype}")
+        if in_features % QK:
+            raise ValueError(f"k-quant rows hold whole blocks of {QK} values, not {in_features}")
+        self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
+        self.packed = PACK[qtype](np.asarray(raw))
+        self.padded = self.out_features + (-self.out_features % TILE)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.packed.values())
+
+    def run(self, lib, acts: tuple, rows: int, y: torch.Tensor, threads: int) -> None:
+        """Write this matrix's products of the quantised activations ``acts`` into ``y`` (a view, rows apart)."""
+        q, scale, s16, s32 = acts
+        p, k, ld = self.packed, self.in_features, y.stride(0)
+        if self.qtype == Q4_K:
+            lib.kq_q4k(q.data_ptr(), scale.data_ptr(), s32.data_ptr(), rows, k, p["qw"].data_ptr(),
+                       p["sc"].data_ptr(), p["m"].data_ptr(), p["d"].data_ptr(), p["dmin"].data_ptr(),
+                       self.padded, y.data_ptr(), ld, threads)
+        else:
+            lib.kq_q6k(q.data_ptr(), scale.data_ptr(), s16.data_ptr(), rows, k, p["qw"].data_ptr(),
+                       p["sc"].data_ptr(), p["d"].data_ptr(), self.padded, y.data_ptr(), ld, threads)
+
+
+class KQuantLinear(torch.nn.Module):
+    """``y = x @ W.T + bias`` with W the rows of one or more GGUF matrices (fused q/k/v, gate/up), each held
+    as the file's own Q4_K or Q6_K blocks. The activations are quantised once for all of them."""
+
+    def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, portable: bool = False):
+        super().__init__()
+        if len({p.in_features for p in parts}) != 1:
+            raise ValueError("fused k-quant matrices must take the same input width")
+        self.parts, self.bias = parts, bias
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.padded = sum(p.padded for p in parts)
+        self.lib = library(portable)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+    def quantise(self, x2: torch.Tensor) -> tuple:
+        rows, k = x2.shape
+        acts = (torch.empty((rows, k), dtype=torch.int8), torch.empty((rows, k // QK), dtype=torch.float32),
+                torch.empty((rows, k // 16), dtype=torch.int32), torch.empty((rows, k // 32), dtype=torch.int32))
+        self.lib.kq_quantize(x2.data_ptr(), rows, k, *(a.data_ptr() for a in acts))
+        return acts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        rows = x2.shape[0]
+        acts = self.quantise(x2)
+        y = torch.empty((rows, self.padded), dtype=torch.float32)
+        threads, at = torch.get_num_threads(), 0
+        for p in self.parts:
+            p.run(self.lib, acts, rows, y[:, at:], threads)
+            at += p.padded
+        if self.padded != self.out_features:
+            keep, at = [], 0
+            for p in self.parts:
+                keep.append(y[:, at:at + p.out_features])
+                at += p.padded
+            y = torch.cat(keep, 1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+# -- a whole decoder from a GGUF file -----------------------------------------------------------------
+ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
+
+
+def gguf_refusal(f) -> str | None:
+    """Why the k-quant path cannot run this GGUF file (``csd.runtime.ggufile.GGUFFile``), or None."""
+    arch = f.fields.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        return f"{f.path.name}: architecture {arch!r} (the k-quant path reads {', '.join(ARCHITECTURES)})"
+    for name, t in f.tensors.items():
+        if name.endswith(".weight") and len(t.shape) == 2 and name != "token_embd.weight" and t.qtype not in KNOWN:
+            import gguf
+            kind = gguf.GGMLQuantizationType(t.qtype).name
+            return f"{f.path.name}: tensor {name} is {kind} (the k-quant path computes on {', '.join(KNOWN.values())})"
+    return None
+
+
+def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
+    """The decoder of a GGUF file as a ``LeanLM`` whose products run on the file's own blocks."""
+    from .convert import QuantisedRows
+    from .embedded import gguf_config
+    from .ggufile import GGUFFile
+    from .lm import LeanLM
+    from .pair import ModelLoadError
+
+    f = GGUFFile(path)
+    if why := gguf_refusal(f):
+        raise ModelLoadError(why)
+    config = gguf_config(f)
+
+    def part(name: str, rows=None) -> KQuantPart:
+        t = f.tensors[name]
+        raw = f.raw(name) if rows is None else f.raw(name)[rows]
+        return KQuantPart(t.qtype, raw, t.shape[1])
+
+    def floats(name: str) -> torch.Tensor | None:
+        return torch.from_numpy(f.dequantize(name)) if name in f.tensors else None
+
+    def biases(names: list[str]) -> torch.Tensor | None:
+        got = [floats(n) for n in names]
+        if all(b is None for b in got):
+            return None
+        sizes = [f.tensors[n.replace(".bias", ".weight")].shape[0] for n in names]
+        return torch.cat([b if b is not None else torch.zeros(s) for b, s in zip(got, sizes)])
+
+    layers = []
+    for i in range(config.num_hidden_layers):
+        b = f"blk.{i}."
+        qkv = [b + "attn_q", b + "attn_k", b + "attn_v"]
+        layers.append((floats(b + "attn_norm.weight"),
+                       KQuantLinear([part(n + ".weight") for n in qkv], biases([n + ".bias" for n in qkv])),
+                       KQuantLinear([part(b + "attn_output.weight")]),
+                       floats(b + "ffn_norm.weight"),
+                       KQuantLinear([part(b + "ffn_gate.weight"), part(b + "ffn_up.weight")]),
+                       KQuantLinear([part(b + "ffn_down.weight")])))
+    head_name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+    rows = None if vocab_ids is None else vocab_ids.numpy()
+    head = KQuantLinear([part(head_name, rows)])
+    import gguf
+    emb = f.tensors["token_embd.weight"]
+    embed = QuantisedRows(torch.from_numpy(np.array(f.raw("token_embd.weight"))),
+                          gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])
+    lm = LeanLM.from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
+    lm.per_row = True          # a verify pass attends one query at a time: rows exact end to end
+    lm.impl = "kquant"
+    return lm

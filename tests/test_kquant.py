@@ -1,0 +1,122 @@
+"""The target on its GGUF file's own blocks (``csd.runtime.kquant``, ``--dtype gguf``): the file's integers read
+back exactly, products close to the float weights', and every row of a product computed on its own, so a verify
+pass gives each token what a 1-token step gives it and greedy SD writes AR's answer. On the embedded pair's real
+files; the rules hold for the vector kernel and for its portable C loops alike."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from csd.runtime import kquant
+from csd.runtime.embedded import assembled
+from csd.runtime.ggufile import GGUFFile
+from csd.runtime.pair import ModelLoadError
+
+
+@pytest.fixture(scope="module")
+def target_file():
+    with assembled("target") as path:
+        yield GGUFFile(path)
+
+
+@pytest.fixture(scope="module")
+def draft_file():
+    with assembled("draft") as path:
+        yield GGUFFile(path)
+
+
+NAMES = {"Q4_K": "blk.0.ffn_gate.weight", "Q6_K": "blk.0.ffn_down.weight"}   # the embedded target's two types
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+def test_the_files_integers_and_scales_give_back_its_weights(target_file, kind):
+    name = NAMES[kind]
+    t = target_file.tensors[name]
+    assert kquant.KNOWN[t.qtype] == kind
+    raw = np.asarray(target_file.raw(name)[:48])
+    unpack, dequantize = {"Q4_K": (kquant.q4k_unpack, kquant.q4k_dequantize),
+                          "Q6_K": (kquant.q6k_unpack, kquant.q6k_dequantize)}[kind]
+    ints = unpack(raw)
+    # the gguf package's own dequantiser, bit for bit: nothing is rounded a second time
+    assert np.array_equal(dequantize(ints), target_file.dequantize(name, slice(0, 48)))
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("kind", sorted(NAMES))
+def test_a_row_is_the_same_alone_or_in_a_pass_of_any_length(target_file, kind, portable):
+    name = NAMES[kind]
+    t = target_file.tensors[name]
+    rows = 64                                   # four tiles of 16 output rows keep the portable loops quick
+    part = kquant.KQuantPart(t.qtype, target_file.raw(name)[:rows], t.shape[1])
+    lin = kquant.KQuantLinear([part], portable=portable)
+    torch.manual_seed(0)
+    x = torch.randn(11, t.shape[1]) * torch.logspace(-2, 2, 11)[:, None]      # rows of very different sizes
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(11)])
+    for m in (2, 3, 4, 5, 7, 8, 9, 11):         # every chunking of rows the kernel makes
+        assert torch.equal(lin(x[:m]), alone[:m]), m
+    # threads split output tiles, never a row's sums
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(lin(x), alone)
+    finally:
+        torch.set_num_threads(threads)
+    # and it is the file's matrix, to the precision of int8 activations (as llama.cpp's Q8_K)
+    ref = x @ torch.from_numpy(target_file.dequantize(name, slice(0, rows))).T
+    err = (alone - ref).norm(dim=1) / ref.norm(dim=1)
+    assert float(err.max()) < 0.03
+
+
+def test_fused_matrices_of_two_types_and_a_bias(target_file):
+    """q/k/v fused where v is Q6_K and q, k are Q4_K (layer 0 of the target): one call, each part in its columns."""
+    names = [f"blk.0.attn_{p}.weight" for p in "qkv"]
+    parts = [kquant.KQuantPart(target_file.tensors[n].qtype, target_file.raw(n), 1536) for n in names]
+    assert {kquant.KNOWN[p.qtype] for p in parts} == {"Q4_K", "Q6_K"}
+    bias = torch.from_numpy(np.concatenate([target_file.dequantize(n.replace("weight", "bias")) for n in names]))
+    fused = kquant.KQuantLinear(parts, bias)
+    x = torch.randn(3, 1536)
+    y = fused(x[None])
+    assert y.shape == (1, 3, 2048)
+    alone = torch.cat([kquant.KQuantLinear([p])(x) for p in parts], 1) + bias
+    assert torch.equal(y[0], alone)
+
+
+def test_what_the_kernel_cannot_read_is_refused_by_name(draft_file):
+    why = kquant.gguf_refusal(draft_file)            # the embedded draft holds Q5_0 and Q8_0 matrices
+    assert why is not None and "tensor " in why and ("Q5_0" in why or "Q8_0" in why)
+    with pytest.raises(ValueError, match="Q4_K"):
+        kquant.KQuantPart(8, np.zeros((16, 34 * 6), np.uint8), 192)            # ggml type 8 is Q8_0
+    with pytest.raises(ValueError, match="256"):
+        kquant.KQuantPart(kquant.Q4_K, np.zeros((16, 144), np.uint8), 200)
+
+
+def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
+    import gguf
+    w = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="gpt2"):
+        kquant.lean_from_gguf(tmp_path / "gpt2.gguf")
+
+
+@pytest.mark.slow
+def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
+    """The whole target (28 layers, the Q6_K output layer): a pass of 7 tokens, and passes of 3 + 4, give each token
+    the logits seven 1-token steps give it, bit for bit."""
+    if kquant.kernel_missing():
+        pytest.skip(kquant.kernel_missing())
+    lm = kquant.lean_from_gguf(target_file.path)
+    cache = lm.new_cache(256)
+    lm.forward(cache, list(range(100, 160)), 1)
+    toks = [785, 4226, 315, 9625, 374, 12095, 13]
+    whole = lm.forward(cache, toks, 7)
+    lm.crop(cache, 60)
+    split = torch.cat([lm.forward(cache, toks[:3], 3), lm.forward(cache, toks[3:], 4)])
+    lm.crop(cache, 60)
+    steps = torch.cat([lm.forward(cache, [t], 1) for t in toks])
+    assert torch.equal(whole, steps)
+    assert torch.equal(split, steps)
