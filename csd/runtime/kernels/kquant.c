@@ -28,6 +28,15 @@
 
 #define QK 256
 
+#if defined(KQ_AVX512)
+/* acc += the 64 weight bytes w times the 4 activation bytes at x, broadcast by the load itself (an embedded
+ * broadcast: the compiler would otherwise spend a shuffle on each). */
+static inline __attribute__((always_inline)) __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
+    return acc;
+}
+#endif
+
 int kq_simd(void) {
 #if defined(KQ_AVX512)
     return 512;
@@ -86,7 +95,7 @@ static int threads_for(int nt, int64_t tiles) {
 
 /* ---- Q4_K ---------------------------------------------------------------------------------------- */
 #if defined(KQ_AVX512)
-#define KQ_ROWS 4       /* rows of x taken together: a verify pass of up to 8 tokens reads each weight once */
+#define KQ_ROWS 8       /* rows of x taken together: a verify pass of up to 8 tokens reads each weight once */
 
 /* Rows r0 .. r0 + NR - 1 of one output tile; NR is a constant at each call, so every row's sums stay in
  * registers (three a row: the two sub-blocks' products and their scaled sum). */
@@ -101,24 +110,19 @@ static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t
         const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
         __m512i isc[KQ_ROWS];
         for (int r = 0; r < NR; r++) isc[r] = _mm512_setzero_si512();
-        for (int p = 0; p < 4; p++) {
-            __m512i plo[KQ_ROWS], phi[KQ_ROWS];
-            for (int r = 0; r < NR; r++) { plo[r] = _mm512_setzero_si512(); phi[r] = _mm512_setzero_si512(); }
+        /* sub-block j = 2p + h: the low nibbles of pair p (h = 0), then its high nibbles (h = 1) */
+        for (int j = 0; j < 8; j++) {
+            const int p = j >> 1, h = j & 1;
+            __m512i acc_j[KQ_ROWS];
+            for (int r = 0; r < NR; r++) acc_j[r] = _mm512_setzero_si512();
             for (int i = 0; i < 8; i++) {
                 __m512i wv = _mm512_loadu_si512((const void *)(w + (p * 8 + i) * 64));
-                __m512i wl = _mm512_and_si512(wv, low);
-                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low);
-                for (int r = 0; r < NR; r++) {
-                    const int32_t *xr = (const int32_t *)(q + (r0 + r) * K + b * QK + 64 * p + 4 * i);
-                    plo[r] = _mm512_dpbusd_epi32(plo[r], wl, _mm512_set1_epi32(xr[0]));
-                    phi[r] = _mm512_dpbusd_epi32(phi[r], wh, _mm512_set1_epi32(xr[8]));
-                }
+                __m512i wq = _mm512_and_si512(h ? _mm512_srli_epi16(wv, 4) : wv, low);
+                for (int r = 0; r < NR; r++)
+                    acc_j[r] = dot4(acc_j[r], wq, q + (r0 + r) * K + b * QK + 32 * j + 4 * i);
             }
-            __m512i sclo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + (2 * p) * 16)));
-            __m512i schi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + (2 * p + 1) * 16)));
-            for (int r = 0; r < NR; r++)
-                isc[r] = _mm512_add_epi32(isc[r], _mm512_add_epi32(_mm512_mullo_epi32(plo[r], sclo),
-                                                                  _mm512_mullo_epi32(phi[r], schi)));
+            __m512i scj = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(scb + j * 16)));
+            for (int r = 0; r < NR; r++) isc[r] = _mm512_add_epi32(isc[r], _mm512_mullo_epi32(acc_j[r], scj));
         }
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
         __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dmin + tb * 16)));
@@ -145,7 +149,7 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
         switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
 #define KQ_CASE(n) case n: q4k_rows(n, t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy); break;
-        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4) KQ_CASE(5) KQ_CASE(6) KQ_CASE(7) KQ_CASE(8)
 #undef KQ_CASE
         }
     }
@@ -208,10 +212,8 @@ static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t
             for (int r = 0; r < NR; r++) p[r] = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++) {
                 __m512i wv = _mm512_loadu_si512((const void *)(w + (g * 4 + i) * 64));
-                for (int r = 0; r < NR; r++) {
-                    const int32_t *xr = (const int32_t *)(q + (r0 + r) * K + b * QK + 16 * g + 4 * i);
-                    p[r] = _mm512_dpbusd_epi32(p[r], wv, _mm512_set1_epi32(xr[0]));
-                }
+                for (int r = 0; r < NR; r++)
+                    p[r] = dot4(p[r], wv, q + (r0 + r) * K + b * QK + 16 * g + 4 * i);
             }
             __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16)));
             for (int r = 0; r < NR; r++) isc[r] = _mm512_add_epi32(isc[r], _mm512_mullo_epi32(p[r], s));
@@ -239,7 +241,7 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
         switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
 #define KQ_CASE(n) case n: q6k_rows(n, t, r0, nsb, K, qw, sc, d, q, ascale, s16, y, ldy); break;
-        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+        KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4) KQ_CASE(5) KQ_CASE(6) KQ_CASE(7) KQ_CASE(8)
 #undef KQ_CASE
         }
     }
