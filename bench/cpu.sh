@@ -7,7 +7,8 @@
 #   keep      python -m csd.bench.keep_rate: the draft's keep rate per block position, int8 and ort4
 #   bench     python -m csd bench, AR, SD and CSD on ITEMS: the defaults (bench-default), then the target's
 #             activations per pass (bench-pass); each result names its representation and int8 kernels
-#   side      python -m csd.bench.llama_side beside llama.cpp (needs LLAMA_BENCH: docs/cpu.md builds it)
+#   side      python -m csd.bench.llama_side beside llama.cpp (needs LLAMA_BENCH: docs/cpu.md builds it): the
+#             defaults, then each target of ALSO_DTYPE (int8,gguf), and their passes timed in turn
 #   solo      docs/bench/solo-draft-xeon/solo.py: the app's lone run with the int8 and the ort4 draft
 #   start     the app's first start with an empty cache: seconds to the address, resident and peak memory
 # ITEMS (humaneval:4,gsm8k:4; KEEP_ITEMS for keep: humaneval:8,gsm8k:8) and TOKENS (128) set the items and
@@ -67,7 +68,8 @@ for s in ${STEPS:-prepare profile keep bench side solo start}; do
                   --max-new-tokens "$tokens" ;;
         bench) bench bench-default; bench bench-pass --int8-activations pass ;;
         side) if [ -n "$llama" ]; then run side $py -m csd.bench.llama_side --llama-bench "$llama" --out "$out/side" \
-                  --dataset "$items" --tokens "$tokens"; tidy "$out/side/ours"
+                  --dataset "$items" --tokens "$tokens" --also-dtype "${ALSO_DTYPE:-int8,gguf}"
+                  for d in "$out"/side/ours*; do tidy "$d"; done
               else echo "== side: skipped (no LLAMA_BENCH given)" | tee -a "$log"; fi ;;
         solo) mkdir -p "$out/solo"; run solo sh -c "$py docs/bench/solo-draft-xeon/solo.py > '$out/solo/solo.json'" ;;
         start) mkdir -p "$out/start"; run start first_start ;;

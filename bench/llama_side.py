@@ -33,12 +33,23 @@ def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -
             "command": " ".join(cmd[:1] + ["-m", gguf.name] + cmd[3:])}
 
 
-def ours(dataset: str, tokens: int, out: Path) -> dict:
+def ours(dataset: str, tokens: int, out: Path, *flags: str) -> dict:
     cmd = [sys.executable, "-m", "csd", "bench", "--dataset", dataset, "--methods", "ar,sd,csd",
-           "--max-new-tokens", str(tokens), "--no-db", "--out", str(out)]
+           "--max-new-tokens", str(tokens), "--no-db", "--out", str(out), *flags]
     subprocess.run(cmd, check=True, timeout=7200)
     _, data = read_results_json(out)
     return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"]}
+
+
+def target_passes(reps: list[str], verify: int = 5, rounds: int = 15) -> dict:
+    """The embedded target's 1-token and ``verify``-token passes in each representation, loaded together and timed
+    in turn (``csd.runtime.profile.time_interleaved``)."""
+    from csd.runtime.models import load_pair
+    from csd.runtime.profile import CONTEXT, time_interleaved
+    lms = {r: load_pair(None, dtype=r, activations="row").target_lm for r in reps}
+    one, many = time_interleaved(lms, rounds), time_interleaved(lms, rounds, tokens=verify)
+    return {"context": CONTEXT, "reps": rounds, "verify": verify,
+            "ms": {r: {"1": one[r]["wall_ms"], str(verify): many[r]["wall_ms"]} for r in reps}}
 
 
 def table(res: dict) -> str:
@@ -58,6 +69,16 @@ def table(res: dict) -> str:
         s = mine[m]
         lines.append(f"| this project, {m.upper()} | {s['tokens_per_s']:.2f} | {s['tokens_per_s'] / base:.2f}x | "
                      f"{1000 / s['tokens_per_s']:.1f} |")
+    for rep, run in res.get("also", {}).items():
+        for m in ("ar", "sd", "csd"):
+            t = run["summary"][m]["tokens_per_s"]
+            lines.append(f"| this project, {m.upper()}, target {rep} | {t:.2f} | {t / base:.2f}x | {1000 / t:.1f} |")
+    if passes := res.get("passes"):
+        lines += ["", f"The target's passes after {passes['context']} cached tokens, the representations in turn "
+                  f"(median of {passes['reps']}): "
+                  + "; ".join(f"{rep} {t['1']:.1f} ms a 1-token pass ({t['1'] / (1000 / base):.2f}x llama.cpp's "
+                              f"token), {t[str(passes['verify'])]:.1f} ms a {passes['verify']}-token pass"
+                              for rep, t in passes["ms"].items()) + "."]
     ar = mine["ar"]["tokens_per_s"]
     lines += ["", f"CSD over AR: {mine['csd']['tokens_per_s'] / ar:.2f}x; SD over AR: "
               f"{mine['sd']['tokens_per_s'] / ar:.2f}x; CSD over SD: "
@@ -73,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--also-dtype", default="", help="comma-separated target representations run after the defaults "
+                   "(e.g. int8,gguf), and timed pass by pass beside them")
     args = p.parse_args(argv)
     if not Path(args.llama_bench).is_file():
         p.error(f"--llama-bench {args.llama_bench}: no such file (build llama-bench first: docs/cpu.md)")
@@ -88,6 +111,10 @@ def main(argv=None) -> int:
             gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
     res["ours"] = ours(args.dataset, args.tokens, out / "ours")
+    also = [r for r in args.also_dtype.split(",") if r]
+    res["also"] = {r: ours(args.dataset, args.tokens, out / f"ours-{r}", "--dtype", r) for r in also}
+    if also:
+        res["passes"] = target_passes(also)
     write_outputs(out, "side", res, table(res))
     return 0
 
