@@ -70,6 +70,8 @@ def library(portable: bool = False):
         lib.kq_quantize.argtypes = [p, i64, i64, p, p, p, p]
         lib.kq_q4k.argtypes = [p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32]
         lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, i64, p, i64, i32]
+        lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
+        lib.kq_linear.restype = None
         _libs[portable] = lib
         return lib
 
@@ -217,6 +219,13 @@ class KQuantPart:
                        p["sc"].data_ptr(), p["d"].data_ptr(), self.padded, y.data_ptr(), ld, threads)
 
 
+class _Part(ctypes.Structure):
+    """``kq_part`` of kernels/kquant.c: one matrix of a fused product, by address."""
+    _fields_ = [("qtype", ctypes.c_int32), ("n", ctypes.c_int64), ("col", ctypes.c_int64),
+                ("qw", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("mn", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("dmin", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
 class KQuantLinear(torch.nn.Module):
     """``y = x @ W.T + bias`` with W the rows of one or more GGUF matrices (fused q/k/v, gate/up), each held
     as the file's own Q4_K or Q6_K blocks. The activations are quantised once for all of them."""
@@ -230,6 +239,22 @@ class KQuantLinear(torch.nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.padded = sum(p.padded for p in parts)
         self.lib = library(portable)
+        # the parts as the kernel's records, made once: a call passes one address (biases padded to the tiles)
+        biases = bias.to(torch.float32).split([p.out_features for p in parts]) if bias is not None else None
+        self._biases, col = [], 0
+        self._parts = (_Part * len(parts))()
+        for i, p in enumerate(parts):
+            b = None
+            if biases is not None:
+                b = torch.zeros(p.padded)
+                b[:p.out_features] = biases[i]
+                self._biases.append(b)
+            k = p.packed
+            self._parts[i] = _Part(p.qtype, p.padded, col, k["qw"].data_ptr(), k["sc"].data_ptr(),
+                                   k["m"].data_ptr() if "m" in k else None, k["d"].data_ptr(),
+                                   k["dmin"].data_ptr() if "dmin" in k else None,
+                                   b.data_ptr() if b is not None else None)
+            col += p.padded
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
@@ -243,22 +268,19 @@ class KQuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.to(torch.float32).contiguous()
         rows = x2.shape[0]
-        acts = self.quantise(x2)
         y = torch.empty((rows, self.padded), dtype=torch.float32)
-        threads, at = torch.get_num_threads(), 0
-        for p in self.parts:
-            p.run(self.lib, acts, rows, y[:, at:], threads)
-            at += p.padded
+        self.lib.kq_linear(x2.data_ptr(), rows, self.in_features, self._parts, len(self.parts), y.data_ptr(),
+                           self.padded, torch.get_num_threads())
         if self.padded != self.out_features:
             keep, at = [], 0
             for p in self.parts:
                 keep.append(y[:, at:at + p.out_features])
                 at += p.padded
             y = torch.cat(keep, 1)
-        if self.bias is not None:
-            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
 

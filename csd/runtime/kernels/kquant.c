@@ -278,3 +278,42 @@ void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R,
     for (int64_t t = 0; t < tiles; t++)
         q6k_tile(t, nsb, R, K, qw, sc, d, q, ascale, s16, y, ldy);
 }
+
+/* ---- one call a fused product: activations quantised once, every part's tiles in one parallel loop ---- */
+typedef struct {
+    int32_t qtype;              /* 12: Q4_K, 14: Q6_K (ggml's numbers) */
+    int64_t n;                  /* output rows, a multiple of 16 */
+    int64_t col;                /* its first column in y */
+    const void *qw, *sc, *mn, *d, *dmin;
+    const float *bias;          /* n values or NULL */
+} kq_part;
+
+void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int nparts, float *y, int64_t ldy,
+               int nthreads) {
+    int64_t nsb = K / QK, tiles = 0;
+    for (int i = 0; i < nparts; i++) tiles += parts[i].n / 16;
+    int8_t *q = (int8_t *)malloc((size_t)(R * K));
+    float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * nsb));
+    int32_t *s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 16)));
+    int32_t *s32 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 32)));
+    kq_quantize(x, R, K, q, ascale, s16, s32);
+    int nt = threads_for(nthreads, tiles);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t g = 0; g < tiles; g++) {
+        int64_t t = g;
+        int i = 0;
+        while (t >= parts[i].n / 16) t -= parts[i++].n / 16;
+        const kq_part *p = &parts[i];
+        float *yp = y + p->col;
+        if (p->qtype == 12)
+            q4k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->sc, (const uint8_t *)p->mn,
+                     (const uint16_t *)p->d, (const uint16_t *)p->dmin, q, ascale, s32, yp, ldy);
+        else
+            q6k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const int8_t *)p->sc, (const uint16_t *)p->d, q, ascale,
+                     s16, yp, ldy);
+        if (p->bias)
+            for (int64_t r = 0; r < R; r++)
+                for (int k = 0; k < 16; k++) yp[r * ldy + t * 16 + k] += p->bias[t * 16 + k];
+    }
+    free(q); free(ascale); free(s16); free(s32);
+}
