@@ -120,3 +120,43 @@ def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
     steps = torch.cat([lm.forward(cache, [t], 1) for t in toks])
     assert torch.equal(whole, steps)
     assert torch.equal(split, steps)
+
+
+@pytest.mark.slow
+def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
+    """``--draft PATH.gguf --target PATH.gguf`` on the embedded pair's own files handed over as paths: the target on
+    its blocks writes the embedded run's answer, greedy SD writes AR's; a file of an unknown architecture is refused
+    by name (a pair whose tokenizers differ is refused by ``load_tokenizer``, tests/test_errors.py)."""
+    import json
+    import subprocess
+    import sys
+
+    import gguf
+
+    from csd.runtime.embedded import EMBEDDED, assemble_gguf
+    if kquant.kernel_missing():
+        pytest.skip(kquant.kernel_missing())
+    files = {r: assemble_gguf(EMBEDDED[r], tmp_path / f"{r}.gguf") for r in ("draft", "target")}
+
+    def generate(method: str, *models: str) -> dict:
+        r = subprocess.run([sys.executable, "-m", "csd", "generate", "--prompt", "Write a Python function that adds "
+                            "two numbers.", "--method", method, "--max-new-tokens", "16", "--dtype", "gguf", "--json",
+                            "--no-db", "--draft-dtype", "int8", *models], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    paths = ("--draft", str(files["draft"]), "--target", str(files["target"]))
+    ar, sd = generate("ar", *paths), generate("sd", *paths)
+    assert sd["token_ids"] == ar["token_ids"]
+    assert generate("ar")["token_ids"] == ar["token_ids"]          # the embedded pair by name: the same answer
+
+    w = gguf.GGUFWriter(tmp_path / "other.gguf", "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = subprocess.run([sys.executable, "-m", "csd", "generate", "--prompt", "hi", "--no-db", "--target",
+                        str(tmp_path / "other.gguf"), "--draft", str(files["draft"])],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "gpt2" in r.stderr and "qwen2" in r.stderr
