@@ -69,7 +69,7 @@ def library(portable: bool = False):
         lib.kq_simd.restype = i32
         lib.kq_quantize.argtypes = [p, i64, i64, p, p, p, p]
         lib.kq_q4k.argtypes = [p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32]
-        lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, i64, p, i64, i32]
+        lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, p, i64, p, i64, i32]
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
         lib.kq_linear.restype = None
         _libs[portable] = lib
@@ -178,13 +178,25 @@ def q4k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
 
 
 def q6k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
+    """The kernel's layout of a Q6_K tensor (its bytes, N rows), still 6 bits a weight: "qw" the low 4 bits two to
+    a byte, "m" the top 2 bits four to a byte (kernels/kquant.c says where each sits), "sc" and "d" as stored."""
     n = raw.shape[0]
     u = q6k_unpack(raw)
     nb = u["d"].shape[1]
-    qw = np.ascontiguousarray(_tiles(u["u"].reshape(n, nb, 16, 4, 4)).transpose(0, 2, 3, 4, 1, 5))  # (T,nb,g,i,16,c)
-    sc = np.ascontiguousarray(_tiles(u["sc"].reshape(n, nb, 16)).transpose(0, 2, 3, 1))            # (T,nb,16,16)
+    cols = u["u"].reshape(n, nb, 4, 2, 8, 4)                   # column 64c + 32h + 4i + b: (c, h, i, b)
+    lo4, hi2 = cols & 15, cols >> 4
+    nib = (lo4[:, :, :, 0] | (lo4[:, :, :, 1] << 4)).astype(np.uint8)                     # (n, nb, c, i, b)
+    hi2 = hi2.reshape(n, nb, 4, 2, 2, 4, 4)                                               # (c, h, i >> 2, i & 3, b)
+    top = np.zeros((n, nb, 4, 4, 4), np.uint8)
+    for h in range(2):
+        for i2 in range(2):
+            top |= (hi2[:, :, :, h, i2] << (2 * i2 + 4 * h)).astype(np.uint8)
+    qw = np.ascontiguousarray(_tiles(nib).transpose(0, 2, 3, 4, 1, 5))                   # (T, nb, c, i, 16, b)
+    tops = np.ascontiguousarray(_tiles(top).transpose(0, 2, 3, 4, 1, 5))                 # (T, nb, c, i & 3, 16, b)
+    sc = np.ascontiguousarray(_tiles(u["sc"].reshape(n, nb, 16)).transpose(0, 2, 3, 1))   # (T, nb, 16, 16)
     d = np.ascontiguousarray(_tiles(u["d"]).transpose(0, 2, 1))
-    return {"qw": torch.from_numpy(qw), "sc": torch.from_numpy(sc), "d": torch.from_numpy(d.view(np.int16))}
+    return {"qw": torch.from_numpy(qw), "m": torch.from_numpy(tops), "sc": torch.from_numpy(sc),
+            "d": torch.from_numpy(d.view(np.int16))}
 
 
 # -- the product ------------------------------------------------------------------------------------
@@ -216,7 +228,8 @@ class KQuantPart:
                        self.padded, y.data_ptr(), ld, threads)
         else:
             lib.kq_q6k(q.data_ptr(), scale.data_ptr(), s16.data_ptr(), rows, k, p["qw"].data_ptr(),
-                       p["sc"].data_ptr(), p["d"].data_ptr(), self.padded, y.data_ptr(), ld, threads)
+                       p["m"].data_ptr(), p["sc"].data_ptr(), p["d"].data_ptr(), self.padded, y.data_ptr(), ld,
+                       threads)
 
 
 class _Part(ctypes.Structure):

@@ -6,8 +6,11 @@
  *         high nibble column 64p + 32 + 4i + b (sub-block 2p + 1): the file's own nibble pairing;
  *         sc, m[tile][superblock][8 sub-blocks][16 rows] (6-bit, unsigned); d, dmin[tile][superblock][16] (f16).
  *         w = d * sc * q - dmin * m.
- *   Q6_K  qw[tile][superblock][group g][i][16 rows][4 bytes] = q + 32 (0..63), column 16g + 4i + b;
- *         sc[tile][superblock][16 groups][16 rows] (int8); d[tile][superblock][16] (f16). w = d * sc * q.
+ *   Q6_K  u = q + 32 (0..63) in 6 bits: lo[tile][superblock][chunk c][i][16 rows][4 bytes], the low 4 bits of
+ *         column 64c + 4i + b (low nibble) and of column 64c + 32 + 4i + b (high nibble); hi[tile][superblock][c]
+ *         [i & 3][16 rows][4 bytes], the top 2 bits of column 64c + 32h + 4i + b at bit 2 * (i >> 2) + 4h;
+ *         sc[tile][superblock][16 groups of 16 columns][16 rows] (int8); d[tile][superblock][16] (f16).
+ *         w = d * sc * (u - 32).
  * Activations are quantised per row and 256 columns to int8 with one float scale, as llama.cpp's Q8_K does.
  *
  * Exactness: every row of x goes through the same instructions in the same order whatever the number of rows
@@ -196,27 +199,53 @@ void kq_q4k(const int8_t *q, const float *ascale, const int32_t *s32, int64_t R,
 
 /* ---- Q6_K ---------------------------------------------------------------------------------------- */
 #if defined(KQ_AVX512)
+/* The top 2 bits at bit ``shift`` of each byte, moved to bits 4-5 (shifts by constants: one instruction each). */
+static inline __attribute__((always_inline)) __m512i top2(__m512i top, int shift) {
+    const __m512i two = _mm512_set1_epi8(0x30);
+    switch (shift) {
+    case 0: return _mm512_and_si512(_mm512_slli_epi16(top, 4), two);
+    case 2: return _mm512_and_si512(_mm512_slli_epi16(top, 2), two);
+    case 4: return _mm512_and_si512(top, two);
+    default: return _mm512_and_si512(_mm512_srli_epi16(top, 2), two);
+    }
+}
+
 static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t t, int64_t r0, int64_t nsb, int64_t K,
-        const uint8_t *qw, const int8_t *sc, const uint16_t *d, const int8_t *q, const float *ascale,
-        const int32_t *s16, float *y, int64_t ldy) {
+        const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, const int8_t *q,
+        const float *ascale, const int32_t *s16, float *y, int64_t ldy) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
     __m512 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const int64_t tb = t * nsb + b;
-        const uint8_t *w = qw + tb * 4096;
+        const uint8_t *wl = qlo + tb * 2048, *wh = qhi + tb * 1024;
         const int8_t *scb = sc + tb * 256;
         __m512i isc[KQ_ROWS];
         for (int r = 0; r < NR; r++) isc[r] = _mm512_setzero_si512();
-        for (int g = 0; g < 16; g++) {
-            __m512i p[KQ_ROWS];
-            for (int r = 0; r < NR; r++) p[r] = _mm512_setzero_si512();
-            for (int i = 0; i < 4; i++) {
-                __m512i wv = _mm512_loadu_si512((const void *)(w + (g * 4 + i) * 64));
-                for (int r = 0; r < NR; r++)
-                    p[r] = dot4(p[r], wv, q + (r0 + r) * K + b * QK + 16 * g + 4 * i);
+        for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i p[KQ_ROWS];
+                for (int r = 0; r < NR; r++) p[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    __m512i nib = _mm512_loadu_si512((const void *)(wl + (c * 8 + i) * 64));
+                    __m512i top = _mm512_loadu_si512((const void *)(wh + (c * 4 + (i & 3)) * 64));
+                    const int shift = 2 * (i >> 2) + 4 * h;         /* where this column's top 2 bits sit */
+                    __m512i lo4 = _mm512_and_si512(h ? _mm512_srli_epi16(nib, 4) : nib, low);
+                    __m512i u = _mm512_or_si512(lo4, top2(top, shift));
+                    for (int r = 0; r < NR; r++)
+                        p[r] = dot4(p[r], u, q + (r0 + r) * K + b * QK + 64 * c + 32 * h + 4 * i);
+                    if ((i & 3) == 3) {         /* a group of 16 columns done: its scale */
+                        const int g = 4 * c + 2 * h + (i >> 2);
+                        __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16)));
+                        for (int r = 0; r < NR; r++) {
+                            isc[r] = _mm512_add_epi32(isc[r], _mm512_mullo_epi32(p[r], s));
+                            p[r] = _mm512_setzero_si512();
+                        }
+                    }
+                }
             }
-            __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16)));
-            for (int r = 0; r < NR; r++) isc[r] = _mm512_add_epi32(isc[r], _mm512_mullo_epi32(p[r], s));
         }
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
         for (int r = 0; r < NR; r++) {
@@ -235,12 +264,13 @@ static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t
 }
 #endif
 
-static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qw, const int8_t *sc,
-                     const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s16, float *y, int64_t ldy) {
+static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qlo, const uint8_t *qhi,
+                     const int8_t *sc, const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s16,
+                     float *y, int64_t ldy) {
 #if defined(KQ_AVX512)
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
         switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
-#define KQ_CASE(n) case n: q6k_rows(n, t, r0, nsb, K, qw, sc, d, q, ascale, s16, y, ldy); break;
+#define KQ_CASE(n) case n: q6k_rows(n, t, r0, nsb, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy); break;
         KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4) KQ_CASE(5) KQ_CASE(6) KQ_CASE(7) KQ_CASE(8)
 #undef KQ_CASE
         }
@@ -250,15 +280,22 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         float acc[16] = {0};
         for (int64_t b = 0; b < nsb; b++) {
             const int64_t tb = t * nsb + b;
-            const uint8_t *w = qw + tb * 4096;
+            const uint8_t *wl = qlo + tb * 2048, *wh = qhi + tb * 1024;
             const int8_t *scb = sc + tb * 256, *xb = q + r * K + b * QK;
             float a = ascale[r * nsb + b];
             for (int n = 0; n < 16; n++) {
                 int32_t isc = 0, imn = 0;
                 for (int g = 0; g < 16; g++) {
                     int32_t p = 0;
-                    for (int i = 0; i < 4; i++)
-                        for (int c = 0; c < 4; c++) p += w[(g * 4 + i) * 64 + n * 4 + c] * xb[16 * g + 4 * i + c];
+                    for (int j = 0; j < 4; j++) {       /* the four 4-column steps of group g */
+                        int kg = 4 * g + j, c = kg >> 4, h = (kg >> 3) & 1, i = kg & 7;
+                        int shift = 2 * (i >> 2) + 4 * h;
+                        for (int e = 0; e < 4; e++) {
+                            uint8_t nib = wl[(c * 8 + i) * 64 + n * 4 + e], top = wh[(c * 4 + (i & 3)) * 64 + n * 4 + e];
+                            int u = ((h ? nib >> 4 : nib) & 15) | (((top >> shift) & 3) << 4);
+                            p += u * xb[4 * kg + e];
+                        }
+                    }
                     isc += p * scb[g * 16 + n];
                     imn += scb[g * 16 + n] * s16[r * (K / 16) + b * 16 + g];
                 }
@@ -271,12 +308,13 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
 }
 
 void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R, int64_t K,
-            const uint8_t *qw, const int8_t *sc, const uint16_t *d, int64_t N, float *y, int64_t ldy, int nthreads) {
+            const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, int64_t N, float *y,
+            int64_t ldy, int nthreads) {
     int64_t tiles = N / 16, nsb = K / QK;
     int nt = threads_for(nthreads, tiles);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t t = 0; t < tiles; t++)
-        q6k_tile(t, nsb, R, K, qw, sc, d, q, ascale, s16, y, ldy);
+        q6k_tile(t, nsb, R, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy);
 }
 
 /* ---- one call a fused product: activations quantised once, every part's tiles in one parallel loop ---- */
@@ -284,7 +322,7 @@ typedef struct {
     int32_t qtype;              /* 12: Q4_K, 14: Q6_K (ggml's numbers) */
     int64_t n;                  /* output rows, a multiple of 16 */
     int64_t col;                /* its first column in y */
-    const void *qw, *sc, *mn, *d, *dmin;
+    const void *qw, *sc, *mn, *d, *dmin;   /* Q6_K: qw its low 4 bits, mn its top 2 */
     const float *bias;          /* n values or NULL */
 } kq_part;
 
@@ -309,8 +347,8 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
             q4k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->sc, (const uint8_t *)p->mn,
                      (const uint16_t *)p->d, (const uint16_t *)p->dmin, q, ascale, s32, yp, ldy);
         else
-            q6k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const int8_t *)p->sc, (const uint16_t *)p->d, q, ascale,
-                     s16, yp, ldy);
+            q6k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn, (const int8_t *)p->sc,
+                     (const uint16_t *)p->d, q, ascale, s16, yp, ldy);
         if (p->bias)
             for (int64_t r = 0; r < R; r++)
                 for (int k = 0; k < 16; k++) yp[r * ldy + t * 16 + k] += p->bias[t * 16 + k];
