@@ -93,7 +93,7 @@ def load_champ() -> list[Item]:
 def load_prose() -> list[Item]:
     """Writing requests about passages of the pydoc topics held out from calibration. Topics overlap (pdb's
     docstrings repeat "debugger"), so a passage that shares ``OVERLAP_WORDS`` words with the corpus is dropped."""
-    from csd.calibration.corpus import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     corpus = _word_ngrams("\n".join(default_corpus()))
     items = []
@@ -145,7 +145,7 @@ def load_file(path: str | os.PathLike) -> list[Item]:
 
 def load_heldout() -> list[Item]:
     """The held-out split of the shipped calibration prompt set (its math items graded by their GSM8K reference)."""
-    from csd.calibration.corpus import PROMPTS_FILE, read_prompts
+    from csd.corpus import PROMPTS_FILE, read_prompts
 
     refs = {it.item_id: it.reference for it in load_gsm8k(split=None)}
     return [Item("heldout", row["id"], row["prompt"], refs.get(row["id"]), "number" if row["id"] in refs else None,

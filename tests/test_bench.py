@@ -34,7 +34,7 @@ def test_dataset_counts():
 
 
 def test_prose_is_disjoint_from_calibration():
-    from csd.calibration.corpus import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     calib = {name for name, _ in pydoc_topics("calibration")}
     items = load_prose()
