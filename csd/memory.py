@@ -299,7 +299,8 @@ class CorrectionMemory:
 
     def mismatch(self, pair) -> str | None:
         """None if the memory was calibrated with the pair's representations (or does not say), else a
-        sentence naming the difference (shown, never refused)."""
+        sentence naming the difference. A mismatch is shown, never refused: the patterns of a pair
+        barely depend on how its weights are held (int8 or float, 4-bit or not)."""
         cal = (self.meta.get("calibration") or [{}])[-1]
         if not isinstance(cal, dict):
             return None
