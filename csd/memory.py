@@ -86,8 +86,10 @@ class MemoryPolicy:
 
     def describe(self) -> str:
         """The policy in words (the app, the command line)."""
-        parts = [f"capacity {self.capacity:,} patterns (the {'smallest count' if self.evict == 'count' else 'least recent'}"
-                 " goes)"] if self.capacity else []
+        parts = []
+        if self.capacity:
+            evicted = "smallest count" if self.evict == "count" else "least recent"
+            parts.append(f"capacity {self.capacity:,} patterns (the {evicted} goes)")
         if self.half_life:
             parts.append(f"counts halve every {self.half_life:,g} divergences")
         return ", ".join(parts) or "unbounded (the paper's)"

@@ -251,7 +251,8 @@ def test_recolour_changes_classes_without_running_a_model(services, csd_run, gat
 
 def test_analyse_heading_mentions_outlines_only_when_something_changed(services, csd_run):
     sess = csd_run[-1][-1]
-    pareto, gaps, pos, heat, summary, heading, tokens, _, _ = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=6, log10_tau=-0.5), sess)
+    pareto, gaps, pos, heat, summary, heading, tokens, _, _ = analyse.analyse(services, common.SCOPE_RUN,
+                                                                              RunSettings(lam=6, log10_tau=-0.5), sess)
     assert all(isinstance(f, go.Figure) for f in (pareto, gaps, pos, heat))
     assert "divergences logged" in summary and "no decision changes" in heading and "outlined" not in heading
     heading = analyse.analyse(services, common.SCOPE_RUN, RunSettings(lam=0, log10_tau=0.0), sess)[5]
@@ -293,15 +294,18 @@ def test_explore_and_csv_export_use_the_same_filter(services, csd_run):
 def test_scopes_are_honest(services, store, csd_run):
     sess = csd_run[-1][-1]
     other = common.ensure_session(services, None)
-    assert explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", "any", other)[1].startswith("0 events")
+    caption = explore.explore_events(services, common.SCOPE_SESSION, 0, list(STATUSES), "any", "", "any", other)[1]
+    assert caption.startswith("0 events")
     assert "shared" in common.SCOPE_ALL and common.SCOPE_ALL in common.scopes(services)
-    assert not explore.explore_events(services, common.SCOPE_ALL, 0, list(STATUSES), "any", "", "any", other)[1].startswith("0 ")
+    caption = explore.explore_events(services, common.SCOPE_ALL, 0, list(STATUSES), "any", "", "any", other)[1]
+    assert not caption.startswith("0 ")
     private = tiny_services(store, shared_scope=False)
     assert common.SCOPE_ALL not in common.scopes(private)
     with pytest.raises(gr.Error, match="unknown scope"):
         explore.explore_events(private, common.SCOPE_ALL, 0, list(STATUSES), "any", "", "any", other)
     # a run id of someone else's session shows nothing when the scope is private
-    rows, caption, *_ = explore.explore_events(private, common.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any", "", "any", other)
+    rows, caption, *_ = explore.explore_events(private, common.SCOPE_SESSION, sess.last.run_id, list(STATUSES), "any",
+                                               "", "any", other)
     assert rows == [] and caption.startswith("0 events")
 
 
@@ -325,7 +329,8 @@ def test_export_of_the_coloured_answer(services, csd_run):
 
 def test_compare_leads_with_target_passes_saved(services):
     sess = common.ensure_session(services, None)
-    outs = list(compare.compare(services, "the cat sat", RunSettings(gamma=4, lam=6, log10_tau=-0.5, max_new_tokens=12), sess))
+    outs = list(compare.compare(services, "the cat sat",
+                                RunSettings(gamma=4, lam=6, log10_tau=-0.5, max_new_tokens=12), sess))
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd
