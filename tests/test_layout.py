@@ -318,3 +318,20 @@ def test_the_runtime_imports_nothing_from_calibration():
     found = {str(p.relative_to(ROOT)): deps for p in sorted((ROOT / "csd" / "runtime").rglob("*.py"))
              if (deps := sorted(d for d in _imports_of(p) if d == "calibration" or d.startswith("calibration.")))}
     assert found == {}
+
+
+def drawn_layers() -> dict[str, set[str]]:
+    """The arrows of docs/design.md's layer picture: ``name ──▶ a, b, c`` per line of its text block."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\n(floor 4.*?)```", text, flags=re.S).group(1)
+    drawn = {}
+    for line in block.splitlines():
+        if m := re.match(r"^(?:floor \d)?\s*([\w.]+)\s+──▶\s+(.*)$", line):
+            targets = m.group(2).strip()
+            drawn[m.group(1)] = set() if targets.startswith("(") else {t.strip() for t in targets.split(",")}
+    return drawn
+
+
+def test_the_design_docs_layer_picture_matches_the_imports():
+    """A reader trusts the picture: every folder is drawn with exactly the folders it imports."""
+    assert drawn_layers() == package_graph(module_graph())
