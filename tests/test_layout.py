@@ -187,9 +187,10 @@ def _slug(heading: str) -> str:
 
 
 def test_every_relative_link_in_the_docs_resolves():
-    """Links between the README, CONTRIBUTING and docs/ (and into docs/bench/) point at files that exist
+    """Links between the README, CONTRIBUTING, docs/ and the runs' READMEs in docs/bench/ point at files that exist
     and, for a Markdown page, at a heading it has: pages moved or split keep their readers."""
-    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs" / "bench").glob("*/README.md"))]
     broken = []
     for page in pages:
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)   # not inside code blocks
