@@ -192,7 +192,9 @@ def test_show_speculation_keeps_drafting_where_auto_would_not(services, monkeypa
     assert view.cfg.gamma_min == common.SHOW_SPECULATION == 3
     blocks = [e.block_len for e in view.events if e.pass_end]
     assert all(n >= 3 for n in blocks[:-1]) and view.metrics.drafted >= 3 * (len(blocks) - 1)
-    assert "(Show speculation asks for at least 3)" in html.unescape(on[-2]) or "γ auto drafted" not in on[-2]
+    # the floor of 3 is below the bar's 6, so the status explains the shorter blocks and names the floor
+    status = html.unescape(on[-2])
+    assert "γ auto drafted" in status and "(Show speculation asks for at least 3)" in status
     assert common.make_config(RunSettings(method="ar", gamma=6, max_new_tokens=8, show_spec=True)).gamma_min == 0
 
 
@@ -334,7 +336,8 @@ def test_compare_leads_with_target_passes_saved(services):
     *panes, cap_ar, cap_sd, cap_csd, fig, note, status, sess = outs[-1]
     assert "tok-target" in panes[0] and "tok-target" not in panes[1]
     assert cap_sd.startswith("**SD**:") and "target passes" in cap_sd
-    assert "same tokens as SD" in cap_csd or "leaves SD's answer at token" in cap_csd
+    # greedy on the tiny pair, no rescue moves CSD off SD's answer for this prompt: the caption says so
+    assert "same tokens as SD" in cap_csd and "leaves SD's answer" not in cap_csd
     assert note.startswith("**SD** used") and "saved" in note and "Why speculative decoding can be slower" in note
     assert [t.type for t in fig.data] == ["bar"] * 3 and list(fig.data[0].x) == ["ar", "sd", "csd"]
     assert sess.last.cfg.method == "csd" and isinstance(sess.ar_speed[("the cat sat", True)], RunMetrics)
