@@ -9,8 +9,8 @@ from importlib.util import find_spec
 if __name__ == "__main__":
     if find_spec("csd.ui") is None:
         print("CSD Explorer: installing this checkout once (pip install --no-deps -e .)…", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", os.path.dirname(__file__) or "."],
-                       check=True)
+        checkout = os.path.dirname(__file__) or "."
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", checkout], check=True)
         os.execv(sys.executable, [sys.executable, *sys.argv])
     from csd_app import main
     sys.exit(main())

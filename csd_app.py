@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     try:
         demo.block_thread()
     finally:
+        if services.batcher is not None:
+            services.batcher.close()        # the model thread ends with the app, its waiting calls served
         if store is not None:
             store.close()
     return 0

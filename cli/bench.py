@@ -80,8 +80,8 @@ def _count(text: str) -> int:
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
-_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "memory_capacity", "memory_half_life", "draft", "target", "draft_vocab", "device_map", "db",
-                  *PARAM_METHOD)
+_NOT_SYNTHETIC = ("dataset", "methods", "sweep", "lookup", "memory", "memory_capacity", "memory_half_life", "draft",
+                  "target", "draft_vocab", "device_map", "db", *PARAM_METHOD)
 
 
 def cmd_bench(args) -> int:

@@ -45,7 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def add_vocab_args(p) -> None:
     p.add_argument("--pair", default=None,
                    help="the model pair's id (default: the memory's pair for export, the embedded pair for import)")
-    p.add_argument("--tokenizer", default=None, help="the tokenizer's name (needed for a pair other than the embedded one)")
+    p.add_argument("--tokenizer", default=None,
+                   help="the tokenizer's name (needed for a pair other than the embedded one)")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="ids in the tokenizer's vocabulary (needed for a pair other than the embedded one)")
 

@@ -296,7 +296,10 @@ class Run:
         self.metrics.host_syncs += 1
         with self.metrics.lap("transfer_s"):
             top, z_top = torch.stack([logits.argmax().float(), logits.max()]).tolist()
-        tok = int(top) if self.cfg.temperature == 0 else sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
+        if self.cfg.temperature == 0:
+            tok = int(top)
+        else:
+            tok = sample(torch.softmax(logits / self.cfg.temperature, -1), self.gen)
         yield self._emit.target_alone(self._block, tok, int(top), z_top, self._seq)
         self._block += 1
 

@@ -85,8 +85,7 @@ class EventBuilder:
             if block.draft_logits:
                 q = torch.softmax(block.draft_logits[i] / (cfg.temperature or 1.0), -1)
                 explain["draft_top"] = self._top(q, self.pair.draft_lm.vocab_ids)
-        draft_prob = float(block.q_rows[i][v.x_tilde]) if block.q_rows else \
-            (block.confidences[i] if block.confidences else None)
+        draft_prob = self._draft_prob(block, i, v.x_tilde)
         return TokenEvent(
             n - self.prompt_len, v.x_tilde, text, v.status, block.index, i,
             draft_id=v.x_tilde, draft_text=self._piece(v.x_tilde), target_id=v.t_star,
@@ -95,6 +94,16 @@ class EventBuilder:
             draft_prob=draft_prob, block_len=block.size, special=v.x_tilde in self.pair.special_ids,
             discarded=list(block.proposed[i + 1:]) if not kept else None,
             source=block.source if block.copied else None, **v.logged(), **explain)
+
+    @staticmethod
+    def _draft_prob(block: Block, i: int, token: int) -> float | None:
+        """The draft's probability of its proposal: from its sampled rows, else the confidence a lean
+        greedy draft reported, else unknown (copied tokens have none)."""
+        if block.q_rows:
+            return float(block.q_rows[i][token])
+        if block.confidences:
+            return block.confidences[i]
+        return None
 
     def _piece(self, token_id: int) -> str:
         return self.pair.tokenizer.decode([token_id])

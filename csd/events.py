@@ -97,7 +97,8 @@ class RunMetrics:
     drafted: int = 0                 # draft tokens proposed
     accepted: int = 0                # draft tokens kept by exact match / rejection sampling
     rescued: int = 0                 # draft tokens kept by CSD although they diverged
-    relaxed: int = 0                 # draft tokens kept by a relaxed rule (lossy, topk, typical, fly) although they diverged
+    # draft tokens kept by a relaxed rule (lossy, topk, typical, fly) although they diverged
+    relaxed: int = 0
     divergences: int = 0             # decided draft positions where x~ != t* (rescued + relaxed + rejected)
     wall_s: float = 0.0
     prefill_s: float = 0.0           # time to feed the prompt (both models), before the first block

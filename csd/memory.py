@@ -86,8 +86,10 @@ class MemoryPolicy:
 
     def describe(self) -> str:
         """The policy in words (the app, the command line)."""
-        parts = [f"capacity {self.capacity:,} patterns (the {'smallest count' if self.evict == 'count' else 'least recent'}"
-                 " goes)"] if self.capacity else []
+        parts = []
+        if self.capacity:
+            evicted = "smallest count" if self.evict == "count" else "least recent"
+            parts.append(f"capacity {self.capacity:,} patterns (the {evicted} goes)")
         if self.half_life:
             parts.append(f"counts halve every {self.half_life:,g} divergences")
         return ", ".join(parts) or "unbounded (the paper's)"
@@ -299,7 +301,8 @@ class CorrectionMemory:
 
     def mismatch(self, pair) -> str | None:
         """None if the memory was calibrated with the pair's representations (or does not say), else a
-        sentence naming the difference (shown, never refused)."""
+        sentence naming the difference. A mismatch is shown, never refused: the patterns of a pair
+        barely depend on how its weights are held (int8 or float, 4-bit or not)."""
         cal = (self.meta.get("calibration") or [{}])[-1]
         if not isinstance(cal, dict):
             return None

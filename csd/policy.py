@@ -235,8 +235,13 @@ class AutoGamma:
             c.note("draft_ms", 1000 * block.draft_s / block.size / slow, costs.draft_ms)
         if block.wall_s is None or block.index == 0 or not block.pass_tokens:
             return
-        verify_ms = 1000 * block.verify_s if block.verify_s is not None else self.verify_scale * costs.verify(block.pass_tokens)
-        draft_ms = (1000 * block.draft_s if block.draft_s is not None else self.draft_ms * block.size) if drafted else 0.0
+        if block.verify_s is not None:
+            verify_ms = 1000 * block.verify_s
+        else:                       # not timed apart: what the profile says, at this run's level
+            verify_ms = self.verify_scale * costs.verify(block.pass_tokens)
+        draft_ms = 0.0
+        if drafted:
+            draft_ms = 1000 * block.draft_s if block.draft_s is not None else self.draft_ms * block.size
         rest = max(1000 * block.wall_s - verify_ms - draft_ms, 0.0) / slow
         if not block.size:
             c.note("pass_ms", rest, costs.pass_overhead_ms)

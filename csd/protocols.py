@@ -6,15 +6,18 @@ runtime and handed to the ``csd.decode.Decoder`` by whoever wires them (the comm
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+if TYPE_CHECKING:
+    from .representation import Representation
+
 
 class Model(Protocol):
-    """A causal LM as the loop calls it. Optional: ``check_room(tokens, what)`` (a fixed-size cache refuses
-    a run it cannot hold), ``draft_block(cache, feed, g)`` (g greedy drafts in one call), ``captures`` (graphs
-    captured so far), ``shares_passes`` (its passes serve other runs too: their times are no run's cost)."""
+    """A causal LM as the loop calls it. A model may also offer the optional parts declared below
+    (``Wrapper``, ``FixedCache``, ``BlockDrafter``, ``Captures``, ``SharedPasses``); the loop looks each up
+    with ``getattr`` and does without it where a model lacks it."""
     vocab_ids: torch.Tensor | None      # the token id of each logit row (a reduced vocabulary), or None
     vocab_size: int
     device: torch.device
@@ -33,11 +36,51 @@ class Model(Protocol):
         """The run that made ``cache`` is over."""
 
 
+class Wrapper(Protocol):
+    """A model that wraps another (the synthetic benchmark's, ``bench/synthetic/models.py``): the loop asks
+    ``inner``, the model that owns the cache, for the optional parts below (``FixedCache.check_room``); the
+    runtime's description of a pair reads the wrapped draft through it too."""
+    inner: Model
+
+
+class FixedCache(Protocol):
+    """A model whose KV cache has a fixed size (the static engine): it refuses a run it cannot hold."""
+
+    def check_room(self, tokens: int, what: str) -> None:
+        """Raise ``ValueError`` naming ``what`` if ``tokens`` more tokens would not fit."""
+
+
+class BlockDrafter(Protocol):
+    """A draft that proposes ``g`` greedy tokens in one call (the static engine's captured draft block)."""
+
+    def draft_block(self, cache, feed, g: int) -> torch.Tensor:
+        """Feed ``feed``, then draft ``g`` tokens greedily: their ids (g,), on the device."""
+
+
+class Captures(Protocol):
+    """A model that captures graphs as it meets new pass shapes: how many it has captured so far."""
+    captures: int
+
+
+class SharedPasses(Protocol):
+    """A model whose passes serve other runs too (the batcher's views): a pass's time is no one run's cost,
+    so the loop does not feed it to gamma auto's measured costs."""
+    shares_passes: bool
+
+
+class Tokenizer(Protocol):
+    """What the loop asks of the pair's tokenizer: a token's text (streaming pieces, event texts)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 class Pair(Protocol):
-    """A loaded draft/target pair: the two models, their tokenizer and the pair's identity."""
+    """A loaded draft/target pair: the two models, their tokenizer, the pair's identity and how its weights
+    are held (``rep``: the memory compares it with the representation it was calibrated with)."""
     target_lm: Model
     draft_lm: Model | None
-    tokenizer: object
+    tokenizer: Tokenizer
+    rep: Representation
     pair_id: str
     eos_ids: tuple[int, ...]
     special_ids: frozenset[int]     # never counted nor rescued (csd.rule)

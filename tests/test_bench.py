@@ -34,7 +34,7 @@ def test_dataset_counts():
 
 
 def test_prose_is_disjoint_from_calibration():
-    from csd.calibration.corpus import default_corpus, pydoc_topics
+    from csd.corpus import default_corpus, pydoc_topics
 
     calib = {name for name, _ in pydoc_topics("calibration")}
     items = load_prose()
@@ -193,12 +193,14 @@ def test_an_older_run_of_the_embedded_pair_gains_where_answers_leave_sd(qwen_tok
                 "new_tokens": len(ids), "target_passes": 1, "draft_passes": None, "token_ids": ids}
 
     run = {"meta": {"models": {"pair_id": EMBEDDED_PAIR_ID}},
-           "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids), item("2", "sd", sd_ids), item("2", "csd", sd_ids)]}
+           "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids), item("2", "sd", sd_ids),
+                     item("2", "csd", sd_ids)]}
     fill_leaves_sd_at(run)
     at = [it["leaves_sd_at"] for it in run["items"]]
     assert at[0] is None and at[3] is None                         # SD itself; an answer equal to SD's
     i = at[1][0]
-    assert sd_ids[:i] == csd_ids[:i] and at[1][1:] == [qwen_tokenizer.decode([sd_ids[i]]), qwen_tokenizer.decode([csd_ids[i]])]
+    assert sd_ids[:i] == csd_ids[:i] and at[1][1:] == [qwen_tokenizer.decode([sd_ids[i]]),
+                                                       qwen_tokenizer.decode([csd_ids[i]])]
     assert at[1][1].strip() == "def" and at[1][2].strip() == "from"
     other = {"meta": {"models": {"pair_id": "a->b"}}, "items": [item("1", "sd", sd_ids), item("1", "csd", csd_ids)]}
     fill_leaves_sd_at(other)                                     # another pair: no tokenizer at hand, left alone

@@ -162,7 +162,8 @@ def tab_reading_order(pg) -> list[str]:
     """The visible tab buttons as a reader meets them: row by row (top to bottom), left to right."""
     buttons = "#tabs .tab-wrapper [role=tablist] button:visible, #tabs .overflow-dropdown button:visible"
     boxes = pg.locator(buttons).evaluate_all(
-        "els => els.map(e => { const r = e.getBoundingClientRect(); return [e.innerText.trim(), r.x, r.y, r.height]; })")
+        "els => els.map(e => { const r = e.getBoundingClientRect();"
+        " return [e.innerText.trim(), r.x, r.y, r.height]; })")
     rows: list[list] = []
     for text, x, y, h in sorted(boxes, key=lambda b: b[2]):
         if rows and abs(rows[-1][0][2] - y) < h / 2:
@@ -218,7 +219,8 @@ def test_teach_and_analyse_keep_what_they_change_in_view(browser, tiny_url, shot
         pg.wait_for_selector("#teach-view table", timeout=WAIT_MS)
         for step in range(2):
             pg.wait_for_function("() => { const b = document.querySelector('#teach-view .csd-block');"
-                                 " const r = b && b.getBoundingClientRect(); return r && r.top >= 0 && r.bottom <= 720; }",
+                                 " const r = b && b.getBoundingClientRect();"
+                                 " return r && r.top >= 0 && r.bottom <= 720; }",
                                  timeout=WAIT_MS)
             nxt = pg.locator("#teach-next").bounding_box()
             assert 0 <= nxt["y"] and nxt["y"] + nxt["height"] <= 720, f"step {step}: Next at {nxt}"
@@ -247,7 +249,8 @@ def test_phone_layout(browser, tiny_url, shots):
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 392
         assert tab_reading_order(pg) == TAB_ORDER
         for name, panel in (("Compare", "#tab-compare"), ("Analyse", "#tab-analyse"),
-                            ("Explore & memory", "#tab-explore"), ("Teach", "#tab-teach"), ("Generate", "#tab-generate")):
+                            ("Explore & memory", "#tab-explore"), ("Teach", "#tab-teach"),
+                            ("Generate", "#tab-generate")):
             tab = phone_tab(pg, name)
             assert tab.count() == 1 and tab.is_visible(), f"tab {name} is not reachable"
             tab.click()

@@ -125,7 +125,8 @@ def test_a_newline_token_shows_its_mark_with_its_box_and_star_on_one_line(browse
         star = pg.locator('.tok[data-status="rescued"]').evaluate("e => getComputedStyle(e, '::after').content")
         assert "★" in star
         # the answer keeps its line: "She" starts a new line below the rescued ".⏎"
-        rescued, she = pg.locator('.tok[data-status="rescued"]').bounding_box(), pg.locator('.tok[data-i="2"]').bounding_box()
+        rescued = pg.locator('.tok[data-status="rescued"]').bounding_box()
+        she = pg.locator('.tok[data-i="2"]').bounding_box()
         assert she["y"] > rescued["y"] + rescued["height"] / 2
         pg.screenshot(path=str(shots / "newline-marks.png"))
     finally:

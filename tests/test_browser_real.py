@@ -66,7 +66,8 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     metrics = page.locator("#metrics").inner_text()
     assert "target passes" in metrics and "accepted: draft = target" in metrics and "rescued by CSD" in metrics
     head = page.locator("#header").inner_text()         # plain words first, the technical detail folded
-    weights = r"(weights in 8-bit integers|the target's weights in 8-bit integers, the draft's in 4-bit integers \(ONNX Runtime\))"
+    weights = (r"(weights in 8-bit integers"
+               r"|the target's weights in 8-bit integers, the draft's in 4-bit integers \(ONNX Runtime\))")
     assert re.search(r"Qwen2\.5-Coder 0\.5B drafts for Qwen2\.5-Coder 1\.5B; " + weights + r"; exact: SD gives the "
                      r"target's own answer", head)     # int8 draft where runs decode together, else as prepare timed it
     assert "arXiv 2604.13634" in head and "q4_k_m" not in head
@@ -126,12 +127,13 @@ def test_real_pair_end_to_end(browser, real_url, shots):
     page.locator("#exact-mode input").uncheck()
     page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('one scale')",
                            timeout=WAIT_MS)
-    page.evaluate("() => { document.querySelector('#header details').open = true; }")         # the fold, drawn again closed
+    # the fold, drawn again closed
+    page.evaluate("() => { document.querySelector('#header details').open = true; }")
     assert "scaled per pass" in page.locator("#header").inner_text()
     assert "not exact: SD can differ" in page.locator("#header").inner_text()
     page.locator("#exact-mode input").check()
-    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText.includes('scaled on their own')",
-                           timeout=WAIT_MS)
+    page.wait_for_function("() => document.querySelector('#compare-exactness').innerText"
+                           ".includes('scaled on their own')", timeout=WAIT_MS)
     page.evaluate("() => { document.querySelector('#header details').open = true; }")
     assert "scaled per token (exact)" in page.locator("#header").inner_text()
     assert "; exact: SD gives" in page.locator("#header").inner_text()

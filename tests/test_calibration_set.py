@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from csd.calibration.corpus import PROMPTS_FILE, read_prompts
+from csd.corpus import PROMPTS_FILE, read_prompts
 from csd.evaluation import calibration_set as C
 from csd.evaluation.datasets import gsm8k_split, load_dataset
 

@@ -89,7 +89,8 @@ def test_profile_drafts_times_each_way_to_run_a_local_draft(tmp_path, qwen_token
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "CSD_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr[-3000:]
-    times = dict(line.strip().rsplit(None, 1) for line in r.stdout.split("draft options (ms per token):")[1].splitlines()
+    listed = r.stdout.split("draft options (ms per token):")[1].splitlines()
+    times = dict(line.strip().rsplit(None, 1) for line in listed
                  if line.strip())
     assert {"hf float32", "lean int8, full vocabulary", "hf int8"} <= {k.strip() for k in times}
     assert all(float(v) > 0 for v in times.values())

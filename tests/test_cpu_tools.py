@@ -33,8 +33,10 @@ def test_the_side_by_side_table_is_relative_to_llama_cpps_plain_decoding():
     res = {"machine": "m", "date": "d", "command": "c",
            "llama.cpp": {"target": {"tokens_per_s": 20.0, "stddev": 0.5, "command": "x", "build": "b"},
                          "draft": {"tokens_per_s": 40.0, "ms_per_token": 25.0}},
-           "ours": {"command": "y", "meta": {"representation": {"target": "int8", "draft": "ort4", "activations": "row"}},
-                    "summary": {"ar": {"tokens_per_s": 10.0}, "sd": {"tokens_per_s": 16.0}, "csd": {"tokens_per_s": 15.0}}}}
+           "ours": {"command": "y",
+                    "meta": {"representation": {"target": "int8", "draft": "ort4", "activations": "row"}},
+                    "summary": {"ar": {"tokens_per_s": 10.0}, "sd": {"tokens_per_s": 16.0},
+                                "csd": {"tokens_per_s": 15.0}}}}
     md = table(res)
     assert "| this project, CSD | 15.00 | 0.75x | 66.7 |" in md
     assert "CSD over AR: 1.50x; SD over AR: 1.60x; CSD over SD: 0.94x" in md

@@ -22,7 +22,8 @@ def cached_next_logits(model, cache, ids):
     """Feed what the cache lacks to a copy of the cache; logits of the last position."""
     cache = copy.deepcopy(cache)
     with torch.inference_mode():
-        return model(input_ids=torch.tensor([ids[cache.get_seq_length():]]), cache=cache, use_cache=True).logits[0, -1].float()
+        out = model(input_ids=torch.tensor([ids[cache.get_seq_length():]]), cache=cache, use_cache=True)
+        return out.logits[0, -1].float()
 
 
 @pytest.mark.parametrize("method", ["sd", "csd"])

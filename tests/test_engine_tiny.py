@@ -41,8 +41,8 @@ def close_pair(qwen_tokenizer, target):
 def run_all(pair, cfg, memory=None, **kw):
     """A whole run; where the test states the costs, the policy plans with them alone (not the run's)."""
     costs = kw.pop("costs", None)
-    run = Decoder(pair, costs=costs, online_costs=kw.pop("online_costs", costs is None)).run(PROMPT, cfg, memory or CorrectionMemory(pair.pair_id),
-                                                                     **kw)
+    decoder = Decoder(pair, costs=costs, online_costs=kw.pop("online_costs", costs is None))
+    run = decoder.run(PROMPT, cfg, memory or CorrectionMemory(pair.pair_id), **kw)
     list(run)
     return run
 

@@ -128,7 +128,8 @@ def cli(*args, timeout=120):
     (["generate", "--prompt", "hi", "--max-new-tokens", "0"], "error: max_new_tokens must be an integer >= 1"),
     (["generate", "--prompt", "hi", "--lookup", "-1"], "error: lookup must be an integer in 0..32"),
     (["generate", "--prompt", "hi", "--lookup", "8", "--method", "ar"], "use them with sd, csd or an ablation, not ar"),
-    (["generate", "--prompt", "hi", "--lookup", "8", "--lookup-ngram", "0"], "error: lookup_ngram must be an integer in 1..4"),
+    (["generate", "--prompt", "hi", "--lookup", "8", "--lookup-ngram", "0"],
+     "error: lookup_ngram must be an integer in 1..4"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "40000", "--no-db"], "exceeds the model's context of 32768"),
     (["generate", "--prompt", "hi", "--no-db", "--draft", "nobody/none", "--target", "nobody/none"],
      "error: cannot load target model 'nobody/none': not a local directory and not in the hub cache"),
@@ -164,7 +165,8 @@ def test_an_out_of_memory_load_names_the_model_the_representation_and_the_need(m
     msg = out_of_memory("target", "embedded", prepare_embedded("target"), torch.bfloat16, torch.device("cpu"))
     assert msg.startswith("out of memory loading the target model 'embedded' in bfloat16 on cpu")
     need = float(msg.split("need about ")[1].split(" GiB")[0])
-    assert 3.1 < need < 3.5              # the embedded 1.5B target (its own output layer): 1.78e9 parameters, 2 bytes each
+    # the embedded 1.5B target (its own output layer): 1.78e9 parameters, 2 bytes each
+    assert 3.1 < need < 3.5
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

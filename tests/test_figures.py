@@ -11,7 +11,9 @@ from csd.bench.io import read_results_json
 from csd.bench.results import ResultsError
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKED = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+# the guides, and the READMEs of the runs whose notes moved beside their results
+MARKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+          *sorted((ROOT / "docs" / "bench").glob("*/README.md"))]
 
 
 def test_every_marked_table_matches_its_results_json():
@@ -75,8 +77,8 @@ def test_columns_add_named_figures_and_speed_ups_over_any_method_on_one_dataset(
     assert cells[-2] == ratio(summary["humaneval"]["csd"], "speedup_over_sd")    # the summary's own per-dataset figure
     assert cells[-1] == "1.00x" and _cells(body, "ar")[-4] == "–"
     items = read_results_json(run)[1]["items"]   # committed gzipped (results.json.gz)
-    tps = {m: sum(i["new_tokens"] for i in items if i["method"] == m) / sum(i["wall_s"] for i in items if i["method"] == m)
-           for m in ("sd", "csd")}
+    tps = {m: sum(i["new_tokens"] for i in items if i["method"] == m)
+           / sum(i["wall_s"] for i in items if i["method"] == m) for m in ("sd", "csd")}
     assert _cells(body, "sd")[-1].startswith(f"{tps['sd'] / tps['csd']:.2f}x (")   # over a method that is no reference
 
 
@@ -109,6 +111,7 @@ def test_a_committed_gzipped_run_is_read_and_re_rendered_gzipped(tmp_path):
     assert report.main([str(run)]) == 0
     assert not (run / "results.json").exists()
     answers = lambda items: [(i["item_id"], i["method"], i["token_ids"], i["wall_s"]) for i in items]  # noqa: E731
-    assert answers(json.loads(gzip.decompress((run / "results.json.gz").read_bytes()))["items"]) == answers(before["items"])
+    committed = json.loads(gzip.decompress((run / "results.json.gz").read_bytes()))
+    assert answers(committed["items"]) == answers(before["items"])
     assert answers(load_results(run)["items"]) == answers(before["items"])
     assert table(run) == table(ROOT / "docs/bench/speed")

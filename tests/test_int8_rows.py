@@ -108,7 +108,8 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
     tiny_model(2).save_pretrained(d)
     qwen_tokenizer.save_pretrained(d)
     row = load_pair(str(d), str(d), dtype="int8", activations="row")
-    assert row.rep.activations == "row" and row.describe()["representation"]["activations"] == "row" and row.target_lm.per_row
+    assert row.rep.activations == "row" and row.describe()["representation"]["activations"] == "row"
+    assert row.target_lm.per_row
     per_pass = load_pair(str(d), str(d), dtype="int8", activations="pass")
     assert per_pass.rep.activations == "pass" and not per_pass.target_lm.per_row
     auto = load_pair(str(d), str(d), dtype="int8")        # the command line's default: rows where all run on oneDNN

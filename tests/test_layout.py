@@ -187,9 +187,10 @@ def _slug(heading: str) -> str:
 
 
 def test_every_relative_link_in_the_docs_resolves():
-    """Links between the README, CONTRIBUTING and docs/ (and into docs/bench/) point at files that exist
+    """Links between the README, CONTRIBUTING, docs/ and the runs' READMEs in docs/bench/ point at files that exist
     and, for a Markdown page, at a heading it has: pages moved or split keep their readers."""
-    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs" / "bench").glob("*/README.md"))]
     broken = []
     for page in pages:
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)   # not inside code blocks
@@ -207,35 +208,47 @@ def test_every_relative_link_in_the_docs_resolves():
     assert broken == []
 
 
-def test_no_import_cycle_among_the_projects_modules():
-    """The project's modules import one another one way (lazy imports inside functions included): a cycle would
-    let a module be half-initialised when another reads it (csd.runtime.convert and csd.runtime.refs once formed
-    one; evaluation's datasets and graders another, through a type-checking import). ui/, db/, cli/, bench/ and
-    evaluation/ install as csd.ui, csd.db, ... (pyproject's package-dir): ``csd.ui.x`` is ui/x.py."""
-    tops = ("ui", "db", "cli", "bench", "evaluation")
+TOPS = ("ui", "db", "cli", "bench", "evaluation")   # install as csd.ui, csd.db, ... (pyproject's package-dir)
 
-    def parts(path: Path) -> list[str]:   # csd/runtime/lm.py -> runtime.lm, ui/tabs/page.py -> ui.tabs.page
-        rel = path.relative_to(ROOT / "csd") if path.is_relative_to(ROOT / "csd") else path.relative_to(ROOT)
-        return [p for p in rel.with_suffix("").parts if p != "__init__"]      # a package: its own name
 
-    def name(path: Path) -> str:
-        return ".".join(parts(path)) or "csd"
+def _parts(path: Path) -> list[str]:
+    """csd/runtime/lm.py -> runtime.lm, ui/tabs/page.py -> ui.tabs.page; a package is its own name."""
+    rel = path.relative_to(ROOT / "csd") if path.is_relative_to(ROOT / "csd") else path.relative_to(ROOT)
+    return [p for p in rel.with_suffix("").parts if p != "__init__"]
 
-    files = [p for top in ("csd", *tops) for p in (ROOT / top).rglob("*.py") if "migrations" not in p.parts]
-    graph, names = {}, {name(p) for p in files}
-    for path in files:
-        here, deps = parts(path) if path.name == "__init__.py" else parts(path)[:-1], set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level:           # from .x / ..x import y
-                base = here[:len(here) - node.level + 1]
-                mods = [node.module] if node.module else [a.name for a in node.names]
-                deps |= {".".join([*base, *m.split(".")]) for m in mods}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csd."):
-                deps |= {node.module.removeprefix("csd."), *(f"{node.module.removeprefix('csd.')}.{a.name}" for a in node.names)}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name.removeprefix("csd.") for a in node.names if a.name.startswith("csd.")}
-        graph[name(path)] = deps & names - {name(path)}
 
+def _name(path: Path) -> str:
+    return ".".join(_parts(path)) or "csd"
+
+
+def _imports_of(path: Path) -> set[str]:
+    """The project's module names (as ``_name`` spells them) that a file imports, lazy ones included;
+    ``from a.b import c`` gives ``a.b`` and ``a.b.c`` (c may be a module)."""
+    here, deps = _parts(path) if path.name == "__init__.py" else _parts(path)[:-1], set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:           # from .x / ..x import y
+            base = here[:len(here) - node.level + 1]
+            mods = [node.module] if node.module else [a.name for a in node.names]
+            deps |= {".".join([*base, *m.split(".")]) for m in mods}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csd."):
+            module = node.module.removeprefix("csd.")
+            deps |= {module, *(f"{module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            deps |= {a.name.removeprefix("csd.") for a in node.names if a.name.startswith("csd.")}
+    return deps
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each of the project's modules and the project's modules it imports (``python -m csd``'s entry point,
+    which hands over to the command line and which no module imports, left out)."""
+    files = [p for top in ("csd", *TOPS) for p in (ROOT / top).rglob("*.py")
+             if "migrations" not in p.parts and p.relative_to(ROOT) != Path("csd/__main__.py")]
+    names = {_name(p) for p in files}
+    return {_name(p): _imports_of(p) & names - {_name(p)} for p in files}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """The nodes that can reach themselves."""
     def reach(start):
         seen, todo = set(), list(graph[start])
         while todo:
@@ -244,50 +257,82 @@ def test_no_import_cycle_among_the_projects_modules():
                 seen.add(m)
                 todo.extend(graph.get(m, ()))
         return seen
+    return sorted(m for m in graph if m in reach(m))
+
+
+def package_of(module: str) -> str:
+    """The folder a module lies in: runtime.lm -> runtime, ui.tabs.page -> ui.tabs, rule -> csd (the paper).
+    A package's ``__init__`` is its folder's: ``runtime`` -> runtime."""
+    return module if module in PACKAGE_NAMES else module.rpartition(".")[0] or "csd"
+
+
+PACKAGE_NAMES = {_name(p.parent / "__init__.py") for top in ("csd", *TOPS)
+                 for p in (ROOT / top).rglob("__init__.py") if "migrations" not in p.parts}
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto folders: an edge from one folder to another where any module of the
+    first imports any module of the second."""
+    folded: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        here = package_of(module)
+        folded.setdefault(here, set()).update(package_of(d) for d in deps)
+    return {k: v - {k} for k, v in folded.items()}
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    """The project's modules import one another one way (lazy imports inside functions included): a cycle would
+    let a module be half-initialised when another reads it (csd.runtime.convert and csd.runtime.refs once formed
+    one; evaluation's datasets and graders another, through a type-checking import)."""
+    graph = module_graph()
     assert len(graph) > 80 and "evaluation.graders" in graph["evaluation.datasets"]
-    cycles = sorted(m for m in graph if m in reach(m))
-    assert not cycles, f"modules on an import cycle: {cycles}"
+    assert not cycles(graph), f"modules on an import cycle: {cycles(graph)}"
 
 
-# Lines by area (docs/design.md, "Lines by area"): a line is a physical line of a .py file, blank lines and
-# comments included (what `wc -l` counts); data, docs and tests are not counted. Issue 53 set the budgets;
-# where an area was over its budget on 2026-12-05, its ceiling is that day's count (no line may be added)
-# and the comment names the target, so that a new feature pays for itself within its area.
-def _area_files(area: str) -> list[Path]:
-    csd = ROOT / "csd"
-    return sorted({
-        "csd": csd.glob("*.py"),                                                   # the paper
-        "csd subpackages": (p for p in csd.rglob("*.py") if p.parent != csd),      # csd/runtime/ ...
-        "ui": (ROOT / "ui").rglob("*.py"),
-        "db": (p for p in (ROOT / "db").rglob("*.py") if "migrations" not in p.relative_to(ROOT).parts),
-        "cli, tools, app.py, csd_app.py": [*(ROOT / "cli").rglob("*.py"), *(ROOT / "tools").rglob("*.py"),
-                                           ROOT / "app.py", ROOT / "csd_app.py"],
-        "bench, evaluation": [*(ROOT / "bench").rglob("*.py"), *(ROOT / "evaluation").rglob("*.py")],
-    }[area])
+# Folders whose modules import each other both ways by design: a package and the package inside it that it
+# is made of (the app and its tabs, the benchmark and its synthetic runs). Every other circle between
+# folders is a tangle: csd.runtime once read calibration's corpus while calibration drives the runtime.
+NESTED = {frozenset({"ui", "ui.tabs"}), frozenset({"bench", "bench.synthetic"})}
 
 
-AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
-    "csd": 2500,                              # issue 53's target: 2,500 (met once csd/calibration/ moved out)
-    "csd subpackages": 4031,                  # issue 53's target: 3,800 (3,928 before the ov4 target, issue 52)
-    "ui": 3400,                               # issue 53's target: 3,400 (met; 3,384 before issues 54 and 55)
-    "db": 996,                                # issue 53's target: 1,000 (met: 985, then 1,002 with issue 54)
-    "cli, tools, app.py, csd_app.py": 1300,   # issue 53's target: 1,300 (met once tools/batch_ratio.py retired)
-    "bench, evaluation": 4557,                # issue 53's target: 4,200 (4,497 before issues 52 and 54, then 4,705)
-}
+def test_no_import_circle_among_the_projects_folders():
+    """Folded onto folders, the imports still point one way (a circle through two folders is invisible to
+    the module test when no single module closes it), apart from a package and its own sub-package."""
+    folded = package_graph(module_graph())
+    for pair in NESTED:
+        a, b = sorted(pair, key=len)
+        folded[b].discard(a)          # the sub-package may use its parent's modules
+    assert len(folded) >= 10 and "runtime" in folded["calibration"]
+    assert not cycles(folded), f"folders on an import circle: {cycles(folded)}"
 
 
-def area_lines(area: str) -> int:
-    return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in _area_files(area))
+def test_the_folder_check_can_fail():
+    graph = {"runtime.smoothing": {"calibration.corpus"}, "calibration.calibrate": {"runtime.pair"},
+             "calibration.corpus": set(), "runtime.pair": set()}
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == ["calibration", "runtime"]
 
 
-def test_every_area_stays_within_its_line_budget():
-    over = {a: f"{n} > {budget}" for a, budget in AREA_BUDGETS.items() if (n := area_lines(a)) > budget}
-    assert over == {}, f"over budget (pay for new lines within the area, or say why in docs/design.md): {over}"
+def test_the_runtime_imports_nothing_from_calibration():
+    """Calibration drives the runtime (it decodes with a pair); the runtime never reads calibration back.
+    What both read, the prompts and corpora, is csd.corpus."""
+    found = {str(p.relative_to(ROOT)): deps for p in sorted((ROOT / "csd" / "runtime").rglob("*.py"))
+             if (deps := sorted(d for d in _imports_of(p) if d == "calibration" or d.startswith("calibration.")))}
+    assert found == {}
 
 
-def test_the_areas_cover_every_source_file_once():
-    """Each Python file outside the tests, docs and migrations belongs to exactly one area, so that a line
-    cannot leave its budget by moving to a folder no area counts."""
-    areas = [p for a in AREA_BUDGETS for p in _area_files(a)]
-    sources = {p for p in ROOT.rglob("*.py") if not {*SKIP, "tests", "docs", "migrations"} & set(p.relative_to(ROOT).parts)}
-    assert len(areas) == len(set(areas)) and set(areas) == sources
+def drawn_layers() -> dict[str, set[str]]:
+    """The arrows of docs/design.md's layer picture: ``name ──▶ a, b, c`` per line of its text block."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\n(floor 4.*?)```", text, flags=re.S).group(1)
+    drawn = {}
+    for line in block.splitlines():
+        if m := re.match(r"^(?:floor \d)?\s*([\w.]+)\s+──▶\s+(.*)$", line):
+            targets = m.group(2).strip()
+            drawn[m.group(1)] = set() if targets.startswith("(") else {t.strip() for t in targets.split(",")}
+    return drawn
+
+
+def test_the_design_docs_layer_picture_matches_the_imports():
+    """A reader trusts the picture: every folder is drawn with exactly the folders it imports."""
+    assert drawn_layers() == package_graph(module_graph())

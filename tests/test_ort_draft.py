@@ -52,7 +52,8 @@ def ort_draft(tmp_path, model) -> OrtLM:
 
 
 def lean_on_the_same_weights(path, key=KEY) -> LeanLM:
-    """The float lean path on the weights the 4-bit cache at ``path`` holds (dequantised): what the graph must compute."""
+    """The float lean path on the weights the 4-bit cache at ``path`` holds (dequantised): what the graph must
+    compute."""
     lm = convert.load(path, key, rows=False)
 
     def lin(nb):
@@ -102,7 +103,8 @@ def test_greedy_sd_with_an_ort_draft_still_writes_ar(tmp_path, qwen_tokenizer, o
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
     target = tiny_model(2, hidden=64)
-    pair = make_pair(qwen_tokenizer, target, perturbed(target, 0.05), draft_lm=ort_draft(tmp_path, perturbed(target, 0.05)))
+    pair = make_pair(qwen_tokenizer, target, perturbed(target, 0.05),
+                     draft_lm=ort_draft(tmp_path, perturbed(target, 0.05)))
     out = {}
     for method in ("ar", "sd"):
         run = Decoder(pair).run([3, 7, 1, 4, 9, 2, 5], CSDConfig(method=method, gamma=4, lookup=0, max_new_tokens=40),
@@ -147,7 +149,8 @@ def test_without_onnxruntime_the_draft_runs_int8_with_one_warning(tmp_path, qwen
         warned = [r.getMessage() for r in caplog.records if "ONNX Runtime" in r.getMessage()]
         assert pair.rep.draft == "int8" and len(warned) == 1 and "int8 runs instead" in warned[0]
         asked = []
-        monkeypatch.setattr(profile, "time_interleaved", lambda lms, reps: {r: {"wall_ms": 10.0, "cpu_ms": 9.0} for r in lms})
+        monkeypatch.setattr(profile, "time_interleaved",
+                            lambda lms, reps: {r: {"wall_ms": 10.0, "cpu_ms": 9.0} for r in lms})
         out = choose_draft_weights(lambda r: asked.append(r) or pair.draft_lm, reps=1)
         assert "ort4" not in asked and "ort4" not in out["draft_ms"] and "not installed" in out["ort4_missing"]
     finally:
@@ -170,7 +173,8 @@ def test_the_real_ort_draft_agrees_with_the_int8_draft():
         for p in prompts:
             ids = pair.encode_prompt(p)
             cache = lm.new_cache()
-            out += [lm.forward(cache, ids[:-3], len(ids) - 3), lm.forward(cache, ids[-3:-1], 2), lm.forward(cache, ids[-1:], 1)]
+            out += [lm.forward(cache, ids[:-3], len(ids) - 3), lm.forward(cache, ids[-3:-1], 2),
+                    lm.forward(cache, ids[-1:], 1)]
         logits[dd] = torch.cat(out)
     a, b = logits["ort4"], logits["int8"]
     assert a.shape == b.shape
@@ -206,7 +210,8 @@ def test_the_real_targets_4_bit_products_compute_each_row_as_alone(threads):
                 s = _session(helper.make_graph(b.nodes, "p", [helper.make_tensor_value_info(
                     "x", TensorProto.FLOAT, ["M", weight.shape[1]])], [helper.make_tensor_value_info(
                         y, TensorProto.FLOAT, None)], b.inits), threads)
-                x = (torch.randn(6, weight.shape[1], generator=g) * (1 + 20 * (torch.rand(weight.shape[1], generator=g) > 0.99))).numpy()
+                outliers = torch.rand(weight.shape[1], generator=g) > 0.99
+                x = (torch.randn(6, weight.shape[1], generator=g) * (1 + 20 * outliers)).numpy()
                 many = s.run(None, {"x": x})[0]
                 for i in range(6):
                     assert (s.run(None, {"x": x[i:i + 1]})[0] == many[i:i + 1]).all(), (li, keys, i)

@@ -12,7 +12,8 @@ def test_the_label_names_an_int8_targets_scales_and_only_its():
     assert Representation("float32", "float32").label == "float32"
     assert len(Representation("int8", activations="pass").label) <= 32      # the store's column
     assert Representation("bfloat16").with_activations("row").activations == ""
-    assert [r.exact_rows for r in (Representation("int8", activations="row"), Representation("int8", activations="pass"),
+    assert [r.exact_rows for r in (Representation("int8", activations="row"),
+                                   Representation("int8", activations="pass"),
                                    Representation("float32"), Representation("bfloat16"))] == [True, False, True, False]
     with pytest.raises(ValueError, match="choose row or pass"):
         Representation("int8", activations="token")

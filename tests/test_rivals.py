@@ -411,7 +411,8 @@ def test_bench_takes_the_rivals_as_methods_and_sweeps(no_models, capsys):
     cols = {m.name: m.cfg for m in config.columns()}
     assert list(cols) == ["sd", "csd", "lossy", "fly", "lossy[tau_lossy=0.4]", "topk[topk=3,delta=0.2]",
                           "fly[gamma=15]"]
-    assert cols["fly"].rivals.win_len == 4 and cols["fly[gamma=15]"].gamma == 15 and cols["topk[topk=3,delta=0.2]"].rivals.topk == 3
+    assert cols["fly"].rivals.win_len == 4 and cols["fly[gamma=15]"].gamma == 15
+    assert cols["topk[topk=3,delta=0.2]"].rivals.topk == 3
     assert cols["lossy[tau_lossy=0.4]"].relax.log_tau == pytest.approx(math.log(0.4))
     assert isinstance(config, BenchConfig)
     assert parse_sweep("posterior_threshold=0.05,posterior_alpha=0.2") == [

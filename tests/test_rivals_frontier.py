@@ -26,7 +26,8 @@ def part1():
     for i in range(2):
         items += [item("gsm8k", i, "ar", 2.0, True), item("gsm8k", i, "sd", 1.0, True),
                   item("gsm8k", i, "lossy", 0.5, i == 0)]                 # lossy loses item 1
-        items += [item("prose", i, "ar", 2.0, ids=AR_PROSE[i], tokens=4), item("prose", i, "sd", 1.0, ids=AR_PROSE[i], tokens=4),
+        items += [item("prose", i, "ar", 2.0, ids=AR_PROSE[i], tokens=4),
+                  item("prose", i, "sd", 1.0, ids=AR_PROSE[i], tokens=4),
                   item("prose", i, "lossy", 0.5, ids=AR_PROSE[i][:2] + [9, 9, 9, 9], tokens=6) if i == 0 else
                   item("prose", i, "lossy", 0.5, ids=AR_PROSE[i], tokens=4)]
     return run(items, "run1", "ar,sd,lossy", {
@@ -38,7 +39,8 @@ def part2(keys=2):
     items = []
     for i in range(keys):
         items += [item("gsm8k", i, "sd", 1.0, True), item("gsm8k", i, "topk", 0.8, True),
-                  item("prose", i, "sd", 1.0, ids=AR_PROSE[i % 2], tokens=4), item("prose", i, "topk", 0.8, ids=[0], tokens=4)]
+                  item("prose", i, "sd", 1.0, ids=AR_PROSE[i % 2], tokens=4),
+                  item("prose", i, "topk", 0.8, ids=[0], tokens=4)]
     return run(items, "run2", "sd,topk")
 
 

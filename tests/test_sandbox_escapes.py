@@ -163,7 +163,8 @@ FAILURES = {
     "crash the test swallows": ("import os\ndef f():\n    os._exit(0)\n", SWALLOW, "ended before its tests finished"),
     "timeout the test swallows": ("def f():\n    while True:\n        pass\n", SWALLOW, "timed out after 2 s"),
     "never called": ("def f():\n    return 1\n", "def check(candidate):\n    pass\n", "never called the candidate"),
-    "generator": ("def f():\n    return (i for i in [1])\n", "def check(candidate):\n    assert list(candidate()) == [1]\n",
+    "generator": ("def f():\n    return (i for i in [1])\n",
+                  "def check(candidate):\n    assert list(candidate()) == [1]\n",
                   "cannot be sent as plain data"),                     # refused by the child's pickle
     "iterator": ("def f():\n    return iter([1])\n", "def check(candidate):\n    assert list(candidate()) == [1]\n",
                  "a value built by builtins.iter, not plain data"),   # refused by the harness

@@ -106,7 +106,8 @@ def test_humaneval_sandbox_isolation(monkeypatch, tmp_path, mode):
                "    assert os.path.basename(os.getcwd()).startswith('csd-humaneval-')\n"
                "    open('left_behind.txt', 'w').write('x')\n"
                "    return 1\n")
-    assert run_humaneval(program, "def check(fn):\n    assert fn() == 1\n", "f", mode=mode) == (True, f"passed ({mode})")
+    got = run_humaneval(program, "def check(fn):\n    assert fn() == 1\n", "f", mode=mode)
+    assert got == (True, f"passed ({mode})")
     assert not (tmp_path / "left_behind.txt").exists()
     # memory limit: allocating far beyond it fails instead of swapping the machine
     hog = "def f():\n    return len(bytearray(8 << 30))\n"

@@ -105,7 +105,8 @@ def test_the_json_forms_sglang_reads(tmp_path):
     (tmp_path / "delta.json").write_text(json.dumps(delta))
     mem = import_table(tmp_path / "delta.json", "tiny", Vocabulary("tiny-tok", 32))
     assert mem.count(5, 6) == 4 and disallowed(mem) == {(5, 6)}
-    repeated = parse_table('{"lhs_token": 5, "rhs_token": 6, "freq": 2}\n' + json.dumps({"key": pack(5, 6), "freq": 3}), True)
+    packed = json.dumps({"key": pack(5, 6), "freq": 3})
+    repeated = parse_table('{"lhs_token": 5, "rhs_token": 6, "freq": 2}\n' + packed, True)
     assert repeated.freq == {(5, 6): 5} and repeated.duplicates == 1     # shards merged: counts summed
 
 

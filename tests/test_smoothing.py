@@ -113,7 +113,9 @@ def test_the_first_token_is_prefilled_alone_so_int8_rounds_the_prompt_finely():
     ids = [sink] + [(5 * i + 2) % 62 + 2 for i in range(40)]
     prompt, answer = ids[:30], ids[30:]
     acts = {}
-    h = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, inp: acts.__setitem__("x", inp[0][0].abs().amax(-1)))
+    def keep_maxima(module, inp):
+        acts["x"] = inp[0][0].abs().amax(-1)
+    h = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(keep_maxima)
     logits(model, ids)
     h.remove()
     assert acts["x"][0] > 100 * acts["x"][1:].max()   # the sink's activation dwarfs the others'

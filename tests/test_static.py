@@ -56,7 +56,8 @@ def assert_same_or_near_tie(pair, a: list[int], b: list[int]) -> None:
     difference (attention over the masked capacity sums in another order than over the held keys)."""
     if a == b:
         return
-    i = next(k for k, (x, y) in enumerate(zip(a, b)) if x != y) if any(x != y for x, y in zip(a, b)) else min(len(a), len(b))
+    differ = [k for k, (x, y) in enumerate(zip(a, b)) if x != y]
+    i = differ[0] if differ else min(len(a), len(b))      # the first position where they part
     with torch.no_grad():
         logits = pair.target(torch.tensor([PROMPT + a[:i]], device=pair.target.device)).logits[0, -1].float()
     top2 = logits.topk(2).values
@@ -175,7 +176,8 @@ def test_one_run_at_a_time_and_rollbacks_stay_in_bounds(models):
 @pytest.mark.parametrize("compiled", [False, True], ids=["static", "compiled"])
 def test_captured_graphs_replay_the_eager_tokens(models, compiled):
     eager, static = pairs(models, device="cuda", compiled=compiled)
-    for cfg in (CSDConfig(method="ar", max_new_tokens=32), CSDConfig(method="sd", gamma=4, max_new_tokens=32, lookup=0)):
+    for cfg in (CSDConfig(method="ar", max_new_tokens=32),
+                CSDConfig(method="sd", gamma=4, max_new_tokens=32, lookup=0)):
         a, b = run(eager, cfg), run(static, cfg)
         assert_same_or_near_tie(eager, a.token_ids, b.token_ids)
     assert static.target_lm.replays > 0 and static.draft_lm.block_replays > 0    # a draft block: one replay
@@ -192,7 +194,8 @@ def test_a_draft_with_more_padding_rows_proposes_among_the_shared_ones(models):
     with pytest.raises(ModelLoadError, match="lacks rows"):
         shared_rows(151000, 152064, 151665)
     target, wide = models[0], tiny_model(1, vocab=40)          # rows 32..39: padding the target lacks
-    pair = make_pair(IdTokenizer(), target, wide, draft_lm=LeanLM(wide, vocab_ids=torch.arange(shared_rows(40, 32, 30))))
+    pair = make_pair(IdTokenizer(), target, wide,
+                     draft_lm=LeanLM(wide, vocab_ids=torch.arange(shared_rows(40, 32, 30))))
     ar = run(pair, CSDConfig(method="ar", max_new_tokens=30)).token_ids
     sd = run(pair, CSDConfig(method="sd", gamma=4, max_new_tokens=30, lookup=0))
     assert sd.token_ids == ar
@@ -306,7 +309,8 @@ def test_the_compiled_engine_writes_the_static_paths_tokens_from_a_few_compiles(
     graphs = counters["stats"]["unique_graphs"] - before
     assert compiled.describe()["engine"] == "compiled" and compiled.target_lm.capture_s > 0
     assert 0 < graphs <= 4, f"{graphs} compiled graphs for 10 pass shapes"    # per model: 1 token, several
-    for cfg in (CSDConfig(method="ar", max_new_tokens=40), CSDConfig(method="sd", gamma=4, max_new_tokens=40, lookup=0)):
+    for cfg in (CSDConfig(method="ar", max_new_tokens=40),
+                CSDConfig(method="sd", gamma=4, max_new_tokens=40, lookup=0)):
         assert_same_or_near_tie(static, run(compiled, cfg).token_ids, run(static, cfg).token_ids)
     assert counters["stats"]["unique_graphs"] - before == graphs            # nothing compiled during the runs
 
@@ -348,7 +352,8 @@ def test_this_file_runs_where_only_torch_and_transformers_are(tmp_path):
 
 def tiny_pass_ops(gamma: int = 6) -> dict[str, int]:
     """Computing ops of the tiny synthetic pair's static calls on the CPU (held below to the counts committed in
-    ``docs/bench/static-ops/counts.json``): per draft step, draft block of ``gamma``, and verify pass of 1 and 7 tokens."""
+    ``docs/bench/static-ops/counts.json``): per draft step, draft block of ``gamma``, and verify pass of 1 and 7
+    tokens."""
     from csd.bench.synthetic.kernel_profile import VERIFY_LENGTHS, count_ops, launches, static_lm
     from csd.runtime.static import draft_shapes
     cpu = torch.device("cpu")

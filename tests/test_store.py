@@ -204,7 +204,8 @@ def test_recorder_left_open_at_exit_writes_and_cancels(db_url):
     script = ("import sys\nfrom csd.events import TokenEvent\nfrom csd.db.store import Store\n"
               "store = Store.open(sys.argv[1])\nrec = store.recorder(store.start_run(), flush_interval=60)\n"
               "for i in range(100):\n"
-              "    rec.add(TokenEvent(position=i, token_id=i, text='x', status='accepted', block=0, index_in_block=0))\n")
+              "    rec.add(TokenEvent(position=i, token_id=i, text='x', status='accepted', block=0,"
+              " index_in_block=0))\n")
     subprocess.run([sys.executable, "-c", script, db_url], cwd=ROOT, check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     with Store.open(db_url) as store:
@@ -233,7 +234,8 @@ def test_run_fields_are_the_pair_then_the_config_then_the_caller(store):
     assert (run.kind, run.pair_id, run.draft_name, run.target_name, run.representation, run.draft_weights) == \
         ("generate", "d->t", "d", "t", "int8, activations per token", None)   # no draft: no draft representation
     assert (run.method, run.gamma, run.lam, run.tau, run.prompt) == ("csd", 4, 3.0, 0.5, "p")
-    assert run_fields(pair)["representation"].startswith("int8") and "method" not in run_fields(pair)   # no config: no parameters
+    # no config: no parameters
+    assert run_fields(pair)["representation"].startswith("int8") and "method" not in run_fields(pair)
 
 
 def test_start_run_refuses_unknown_fields(store):

@@ -257,7 +257,8 @@ def test_a_database_from_before_the_representation_record_keeps_its_runs(db_url)
     engine = create_engine(db_url)
     with engine.begin() as c:
         command.upgrade(alembic_config(connection=c), "0006")
-        c.exec_driver_sql("INSERT INTO runs (created_at, kind, pair_id, prompt, status, label, target_repr, draft_repr) "
+        c.exec_driver_sql("INSERT INTO runs (created_at, kind, pair_id, prompt, status, label, target_repr, "
+                          "draft_repr) "
                           "VALUES ('2026-12-04 00:00:00', 'generate', 'p', 'old', 'finished', '', "
                           "'int8, activations per token', 'int4')")
     with Store.open(db_url) as store:

@@ -60,7 +60,8 @@ def test_quantising_block_by_block_gives_the_weights_of_one_pass(one_thread):
     for name, m in ours.named_modules():
         if name in layers:
             (a, ab), (b, bb) = m._weight_bias(), layers.pop(name)._weight_bias()
-            assert torch.equal(a.int_repr(), b.int_repr()) and torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales())
+            assert torch.equal(a.int_repr(), b.int_repr())
+            assert torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales())
             assert (ab is None and bb is None) or torch.equal(ab, bb)
     assert not layers, f"not quantised: {sorted(layers)}"
 

@@ -64,7 +64,8 @@ OUT_OF_RANGE = [
     ("gamma", None, "from 1 to 32; got nothing."),
     ("lam", "six", "from 0 to 64; got 'six'."),
     ("log10-tau", float("nan"), "between -4 and 0"),
-    ("tau-lossy", None, "The lossy rule's tau must be between 0.001 and 1; got nothing."),   # not "tau_lossy is missing"
+    # not "tau_lossy is missing"
+    ("tau-lossy", None, "The lossy rule's tau must be between 0.001 and 1; got nothing."),
     ("cal-prompts", None, "Prompts must be a whole number from 1 to 10000; got nothing."),
 ]
 
@@ -111,8 +112,10 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog
     for ask, words in ((lambda: jobs.request_job(services, "generate", None, "   ", True), "the prompt is empty"),
                        (lambda: jobs.request_job(services, "generate", None, "the cat " * 2000, True),
                         "this app takes prompts of at most 2,048 tokens"),
-                       (lambda: list(generate.generate(services, PROMPT, RunSettings(gamma=4, lam=6, log10_tau=0.5, max_new_tokens=8,
-                                                                               seed=0), None)), "tau must be in (0, 1]")):
+                       (lambda: list(generate.generate(services, PROMPT,
+                                                       RunSettings(gamma=4, lam=6, log10_tau=0.5, max_new_tokens=8,
+                                                                   seed=0), None)),
+                        "tau must be in (0, 1]")):
         caplog.clear()
         with pytest.raises(gr.Error) as err:
             ask()
@@ -129,7 +132,8 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog
 
 def test_a_refused_request_keeps_the_session(services):
     sess = None
-    for _ in generate.generate(services, PROMPT, RunSettings(gamma=4, lam=0, log10_tau=-0.5, max_new_tokens=12, seed=0), sess):
+    for _ in generate.generate(services, PROMPT,
+                               RunSettings(gamma=4, lam=0, log10_tau=-0.5, max_new_tokens=12, seed=0), sess):
         pass
     sess = _[-1]
     last, memory, total = sess.last, sess.memory, sess.memory.total

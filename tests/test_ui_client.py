@@ -166,7 +166,8 @@ REFUSED = [
     ("/generate", gen_args(log10_tau=-5), "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 "
                                           "to 1); got -5."),
     ("/generate", gen_args()[:7] + (3,) + gen_args()[8:], "Temperature must be between 0 and 2 (0 = greedy); got 3."),
-    ("/generate", gen_args(max_new=0), "Max new tokens must be a whole number from 1 to 512 (this app's limit); got 0."),
+    ("/generate", gen_args(max_new=0),
+     "Max new tokens must be a whole number from 1 to 512 (this app's limit); got 0."),
     ("/generate", gen_args()[:9] + (-1,) + gen_args()[10:], "Seed must be a whole number, 0 or more; got -1."),
     ("/compare", (PROMPT, True, 40, False, 6, -2, 8), "from 1 to 32; got 40."),
     ("/compare", (PROMPT, True, 4, False, 6, -2, 600), "Max new tokens must be a whole number from 1 to 512"),
@@ -214,7 +215,9 @@ def test_memory_upload_refuses_other_files(client, tmp_path):
 
 
 def test_calibrate_counts_what_it_is_asked(client):
-    summary, table, status = client.predict(explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6, api_name="/calibrate")
+    summary, table, status = client.predict(explore.CAL_TEXT, explore.SRC_SHIPPED, None, 8, 16, 300, 6,
+                                            api_name="/calibrate")
     assert "shipped corpus: 300 positions" in summary and "300 positions" in status
-    summary, table, status = client.predict(explore.CAL_PROMPTS, explore.SRC_SHIPPED, None, 2, 8, 300, 6, api_name="/calibrate")
+    summary, table, status = client.predict(explore.CAL_PROMPTS, explore.SRC_SHIPPED, None, 2, 8, 300, 6,
+                                            api_name="/calibrate")
     assert "shipped prompts: 2 prompts" in summary and "your session only" in summary

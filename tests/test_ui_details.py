@@ -138,7 +138,8 @@ def test_teach_names_both_failures_too():
         return html.unescape(re.search(r'<td class="why">([^<]*)</td>', out).group(1))
     both = div(REJECTED, RULE_MEMORY_RARE, 2, -5.2)
     assert why(both, "csd") == first_line(both, "csd")
-    assert "2 times, fewer than λ = 6 and the target found" in why(both, "csd") and "below log τ = −4.61" in why(both, "csd")
+    assert "2 times, fewer than λ = 6 and the target found" in why(both, "csd")
+    assert "below log τ = −4.61" in why(both, "csd")
     assert "too unlikely" not in why(div(REJECTED, RULE_MEMORY_RARE, 2, -1.0), "csd")
     assert "memory" not in why(div(REJECTED, RULE_GAP_LOW, 2, -5.2), "scg-only")
 
@@ -156,7 +157,8 @@ def test_a_one_token_iteration_says_one_token():
                         target_id=8, target_text=" dog", block_len=1),
              div(REJECTED, RULE_NO_RESCUE, None, -1.0)]
     block = [block[1], block[0]]
-    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="", cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
+    out = teach.render_teach_step(block, step=0, n_steps=1, text_before="",
+                                  cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
     assert "1 token emitted" in out and "1 tokens" not in out
     acc = TokenEvent(position=0, token_id=1, text=" a", status=ACCEPTED, block=0, index_in_block=0, draft_id=1,
                      draft_text=" a", target_id=1, target_text=" a", block_len=1)
@@ -190,7 +192,8 @@ def test_teach_table_carries_its_scroll_hint():
     """The hint is in the page's HTML; the script shows it only where the table is wider than its box."""
     acc = TokenEvent(position=0, token_id=1, text=" a", status=ACCEPTED, block=0, index_in_block=0, draft_id=1,
                      draft_text=" a", target_id=1, target_text=" a", block_len=1)
-    out = teach.render_teach_step([acc], step=0, n_steps=1, text_before="", cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
+    out = teach.render_teach_step([acc], step=0, n_steps=1, text_before="",
+                                  cfg=CSDConfig(method="sd", lam=LAM, tau=TAU))
     assert re.search(r'<div class="csd-scroll-box"><div class="csd-scroll-hint">[^<]*scroll[^<]*→</div>'
                      r'<div class="csd-scroll"><table>', out)
     css = render.CSS

@@ -87,8 +87,8 @@ def test_download_reset_and_clear(services):
 
 def test_calibration_counts_exactly_the_positions_asked_for(services):
     sess = common.ensure_session(services, None)
-    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=8, answer_tokens=16,
-                                                    max_positions=300)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None,
+                                                      n_prompts=8, answer_tokens=16, max_positions=300)
     assert sess.memory.meta["calibration"][-1]["positions"] == 300
     assert "shipped corpus: 300 positions" in md and "Calibrated on shipped corpus (300 positions)" in status
 
@@ -97,22 +97,22 @@ def test_prompt_calibration_from_an_upload(services, tmp_path):
     sess = common.ensure_session(services, None)
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("the cat", "a dog ran", "we saw")))
-    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(prompts), n_prompts=2, answer_tokens=8,
-                                                    max_positions=0)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD,
+                                                      str(prompts), n_prompts=2, answer_tokens=8, max_positions=0)
     cal = sess.memory.meta["calibration"][-1]
     assert cal["mode"] == "prompts" and cal["prompts"] == 2 and cal["source"] == "mine.jsonl"
     assert "mine.jsonl: 2 prompts" in md
     with pytest.raises(gr.Error, match="Upload"):
-        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None, n_prompts=2, answer_tokens=8,
-                                                    max_positions=0)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, None,
+                                 n_prompts=2, answer_tokens=8, max_positions=0)
     with pytest.raises(gr.Error, match="positions must be"):
-        explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=2, answer_tokens=8,
-                                                    max_positions=0)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None,
+                                 n_prompts=2, answer_tokens=8, max_positions=0)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json")
     with pytest.raises(gr.Error, match="bad.jsonl:1: not valid JSON") as err:
-        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad), n_prompts=2, answer_tokens=8,
-                                                    max_positions=0)
+        explore.calibrate_memory(services, sess, 6, explore.CAL_PROMPTS, explore.SRC_UPLOAD, str(bad),
+                                 n_prompts=2, answer_tokens=8, max_positions=0)
     assert str(tmp_path) not in err.value.message
 
 
@@ -128,15 +128,16 @@ def test_calibration_stop_keeps_text_counts(services, monkeypatch):
         progress("calibrating", 0.5)
         raise AssertionError("the callback should have stopped the calibration")
     monkeypatch.setattr(explore, "calibrate", fake)
-    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None, n_prompts=8, answer_tokens=16,
-                                                    max_positions=300)
+    md, rows, status, sess = explore.calibrate_memory(services, sess, 6, explore.CAL_TEXT, explore.SRC_SHIPPED, None,
+                                                      n_prompts=8, answer_tokens=16, max_positions=300)
     assert "Stopped early: the counts so far are kept" in status and sess.memory.total == before + 5
 
 
 # -- teach ---------------------------------------------------------------------------------------------
 def test_teach_steps_plays_and_shows_discarded_tokens(services):
     sess = common.ensure_session(services, None)
-    *_, (view, status, sess) = teach.teach_run(services, PROMPT, RunSettings(method="sd", gamma=4, max_new_tokens=24), sess)
+    settings = RunSettings(method="sd", gamma=4, max_new_tokens=24)
+    *_, (view, status, sess) = teach.teach_run(services, PROMPT, settings, sess)
     blocks = teach._blocks(sess.teach.events)
     assert f"Iteration 1 of {len(blocks)}" in view and "draft top 5" in view and "Done:" in status
     assert sess.teach.cfg.gamma == 4
@@ -207,7 +208,8 @@ def test_the_header_names_the_models_threads_not_the_pages(services):
 
 def test_command_line_options():
     import csd_app
-    args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000", "--concurrency", "2"])
+    args = csd_app.parse_args(["--max-prompt-tokens", "100", "--no-shared-scope", "--port", "7000",
+                               "--concurrency", "2"])
     assert (args.max_prompt_tokens, args.shared_scope, args.port, args.concurrency) == (100, False, 7000, 2)
     args = csd_app.parse_args([])
     assert (args.max_prompt_tokens, args.shared_scope, args.queue_size) == (2048, True, 64)
@@ -245,7 +247,8 @@ def test_the_app_drafts_in_int8_where_runs_decode_together():
     assert draft("--concurrency", "1") == "auto"
     assert draft("--target-impl", "hf") == "auto"
     assert draft("--draft-dtype", "ort4") == "ort4"
-    assert app_draft_weights(csd_app.parse_args(["--device", "cuda"]), None) == "auto"   # a GPU's draft: the target's dtype
+    # a GPU's draft: the target's dtype
+    assert app_draft_weights(csd_app.parse_args(["--device", "cuda"]), None) == "auto"
 
 
 def test_a_run_alone_drafts_with_ort4_where_prepare_chose_it_and_the_app_drafts_in_int8(monkeypatch):
@@ -333,7 +336,8 @@ def test_the_exact_mode_switch_is_each_users_own(store, monkeypatch):
     with pytest.raises(gr.Error, match="applies to an int8 target"):
         common.set_exact_mode(float_services, [], False)
     int8 = quantize_int8(copy.deepcopy(float_services.pair.target)).eval()
-    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8), rep=Representation("int8", activations="pass"))
+    pair = replace(float_services.pair, target=int8, target_lm=LeanLM(int8),
+                   rep=Representation("int8", activations="pass"))
     pair.set_activations("row")
     services = make_services(pair, store, costs=float_services.decoder.costs)
     props = switch(build_demo(services))

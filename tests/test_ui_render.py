@@ -337,9 +337,11 @@ def test_compare_caption_says_where_csd_leaves_sd():
 
     sd = view("sd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0), TokenEvent(1, 6, "def", BONUS, 0, 1)])
     csd = view("csd", [TokenEvent(0, 5, "```", ACCEPTED, 0, 0),
-                       TokenEvent(1, 7, XSS, RESCUED, 0, 1, draft_id=7, target_id=6, target_text="def", memory_count=68)])
+                       TokenEvent(1, 7, XSS, RESCUED, 0, 1, draft_id=7, target_id=6, target_text="def",
+                                  memory_count=68)])
     cap = compare._compare_caption("csd", csd, None, None, sd)
-    assert "leaves SD's answer at token 1" in cap and "<code>def</code>" in cap and "seen this divergence 68 times" in cap
+    assert "leaves SD's answer at token 1" in cap and "<code>def</code>" in cap
+    assert "seen this divergence 68 times" in cap
     assert "<img" not in cap and "&lt;img src=x onerror=alert(1)&gt;" in cap          # token text escaped
     assert "same tokens as SD" in compare._compare_caption("csd", sd, None, None, sd)
     short = view("csd", sd.events[:1])

@@ -74,7 +74,8 @@ def test_a_bad_sglang_table_upload_is_refused_and_the_memory_kept(services, tmp_
     size = vocabulary_of(services.pair).size
     cases = {
         "big.jsonl": (json.dumps({"lhs_token": 1, "rhs_token": size + 5}) + "\n",
-                      f"token id {size + 5} (rhs_token) is beyond the vocabulary of {services.pair.target_name}: {size} ids"),
+                      f"token id {size + 5} (rhs_token) is beyond the vocabulary of "
+                      f"{services.pair.target_name}: {size} ids"),
         "broken.json": ('{"entries": [\n{"lhs_token": 1,\n"rhs_token": }]}', "line 3: malformed JSON"),
         "other.jsonl": ('{"type": "metadata", "metadata": {"tokenizer": "gpt2"}}\n{"lhs_token": 1, "rhs_token": 2}\n',
                         "names tokenizer 'gpt2'"),

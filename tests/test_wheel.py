@@ -50,7 +50,8 @@ print(json.dumps({"files": [importlib.import_module(m).__file__ for m in sys.arg
 
 def run(cmd: list, cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     out = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    command = " ".join(map(str, cmd))
+    assert out.returncode == 0, f"{command} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 
 

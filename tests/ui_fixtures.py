@@ -202,5 +202,6 @@ def gen(services, sess=None, prompt=PROMPT, method="csd", gamma=4, auto=False, l
     """The Generate handler's stream on the tiny pair (a fixed block of ``gamma`` unless ``auto``)."""
     from csd.ui.state import RunSettings
     from csd.ui.tabs import generate
-    return generate.generate(services, prompt, RunSettings(method, True, gamma, auto, show_spec, lam, log10_tau, temperature,
-                                                           max_new, 0, lookup), sess)
+    return generate.generate(services, prompt,
+                             RunSettings(method, True, gamma, auto, show_spec, lam, log10_tau, temperature,
+                                         max_new, 0, lookup), sess)

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(r: dict) -> str:
     lines = [f"# A class at once ({r['cpu']}, {r['tokens']} new tokens a request, γ {r.get('gamma', 'auto')})", "",
-             "Each row: the median over rounds (range in brackets); the ratio is to the median of one client alone.", "",
+             "Each row: the median over rounds (range in brackets); "
+             "the ratio is to the median of one client alone.", "",
              "| --concurrency | clients | refused | summed tok/s | vs 1 client | wait median / max (s) "
              "| light call as they arrive (s) | light call while they wait: median / max (s) |",
              "|---:|---:|---:|---:|---:|---|---|---|"]
@@ -161,11 +162,11 @@ def report(r: dict) -> str:
         for n, ws in rates.items():
             wn = [w for w in app["waves"] if w["clients"] == n]
             ratio = f"{statistics.median(ws) / base:.2f}x ({min(ws) / base:.2f}-{max(ws) / base:.2f})" if base else ""
+            wait = f"{statistics.median(w['wait_s_median'] for w in wn):.1f} / {max(w['wait_s_max'] for w in wn)}"
+            light = f"{statistics.median(w['light_s_median'] for w in wn):.3f} / {max(w['light_s_max'] for w in wn)}"
             lines.append(f"| {conc} | {n} | {sum(w['refused'] for w in wn)} | {statistics.median(ws):.1f} "
-                         f"({min(ws):.1f}-{max(ws):.1f}) | {ratio} | "
-                         f"{statistics.median(w['wait_s_median'] for w in wn):.1f} / {max(w['wait_s_max'] for w in wn)} | "
-                         f"{max(w['light_s_first'] for w in wn)} | "
-                         f"{statistics.median(w['light_s_median'] for w in wn):.3f} / {max(w['light_s_max'] for w in wn)} |")
+                         f"({min(ws):.1f}-{max(ws):.1f}) | {ratio} | {wait} | "
+                         f"{max(w['light_s_first'] for w in wn)} | {light} |")
         s = app["store"]
         lines.append(f"|  | store | runs {s['runs_recorded']} of {s['requests_accepted']} accepted | "
                      f"integrity {s['integrity']} | | | | |")

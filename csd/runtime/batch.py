@@ -38,19 +38,21 @@ class BatchedLM:
     """An ``LM`` whose forward passes go through a ``Batcher``; everything else (``__getattr__``) is the model's."""
     shares_passes = True     # a pass's time includes other runs' work: not one run's cost (csd.decode)
 
-    def __init__(self, batcher: Batcher, lm, mode: str = "", member: bool = False):
-        self.batcher, self.lm, self.mode, self.member = batcher, lm, mode, member
+    def __init__(self, batcher: Batcher, lm, mode: str = "", is_target: bool = False):
+        # is_target: this is a run's view of the shared target, whose cache stands for the run (it joins the
+        # runs in flight on its first pass and leaves on release); a draft's view does neither
+        self.batcher, self.lm, self.mode, self.is_target = batcher, lm, mode, is_target
 
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
     def release(self, cache) -> None:
         """The run is over: it no longer counts as one that may call soon."""
-        if self.member:
+        if self.is_target:
             self.batcher.leave(id(cache))
 
     def forward(self, cache, ids, keep: int) -> torch.Tensor:
-        if self.member:                 # a run's target cache stands for the run, from its first pass
+        if self.is_target:                 # a run's target cache stands for the run, from its first pass
             self.batcher.join(id(cache))
         return self.batcher.call(_Call(self, cache, ids, keep, ids.numel() if torch.is_tensor(ids) else len(ids)))
 
@@ -71,34 +73,58 @@ class Batcher:
             pair.draft_lm.int8_per_row()    # an int8 draft's rows scaled on their own: a batch cannot change them
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
-        self._members: set[int] = set()     # the runs in flight (their target caches' ids)
+        self._in_flight: set[int] = set()   # the runs in flight (their target caches' ids)
+        self._closed = False
         self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
         ready = threading.Event()
         self.threads = torch.get_num_threads()     # the model thread's (its creator's count: csd.runtime.threads)
-        threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher",
+                                        daemon=True)
+        self._thread.start()
         ready.wait()        # the model thread holds its cores before the caller's next step (csd.runtime.threads)
 
     def view(self, mode: str = "", solo: bool = False):
         """The pair as a run sees it, its passes made here; ``mode``: an int8 target's activation scales."""
         mode, base = mode or self.pair.rep.activations, self.solo if solo and self.solo is not None else self.pair
-        return replace(base, target_lm=BatchedLM(self, self.pair.target_lm, mode, member=True),
+        return replace(base, target_lm=BatchedLM(self, self.pair.target_lm, mode, is_target=True),
                        draft_lm=None if base.draft_lm is None else BatchedLM(self, base.draft_lm),
                        rep=base.rep.with_activations(mode))
 
     def idle(self) -> bool:     # no run in flight: the next may take the solo draft (two that start at once both may)
-        return not (self._members or self._pending)
+        return not (self._in_flight or self._pending)
+
+    def waiting(self) -> int:
+        """How many calls wait for the model thread now."""
+        with self._cond:
+            return len(self._pending)
 
     def join(self, run: int) -> None:
         with self._cond:
-            self._members.add(run)
+            self._in_flight.add(run)
 
     def leave(self, run: int) -> None:
         with self._cond:
-            self._members.discard(run)
+            self._in_flight.discard(run)
             self._cond.notify_all()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the model thread once the calls already waiting are served, and wait for it (the app's
+        shutdown: ``csd_app.main``). A call made after this raises ``RuntimeError``. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """Whether the model thread still serves calls."""
+        return self._thread.is_alive()
 
     def call(self, c: _Call) -> torch.Tensor:
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed: the app is shutting down")
             self._pending.append(c)
             self._cond.notify_all()
         return c.done.result()
@@ -108,21 +134,27 @@ class Batcher:
         threads.defer()                 # the page's light work first when it needs a core (csd.runtime.threads)
         threads.own_cores(cores)        # the creating thread's count, whatever other threads are given later
         ready.set()
-        while True:
-            self._run(self._gather())
+        while batch := self._gather():
+            self._run(batch)
 
     def _gather(self) -> list[_Call]:
-        """Wait for calls, then up to ``window_s`` for every joined run's; take the first and its pass-mates."""
+        """Wait for calls, then up to ``window_s`` for every joined run's; take the first and its pass-mates.
+        Nothing (an empty list) once the batcher is closed and no call waits: the model thread ends."""
         with self._cond:
             while not self._pending:
+                if self._closed:
+                    return []
                 self._cond.wait()
             deadline = self._pending[0].at + self.window_s
-            while len(self._pending) < len(self._members) and (left := deadline - time.monotonic()) > 0:
+            while not self._closed and len(self._pending) < len(self._in_flight):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
                 self._cond.wait(left)
             # drafts first: the verify passes then gather every run (runs fall into step)
-            first = next((c for c in self._pending if not c.lm.member), self._pending[0])
+            first = next((c for c in self._pending if not c.lm.is_target), self._pending[0])
             # a target pass with one activation scale per pass is not merged with other runs' rows
-            alone = first.lm.member and first.lm.mode == "pass" and self.pair.rep.target == "int8"
+            alone = first.lm.is_target and first.lm.mode == "pass" and self.pair.rep.target == "int8"
             batch, tokens = [], 0
             for c in list(self._pending):
                 if c.lm.lm is first.lm.lm and c.lm.mode == first.lm.mode and tokens + c.tokens <= MAX_BATCH_TOKENS \
@@ -136,7 +168,7 @@ class Batcher:
         """One pass for the batch; if it fails, each call again alone (a failed pass moved no cache)."""
         first = batch[0]
         try:
-            if first.lm.member and first.lm.mode and first.lm.mode != self.pair.rep.activations:
+            if first.lm.is_target and first.lm.mode and first.lm.mode != self.pair.rep.activations:
                 self.pair.set_activations(first.lm.mode)
             out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch], [c.keep for c in batch])
         except Exception as e:
@@ -147,7 +179,7 @@ class Batcher:
             log.exception("a model pass failed")
             first.done.set_exception(e)
             return
-        self.sizes[("target" if first.lm.member else "draft", len(batch))] += 1
+        self.sizes[("target" if first.lm.is_target else "draft", len(batch))] += 1
         for c, logits in zip(batch, out):
             c.done.set_result(logits)
 

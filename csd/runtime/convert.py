@@ -330,7 +330,8 @@ def load(path: Path, key: dict, *, rows: bool | str) -> LeanLM:
     cfg = SimpleNamespace(**json.loads((path / "config.json").read_text()))
     if auto := rows == "auto":      # the first layer's shapes and the head's, every layer's then
         with safe_open(path / "layer-000.safetensors", "pt") as f, safe_open(path / "head.safetensors", "pt") as h:
-            rows = all(onednn_exact(g.get_tensor(f"{k}.w"), g.get_tensor(f"{k}.s")) for g, k in zip([f] * 4 + [h], [*PROJECTIONS, "head"]))
+            files = zip([f] * len(PROJECTIONS) + [h], [*PROJECTIONS, "head"])
+            rows = all(onednn_exact(g.get_tensor(f"{k}.w"), g.get_tensor(f"{k}.s")) for g, k in files)
 
     def layer(i):
         with torch.no_grad(), safe_open(path / f"layer-{i:03d}.safetensors", framework="pt") as f:

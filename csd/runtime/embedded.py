@@ -109,7 +109,8 @@ def gguf_config(f):
         rms_norm_eps=g("attention.layer_norm_rms_epsilon"), vocab_size=f.tensors["token_embd.weight"].shape[0],
         tie_word_embeddings="output.weight" not in f.tensors,
         rope_parameters={"rope_theta": g("rope.freq_base", 10000.0), "rope_type": "default"},
-        bos_token_id=f.fields.get("tokenizer.ggml.bos_token_id"), eos_token_id=f.fields.get("tokenizer.ggml.eos_token_id"),
+        bos_token_id=f.fields.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=f.fields.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=f.fields.get("tokenizer.ggml.padding_token_id"))
 
 
@@ -144,7 +145,8 @@ def prepare_embedded(role: str, progress: Progress | None = None) -> Path:
             template = f.fields.get("tokenizer.chat_template")
             tok_digest = f.digest("tokenizer.", skip=("tokenizer.chat_template",))
             other = model_dir("target" if role == "draft" else "draft")
-            if _marker(other).get("tokenizer") == tok_digest:      # the pair's files hold one vocabulary: convert it once
+            # the pair's files hold one vocabulary: convert it once
+            if _marker(other).get("tokenizer") == tok_digest:
                 for p in other.iterdir():
                     if p.name.startswith(("tokenizer", "special_tokens", "chat_template")):
                         shutil.copy2(p, out / p.name)

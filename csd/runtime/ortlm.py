@@ -91,7 +91,8 @@ def _session(graph, threads: int, weights: dict | None = None):
     """A session of ``graph``; ``weights``: the arrays its external initialisers name, taken in place."""
     import onnxruntime as ort
     from onnx import helper
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")   # torch runs between the calls
@@ -113,8 +114,9 @@ class _Builder:
         if self.weights is None or (arr := np.ascontiguousarray(arr)).size < 4096:
             self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
         else:           # a placeholder, never read: the session takes the array itself (``_session``)
-            self.inits.append(TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype), dims=arr.shape,
-                                          data_location=TensorProto.EXTERNAL, external_data=[{"key": "location"}]))
+            self.inits.append(TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                          dims=arr.shape, data_location=TensorProto.EXTERNAL,
+                                          external_data=[{"key": "location"}]))
             self.weights[name] = arr
         return name
 

@@ -119,7 +119,8 @@ class OvLM(GraphLM):
 
     @classmethod
     def from_lean(cls, lm: LeanLM, threads: int | None = None) -> OvLM:
-        """From a ``LeanLM`` whose layers hold ``NBits`` (its output layer int8), whose levels the graph reads in place."""
+        """From a ``LeanLM`` whose layers hold ``NBits`` (its output layer int8), whose levels the graph
+        reads in place."""
         import openvino as ov
         out = cls.__new__(cls)
         out.__dict__.update(lm.__dict__)

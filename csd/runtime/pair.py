@@ -134,15 +134,16 @@ class ModelPair:
 
     def describe(self) -> dict:
         """How the pair runs here, for every result: representations, draft path, device."""
+        engine = self.target_lm.impl if self.target_lm.impl in STATIC_ENGINES else "eager"
+        lms = (("target", self.target_lm), ("draft", getattr(self.draft_lm, "inner", self.draft_lm)))
         return {"pair_id": self.pair_id, "draft": self.draft_name, "target": self.target_name,
                 "representation": self.rep.as_dict(),
                 "target_impl": self.target_lm.impl, "target_smoothing": self.target_smoothing,
                 "draft_impl": self.draft_lm.impl if self.draft_lm is not None else "",
                 "draft_vocab": self.draft_vocab_size, "device": str(self.device),
-                "threads": torch.get_num_threads(), "engine": self.target_lm.impl if self.target_lm.impl in STATIC_ENGINES else "eager",
-                "int8_kernels": int8_kernels(self.target_lm), "memory_gib": self.memory_gib, "static": {role: lm.describe() for role, lm in (
-                    ("target", self.target_lm), ("draft", getattr(self.draft_lm, "inner", self.draft_lm)))
-                    if hasattr(lm, "describe")}}
+                "threads": torch.get_num_threads(), "engine": engine,
+                "int8_kernels": int8_kernels(self.target_lm), "memory_gib": self.memory_gib,
+                "static": {role: lm.describe() for role, lm in lms if hasattr(lm, "describe")}}
 
     @property
     def is_embedded(self) -> bool:

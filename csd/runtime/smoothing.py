@@ -90,5 +90,5 @@ def smooth(model: torch.nn.Module, maxima: dict[str, torch.Tensor], alpha: float
 
 def calibration_prompt_ids(encode) -> list[list[int]]:
     """Token ids of the prompts the maxima are measured on (``encode``: a pair's ``encode_prompt``)."""
-    from ..calibration.corpus import read_prompts
+    from ..corpus import read_prompts
     return [encode(r["prompt"]) for r in read_prompts()[::20][:CALIBRATION_PROMPTS]]

@@ -13,12 +13,22 @@ import torch
 OMP_PAUSE_HARD = 2      # omp_pause_resource_t: the calling thread's workers end (OpenMP 5.0)
 
 
+def _mapped_files() -> list[str]:
+    """The paths of the files mapped into this process (``/proc/self/maps``; OSError where there is none)."""
+    paths = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            cols = line.split(None, 5)         # address, perms, offset, device, inode, path
+            if len(cols) == 6:
+                paths.append(cols[5].strip())
+    return paths
+
+
 @functools.cache
 def _libgomp():
     """The GNU OpenMP runtime torch loaded, or None (another runtime, or none)."""
     try:
-        with open("/proc/self/maps") as f:       # address, perms, offset, device, inode, path
-            paths = [cols[5].strip() for ln in f if len(cols := ln.split(None, 5)) == 6 and "libgomp" in cols[5]]
+        paths = [path for path in _mapped_files() if "libgomp" in path]
         lib = ctypes.CDLL(paths[0]) if paths else None
     except OSError:
         return None
