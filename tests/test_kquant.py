@@ -160,3 +160,56 @@ def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
                         str(tmp_path / "other.gguf"), "--draft", str(files["draft"])],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "gpt2" in r.stderr and "qwen2" in r.stderr
+
+
+def test_the_attention_takes_each_query_as_a_step_would():
+    """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, and as PyTorch's attention does
+    to float precision (grouped heads, a causal block after cached keys)."""
+    import torch.nn.functional as F
+    lib = kquant.library()
+    torch.manual_seed(0)
+    heads, kv, d, cap, start, t = 12, 2, 128, 64, 40, 7
+    k, v = torch.randn(1, kv, cap, d), torch.randn(1, kv, cap, d)
+    q = torch.randn(1, heads, t, d)
+
+    def attend(queries: torch.Tensor, at: int) -> torch.Tensor:
+        out = torch.empty(queries.shape[2], heads, d)
+        held = queries[0].contiguous()          # held while the kernel reads it
+        lib.kq_attend(held.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv, held.shape[1], d,
+                      cap, at, d ** -0.5, torch.get_num_threads())
+        return out
+
+    whole = attend(q, start)
+    steps = torch.cat([attend(q[:, :, i:i + 1], start + i) for i in range(t)])
+    assert torch.equal(whole, steps)
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(start)
+    ref = F.scaled_dot_product_attention(q, k[:, :, :start + t], v[:, :, :start + t], attn_mask=mask,
+                                         scale=d ** -0.5, enable_gqa=True)
+    assert torch.allclose(whole, ref[0].transpose(0, 1), atol=1e-5)
+
+
+def test_auto_follows_prepares_timing_and_a_missing_kernel_falls_back(tmp_path, monkeypatch, qwen_tokenizer, caplog):
+    """``--dtype auto`` on the CPU reads prepare's record (gguf where it measured it faster), int8 where the kernel
+    cannot run; ``--dtype gguf`` on a model that is no GGUF file loads the int8 target, with one warning saying so."""
+    from conftest import tiny_model
+    from csd.fileio import write_json
+    from csd.runtime import profile
+    from csd.runtime.models import LoadOptions, load_pair
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
+    assert LoadOptions().validated().dtype == "int8"                    # nothing measured
+    write_json(profile.target_choice_file(), {"choice": "gguf"})
+    if kquant.kernel_missing() is None:
+        assert LoadOptions().validated().dtype == "gguf"
+    monkeypatch.setattr(kquant, "kernel_missing", lambda: "no C compiler here")
+    assert LoadOptions().validated().dtype == "int8"
+    assert LoadOptions().validated().activations == "row"                # exact rows by default
+    monkeypatch.undo()
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "tiny"
+    tiny_model(2).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    with caplog.at_level("WARNING"):
+        pair = load_pair(None, str(d), dtype="gguf")
+    assert pair.rep.target == "int8" and pair.rep.activations == "row"
+    warned = [r.getMessage() for r in caplog.records if "GGUF blocks" in r.getMessage()]
+    assert len(warned) == 1 and "int8" in warned[0] and "not a GGUF file" in warned[0]

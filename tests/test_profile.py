@@ -45,6 +45,7 @@ def test_profile_is_cached_per_engine_revision(tiny_pair, cache, monkeypatch, on
 def test_engine_revision_follows_the_engine_files(tmp_path, monkeypatch):
     """The digest is over the bytes of the files that make the forward passes."""
     for name in profile.ENGINE_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)     # kernels/kquant.c sits in a folder
         (tmp_path / name).write_text(f"# {name}\n")
     monkeypatch.setattr(profile, "__file__", str(tmp_path / "profile.py"))
     profile.engine_revision.cache_clear()
@@ -58,8 +59,8 @@ def test_engine_revision_follows_the_engine_files(tmp_path, monkeypatch):
 
 
 def test_auto_is_int8_on_the_cpu_without_timing_candidates(tmp_path, qwen_tokenizer, monkeypatch, one_thread):
-    """``--dtype auto`` on the CPU is int8 by rule (it won by 3-6x a verify pass on every CPU measured): no
-    candidate is loaded or timed at the first start, and nothing about it is cached."""
+    """``--dtype auto`` on the CPU is int8 until ``python -m csd prepare`` has timed the GGUF blocks against it
+    (``choose_target_dtype``): loading a pair loads or times no candidate, and caches nothing about it."""
     from csd.runtime.models import load_pair
     monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path / "cache"))
     d = tmp_path / "tiny"

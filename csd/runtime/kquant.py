@@ -71,6 +71,7 @@ def library(portable: bool = False):
         lib.kq_q4k.argtypes = [p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32]
         lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, p, i64, p, i64, i32]
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
+        lib.kq_attend.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
         lib.kq_linear.restype = None
         _libs[portable] = lib
         return lib
@@ -298,6 +299,26 @@ class KQuantLinear(torch.nn.Module):
 
 
 # -- a whole decoder from a GGUF file -----------------------------------------------------------------
+def _kquant_lm_class():
+    from .lm import LeanLM
+
+    class KQuantLM(LeanLM):
+        """A ``LeanLM`` whose products run on the GGUF's blocks and whose attention runs one query at a time in
+        the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
+
+        impl = "kquant"
+
+        def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
+            _, h, t, d = q.shape
+            q = q[0].contiguous()                                           # (H, t, D)
+            out = torch.empty((1, t, h, d), dtype=torch.float32)
+            lib = library()
+            lib.kq_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, k.shape[1], t, d,
+                          k.shape[2], start, self.scaling, torch.get_num_threads())
+            return out.transpose(1, 2)                                      # (1, H, t, D), as the callers read it
+
+    return KQuantLM
+
 ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
 
 
@@ -319,7 +340,6 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
     from .convert import QuantisedRows
     from .embedded import gguf_config
     from .ggufile import GGUFFile
-    from .lm import LeanLM
     from .pair import ModelLoadError
 
     f = GGUFFile(path)
@@ -359,7 +379,6 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
     emb = f.tensors["token_embd.weight"]
     embed = QuantisedRows(torch.from_numpy(np.array(f.raw("token_embd.weight"))),
                           gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])
-    lm = LeanLM.from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
-    lm.per_row = True          # a verify pass attends one query at a time: rows exact end to end
-    lm.impl = "kquant"
+    lm = _kquant_lm_class().from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
+    lm.per_row = True          # rows exact end to end (the attention is one query at a time whatever per_row says)
     return lm

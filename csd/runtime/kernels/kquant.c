@@ -355,3 +355,53 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
     }
     free(q); free(ascale); free(s16); free(s32);
 }
+
+/* ---- attention, one query at a time ------------------------------------------------------------------
+ * q (H, T, D) of T new tokens at positions start .. start + T - 1; k, v (KV, cap, D) a layer's cache, already
+ * holding those tokens; out (T, H, D). Query t of head h attends keys 0 .. start + t of KV head h / (H / KV):
+ * dot products in a fixed order, the softmax, then the weighted sum of values, the same instructions for a
+ * query whether it comes alone or with others, so a verify pass attends as 1-token steps do. */
+static float dot_d(const float *a, const float *b, int64_t D) {
+#if defined(KQ_AVX512)
+    if (D % 16 == 0) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+        return _mm512_reduce_add_ps(s);
+    }
+#endif
+    float s = 0.f;
+    for (int64_t i = 0; i < D; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+void kq_attend(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t KV, int64_t T,
+               int64_t D, int64_t cap, int64_t start, float scale, int nthreads) {
+    int64_t group = H / KV, jobs = H * T;
+    int nt = threads_for(nthreads, jobs);
+#pragma omp parallel num_threads(nt)
+    {
+        float *w = (float *)malloc(sizeof(float) * (size_t)(start + T));
+#pragma omp for schedule(static)
+        for (int64_t job = 0; job < jobs; job++) {
+            int64_t h = job / T, t = job % T, n = start + t + 1;
+            const float *qr = q + (h * T + t) * D;
+            const float *kh = k + (h / group) * cap * D, *vh = v + (h / group) * cap * D;
+            float m = -INFINITY, sum = 0.f;
+            for (int64_t j = 0; j < n; j++) {
+                w[j] = dot_d(qr, kh + j * D, D) * scale;
+                m = fmaxf(m, w[j]);
+            }
+            for (int64_t j = 0; j < n; j++) {
+                w[j] = expf(w[j] - m);
+                sum += w[j];
+            }
+            float *o = out + (t * H + h) * D, inv = 1.f / sum;
+            for (int64_t i = 0; i < D; i++) o[i] = 0.f;
+            for (int64_t j = 0; j < n; j++) {
+                const float *vr = vh + j * D, c = w[j] * inv;
+                for (int64_t i = 0; i < D; i++) o[i] = fmaf(c, vr[i], o[i]);
+            }
+        }
+        free(w);
+    }
+}
