@@ -57,8 +57,8 @@ def alarm_lines(results: dict, overall_stats: dict) -> list[str]:
         acc = s.get("accuracy_vs_ar") or {}
         vs = f"{acc['gained']} / {acc['lost']}" if acc.get("n") else "–"
         found = alarms(s, ar) if m != "ar" else []
-        lines.append(f"| {m} | {fmt(s.get('length_vs_ar'), '.2f', 'x')} | {pct(s.get('eos_share'), 0)} | {pct(s.get('cap_share'), 0)} "
-                     f"| {vs} | {'; '.join(found) if found else 'none'} |")
+        lines.append(f"| {m} | {fmt(s.get('length_vs_ar'), '.2f', 'x')} | {pct(s.get('eos_share'), 0)} "
+                     f"| {pct(s.get('cap_share'), 0)} | {vs} | {'; '.join(found) if found else 'none'} |")
     for m in [m for m in overall_stats if m != "ar"]:
         for f in flips(results, m):
             verdict = ("right where AR was wrong" if f["correct"] else "wrong where AR was right")

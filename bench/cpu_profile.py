@@ -91,7 +91,9 @@ def run(drafts: list[str], reps: int, activations: str) -> dict:
                             f"{pair.rep.activations or '-'}", "calls": calls})
         del pair
     for r in out["runs"]:     # over the target's 1-token pass, profiled with the first
-        r["draft_over_target"] = round(r["calls"]["draft step"]["wall_ms_median"] / out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"], 3)
+        draft_ms = r["calls"]["draft step"]["wall_ms_median"]
+        target_ms = out["runs"][0]["calls"]["target pass of 1"]["wall_ms_median"]
+        r["draft_over_target"] = round(draft_ms / target_ms, 3)
     out["interleaved"] = time_interleaved(lms, 3 * reps)
     return out
 
@@ -108,9 +110,10 @@ def markdown(out: dict) -> str:
              c["unaccounted_ms"], c["ops_per_layer"]] for r in out["runs"] for name, c in r["calls"].items()]
     lines += md_table(["draft", "call", "wall ms (min)", "matmul ms", *kinds[1:], "outside matmul", "unaccounted ms",
                        "ops / layer"], rows, left=2)
-    lines += ["", "Draft step over a 1-token target pass: "
-              + ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"]) + ".", "", "In turn, medians "
-              "(wall, CPU ms): " + "; ".join(f"{k} {v['wall_ms']}, {v['cpu_ms']}" for k, v in out["interleaved"].items()) + "."]
+    over_target = ", ".join(f"{r['draft']} {r['draft_over_target']}x" for r in out["runs"])
+    in_turn = "; ".join(f"{k} {v['wall_ms']}, {v['cpu_ms']}" for k, v in out["interleaved"].items())
+    lines += ["", f"Draft step over a 1-token target pass: {over_target}.", "",
+              f"In turn, medians (wall, CPU ms): {in_turn}."]
     return "\n".join(lines) + "\n"
 
 

@@ -18,11 +18,23 @@ from .stats import speedup
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = re.compile(r"<!-- figures: (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
-LIST = re.compile(r",(?![^\[]*\])")                  # a comma outside brackets: csd[lookup=16,lookup_ngram=2] is one name
+# a comma outside brackets: csd[lookup=16,lookup_ngram=2] is one name
+LIST = re.compile(r",(?![^\[]*\])")
 
 
 def _same(ref: str):
-    return lambda m, s: DASH if m == ref or s.get(f"identical_to_{ref}") is None else f"{s[f'identical_to_{ref}']} of {s['n']}"
+    def cell(m, s):
+        if m == ref or s.get(f"identical_to_{ref}") is None:
+            return DASH
+        return f"{s[f'identical_to_{ref}']} of {s['n']}"
+    return cell
+
+
+def _copies(m, s):
+    if not s.get("lookup_blocks"):
+        return DASH
+    return (f"{pct(s['lookup_pass_share'], 0)}, {s['lookup_drafted'] / s['lookup_blocks']:.1f}, "
+            f"{pct(s['lookup_acceptance'], 0)}")
 
 
 EXTRA = {   # columns=NAME: (header, cell from the method and its figures)
@@ -30,8 +42,7 @@ EXTRA = {   # columns=NAME: (header, cell from the method and its figures)
     "accuracy": ("accuracy (graded) [95% CI]", lambda m, s: _acc(s)),
     "vs_sd": ("vs SD: gained / lost (exact McNemar p)", lambda m, s: _vs(s.get("accuracy_vs_sd"))),
     "eos": ("ended by EOS", lambda m, s: pct(s.get("eos_share"), 0)),
-    "copies": ("copy passes, copies per copy pass, kept", lambda m, s: DASH if not s.get("lookup_blocks") else
-               f"{pct(s['lookup_pass_share'], 0)}, {s['lookup_drafted'] / s['lookup_blocks']:.1f}, {pct(s['lookup_acceptance'], 0)}"),
+    "copies": ("copy passes, copies per copy pass, kept", _copies),
     "same_ar": ("same answer as AR", _same("ar")),
     "same_sd": ("same answer as SD", _same("sd")),
 }
@@ -152,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         elif differing:
             bad += len(differing)
             for run, stored, derived in differing:
-                print(f"{f}: the table of {run} differs from its results.json\n--- stored\n{stored}+++ derived\n{derived}",
-                      file=sys.stderr)
+                print(f"{f}: the table of {run} differs from its results.json\n"
+                      f"--- stored\n{stored}+++ derived\n{derived}", file=sys.stderr)
     return 1 if bad else 0
 
 

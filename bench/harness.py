@@ -95,7 +95,8 @@ def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: i
 @dataclass(frozen=True)
 class BenchConfig:
     """What a benchmark run measures and where it writes it (``python -m csd bench`` builds it from its flags)."""
-    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files (csd.evaluation.datasets)
+    dataset: str | tuple[str, ...]      # "gsm8k,humaneval:40" or a list: built-in names or files
+                                        # (csd.evaluation.datasets)
     limit: int | None                   # items per dataset (a spec's own count wins), drawn by seed; None: all
     methods: str | tuple[str, ...] = DEFAULT_METHODS  # the columns, "ar,sd,csd" or a list (csd.bench.methods)
     max_new_tokens: int = 128           # the longest answer, in new tokens
@@ -359,13 +360,15 @@ def _meta(pair, decoder, config: BenchConfig, cols: list[Method], memory, bench_
                                          **({"activations": m.acts} if m.acts else {}),
                                          **({} if m.hf else m.cfg.rule_params() or {})} for m in cols},
                    "max_new_tokens": base.max_new_tokens, "seed": config.seed, "gamma": base.gamma,
-                   "lookup": base.lookup, "lam": base.lam, "tau": base.tau, "temperature": 0.0, "chat": True, "memory_mode": config.memory_mode,
-                   "warmup_tokens": WARMUP_TOKENS, "method_order": "rotated by one per item",
+                   "lookup": base.lookup, "lam": base.lam, "tau": base.tau, "temperature": 0.0, "chat": True,
+                   "memory_mode": config.memory_mode, "warmup_tokens": WARMUP_TOKENS,
+                   "method_order": "rotated by one per item",
                    "hf_assisted": "target.generate(assistant_model=draft, do_sample=False) at transformers' defaults "
                                   "(heuristic draft length, confidence threshold); passes counted by forward hooks",
                    "hf_assisted_fixed": "the same with num_assistant_tokens = gamma, constant schedule, "
                                         "assistant_confidence_threshold 0"},
-        "memory": {"patterns": len(memory), "total": memory.total, "candidates_at_lambda": memory.n_candidates(base.lam),
+        "memory": {"patterns": len(memory), "total": memory.total,
+                   "candidates_at_lambda": memory.n_candidates(base.lam),
                    "top20_share": memory.top_share(0.2), "calibration": memory.meta.get("calibration"),
                    "policy": memory.policy.to_dict()},
     }

@@ -56,11 +56,11 @@ def table(res: dict) -> str:
     ll, mine = res["llama.cpp"], res["ours"]["summary"]
     base = ll["target"]["tokens_per_s"]
     sd = ll["target"].get("stddev") or 0.0
+    ours = Representation.of(res["ours"]["meta"])
     lines = [f"# Side by side with llama.cpp: {res['machine']}", "",
              f"{res['date']}; one machine, one run, nothing else running (`{res['command']}`). llama.cpp "
              f"{ll['target'].get('build')}: `{ll['target']['command']}` (Q4_K_M, as the GGUF ships); this "
-             f"project: `{res['ours']['command']}` (its defaults: target {(r := Representation.of(res['ours']['meta'])).label}, "
-             f"draft {r.draft}).", "",
+             f"project: `{res['ours']['command']}` (its defaults: target {ours.label}, draft {ours.draft}).", "",
              "| what runs | tok/s | x llama.cpp plain | ms a token |", "|---|---:|---:|---:|",
              f"| llama.cpp, the target alone (plain decoding) | {base:.2f} ± {sd:.2f} | 1.00x | {1000 / base:.1f} |",
              f"| llama.cpp, the draft alone | {ll['draft']['tokens_per_s']:.2f} | "

@@ -23,7 +23,8 @@ class Method:
     name: str
     cfg: CSDConfig                  # the engine's config (for hf methods: the max tokens and gamma they use)
     hf: str | None = None           # None (this project's engine), "defaults", "fixed" or "generate" (HF_KIND)
-    acts: str = ""                  # an int8 target's activation scales for this column: "row", "pass" or "" (the run's)
+    acts: str = ""                  # an int8 target's activation scales for this column: "row", "pass"
+                                    # or "" (the run's)
 
     @property
     def reads_memory(self) -> bool:

@@ -96,8 +96,9 @@ def _header_lines(results: dict) -> list[str]:
         f"{fmt((meta.get('loadavg_start') or [None])[0], '.1f')}",
         f"- Pair: {meta['pair']['draft']} -> {meta['pair']['target']}; target **{meta['dtype']}**"
         f"{impl}, draft "
-        f"**{Representation.of(meta).draft or '-'}** ({models.get('draft_impl', '-')} path, {models.get('draft_vocab', '-')} "
-        f"proposable tokens); greedy, chat template, max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
+        f"**{Representation.of(meta).draft or '-'}** ({models.get('draft_impl', '-')} path, "
+        f"{models.get('draft_vocab', '-')} proposable tokens); greedy, chat template, "
+        f"max_new_tokens {cfg['max_new_tokens']}, gamma {cfg['gamma']}, "
         f"copies from the context {copies}, seed {cfg['seed']}",
         f"- Memory: start memory with {mem['patterns']} patterns ({mem['candidates_at_lambda']} at lambda "
         f"{cfg['lam']:g}), {cfg['memory_mode']} updates, one copy per CSD column",
@@ -185,7 +186,8 @@ def render_markdown(results: dict) -> str:
     lines += leave_sd_lines(results)
     for m, p in (results.get("divergences") or {}).items():
         if p.get("divergences"):
-            lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, {p['patterns']} patterns; "
+            lines += ["", f"Divergence patterns seen by `{m}`: {p['divergences']} divergences, "
+                          f"{p['patterns']} patterns; "
                           f"the top 20% ({p['top20_patterns']}) cover {100 * p['top20_share']:.0f}%."]
     return "\n".join(lines) + "\n"
 
@@ -344,7 +346,8 @@ def profile_figure(costs, title: str = ""):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m csd.bench.report", description=__doc__.splitlines()[0])
-    ap.add_argument("run", nargs="+", help="a benchmark output directory (holding results.json); several with --out: pool them")
+    ap.add_argument("run", nargs="+",
+                    help="a benchmark output directory (holding results.json); several with --out: pool them")
     ap.add_argument("--out", help="with several runs: the directory of the pooled report")
     args = ap.parse_args(argv)
     if len(args.run) > 1 and not args.out:
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(path, results)
     (path.parent / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_charts(results, path.parent)
-    print(f"{'pooled into' if len(runs) > 1 else 're-rendered'} {path} and {path.parent / 'results.md'}", file=sys.stderr)
+    done = "pooled into" if len(runs) > 1 else "re-rendered"
+    print(f"{done} {path} and {path.parent / 'results.md'}", file=sys.stderr)
     return 0
 
 

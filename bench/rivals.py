@@ -86,7 +86,8 @@ def frontier(runs: list[dict]) -> dict:
     for n, run in enumerate(runs, 1):
         items = by_item(run["items"])
         if set(items) != keys:
-            raise ResultsError(f"{run['_path']}: not the same items as {base['_path']} ({len(items)} against {len(keys)})")
+            raise ResultsError(f"{run['_path']}: not the same items as {base['_path']} "
+                               f"({len(items)} against {len(keys)})")
         methods = list(dict.fromkeys(i["method"] for i in run["items"]))
         has_ar = "ar" in methods
         if not has_ar and "sd" not in methods:
@@ -103,13 +104,15 @@ def frontier(runs: list[dict]) -> dict:
                 how = f"x SD in run {n} ({vs_sd:.3f}) times SD's x AR in run {runs.index(base) + 1}" if vs_sd else "–"
             tps = [i for i in run["items"] if i["method"] == m]
             conf = ((run["meta"].get("config") or {}).get("settings") or {}).get(m)
-            points.append({"method": m, "run": n, "setting": setting(conf), "speedup_over_ar": x, "speedup_ci95": ci, "speed_from": how,
+            points.append({"method": m, "run": n, "setting": setting(conf),
+                           "speedup_over_ar": x, "speedup_ci95": ci, "speed_from": how,
                            "tokens_per_s": sum(i["new_tokens"] for i in tps) / max(sum(i["wall_s"] for i in tps), 1e-9),
                            **_quality(items, m, ar_ids)})
     meta = {"machine": (base["meta"].get("machine") or {}).get("cpu"), "dtype": base["meta"].get("dtype"),
             "models": base["meta"].get("models"), "items": len(keys),
-            "runs": [{"path": r["_path"], "command": r["meta"].get("command"), "started_at": r["meta"].get("started_at"),
-                      "finished_at": r["meta"].get("finished_at"), "status": r.get("status")} for r in runs],
+            "runs": [{"path": r["_path"], "command": r["meta"].get("command"),
+                      "started_at": r["meta"].get("started_at"), "finished_at": r["meta"].get("finished_at"),
+                      "status": r.get("status")} for r in runs],
             "sd_over_ar": sd_over_ar, "sd_over_ar_ci95": sd_ci}
     return {"meta": meta, "points": points, "paper": PAPER, "paper_source": PAPER_SOURCE}
 
@@ -128,11 +131,13 @@ def markdown(data: dict, escape=str) -> str:
         acc_s = "–" if acc is None else f"{100 * acc:.0f}% [{100 * aci[0]:.0f}, {100 * aci[1]:.0f}] of {p['n_graded']}"
         vs = p.get("vs_ar") or {}
         pr = p.get("prose") or {}
-        rows.append(f"| {escape(str(p['method']))} | {escape(p.get('setting') or '–')} | {speed} | {acc_s} | +{vs.get('gained', 0)} / -{vs.get('lost', 0)} | "
+        rows.append(f"| {escape(str(p['method']))} | {escape(p.get('setting') or '–')} | {speed} | {acc_s} | "
+                    f"+{vs.get('gained', 0)} / -{vs.get('lost', 0)} | "
                     f"{pr.get('identical', '–')} of {pr.get('n', '–')} | {fmt(pr.get('prefix_share'), '.0%')} | "
                     f"{fmt(pr.get('length_ratio'), '.2f')} |")
     runs = "; ".join(f"run {i}: `{escape(str(r['command']))}`" for i, r in enumerate(m["runs"], 1))
-    head = (f"Measured on {escape(str(m['machine']))} (target {escape(str(m['dtype']))}), {m['items']} items ({runs}). x AR: tokens per second "
+    head = (f"Measured on {escape(str(m['machine']))} (target {escape(str(m['dtype']))}), "
+            f"{m['items']} items ({runs}). x AR: tokens per second "
             "over AR's on the same items; † chained through SD (x SD in its run times SD's x AR in the AR run).")
     paper = ["| method (the paper's) | speed-up | accuracy |", "|---|---:|---:|"] + [
         f"| {p['method']} | {p['speedup']:.2f}x | {fmt(p['accuracy'], '.1f')} |" for p in data["paper"]]

@@ -62,7 +62,8 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                         "op by op; auto: static on CUDA, eager on the CPU (docs/gpu.md)")
     p.add_argument("--static-capacity", type=int, default=DEFAULT_CAPACITY,
                    help="static engine: tokens each KV cache holds (prompt + answer + one block; default %(default)s)")
-    p.add_argument("--device-map", default=None, help="transformers device_map for a target too big for one GPU (e.g. auto)")
+    p.add_argument("--device-map", default=None,
+                   help="transformers device_map for a target too big for one GPU (e.g. auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the model's repo")
     if not store:
         return
@@ -116,8 +117,15 @@ def choose_draft(args, progress=None) -> None:
     from csd.runtime.profile import choose_draft_weights
     print("CSD Explorer: timing the draft in int8 and ort4 once…", file=sys.stderr, flush=True)
     options = load_options(args)
-    out = choose_draft_weights(lambda r: None if (d := load_pair(args.draft, args.target, options=replace(  # None: fell back
-        options, draft_weights=r), progress=progress or tqdm_progress(), draft_alone=True)).repr != r else d.lm)
+
+    def draft_lm(r):
+        pair = load_pair(args.draft, args.target, options=replace(options, draft_weights=r),
+                         progress=progress or tqdm_progress(), draft_alone=True)
+        if pair.repr != r:      # it fell back to another representation
+            return None
+        return pair.lm
+
+    out = choose_draft_weights(draft_lm)
     print(f"draft representation: {out['choice']} ({', '.join(f'{r} {ms} ms' for r, ms in out['draft_ms'].items())} "
           "a token)", file=sys.stderr, flush=True)
 

@@ -56,7 +56,8 @@ def add_parsers(sub) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the chat template (default on)")
-    g.add_argument("--memory", default=None, help="correction-memory file to start from (default: the pair's calibrated memory)")
+    g.add_argument("--memory", default=None,
+                   help="correction-memory file to start from (default: the pair's calibrated memory)")
     g.add_argument("--save-memory", default=None, help="write the memory after the run (with its online updates)")
     add_memory_policy_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, events, metrics)")
@@ -96,7 +97,8 @@ def add_calibrate_parser(sub) -> None:
     c.add_argument("--corpus", default=None, help="text mode: text file or JSONL (default: the shipped corpus)")
     c.add_argument("--max-positions", type=int, default=None, help="text mode: stop after this many counted positions")
     c.add_argument("--chunk-tokens", type=int, default=256, help="text mode: tokens per chunk")
-    c.add_argument("--batch-size", type=int, default=None, help="sequences a step, between progress lines (default: 8 prompts, 4 chunks)")
+    c.add_argument("--batch-size", type=int, default=None,
+                   help="sequences a step, between progress lines (default: 8 prompts, 4 chunks)")
     c.add_argument("--out", required=True, help="memory file to write (.json or .json.gz)")
     c.add_argument("--memory", default=None, help="memory file to extend instead of starting empty")
     c.add_argument("--vocab-out", default=None, help="prompt mode: also write the answers' token frequencies here")
@@ -120,8 +122,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help=f"the shortest recurring run after which --lookup copies (1..4, default {d.lookup_ngram})")
     paper = PRESETS["paper"]
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                   help=f"paper: the paper's CSD (gamma {paper['gamma']}, lambda {paper['lam']:g}, tau {paper['tau']:g}, "
-                        "no copies, no adaptive block); it sets those four and refuses them as flags beside it")
+                   help=f"paper: the paper's CSD (gamma {paper['gamma']}, lambda {paper['lam']:g}, "
+                        f"tau {paper['tau']:g}, no copies, no adaptive block); "
+                        "it sets those four and refuses them as flags beside it")
 
 
 def apply_preset(cfg: CSDConfig, name: str, typed: list[str]) -> CSDConfig:
@@ -202,7 +205,10 @@ def print_run(args, cfg: CSDConfig, pair, run, memory) -> None:
                                      "evicted": memory.evicted}}))
     else:
         m = run.metrics
-        kept, n_kept = (("relaxed", m.relaxed), m.relaxed_share) if cfg.relax else (("rescued", m.rescued), m.rescued_share)
+        if cfg.relax:
+            kept, n_kept = ("relaxed", m.relaxed), m.relaxed_share
+        else:
+            kept, n_kept = ("rescued", m.rescued), m.rescued_share
         copies = (f"; {m.lookup_kept} of {m.lookup_drafted} tokens copied from the context kept in {m.lookup_blocks} "
                   f"passes" if cfg.lookup else "")
         print(f"\n\n[{cfg.method}] {m.new_tokens} tokens in {m.wall_s:.2f} s ({m.tokens_per_s:.2f} tok/s), "
@@ -280,7 +286,8 @@ def cmd_calibrate(args) -> int:
         run_id = store.start_run(**run_fields(pair, kind="calibrate", method="calibrate",
                                               prompt=str(args.prompts or args.corpus or f"default {mode}"),
                                               memory_policy=memory.policy.label))
-        store.save_memory(memory, run_id=run_id, label=f"calibration ({mode}) {args.prompts or args.corpus or 'default'}")
+        label = f"calibration ({mode}) {args.prompts or args.corpus or 'default'}"
+        store.save_memory(memory, run_id=run_id, label=label)
         store.finish_run(run_id, "", info)
         store.close()
     print(calibration_summary(mode, info, memory, lam) + f"; memory {len(memory):,} patterns, "
@@ -311,8 +318,9 @@ def calibration_summary(mode: str, info: dict, memory, lam: float) -> str:
     lines = [f"{mode} calibration: {info['positions']} positions, {info['divergences']} divergences "
              f"(agreement {info['agreement']:.1%})"]
     if mode == "prompts":
-        lines.append(f"{info['prompts']} prompts, {info['answer_tokens']} answer tokens, {info['answers_ended']} answers "
-                     f"ended by themselves; top 20% of this run's patterns cover {info['top20_share']:.1%}")
+        lines.append(f"{info['prompts']} prompts, {info['answer_tokens']} answer tokens, "
+                     f"{info['answers_ended']} answers ended by themselves; "
+                     f"top 20% of this run's patterns cover {info['top20_share']:.1%}")
         if "heldout" in info:
             h = info["heldout"]
             lines.append(f"held-out: {h['prompts']} prompts, {h['divergences']} divergences, top 20% of their patterns "

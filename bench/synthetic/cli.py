@@ -45,8 +45,9 @@ def run_from_args(args, command: str = "") -> int:
         pair=args.synthetic_config, acceptance=args.acceptance, prompts=args.limit, prompt_tokens=args.prompt_tokens,
         max_new_tokens=args.max_new_tokens, gamma=args.gamma, gamma_max=args.gamma_max, lam=args.lam, tau=args.tau,
         memory_mode=getattr(args, "memory_mode", "online"), seed=args.seed, device=args.device, dtype=args.dtype,
-        draft_weights=args.draft_weights, draft_impl=args.draft_impl, pass_lengths=lengths, engine=getattr(args, "engine", "auto"),
-        warmup=not args.no_warmup, rehearsals=args.rehearsals, repeats=args.repeats).validated()
+        draft_weights=args.draft_weights, draft_impl=args.draft_impl, pass_lengths=lengths,
+        engine=getattr(args, "engine", "auto"), warmup=not args.no_warmup, rehearsals=args.rehearsals,
+        repeats=args.repeats).validated()
     res = run_synthetic(cfg, args.out, command or command_line("csd.bench.synthetic"),
                         log=lambda msg: print(f"synthetic: {msg}", file=sys.stderr, flush=True))
     print((Path(args.out) / "results.md").read_text(encoding="utf-8"))

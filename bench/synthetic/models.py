@@ -200,11 +200,13 @@ class ScriptedDraft(LM):
         return logits.scatter_add(1, self._idx[rows, None], add[:, None])
 
 
-def make_pair(name: str, draft_model, target_model, device: torch.device, reprs: tuple[str, str] = ("float32", "float32"),
-              draft_impl: str = "auto", static: tuple[str, int] = ("eager", 0)):
+def make_pair(name: str, draft_model, target_model, device: torch.device,
+              reprs: tuple[str, str] = ("float32", "float32"), draft_impl: str = "auto",
+              static: tuple[str, int] = ("eager", 0)):
     """A ``ModelPair`` of the two models in ``reprs`` (the target's, the draft's; converted in place) with a
     ``ScriptedDraft`` over the lean (or hf) draft. ``static``: (engine, cache capacity); "static" or
-    "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as ``csd.runtime.models.load_pair`` does."""
+    "compiled" runs both lean at fixed shapes with CUDA graphs captured here, as
+    ``csd.runtime.models.load_pair`` does."""
     (target_rep, draft_rep), (engine, capacity) = reprs, static
     from csd.config import GAMMA_RANGE
     from csd.runtime.lm import HFLM, LeanLM

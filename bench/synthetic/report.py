@@ -28,7 +28,8 @@ class Measured:
     draft_s: float
     verify_s: float
     bookkeeping_s: float
-    host_s: float = 0.0              # the run's time outside its passes, prefill and transfers: the host alone (GPU idle)
+    host_s: float = 0.0              # the run's time outside its passes, prefill and transfers: the host alone
+                                     # (GPU idle)
     attempts: int = 1                # runs until the script's fixed point (1: the first run followed its script)
     fixed_point: bool = True         # the counted run followed its script (its acceptance is the requested one)
     identical_to_ar: bool | None = None
@@ -83,8 +84,8 @@ def render_markdown(res: dict) -> str:
              f"{meta['machine']['torch_threads']} threads; "
              f"{cfg['prompts']} prompts of {cfg['prompt_tokens']} tokens x {cfg['max_new_tokens']} new tokens; "
              f"gamma {cfg['gamma']}; requested acceptance {cfg['acceptance']:.2f}", "",
-             "| method | tokens/s | x AR (tok/s, 95% interval over prompts) | target passes | tokens/pass | acceptance | kept/drafted | rescued "
-             "| syncs/block | fixed point | peak memory (MiB) |",
+             "| method | tokens/s | x AR (tok/s, 95% interval over prompts) | target passes | tokens/pass | acceptance "
+             "| kept/drafted | rescued | syncs/block | fixed point | peak memory (MiB) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m, s in stats.items():
         peak = s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] else res["peak_memory"]["mib"]
@@ -116,10 +117,12 @@ def render_markdown(res: dict) -> str:
                          f"(engine's own count: {s['engine_host_syncs']}).")
     misses = {m: s["n"] - s["fixed_point"] for m, s in stats.items() if s["fixed_point"] < s["n"]}
     if misses:
-        lines.append(f"WARNING: {', '.join(f'{m} on {k} prompt(s)' for m, k in misses.items())} did not follow its script "
+        which = ", ".join(f"{m} on {k} prompt(s)" for m, k in misses.items())
+        lines.append(f"WARNING: {which} did not follow its script "
                      f"after {cfg['rehearsals']} reruns: acceptance there is below the requested one (in "
                      f"{rep.target} the target's top-1 changed with the composition of its verify pass).")
     o = res["outputs"]
     lines += [f"Peak memory: {res['peak_memory']['mib']:.0f} MiB ({res['peak_memory']['kind']}). Target outputs: "
-              f"{fmt(o['distinct_share'], none='-')} distinct-token share, longest run of one token {o['longest_run']}.", ""]
+              f"{fmt(o['distinct_share'], none='-')} distinct-token share, "
+              f"longest run of one token {o['longest_run']}.", ""]
     return "\n".join(lines)

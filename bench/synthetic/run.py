@@ -41,7 +41,8 @@ class SyntheticConfig:
     dtype: str = "auto"              # the target's representation; auto: bfloat16 on CUDA, float32 on the CPU
     draft_weights: str = "auto"        # auto / same: the target's (int8 on the CPU when the target is int8)
     draft_impl: str = "auto"         # lean (auto) or hf
-    engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA (csd.runtime.static)
+    engine: str = "auto"             # static (fixed shapes, CUDA graphs), eager, or auto: static on CUDA
+                                     # (csd.runtime.static)
     pass_lengths: tuple[int, ...] = PASS_LENGTHS   # tokens per target pass in the verify-time table
     reps: int = 3                    # timed repetitions per pass length (median)
     warmup: bool = True              # one short untimed generation per method first
@@ -277,7 +278,8 @@ def _run(cfg: SyntheticConfig, device: torch.device, out_dir, command: str, log)
                  "passed": all(r.identical_to_ar for r in sd) if target_rep == "float32" else None}
     results = _results(cfg, pair, records, costs, check, syncs, _peak_memory(device, records, table_peak),
                        {"command": command, "started_at": started, "build_s": build_s,
-                        "wall_s": time.perf_counter() - t_start, "representation": Representation(target_rep, draft_rep).as_dict()})
+                        "wall_s": time.perf_counter() - t_start,
+                        "representation": Representation(target_rep, draft_rep).as_dict()})
     if out_dir is not None:
         write_json(Path(out_dir) / "results.json", results)                  # makes the folder
         (Path(out_dir) / "results.md").write_text(render_markdown(results), encoding="utf-8")

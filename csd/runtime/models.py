@@ -147,8 +147,9 @@ class LoadOptions:
             raise ModelLoadError(f"unknown engine {self.engine!r}; choose {', '.join(ENGINES)}")
         engine = auto_engine(dev, self.device_map) if self.engine == "auto" else self.engine
         if engine in STATIC_ENGINES and (self.device_map is not None or int(self.static_capacity) < 64):
-            raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens"
-                                 if self.device_map is None else "the static engine runs on one device (no --device-map)")
+            if self.device_map is None:
+                raise ModelLoadError("the static engine runs on one device with a KV cache of at least 64 tokens")
+            raise ModelLoadError("the static engine runs on one device (no --device-map)")
         if self.dtype in (None, "auto"):
             dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if dev.type == "cuda" \
                 else profile.chosen_target_dtype()
@@ -159,12 +160,15 @@ class LoadOptions:
                                      (self.target_impl, TARGET_IMPLS, "target implementation")):
             if value not in choices:
                 raise ModelLoadError(f"unknown {what} {value!r}; choose {', '.join(choices)}")
-        if not (self.draft_vocab in ("auto", "full") or (str(self.draft_vocab).isdigit() and int(self.draft_vocab) > 0)):
+        if not (self.draft_vocab in ("auto", "full")
+                or (str(self.draft_vocab).isdigit() and int(self.draft_vocab) > 0)):
             raise ModelLoadError(f"--draft-vocab must be auto, full or a positive number, got {self.draft_vocab!r}")
         if self.activations not in INT8_ACTIVATIONS:
             raise ModelLoadError(f"int8 activations {self.activations!r}: choose {' or '.join(INT8_ACTIVATIONS)}")
-        draft_weights = (profile.chosen_draft_weights() if dev.type == "cpu" else "same") if self.draft_weights == "auto" \
-            else RETIRED_DRAFT_REPRS.get(self.draft_weights, self.draft_weights)
+        if self.draft_weights == "auto":
+            draft_weights = profile.chosen_draft_weights() if dev.type == "cpu" else "same"
+        else:
+            draft_weights = RETIRED_DRAFT_REPRS.get(self.draft_weights, self.draft_weights)
         if draft_weights in CPU_DRAFT_REPRS and dev.type != "cpu":
             raise ModelLoadError(f"draft dtype {draft_weights} runs on the CPU only")
         activations = "row" if self.activations == "auto" else self.activations    # exact rows by default
@@ -289,7 +293,8 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
         smoothed = {"alpha": smoothing.ALPHA, "prompts": digest(prompts)} if prompts else None
         shipped = shipped_maxima(ref.identity(), prompts) if prompts and ref.embedded else None
         lm = from_cache(ref, config, progress, key={"role": "target", "smoothing": smoothed},
-                        rows={"row": True, "pass": False}.get(o.activations, "auto"), smooth_prompts=prompts, maxima=shipped)
+                        rows={"row": True, "pass": False}.get(o.activations, "auto"),
+                        smooth_prompts=prompts, maxima=shipped)
         maxima = load_maxima(ref.int8_dir())
         t = Loaded(lm, loader=lambda: to_repr(ref.float_model(torch.float32, o.device), "int8", maxima=maxima),
                    smoothing=SMOOTHED if prompts else "")
@@ -306,8 +311,8 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
     return t
 
 
-def from_cache(ref: ModelRef, config, progress: Progress | None, suffix: str = "", *, key: dict, rows: bool | str = False,
-               **how) -> LeanLM:
+def from_cache(ref: ModelRef, config, progress: Progress | None, suffix: str = "", *, key: dict,
+               rows: bool | str = False, **how) -> LeanLM:
     """``ref``'s lean model mapped from its int8 cache (a 4-bit one's in the folder named ``-suffix``), converted
     once where the cache was made for another ``key`` (role and options; ``how``: ``convert``'s keywords)."""
     four = {"bits": "ort4", "ort_format": ORT_FORMAT} if how.get("bits") == "ort4" else {}

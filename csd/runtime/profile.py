@@ -207,7 +207,8 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
 
 
 def decoder(pair, costs=None, **kw) -> Decoder:
-    """A decoder on ``pair`` whose gamma auto plans with ``costs``, else this machine's (``cached_costs``, on first need)."""
+    """A decoder on ``pair`` whose gamma auto plans with ``costs``, else this machine's
+    (``cached_costs``, on first need)."""
     return Decoder(pair, costs=functools.partial(cached_costs, pair) if costs is None else costs, **kw)
 
 
