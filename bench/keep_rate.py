@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default="humaneval:8,gsm8k:8")
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="auto", help="the target's representation (auto: as prepare chose)")
     args = p.parse_args(argv)
     from csd.evaluation.datasets import validate_datasets
     from csd.runtime.models import DRAFT_DTYPES, load_pair
@@ -50,13 +51,16 @@ def main(argv=None) -> int:
     items = interleaved_items(validate_datasets(args.dataset), None, 0)     # the keep rate is a sum: any order
     out = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.keep_rate"),
            "items": len(items), "gamma": args.gamma, "runs": {}}
+    target = ""
     for dd in dtypes:
-        pair = load_pair(draft_weights=dd)
+        pair = load_pair(draft_weights=dd, dtype=args.dtype)
+        target = out["target"] = pair.rep.label
         out["runs"][pair.rep.draft] = keep_rates(pair, items, args.gamma, args.max_new_tokens)
         del pair
     rows = [[dd, *(fmt(x, ".3f") for x in r["rate"]), r["tokens_per_pass"]] for dd, r in out["runs"].items()]
     lines = [f"# The draft's keep rate by position: {out['machine']}", "",
-             f"{out['date']}; `{out['command']}`: greedy SD, gamma {args.gamma}, no copies, {len(items)} items; "
+             f"{out['date']}; `{out['command']}`: target {target}; greedy SD, gamma {args.gamma}, no copies, "
+             f"{len(items)} items; "
              "kept / decided at each draft position (a position is decided only where those before it were kept).",
              "", *md_table(["draft", *(f"pos {j + 1}" for j in range(args.gamma)), "tokens / pass"], rows)]
     write_outputs(args.out, "keep_rate", out, "\n".join(lines))

@@ -106,7 +106,7 @@ def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
 @pytest.mark.slow
 def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
     """The whole target (28 layers, the Q6_K output layer): a pass of 7 tokens, and passes of 3 + 4, give each token
-    the logits seven 1-token steps give it, bit for bit."""
+    the logits seven 1-token steps give it, bit for bit; so do two sequences' rows in one shared pass."""
     if kquant.kernel_missing():
         pytest.skip(kquant.kernel_missing())
     lm = kquant.lean_from_gguf(target_file.path)
@@ -120,6 +120,16 @@ def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
     steps = torch.cat([lm.forward(cache, [t], 1) for t in toks])
     assert torch.equal(whole, steps)
     assert torch.equal(split, steps)
+    assert lm._records is not None          # the layers ran in the kernel's kq_layer
+    # runs that decode together (a class sharing passes): each sequence's rows as it gets them alone
+    lm.crop(cache, 60)
+    other = lm.new_cache(256)
+    lm.forward(other, list(range(300, 330)), 1)
+    together = lm.forward_many([cache, other], [toks[:4], toks[2:4]], [4, 2])
+    lm.crop(cache, 60)
+    lm.crop(other, 30)
+    assert torch.equal(together[0], steps[:4])
+    assert torch.equal(together[1], torch.cat([lm.forward(other, [t], 1) for t in toks[2:4]]))
 
 
 @pytest.mark.slow

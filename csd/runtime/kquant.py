@@ -72,6 +72,9 @@ def library(portable: bool = False):
         lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, p, i64, p, i64, i32]
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
         lib.kq_attend.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
+        lib.kq_layer.argtypes = [p, i64, i64, p, i64, i64, i64, i64, i32, p, p, p, p, p, i64, p, ctypes.c_float,
+                                 ctypes.c_float, i32]
+        lib.kq_layer.restype = None
         lib.kq_linear.restype = None
         _libs[portable] = lib
         return lib
@@ -240,6 +243,13 @@ class _Part(ctypes.Structure):
                 ("dmin", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
+class _LayerWeights(ctypes.Structure):
+    """``kq_layer_w`` of kernels/kquant.c: a decoder layer's norms and fused products, by address."""
+    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p),
+                ("gu", ctypes.c_void_p), ("down", ctypes.c_void_p), ("n_qkv", ctypes.c_int32), ("n_o", ctypes.c_int32),
+                ("n_gu", ctypes.c_int32), ("n_down", ctypes.c_int32)]
+
+
 class KQuantLinear(torch.nn.Module):
     """``y = x @ W.T + bias`` with W the rows of one or more GGUF matrices (fused q/k/v, gate/up), each held
     as the file's own Q4_K or Q6_K blocks. The activations are quantised once for all of them."""
@@ -307,6 +317,54 @@ def _kquant_lm_class():
         the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
 
         impl = "kquant"
+
+        def layer_records(self) -> None:
+            """Each layer's weights as one record the kernel's ``kq_layer`` reads (made once)."""
+            self._records = []
+            for ln1, qkv, o, ln2, gu, down in self.layers:
+                mods = (qkv, o, gu, down)
+                if not all(isinstance(m, KQuantLinear) and m.padded == m.out_features for m in mods):
+                    self._records = None
+                    return
+                self._records.append(_LayerWeights(
+                    ln1.data_ptr(), ln2.data_ptr(), *(ctypes.addressof(m._parts) for m in mods),
+                    *(len(m.parts) for m in mods)))
+            self._inv_freq = self.inv_freq.to(torch.float32).contiguous()
+
+        @torch.inference_mode()
+        def forward_many(self, caches: list, ids: list, keeps: list[int]) -> list[torch.Tensor]:
+            """Every decoder layer in one kernel call (``kq_layer``): the rows of all sequences together in the
+            products, each sequence's own positions, cache and attention."""
+            if getattr(self, "_records", None) is None:
+                return super().forward_many(caches, ids, keeps)
+            from ..protocols import ids_tensor
+            ids = [ids_tensor(i, self._device) for i in ids]
+            lens = [int(i.numel()) for i in ids]
+            starts = [c.n for c in caches]
+            for c, s, t in zip(caches, starts, lens):
+                self._grow(c, s + t)
+            x = self.embed[torch.cat(ids)].to(torch.float32).contiguous()            # (T, hidden)
+            n = len(caches)
+            offs = [0]
+            for t in lens:
+                offs.append(offs[-1] + t)
+            i64 = ctypes.c_int64
+            off, start = (i64 * (n + 1))(*offs), (i64 * n)(*starts)
+            cap = (i64 * n)(*(c.k.shape[2] for c in caches))
+            kb = (ctypes.c_void_p * n)(*(c.k.data_ptr() for c in caches))
+            vb = (ctypes.c_void_p * n)(*(c.v.data_ptr() for c in caches))
+            lib, threads = library(), torch.get_num_threads()
+            for li, rec in enumerate(self._records):
+                lib.kq_layer(x.data_ptr(), offs[-1], x.shape[1], ctypes.byref(rec), self.n_heads, self.n_kv,
+                             self.head_dim, self.inter, n, off, start, kb, vb, cap, li, self._inv_freq.data_ptr(),
+                             self.eps, self.scaling, threads)
+            for c, s, t in zip(caches, starts, lens):
+                c.n = s + t
+            x = x[None]
+            if n == 1:
+                return [self.logits(x, keeps[0])]
+            rows = torch.cat([torch.arange(b - k, b, device=self._device) for b, k in zip(offs[1:], keeps)])
+            return list(self.logits(x[:, rows], len(rows)).split(keeps))
 
         def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
             _, h, t, d = q.shape
@@ -380,5 +438,6 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
     embed = QuantisedRows(torch.from_numpy(np.array(f.raw("token_embd.weight"))),
                           gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])
     lm = _kquant_lm_class().from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
+    lm.layer_records()
     lm.per_row = True          # rows exact end to end (the attention is one query at a time whatever per_row says)
     return lm

@@ -405,3 +405,82 @@ void kq_attend(const float *q, const float *k, const float *v, float *out, int64
         free(w);
     }
 }
+
+/* ---- a whole decoder layer (Qwen2 / Llama), for one or more sequences in one pass ----------------------
+ * x (T, hidden) is updated in place: x += o(attention(rope(qkv(rms(x))))); x += down(silu(gate) * up) of
+ * rms(x). Every step is per row (per token) in a fixed order, the products and the attention as above, so a
+ * token's row does not depend on the others in the pass. Sequence s holds rows off[s] .. off[s + 1] - 1 at
+ * positions start[s] ..., its keys and values written into its own cache (KV, cap[s], D) for this layer. */
+typedef struct {
+    const float *ln1, *ln2;
+    const kq_part *qkv, *o, *gu, *down;
+    int32_t n_qkv, n_o, n_gu, n_down;
+} kq_layer_w;
+
+static void rms_rows(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++) y[t * n + i] = xr[i] * inv * w[i];
+    }
+}
+
+void kq_layer(float *x, int64_t T, int64_t hidden, const kq_layer_w *lw, int64_t H, int64_t KV, int64_t D,
+              int64_t inter, int nseq, const int64_t *off, const int64_t *start, float *const *kbase,
+              float *const *vbase, const int64_t *cap, int64_t layer, const float *inv_freq, float eps, float scale,
+              int nthreads) {
+    int64_t qs = H * D, ks = KV * D, width = qs + 2 * ks;
+    float *kc[nseq], *vc[nseq];             /* this layer's block of each sequence's cache (layers, KV, cap, D) */
+    for (int s = 0; s < nseq; s++) {
+        kc[s] = kbase[s] + layer * KV * cap[s] * D;
+        vc[s] = vbase[s] + layer * KV * cap[s] * D;
+    }
+    float *h = (float *)malloc(sizeof(float) * (size_t)(T * (hidden > 2 * inter ? hidden : 2 * inter)));
+    float *qkv = (float *)malloc(sizeof(float) * (size_t)(T * width));
+    float *q = (float *)malloc(sizeof(float) * (size_t)(T * qs));
+    float *att = (float *)malloc(sizeof(float) * (size_t)(T * qs));
+    float *g = (float *)malloc(sizeof(float) * (size_t)(T * inter));
+    /* attention block */
+    rms_rows(x, lw->ln1, h, T, hidden, eps);
+    kq_linear(h, T, hidden, lw->qkv, lw->n_qkv, qkv, width, nthreads);
+    for (int s = 0; s < nseq; s++) {
+        for (int64_t t = off[s]; t < off[s + 1]; t++) {
+            int64_t pos = start[s] + t - off[s];
+            float *row = qkv + t * width;
+            for (int64_t head = 0; head < H + KV; head++) {       /* queries and keys rotated (NEOX halves) */
+                float *v = row + head * D;
+                for (int64_t i = 0; i < D / 2; i++) {
+                    float f = (float)pos * inv_freq[i], c = cosf(f), sn = sinf(f);
+                    float a = v[i], b = v[i + D / 2];
+                    v[i] = a * c - b * sn;
+                    v[i + D / 2] = b * c + a * sn;
+                }
+            }
+            for (int64_t kh = 0; kh < KV; kh++) {
+                memcpy(kc[s] + (kh * cap[s] + pos) * D, row + qs + kh * D, sizeof(float) * (size_t)D);
+                memcpy(vc[s] + (kh * cap[s] + pos) * D, row + qs + ks + kh * D, sizeof(float) * (size_t)D);
+            }
+        }
+        int64_t n = off[s + 1] - off[s];
+        for (int64_t head = 0; head < H; head++)                    /* (H, n, D) for kq_attend */
+            for (int64_t t = 0; t < n; t++)
+                memcpy(q + (head * n + t) * D, qkv + (off[s] + t) * width + head * D, sizeof(float) * (size_t)D);
+        kq_attend(q, kc[s], vc[s], att + off[s] * qs, H, KV, n, D, cap[s], start[s], scale, nthreads);
+    }
+    kq_linear(att, T, qs, lw->o, lw->n_o, h, hidden, nthreads);
+    for (int64_t i = 0; i < T * hidden; i++) x[i] += h[i];
+    /* feed-forward block */
+    rms_rows(x, lw->ln2, h, T, hidden, eps);
+    float *gu = (float *)malloc(sizeof(float) * (size_t)(T * 2 * inter));
+    kq_linear(h, T, hidden, lw->gu, lw->n_gu, gu, 2 * inter, nthreads);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < inter; i++) {
+            float a = gu[t * 2 * inter + i], b = gu[t * 2 * inter + inter + i];
+            g[t * inter + i] = a / (1.f + expf(-a)) * b;
+        }
+    kq_linear(g, T, inter, lw->down, lw->n_down, h, hidden, nthreads);
+    for (int64_t i = 0; i < T * hidden; i++) x[i] += h[i];
+    free(h); free(qkv); free(q); free(att); free(g); free(gu);
+}
