@@ -18,7 +18,7 @@ def activation_mode(mode: str) -> str:
 
 @dataclass(frozen=True)
 class Representation:
-    target: str                 # the target's weights: "int8", "float32", "bfloat16" or "float16"
+    target: str                 # the target's weights: "gguf", "int8", "float32", "bfloat16", "float16" or "ov4"
     draft: str = ""             # the draft's: "int8", "int4", "float32", ... ("" where no draft is loaded)
     activations: str = ""       # an int8 target's activation scales, one of ACTIVATIONS ("" for the others)
 
@@ -29,7 +29,8 @@ class Representation:
     @property
     def exact_rows(self) -> bool:
         """Each token's row of a verify pass computed as if alone: greedy SD writes AR's answer."""
-        return self.target == "float32" or (self.target == "int8" and self.activations == "row")
+        exact_by_construction = ("float32", "gguf")      # gguf: csd.runtime.kquant computes each row on its own
+        return self.target in exact_by_construction or (self.target == "int8" and self.activations == "row")
 
     @property
     def label(self) -> str:

@@ -14,7 +14,8 @@ def test_the_label_names_an_int8_targets_scales_and_only_its():
     assert Representation("bfloat16").with_activations("row").activations == ""
     assert [r.exact_rows for r in (Representation("int8", activations="row"),
                                    Representation("int8", activations="pass"),
-                                   Representation("float32"), Representation("bfloat16"))] == [True, False, True, False]
+                                   Representation("float32"), Representation("bfloat16"),
+                                   Representation("gguf"))] == [True, False, True, False, True]
     with pytest.raises(ValueError, match="choose row or pass"):
         Representation("int8", activations="token")
     with pytest.raises(ValueError, match="choose row or pass"):
