@@ -111,10 +111,12 @@ def main(argv=None) -> int:
             gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
     res["ours"] = ours(args.dataset, args.tokens, out / "ours")
-    also = [r for r in args.also_dtype.split(",") if r]
+    default = Representation.of(res["ours"]["meta"]).target
+    also = [r for r in args.also_dtype.split(",") if r and r != default]     # the defaults' own ran above
     res["also"] = {r: ours(args.dataset, args.tokens, out / f"ours-{r}", "--dtype", r) for r in also}
-    if also:
-        res["passes"] = target_passes(also)
+    timed = [default, *also]
+    if len(timed) > 1:
+        res["passes"] = target_passes(timed)
     write_outputs(out, "side", res, table(res))
     return 0
 
