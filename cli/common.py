@@ -42,8 +42,9 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                         "int8, ov4, or a float dtype; auto: on the CPU whichever of gguf and int8 `python -m csd "
                         "prepare` measured faster here (int8 until it has), bfloat16 on CUDA")
     p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
-                   help="the draft's weights (auto: on the CPU int8 or ort4, whichever prepare timed faster here, the "
-                        "target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; int4 now runs ort4)")
+                   help="the draft's weights (auto: on the CPU int8, ort4 or gguf, whichever prepare timed faster "
+                        "here, the target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; gguf: its GGUF "
+                        "file's own blocks; int4 now runs ort4)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
                    help="the draft's forward pass: lean (fused, Llama-family), hf, auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
@@ -108,14 +109,14 @@ def app_solo_draft(args, asked: str, pair, progress=None):
 
 def choose_draft(args, progress=None) -> None:
     """``--draft-dtype auto`` on the CPU for the embedded draft: where this machine has not yet measured
-    whether the draft runs faster in int8 or ort4, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
+    whether the draft runs faster in int8, ort4 or on its GGUF blocks, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import draft_choice_file
     if args.draft_weights != "auto" or args.draft != "embedded" or resolve_device(args.device).type != "cpu" \
             or draft_choice_file().exists():
         return
     from csd.runtime.profile import choose_draft_weights
-    print("CSD Explorer: timing the draft in int8 and ort4 once…", file=sys.stderr, flush=True)
+    print("CSD Explorer: timing the draft in int8, ort4 and on its GGUF blocks once…", file=sys.stderr, flush=True)
     options = load_options(args)
 
     def draft_lm(r):

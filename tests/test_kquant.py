@@ -82,13 +82,47 @@ def test_fused_matrices_of_two_types_and_a_bias(target_file):
     assert torch.equal(y[0], alone)
 
 
-def test_what_the_kernel_cannot_read_is_refused_by_name(draft_file):
-    why = kquant.gguf_refusal(draft_file)            # the embedded draft holds Q5_0 and Q8_0 matrices
-    assert why is not None and "tensor " in why and ("Q5_0" in why or "Q8_0" in why)
+def test_what_the_kernel_cannot_read_is_refused_by_name(tmp_path):
+    import gguf
+    from gguf.quants import quantize
+    w = gguf.GGUFWriter(tmp_path / "q4_0.gguf", "qwen2")          # a qwen2 file with a Q4_0 matrix
+    w.add_tensor("token_embd.weight", np.zeros((8, 256), np.float32))
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    w.add_tensor("blk.0.attn_q.weight", quantize(np.random.rand(16, 256).astype(np.float32), q4_0), raw_dtype=q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    why = kquant.gguf_refusal(GGUFFile(tmp_path / "q4_0.gguf"))
+    assert why is not None and "blk.0.attn_q.weight is Q4_0" in why and "Q4_K" in why
+    with pytest.raises(ModelLoadError, match="Q4_0"):
+        kquant.lean_from_gguf(tmp_path / "q4_0.gguf")
     with pytest.raises(ValueError, match="Q4_K"):
-        kquant.KQuantPart(8, np.zeros((16, 34 * 6), np.uint8), 192)            # ggml type 8 is Q8_0
+        kquant.KQuantPart(2, np.zeros((16, 18 * 8), np.uint8), 256)            # ggml type 2 is Q4_0
     with pytest.raises(ValueError, match="256"):
         kquant.KQuantPart(kquant.Q4_K, np.zeros((16, 144), np.uint8), 200)
+
+
+DRAFT_NAMES = {"Q5_0": "blk.0.attn_q.weight", "Q8_0": "blk.0.attn_v.weight"}    # the embedded draft's other types
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("kind", sorted(DRAFT_NAMES))
+def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind, portable):
+    name = DRAFT_NAMES[kind]
+    t = draft_file.tensors[name]
+    assert kquant.KNOWN[t.qtype] == kind
+    raw = np.asarray(draft_file.raw(name)[:48])
+    ref_w = draft_file.dequantize(name, slice(0, 48))
+    assert np.array_equal(kquant.b32_dequantize(t.qtype, kquant.b32_unpack(t.qtype, raw)), ref_w)
+    lin = kquant.KQuantLinear([kquant.KQuantPart(t.qtype, raw, t.shape[1])], portable=portable)
+    torch.manual_seed(1)
+    x = torch.randn(9, t.shape[1]) * torch.logspace(-2, 2, 9)[:, None]
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(9)])
+    for m in (2, 4, 5, 9):
+        assert torch.equal(lin(x[:m]), alone[:m]), m
+    ref = x @ torch.from_numpy(ref_w).T
+    assert float(((alone - ref).norm(dim=1) / ref.norm(dim=1)).max()) < 0.03
 
 
 def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
@@ -134,8 +168,8 @@ def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
 
 @pytest.mark.slow
 def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
-    """``--draft PATH.gguf --target PATH.gguf`` on the embedded pair's own files handed over as paths: the target on
-    its blocks writes the embedded run's answer, greedy SD writes AR's; a file of an unknown architecture is refused
+    """``--draft PATH.gguf --target PATH.gguf`` on the embedded pair's own files handed over as paths, both on their
+    own blocks: the target writes the embedded run's answer, greedy SD writes AR's; a file of an unknown architecture is refused
     by name (a pair whose tokenizers differ is refused by ``load_tokenizer``, tests/test_errors.py)."""
     import json
     import subprocess
@@ -151,7 +185,7 @@ def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
     def generate(method: str, *models: str) -> dict:
         r = subprocess.run([sys.executable, "-m", "csd", "generate", "--prompt", "Write a Python function that adds "
                             "two numbers.", "--method", method, "--max-new-tokens", "16", "--dtype", "gguf", "--json",
-                            "--no-db", "--draft-dtype", "int8", *models], capture_output=True, text=True, timeout=900)
+                            "--no-db", "--draft-dtype", "gguf", *models], capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout)
 

@@ -21,8 +21,9 @@ import torch
 
 QK = 256
 TILE = 16
-Q4_K, Q6_K = 12, 14                 # ggml's type numbers
-KNOWN = {Q4_K: "Q4_K", Q6_K: "Q6_K"}
+Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14                 # ggml's type numbers
+KNOWN = {Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+BLOCK = {Q5_0: 32, Q8_0: 32, Q4_K: QK, Q6_K: QK}        # columns a row's blocks come in
 SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
 
 
@@ -203,8 +204,54 @@ def q6k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
             "d": torch.from_numpy(d.view(np.int16))}
 
 
+def b32_unpack(qtype: int, raw: np.ndarray) -> dict[str, np.ndarray]:
+    """A Q5_0 or Q8_0 tensor's bytes as u = q + offset (N, K) and d (N, K/32) float16: w = d * (u - offset), the
+    offset 16 for Q5_0 and 128 for Q8_0."""
+    n = raw.shape[0]
+    if qtype == Q8_0:
+        blk = raw.reshape(n, -1, 34)
+        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
+        u = (blk[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    else:
+        blk = raw.reshape(n, -1, 22)
+        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
+        qh = blk[..., 2:6].copy().view(np.uint32)[..., 0]
+        qs = blk[..., 6:22]
+        hi = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)      # (n, nb, 32)
+        u = np.concatenate([qs & 15, qs >> 4], axis=-1) | (hi << 4)
+    return {"u": u.reshape(n, -1), "d": d}
+
+
+def b32_dequantize(qtype: int, p: dict[str, np.ndarray]) -> np.ndarray:
+    n, k = p["u"].shape
+    off = 128 if qtype == Q8_0 else 16
+    u = p["u"].reshape(n, k // 32, 32).astype(np.float32) - off
+    return (u * p["d"].astype(np.float32)[..., None]).reshape(n, k)
+
+
+def b32_pack(qtype: int, raw: np.ndarray) -> dict[str, torch.Tensor]:
+    """The kernel's layout of a Q5_0 or Q8_0 tensor: Q8_0 a byte a weight; Q5_0 its low 4 bits two to a byte and
+    its 5th bits as one 64-bit mask per 4 columns of a tile (kernels/kquant.c)."""
+    n = raw.shape[0]
+    un = b32_unpack(qtype, np.asarray(raw))
+    nb = un["d"].shape[1]
+    u = un["u"].reshape(n, nb, 32)
+    d = np.ascontiguousarray(_tiles(un["d"]).transpose(0, 2, 1))                       # (T, nb, 16)
+    out = {"d": torch.from_numpy(d.view(np.int16))}
+    if qtype == Q8_0:
+        qw = _tiles(u.reshape(n, nb, 8, 4)).transpose(0, 2, 3, 1, 4)                  # (T, nb, i, 16, b)
+        out["qw"] = torch.from_numpy(np.ascontiguousarray(qw))
+        return out
+    lo4, hi = (u & 15).reshape(n, nb, 2, 4, 4), (u >> 4).reshape(n, nb, 8, 4)
+    nib = (lo4[:, :, 0] | (lo4[:, :, 1] << 4)).astype(np.uint8)                        # (n, nb, i, b)
+    out["qw"] = torch.from_numpy(np.ascontiguousarray(_tiles(nib).transpose(0, 2, 3, 1, 4)))
+    bits = np.ascontiguousarray(_tiles(hi).transpose(0, 2, 3, 1, 4)).reshape(-1, nb, 8, 64)   # (T, nb, j, 16 x 4)
+    out["m"] = torch.from_numpy(np.packbits(bits, axis=-1, bitorder="little"))        # (T, nb, j, 8 bytes)
+    return out
+
+
 # -- the product ------------------------------------------------------------------------------------
-PACK = {Q4_K: q4k_pack, Q6_K: q6k_pack}
+PACK = {Q4_K: q4k_pack, Q6_K: q6k_pack, Q5_0: lambda raw: b32_pack(Q5_0, raw), Q8_0: lambda raw: b32_pack(Q8_0, raw)}
 
 
 class KQuantPart:
@@ -213,8 +260,8 @@ class KQuantPart:
     def __init__(self, qtype: int, raw: np.ndarray, in_features: int):
         if qtype not in PACK:
             raise ValueError(f"the k-quant kernel takes {', '.join(KNOWN.values())}, not ggml type {qtype}")
-        if in_features % QK:
-            raise ValueError(f"k-quant rows hold whole blocks of {QK} values, not {in_features}")
+        if in_features % BLOCK[qtype]:
+            raise ValueError(f"{KNOWN[qtype]} rows hold whole blocks of {BLOCK[qtype]} values, not {in_features}")
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
         self.packed = PACK[qtype](np.asarray(raw))
         self.padded = self.out_features + (-self.out_features % TILE)
@@ -258,6 +305,8 @@ class KQuantLinear(torch.nn.Module):
         super().__init__()
         if len({p.in_features for p in parts}) != 1:
             raise ValueError("fused k-quant matrices must take the same input width")
+        if len({BLOCK[p.qtype] for p in parts}) != 1:
+            raise ValueError("fused matrices must share a block family (Q4_K/Q6_K, or Q5_0/Q8_0)")
         self.parts, self.bias = parts, bias
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
@@ -274,7 +323,8 @@ class KQuantLinear(torch.nn.Module):
                 b[:p.out_features] = biases[i]
                 self._biases.append(b)
             k = p.packed
-            self._parts[i] = _Part(p.qtype, p.padded, col, k["qw"].data_ptr(), k["sc"].data_ptr(),
+            self._parts[i] = _Part(p.qtype, p.padded, col, k["qw"].data_ptr(),
+                                   k["sc"].data_ptr() if "sc" in k else None,
                                    k["m"].data_ptr() if "m" in k else None, k["d"].data_ptr(),
                                    k["dmin"].data_ptr() if "dmin" in k else None,
                                    b.data_ptr() if b is not None else None)
@@ -394,8 +444,8 @@ def gguf_refusal(f) -> str | None:
 
 
 def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
-    """The decoder of a GGUF file as a ``LeanLM`` whose products run on the file's own blocks."""
-    from .convert import QuantisedRows
+    """The decoder of a GGUF file as a ``LeanLM`` whose products run on the file's own blocks; ``vocab_ids``: the
+    output rows kept (a draft's reduced vocabulary)."""
     from .embedded import gguf_config
     from .ggufile import GGUFFile
     from .pair import ModelLoadError
@@ -420,6 +470,16 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
         sizes = [f.tensors[n.replace(".bias", ".weight")].shape[0] for n in names]
         return torch.cat([b if b is not None else torch.zeros(s) for b, s in zip(got, sizes)])
 
+    try:
+        return _decoder(f, config, part, floats, biases, vocab_ids)
+    except ValueError as e:       # a fused product of two block families, a row that is no whole number of blocks
+        raise ModelLoadError(f"{f.path.name}: {e}") from None
+
+
+def _decoder(f, config, part, floats, biases, vocab_ids):
+    import gguf
+
+    from .convert import QuantisedRows
     layers = []
     for i in range(config.num_hidden_layers):
         b = f"blk.{i}."
@@ -433,7 +493,6 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
     head_name = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
     rows = None if vocab_ids is None else vocab_ids.numpy()
     head = KQuantLinear([part(head_name, rows)])
-    import gguf
     emb = f.tensors["token_embd.weight"]
     embed = QuantisedRows(torch.from_numpy(np.array(f.raw("token_embd.weight"))),
                           gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])

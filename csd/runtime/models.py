@@ -39,7 +39,7 @@ from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, dra
 log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
-DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4")
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4", "gguf")
 DRAFT_IMPLS = TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
 
@@ -349,6 +349,18 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
     if d_repr == "ort4" and (why or o.draft_impl == "hf" or ort_missing()):
         log.warning("the draft cannot run on ONNX Runtime here (%s): int8 runs instead",
                     ort_missing() or why or "the transformers path has no ONNX Runtime layers")
+        d_repr = "int8"
+    if d_repr == "gguf":
+        gguf_why = why or kquant.kernel_missing() or (None if (ref.embedded or ref.gguf) else
+                                                     f"{ref.disp!r} is not a GGUF file")
+        if gguf_why is None and lean:
+            with ref.gguf_file(progress) as path:
+                if progress:
+                    progress(f"reading {ref.disp}'s blocks", 0.5)
+                lm = kquant.lean_from_gguf(path, vocab_ids)
+            return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr="gguf")
+        log.warning("the draft cannot run on its GGUF blocks here (%s): int8 runs instead",
+                    gguf_why or "the transformers path was asked for")
         d_repr = "int8"
     if lean and int8:           # int8 and ort4 run on the CPU only (LoadOptions.validated)
         bits = "ort4" if d_repr == "ort4" else 8

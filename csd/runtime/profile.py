@@ -227,6 +227,7 @@ def draft_options(draft_fp32: torch.nn.Module, vocab_ids: torch.Tensor | None, r
 def draft_choice_file() -> Path:
     """Where ``python -m csd prepare`` records which CPU draft representation ran faster on this machine."""
     key = {"machine": machine_name("cpu"), "torch": torch.__version__, "engine": engine_revision(),
+           "drafts": CPU_DRAFT_REPRS,
            **({"onnxruntime": v} if (v := ort_version()) else {})}
     return _cache_file("draft-repr", key)
 
@@ -242,10 +243,13 @@ def chosen_draft_weights() -> str:
 
 
 def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
-    """Time the draft's one-token step in int8 and ort4 here, alternating (``load_draft_lm(repr)``: the draft's
-    ``LM``, None where it fell back), and record the fastest for ``--draft-dtype auto``; a 4-bit one only where it
-    is at least ``INT4_MARGIN`` faster than int8, since it may keep fewer tokens. Returns what was written."""
+    """Time the draft's one-token step in int8, ort4 and on its GGUF blocks here, alternating (``load_draft_lm(repr)``:
+    the draft's ``LM``, None where it fell back), and record the fastest for ``--draft-dtype auto``; another than int8
+    only where it is at least ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
+    from .kquant import kernel_missing
     missing = {"ort4": why} if (why := ort_missing()) else {}
+    if why := kernel_missing():
+        missing["gguf"] = why
     lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
     times = time_interleaved(lms, 3 * reps)
     ms = {r: t["wall_ms"] for r, t in times.items()}

@@ -16,7 +16,8 @@ from ..representation import ACTIVATIONS
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_DRAFT_REPRS = ("int8", "ort4")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm)
+CPU_DRAFT_REPRS = ("int8", "ort4", "gguf")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm; gguf: its
+                                               # GGUF file's own blocks, csd.runtime.kquant)
 RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
 # gguf: the GGUF file's own Q4_K / Q6_K blocks (csd.runtime.kquant); ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "gguf", "ov4")

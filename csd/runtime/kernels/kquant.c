@@ -64,30 +64,36 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* x (R, K) float -> q (R, K) int8, scale (R, K/256), sums of 16 columns (R, K/16) and of 32 (R, K/32). */
-void kq_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *scale, int32_t *s16, int32_t *s32) {
-    int64_t nsb = K / QK;
+/* x (R, K) float -> q (R, K) int8 with one scale per ``qb`` columns (R, K/qb): 256 for the k-quants, as
+ * llama.cpp's Q8_K, 32 for Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32). */
+void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t *q, float *scale, int32_t *s16,
+                        int32_t *s32) {
+    int64_t nb = K / qb;
     for (int64_t r = 0; r < R; r++) {
-        for (int64_t b = 0; b < nsb; b++) {
-            const float *xb = x + r * K + b * QK;
-            int8_t *qb = q + r * K + b * QK;
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * K + b * qb;
+            int8_t *qr = q + r * K + b * qb;
             float amax = 0.f;
-            for (int k = 0; k < QK; k++) amax = fmaxf(amax, fabsf(xb[k]));
+            for (int64_t k = 0; k < qb; k++) amax = fmaxf(amax, fabsf(xb[k]));
             float iscale = amax > 0.f ? 127.f / amax : 0.f;
-            scale[r * nsb + b] = amax / 127.f;
-            for (int k = 0; k < QK; k++) {
+            scale[r * nb + b] = amax / 127.f;
+            for (int64_t k = 0; k < qb; k++) {
                 float v = nearbyintf(xb[k] * iscale);
-                qb[k] = (int8_t)(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
+                qr[k] = (int8_t)(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
             }
-            for (int g = 0; g < QK / 16; g++) {
-                int32_t s = 0;
-                for (int k = 0; k < 16; k++) s += qb[16 * g + k];
-                s16[r * (K / 16) + b * 16 + g] = s;
-            }
-            for (int g = 0; g < QK / 32; g++)
-                s32[r * (K / 32) + b * 8 + g] = s16[r * (K / 16) + b * 16 + 2 * g] + s16[r * (K / 16) + b * 16 + 2 * g + 1];
         }
+        for (int64_t g = 0; g < K / 16; g++) {
+            int32_t s = 0;
+            for (int k = 0; k < 16; k++) s += q[r * K + 16 * g + k];
+            s16[r * (K / 16) + g] = s;
+        }
+        for (int64_t g = 0; g < K / 32; g++)
+            s32[r * (K / 32) + g] = s16[r * (K / 16) + 2 * g] + s16[r * (K / 16) + 2 * g + 1];
     }
+}
+
+void kq_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *scale, int32_t *s16, int32_t *s32) {
+    kq_quantize_blocks(x, R, K, QK, q, scale, s16, s32);
 }
 
 static int threads_for(int nt, int64_t tiles) {
@@ -307,6 +313,80 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
 #endif
 }
 
+
+/* ---- Q5_0 and Q8_0: blocks of 32 columns, one f16 scale each -------------------------------------------
+ *   Q8_0  qw[tile][block][i][16 rows][4 bytes] = q + 128 (0..255), column 4i + b; w = d * q.
+ *   Q5_0  lo[tile][block][i < 4][16 rows][4 bytes]: the low 4 bits of column 4i + b (low nibble) and of column
+ *         16 + 4i + b (high nibble); hi[tile][block][j][64 bits]: the 5th bit of column 4j + b of row n at bit
+ *         4n + b; u = q + 16 (0..31); w = d * (u - 16).
+ *   d[tile][block][16] (f16). The activations: one scale per 32 columns (llama.cpp's Q8_0). */
+static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, const uint8_t *qw, const uint8_t *hb,
+                     const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s32, float *y,
+                     int64_t ldy) {
+    const int off = qtype == 8 ? 128 : 16;
+    const int64_t wbytes = qtype == 8 ? 512 : 256;
+#if defined(KQ_AVX512)
+    const __m512i low = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+        const int NR = (int)(R - r0 < 4 ? R - r0 : 4);
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b < nblk; b++) {
+            const int64_t tb = t * nblk + b;
+            const uint8_t *w = qw + tb * wbytes;
+            __m512i p[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+            for (int i = 0; i < 8; i++) {
+                __m512i u;
+                if (qtype == 8) {
+                    u = _mm512_loadu_si512((const void *)(w + i * 64));
+                } else {
+                    __m512i nib = _mm512_loadu_si512((const void *)(w + (i & 3) * 64));
+                    __m512i lo4 = _mm512_and_si512(i < 4 ? nib : _mm512_srli_epi16(nib, 4), low);
+                    uint64_t bits;
+                    memcpy(&bits, hb + tb * 64 + i * 8, 8);
+                    u = _mm512_or_si512(lo4, _mm512_maskz_mov_epi8((__mmask64)bits, five));
+                }
+                for (int r = 0; r < NR; r++) p[r] = dot4(p[r], u, q + (r0 + r) * K + b * 32 + 4 * i);
+            }
+            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
+            for (int r = 0; r < NR; r++) {
+                __m512i tot = _mm512_sub_epi32(p[r], _mm512_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dv, _mm512_set1_ps(
+                    ascale[(r0 + r) * nblk + b])), acc[r]);
+            }
+        }
+        for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, acc[r]);
+    }
+#else
+    for (int64_t r = 0; r < R; r++) {
+        float acc[16] = {0};
+        for (int64_t b = 0; b < nblk; b++) {
+            const int64_t tb = t * nblk + b;
+            const uint8_t *w = qw + tb * wbytes;
+            const int8_t *xb = q + r * K + b * 32;
+            for (int n = 0; n < 16; n++) {
+                int32_t p = 0;
+                for (int i = 0; i < 8; i++)
+                    for (int e = 0; e < 4; e++) {
+                        int u;
+                        if (qtype == 8) u = w[i * 64 + n * 4 + e];
+                        else {
+                            uint8_t nib = w[(i & 3) * 64 + n * 4 + e];
+                            uint64_t bits;
+                            memcpy(&bits, hb + tb * 64 + i * 8, 8);
+                            u = ((i < 4 ? nib : nib >> 4) & 15) | (int)(((bits >> (4 * n + e)) & 1) << 4);
+                        }
+                        p += u * xb[4 * i + e];
+                    }
+                float dn = f16_to_f32(d[tb * 16 + n]) * ascale[r * nblk + b];
+                acc[n] = fmaf((float)(p - off * s32[r * (K / 32) + b]), dn, acc[n]);
+            }
+        }
+        memcpy(y + r * ldy + t * 16, acc, sizeof acc);
+    }
+#endif
+}
+
 void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R, int64_t K,
             const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, int64_t N, float *y,
             int64_t ldy, int nthreads) {
@@ -319,22 +399,23 @@ void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R,
 
 /* ---- one call a fused product: activations quantised once, every part's tiles in one parallel loop ---- */
 typedef struct {
-    int32_t qtype;              /* 12: Q4_K, 14: Q6_K (ggml's numbers) */
+    int32_t qtype;              /* ggml's numbers: 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K */
     int64_t n;                  /* output rows, a multiple of 16 */
     int64_t col;                /* its first column in y */
-    const void *qw, *sc, *mn, *d, *dmin;   /* Q6_K: qw its low 4 bits, mn its top 2 */
+    const void *qw, *sc, *mn, *d, *dmin;   /* Q6_K: qw its low 4 bits, mn its top 2; Q5_0: mn its 5th bits */
     const float *bias;          /* n values or NULL */
 } kq_part;
 
 void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int nparts, float *y, int64_t ldy,
                int nthreads) {
-    int64_t nsb = K / QK, tiles = 0;
+    const int kquant = parts[0].qtype == 12 || parts[0].qtype == 14;    /* a product's parts share one family */
+    int64_t qb = kquant ? QK : 32, nsb = K / QK, tiles = 0;
     for (int i = 0; i < nparts; i++) tiles += parts[i].n / 16;
     int8_t *q = (int8_t *)malloc((size_t)(R * K));
-    float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * nsb));
+    float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * (K / qb)));
     int32_t *s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 16)));
     int32_t *s32 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 32)));
-    kq_quantize(x, R, K, q, ascale, s16, s32);
+    kq_quantize_blocks(x, R, K, qb, q, ascale, s16, s32);
     int nt = threads_for(nthreads, tiles);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t g = 0; g < tiles; g++) {
@@ -343,7 +424,10 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
         while (t >= parts[i].n / 16) t -= parts[i++].n / 16;
         const kq_part *p = &parts[i];
         float *yp = y + p->col;
-        if (p->qtype == 12)
+        if (p->qtype == 6 || p->qtype == 8)
+            b32_tile(p->qtype, t, K / 32, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn,
+                     (const uint16_t *)p->d, q, ascale, s32, yp, ldy);
+        else if (p->qtype == 12)
             q4k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->sc, (const uint8_t *)p->mn,
                      (const uint16_t *)p->d, (const uint16_t *)p->dmin, q, ascale, s32, yp, ldy);
         else
