@@ -109,7 +109,8 @@ def app_solo_draft(args, asked: str, pair, progress=None):
 
 def choose_draft(args, progress=None) -> None:
     """``--draft-dtype auto`` on the CPU for the embedded draft: where this machine has not yet measured
-    whether the draft runs faster in int8, ort4 or on its GGUF blocks, measure it once (``csd.runtime.profile.choose_draft_weights``)."""
+    whether the draft runs faster in int8, ort4 or on its GGUF blocks, measure it once
+    (``csd.runtime.profile.choose_draft_weights``)."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import draft_choice_file
     if args.draft_weights != "auto" or args.draft != "embedded" or resolve_device(args.device).type != "cpu" \

@@ -169,8 +169,8 @@ def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
 @pytest.mark.slow
 def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
     """``--draft PATH.gguf --target PATH.gguf`` on the embedded pair's own files handed over as paths, both on their
-    own blocks: the target writes the embedded run's answer, greedy SD writes AR's; a file of an unknown architecture is refused
-    by name (a pair whose tokenizers differ is refused by ``load_tokenizer``, tests/test_errors.py)."""
+    own blocks: the target writes the embedded run's answer, greedy SD writes AR's; a file of an unknown architecture
+    is refused by name (a pair whose tokenizers differ is refused by ``load_tokenizer``, tests/test_errors.py)."""
     import json
     import subprocess
     import sys
