@@ -85,13 +85,16 @@ def load_options(args):
 
 
 def app_draft_weights(args, concurrency: int | None) -> str:
-    """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is int8 where runs decode together
-    (``concurrency`` not 1; None: the app's default): their int8 steps are one pass, ort4's one call a run (8 runs at
-    once: 1.17-1.19x the tokens a second, docs/users.md); a run alone may take ``app_solo_draft``."""
+    """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is a draft whose steps batch where runs decode
+    together (``concurrency`` not 1; None: the app's default): gguf where prepare timed it fastest, else int8 (their
+    steps are one pass for all runs, ort4's one call a run: 8 runs at once made 1.17-1.19x the tokens a second with
+    int8, docs/users.md); a run alone may take ``app_solo_draft``."""
     from csd.runtime.models import resolve_device
-    if args.draft_weights == "auto" and concurrency != 1 and resolve_device(args.device).type == "cpu" \
-            and "hf" not in (args.draft_impl, args.target_impl):      # the transformers path decodes runs one by one
-        return "int8"
+    from csd.runtime.profile import chosen_draft_weights
+    cpu = resolve_device(args.device).type == "cpu"
+    one_by_one = "hf" in (args.draft_impl, args.target_impl)       # the transformers path decodes runs one by one
+    if args.draft_weights == "auto" and concurrency != 1 and cpu and not one_by_one:
+        return "gguf" if chosen_draft_weights() == "gguf" else "int8"
     return args.draft_weights
 
 
