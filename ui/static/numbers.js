@@ -24,11 +24,14 @@
     const info = block && block.querySelector('[data-testid=block-info]');
     return (info ? info.textContent : box.getAttribute('aria-label') || 'This box').trim();
   };
+  // the words of csd/numbers.py (Field.words), large numbers grouped as the app writes them: 100,000,000
+  const num = (x) => Number(x).toLocaleString('en-US', {maximumSignificantDigits: 6});
   const range = (box) => {
-    const lo = box.getAttribute('min'), hi = box.getAttribute('max'), step = Number(box.getAttribute('step') || 0);
-    const whole = step === 1 && (lo === null || Number(lo) % 1 === 0);
+    const step = Number(box.getAttribute('step') || 0);
+    const [lo, hi] = ['min', 'max'].map(a => box.getAttribute(a) === null ? null : num(box.getAttribute(a)));
+    const whole = step === 1 && (lo === null || Number(box.getAttribute('min')) % 1 === 0);
     const kind = whole ? 'a whole number' : 'a number';
-    if (lo !== null && hi !== null) return whole ? `${kind} from ${lo} to ${hi}` : `a number between ${lo} and ${hi}`;
+    if (lo !== null && hi !== null) return whole ? `${kind} from ${lo} to ${hi}` : `between ${lo} and ${hi}`;
     if (lo !== null) return `${kind}, ${lo} or more`;
     if (hi !== null) return `${kind}, ${hi} or less`;
     return kind;

@@ -12,6 +12,7 @@ import numpy as np
 from csd.config import ConfigError
 from csd.db import analytics as A
 from csd.memory import CorrectionMemory
+from csd.numbers import CAPACITY, NumberError
 
 from .. import figures, render, rules
 from ..state import RunSettings, Services, Session
@@ -136,8 +137,10 @@ def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, s
     """What a memory of ``capacity`` patterns would have rescued on the scope's logged divergences at the λ/τ
     sliders, beside the unbounded memory (``csd.db.analytics.capacity_what_if``). -> (markdown, session)."""
     sess = ensure_session(services, sess)
-    if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
-        raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
+    try:
+        capacity = replace(CAPACITY, name="Memory of N patterns", optional=False).read(capacity)
+    except NumberError as e:
+        raise error(str(e)) from None
     f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
     if f is None:
         return why, sess

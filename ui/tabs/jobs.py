@@ -2,6 +2,7 @@
 end, its status line, and the run it holds (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import html
 import itertools
 import logging
 import time
@@ -31,7 +32,13 @@ def request_job(services: Services, kind: str, sess: Session | None, prompt: str
     (``session_hash``, ``event``: how the lane finds its run in gradio's queue). -> (session, status, timer)."""
     sess = ensure_session(services, sess)
     if prompt is not None:
-        prompt_ids(services, prompt, chat)
+        try:
+            prompt_ids(services, prompt, chat)
+        except gr.Error as e:       # the reason, for the status line that ``refused`` draws next
+            _said[session_hash, kind] = html.unescape(e.message).rstrip(".") + "."
+            while len(_said) > 1000:
+                _said.pop(next(iter(_said)))
+            raise
     job = services.lane.request(sess.session_id, kind, session_hash, event)
     sess.pending[kind].append(job)
     sess.jobs[kind] = job
@@ -74,16 +81,27 @@ REFUSED = "Not run: the request was refused (the message says why)."
 _refusals = itertools.count(1)      # each refusal's line differs from the last: the page draws every one
 
 
-def refused(services: Services, kind: str, sess: Session | None):
-    """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
-    it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
+_said: dict[tuple[str, str], str] = {}     # (a page's session hash, kind) -> why its last click was refused
+
+
+def refused(services: Services, kind: str, sess: Session | None, session_hash: str = ""):
+    """A click refused before the model's handler ran: its waiting request is withdrawn and the status line says
+    it was not run, and why where the refusal said (``request_job``); it stays until the next click (the status
+    timer draws it again). Else, unless an earlier job still runs or the handler said why: ``REFUSED``."""
+    why = _said.pop((session_hash, kind), None)
     if isinstance(sess, Session):
         q = sess.pending[kind]
         if q and q[-1].waiting:
             services.lane.finish(q.pop(), REFUSED)
         job = sess.jobs.get(kind)
+        if why is not None and (job is None or job.finished):
+            sess.jobs[kind] = Job(next(_refusals), sess.session_id, kind, summary=f"Not run: {why}",
+                                  finished_at=time.monotonic())
+            return status_line(services, sess, kind)
         if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
             return status_line(services, sess, kind)
+    if why is not None:
+        return render.render_status(f"Not run: {why}", "stopped", next(_refusals))
     return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
