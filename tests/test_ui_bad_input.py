@@ -51,7 +51,7 @@ OUT_OF_RANGE = [
     ("gamma", 6.5, "a whole number from 1 to 32; got 6.5."),
     ("lam", -1, "λ (the memory count threshold) must be a whole number from 0 to 64; got -1."),
     ("lam", 65, "from 0 to 64; got 65."),
-    ("log10-tau", -5, "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
+    ("log10-tau", -5, "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
     ("log10-tau", 0.5, "between -4 and 0 (τ from 0.0001 to 1); got 0.5."),
     ("temperature", 2.5, "Temperature must be between 0 and 2 (0 = greedy); got 2.5."),
     ("temperature", -0.1, "between 0 and 2"),

@@ -235,14 +235,15 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     lines = [plain_sentence(ev, lam, tau, method=method, relax=relax),
              f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}{block_place(ev)}"]
     if ev.draft_id is not None:
-        lines.append(f"draft x~ = {show_token(ev.draft_text)}   target top-1 t* = {show_token(ev.target_text)}")
+        lines.append(f"the draft's token (x~) = {show_token(ev.draft_text)} · the target's choice (t*) = "
+                     f"{show_token(ev.target_text)}")
     elif ev.target_text is not None:
-        lines.append(f"target top-1: {show_token(ev.target_text)}")
+        lines.append(f"the target's choice (t*): {show_token(ev.target_text)}")
     use_mem, use_gate = rescue_modules(method)
     if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
         lt = log_tau(tau) if tau and relax is None else None
         ok = lt is not None and rules.gate_passes(ev.gap, tau)
-        lines.append(f"gate: logit gap z(x~) − z(t*) = {rules.num(ev.gap)}"
+        lines.append(f"gate: how close (logit gap z(x~) − z(t*)) = {rules.num(ev.gap)}"
                      + (f" vs log τ = {rules.num(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
                      + ("" if use_gate or relax is not None else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
@@ -254,8 +255,8 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     if ev.target_prob is not None:
         lines.append(f"p_target(token) = {ev.target_prob:.3f}")
     scores = [f"{name} = {v:.3f}" if isinstance(v, float) else f"{name} = {v}" for name, v in
-              (("rank of x~", ev.target_rank), ("entropy H", ev.entropy), ("top-3 entropy", ev.top3_entropy),
-               ("matches after", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
+              (("the draft's token's rank for the target", ev.target_rank), ("entropy H", ev.entropy),
+               ("top-3 entropy", ev.top3_entropy), ("draft tokens that matched after it", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
     if scores:
         lines.append(" · ".join(scores))
     w = rules.would_keep(ev, whatif) if whatif is not None else None

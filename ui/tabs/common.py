@@ -127,6 +127,14 @@ def as_number(name: str, v, whole: bool = True, lo: float | None = None, hi: flo
         raise ConfigError(str(e)) from None
 
 
+def read_number(field: Field, value):
+    """``value`` as ``field`` reads it (``csd.numbers``), or a page error with its sentence."""
+    try:
+        return field.read(value)
+    except NumberError as e:
+        raise error(str(e)) from None
+
+
 def rival_params(values: dict) -> dict:
     """The rivals' parameters from the bar's inputs by name (k and the window made whole numbers, or refused)."""
     return {name: as_number(name, v, whole=name in rules.INT_FIELDS) for name, v in values.items()}

@@ -258,7 +258,8 @@ def build(page: Page):
                              [*panes, *caps, c_fig, c_note, c_status, sess], "compare",
                              check_in=(page.gamma, page.lam, page.log10_tau, own["max_new_tokens"]))
         analyse.refresh_after(page, cmp)
-        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare",
+                     show_progress="hidden")
         exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), [exact, sess],
                      [*(c for c, _ in page.exactness), sess], api_name="exact_mode", show_progress="minimal",
                      **page.light)      # this user's choice only: the model takes it at their next run

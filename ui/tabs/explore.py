@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 
 
 # -- events ------------------------------------------------------------------------------------
-EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", "draft x~", "target t*", "gap", "count", "rule", "context",
-                 "memory"]
+DRAFTS, CHOOSES = "the draft's token (x~)", "the target's choice (t*)"    # plain words, the paper's symbols beside
+EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", DRAFTS, CHOOSES, "how close (logit gap)", "count", "rule",
+                 "context", "memory"]
 
 
 def parse_pattern(value) -> tuple[int, int] | None:
@@ -126,7 +127,7 @@ def hide_download():
 
 
 # -- memory ------------------------------------------------------------------------------------
-MEMORY_COLUMNS = ["draft x~", "target t*", "ids", "count", "≥ λ"]
+MEMORY_COLUMNS = [DRAFTS, CHOOSES, "ids", "count", "≥ λ"]
 CAL_PROMPTS, CAL_TEXT = "prompts: the target's own answers", "text: teacher-forced reading"
 SRC_SHIPPED, SRC_UPLOAD = "shipped set", "uploaded file"
 MAX_PROMPTS, MAX_ANSWER_TOKENS, MAX_POSITIONS = 10_000, 2048, 1_000_000   # a calibration's limits
@@ -372,7 +373,8 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
         status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
                                   elem_id="e-status")
     with gr.Row():
-        pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)", allow_custom_value=True)
+        pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (the draft's token → the target's choice)",
+                              allow_custom_value=True)
         text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text", elem_id="e-text")
         target = target_dropdown("e-target")
         with gr.Column(scale=0, min_width=160):
@@ -439,8 +441,9 @@ def build(page: Page):
     def wire():
         mem_out = [m.summary, m.table, sess]
         boxes = (partial(policy_boxes, services), [sess], [m.capacity, m.half_life, m.policy_note])
+        quiet = dict(api_visibility="private", show_progress="hidden", **light)
         explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light) \
-            .then(*boxes, api_visibility="private", **light)
+            .then(*boxes, **quiet)
         ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
         e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
         e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
@@ -450,15 +453,16 @@ def build(page: Page):
         sizes = [m.cal_in[k] for k in ("n_prompts", "answer_tokens", "max_positions")]
         page.model_job(m.cal, "calibrate", partial(calibrate_memory, services), dict(**m.cal_in, lam=lam),
                        [m.summary, m.table, m.status, sess], "calibrate", check_in=sizes)
-        m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False, api_name="stop_calibrate")
+        m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False,
+                     api_name="stop_calibrate", show_progress="hidden")
         m.reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
-                      **light).then(*boxes, api_visibility="private", **light)
+                      **light).then(*boxes, **quiet)
         m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
-                      **light).then(*boxes, api_visibility="private", **light)
+                      **light).then(*boxes, **quiet)
         m.policy.click(partial(memory_apply, services), [m.capacity, m.half_life, lam, sess],
                        [m.summary, m.table, m.capacity, m.half_life, m.policy_note, sess], api_name="memory_policy",
-                       **light)
+                       show_progress="hidden", **light)
         m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download", **light)
         m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],
-                        api_name="memory_upload", **light).then(*boxes, api_visibility="private", **light)
+                        api_name="memory_upload", **light).then(*boxes, **quiet)
     return wire

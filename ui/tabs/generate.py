@@ -160,7 +160,8 @@ def build(page: Page):
                              check_in=(page.gamma, lam, log10_tau, *(own[k] for k in ("temperature", "max_new_tokens",
                                                                                        "seed", "method"))))
         analyse.refresh_after(page, gen)
-        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
+        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop",
+                       show_progress="hidden")
 
         recolour_io = ([lam, log10_tau, hide_rejected, sess], [tokens, whatif_md, sess])
         for ctl in (lam, log10_tau, hide_rejected):

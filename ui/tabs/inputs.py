@@ -6,9 +6,9 @@ import types
 
 import gradio as gr
 
-from csd.numbers import Field, NumberError
+from csd.numbers import Field
 
-from .common import error
+from .common import error, read_number
 
 
 def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
@@ -19,10 +19,7 @@ def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
 def check_range(what: str, value, lo: float | None, hi: float | None, whole: bool, note: str = ""):
     """``value`` (a number, or text from an API call) read by ``csd.numbers``, or refused with its sentence that names
     ``what`` and the range (and ``note``: what the range means). -> the number read."""
-    try:
-        return Field(what, lo, hi, whole, note=note).read(value)
-    except NumberError as e:
-        raise error(str(e)) from None
+    return read_number(Field(what, lo, hi, whole, note=note), value)
 
 
 def _check_number(self: gr.Slider | gr.Number, payload):

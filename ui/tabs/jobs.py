@@ -316,10 +316,7 @@ def speculation_sentence(view: RunView, block, costs) -> str:
         return ""
     draft_ms = 1000 * m.draft_s / m.draft_forwards if m.draft_forwards else costs.draft_ms
     verify_ms = 1000 * m.verify_s / m.target_forwards
+    costs = f"a draft token took {draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms"
     if m.drafted == 0:
-        return (f"γ auto drafted nothing (the bar's γ is {block}): here a draft token took {draft_ms:.0f} ms against "
-                f"{verify_ms:.0f} ms for a verify pass, so drafting did not pay; Show speculation drafts anyway.")
-    floor = f" (Show speculation asks for at least {cfg.gamma_min})" if cfg.gamma_min else ""
-    return (f"γ auto drafted {drafted:.1f} tokens a block, not the bar's {block}{floor}: here a draft token took "
-            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of the drafted tokens "
-            f"were kept (kept = accepted + {'relaxed' if m.relaxed else 'rescued'}).")
+        return f"γ auto drafted nothing, not {block}: {costs}."
+    return f"γ auto drafted about {drafted:.0f} a block, not {block}: {costs}."
