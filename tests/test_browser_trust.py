@@ -114,3 +114,46 @@ def test_after_an_upload_without_a_policy_the_boxes_agree_with_the_summary(brows
         assert "Policy: unbounded (the paper's)" in pg.locator("#memory-summary").inner_text()
     finally:
         pg.context.close()
+
+
+def test_presentation_mode_reads_the_answer_with_rejected_tokens_folded(browser, url, shots):
+    """Presentation mode's answer: no struck-through token in the text, a ⋯ for each run of rejected draft tokens,
+    which a click opens (and a second folds again)."""
+    from browser_kit import generate, set_number
+    pg = new_page(browser, url, 1280, 720)
+    try:
+        set_number(pg, "log10-tau", -0.5)            # tau 0.32: some divergences rescued, some rejected
+        generate(pg, "the cat sat on the mat and the dog ran in the park", 40, gamma=6)
+        assert pg.locator("#tokens .tok-rejected").count() > 0
+        pg.locator("#present input").check()
+        pg.wait_for_function("() => document.body.classList.contains('csd-present')")
+        marks = pg.locator("#tokens .csd-fold-mark")
+        assert marks.count() > 0 and marks.first.is_visible()
+        visible = "() => [...document.querySelectorAll('#tokens .tok-rejected')].filter(t => t.offsetParent).length"
+        assert pg.evaluate(visible) == 0
+        pg.screenshot(path=str(shots / "presentation-reading-view.png"))
+        marks.first.click()
+        assert pg.evaluate(visible) > 0 and marks.first.get_attribute("aria-expanded") == "true"
+        marks.first.click()
+        assert pg.evaluate(visible) == 0
+    finally:
+        pg.context.close()
+
+
+def test_compares_three_answers_start_level(browser, url, shots):
+    """The captions (one line or three) sat above the panes, so the three answers started at different heights."""
+    from browser_kit import set_number, wait_status
+    pg = new_page(browser, url, 1440, 900)
+    try:
+        open_tab(pg, "Compare")
+        pg.locator("#c-prompt textarea").fill("the cat sat on the mat and the dog ran in the park")
+        set_number(pg, "c-max-new", 24)
+        pg.click("#compare-btn")
+        wait_status(pg, "Done: 3 of 3 methods ran", elem_id="compare-status")
+        tops = [pg.locator(f"#pane-{m} .csd-tokens").bounding_box()["y"] for m in ("ar", "sd", "csd")]
+        caps = [pg.locator(f"#cap-{m}").inner_text() for m in ("ar", "sd", "csd")]
+        pg.screenshot(path=str(shots / "compare-panes-level.png"))
+    finally:
+        pg.context.close()
+    assert max(tops) - min(tops) <= 2, tops
+    assert all(c.startswith(m) for c, m in zip(caps, ("AR", "SD", "CSD"))), caps

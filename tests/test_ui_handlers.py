@@ -337,3 +337,17 @@ def test_compare_leads_with_target_passes_saved(services):
     assert [t.type for t in fig.data] == ["bar"] * 3 and list(fig.data[0].x) == ["ar", "sd", "csd"]
     assert sess.last.cfg.method == "csd" and isinstance(sess.ar_speed[("the cat sat", True)], RunMetrics)
     assert "Done: 3 of 3 methods ran" in status
+    assert "busy" not in cap_sd + cap_csd                  # the model was its own
+
+
+def test_compare_says_in_the_pane_when_the_machine_was_busy(services):
+    """Issue 68: on a busy machine Compare showed CSD slower than AR with only a small note below."""
+    other = services.lane.request("someone else", "generate")
+    services.lane.start(other)                              # another user's run holds the model beside it
+    try:
+        sess = common.ensure_session(services, None)
+        outs = list(compare.compare(services, "the cat sat", RunSettings(gamma=4, max_new_tokens=8), sess))
+    finally:
+        services.lane.finish(other)
+    caps = outs[-1][3:6]
+    assert all("**the machine was busy**: 1 other run shared it while this ran" in c for c in caps), caps

@@ -107,6 +107,11 @@ class Lane:
             job.run = None
             self._jobs.pop(job.ticket, None)
 
+    def beside(self, job: Job) -> int:
+        """How many other jobs hold the model now (their runs share the machine with ``job``'s)."""
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if j.running and j is not job)
+
     def touch(self, job: Job) -> None:
         job.seen_at = time.monotonic()
 

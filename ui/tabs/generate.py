@@ -146,6 +146,9 @@ def build(page: Page):
         gr.HTML(render.render_legend(), elem_id="legend")
         with gr.Row(elem_classes=HIDE_PRESENT):
             hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
+            reading = gr.Checkbox(False, label="Reading view: rejected draft tokens folded behind ⋯, a click opens "
+                                  "them (on in presentation mode)", elem_id="reading-view")
+            reading.change(None, reading, None, js=render.READING_JS, api_visibility="private")
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
         export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False, elem_id="export-files")
         metrics = gr.HTML(export.render_metrics(None), elem_id="metrics")
