@@ -36,6 +36,7 @@ class Job:
     reached: bool = False             # its event has been seen in gradio's queue
     withdrawn: bool = False           # stopped while waiting, its event taken out of the model's queue
     together: int = 1                 # the runs on the model (itself included) when it started
+    ahead: int | None = None          # the fewest requests ever counted ahead of it while it waits
 
     @property
     def waiting(self) -> bool:

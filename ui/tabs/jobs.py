@@ -152,7 +152,10 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         doing = f" The one running: {_run_progress(first, now)}." if len(pos.running) == 1 else \
             f" {len(pos.running)} running; the first: {_run_progress(first, now)}." if first else ""
         more = wait.describe(services.lane.estimate(pos.waiting, pos.running, slots, now), pos.waiting)
-        return render.render_status(f"Waiting for the model: {plural(len(pos), 'request')} ahead of yours "
+        # no request can pass a waiting one: a count one higher is an event read both in gradio's queue and as
+        # started, between the two reads (``Lane.position``), not a request that came ahead
+        job.ahead = min(len(pos), job.ahead if job.ahead is not None else len(pos))
+        return render.render_status(f"Waiting for the model: {plural(job.ahead, 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
 
