@@ -433,7 +433,7 @@ def test_memory_upload_errors_are_sentences(page, tmp_path):
 
 
 @pytest.mark.parametrize("elem_id,typed,words", [("lam", -1, "must be a whole number from 0 to 64; got -1"),
-                                                 ("gamma", 1000, "must be a whole number from 1 to 32; got 1000"),
+                                                 ("gamma", 1000, "must be a whole number from 1 to 32; got 1,000"),
                                                  ("max-new", 100000, "from 1 to 512 (this app's limit); got 100,000"),
                                                  ("tau-lossy", 5, "The lossy rule's tau must be between 0.001 and 1; "
                                                                   "got 5")])
