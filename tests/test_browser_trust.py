@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import browser_kit
 import pytest
-from browser_kit import WAIT_MS, need_chromium, new_page, open_tab
+from browser_kit import WAIT_MS, need_chromium, new_page, open_tab, set_number
 
 need_chromium()
 from ui_fixtures import served, tiny_services  # noqa: E402
@@ -48,8 +48,8 @@ def policy_line(pg) -> str:
 
 def test_refusals_stay_beside_the_box_and_the_prompt_for_15_s(browser, url, shots):
     """'abc', 1e9, 2.5 and 0 typed into Memory capacity, each on its own page, and Apply; an empty prompt and
-    Generate on a fifth: each page says why beside what it refused, by the box's name, and still does 15 s later.
-    Nothing is applied: the summary still says unbounded."""
+    Generate on a fifth, τ's power -5 on a sixth: each page says why beside what it refused, by the box's name, and
+    still does 15 s later. Nothing is applied: the summary still says unbounded."""
     pages, said = [], {}
     try:
         for typed in ("abc", "1e9", "2.5", "0"):
@@ -68,10 +68,19 @@ def test_refusals_stay_beside_the_box_and_the_prompt_for_15_s(browser, url, shot
         pg.wait_for_function("() => document.querySelector('#gen-status')?.innerText.includes('Not run')",
                              timeout=WAIT_MS)
         said[""] = pg.locator("#gen-status").inner_text()
+        pg = new_page(browser, url, 1440, 900)              # a slider's value the server refuses
+        pages.append(("tau", pg))
+        pg.locator("#prompt textarea").fill("the cat sat")
+        set_number(pg, "log10-tau", -5)
+        pg.wait_for_timeout(300)
+        pg.click("#generate-btn")
+        pg.wait_for_function("() => document.querySelector('#gen-status')?.innerText.includes('got -5')",
+                             timeout=WAIT_MS)
+        said["tau"] = pg.locator("#gen-status").inner_text()
         pages[0][1].wait_for_timeout(STAYS_S * 1000)
-        later = {typed: (pg.locator("#gen-status").inner_text() if typed == "" else policy_line(pg))
+        later = {typed: (pg.locator("#gen-status").inner_text() if typed in ("", "tau") else policy_line(pg))
                  for typed, pg in pages}
-        summaries = [pg.locator("#memory-summary").inner_text() for typed, pg in pages if typed]
+        summaries = [pg.locator("#memory-summary").inner_text() for typed, pg in pages if typed not in ("", "tau")]
         for typed, pg in pages:
             pg.screenshot(path=str(shots / f"refusal-stays-{typed or 'empty-prompt'}.png"))
     finally:
@@ -82,6 +91,8 @@ def test_refusals_stay_beside_the_box_and_the_prompt_for_15_s(browser, url, shot
     assert said["2.5"].startswith(f'Not applied: {RANGE}; got "2.5".'), said
     assert said["0"].startswith(f'Not applied: {RANGE}; got "0".'), said
     assert said[""].strip() == "Not run: the prompt is empty.", said
+    assert said["tau"].strip() == ("Not run: the request was refused: τ's power of ten (the gate threshold) must be "
+                                   "between -4 and 0 (τ from 0.0001 to 1); got -5."), said
     assert later == said, (later, said)
     assert all("Policy: unbounded (the paper's)" in s for s in summaries), summaries
 
@@ -119,7 +130,7 @@ def test_after_an_upload_without_a_policy_the_boxes_agree_with_the_summary(brows
 def test_presentation_mode_reads_the_answer_with_rejected_tokens_folded(browser, url, shots):
     """Presentation mode's answer: no struck-through token in the text, a ⋯ for each run of rejected draft tokens,
     which a click opens (and a second folds again)."""
-    from browser_kit import generate, set_number
+    from browser_kit import generate
     pg = new_page(browser, url, 1280, 720)
     try:
         set_number(pg, "log10-tau", -0.5)            # tau 0.32: some divergences rescued, some rejected
@@ -142,7 +153,7 @@ def test_presentation_mode_reads_the_answer_with_rejected_tokens_folded(browser,
 
 def test_compares_three_answers_start_level(browser, url, shots):
     """The captions (one line or three) sat above the panes, so the three answers started at different heights."""
-    from browser_kit import set_number, wait_status
+    from browser_kit import wait_status
     pg = new_page(browser, url, 1440, 900)
     try:
         open_tab(pg, "Compare")

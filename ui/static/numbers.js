@@ -152,6 +152,21 @@
     line.setAttribute('data-state', state === 'stopped' ? 'idle' : state);
     ['data-csd-box', 'data-csd-was', 'data-csd-was-state'].forEach(a => line.removeAttribute(a));
   });
+  // a click the server refused before its handler ran (a value out of a slider's range, from the API or the page):
+  // its status line says "the message says why"; it says why itself, from the error toast that gives the reason,
+  // so that the reason stays beside the button once the toast is gone
+  const REFUSED = ' (the message says why).';
+  let said = {text: '', at: 0};
+  const explain = () => {
+    const toast = [...document.querySelectorAll('.toast-message-text.error')].pop();
+    const text = toast ? toast.textContent.trim() : '';
+    if (text && text !== said.text) said = {text, at: Date.now()};
+    if (!said.text || Date.now() - said.at > 15000) return;
+    document.querySelectorAll('.csd-status-line').forEach(line => {
+      if (line.textContent.endsWith(REFUSED)) line.textContent = line.textContent.replace(REFUSED, `: ${said.text}`);
+    });
+  };
   adopt();
-  new MutationObserver(adopt).observe(document.documentElement, {childList: true, subtree: true});
+  new MutationObserver(() => { adopt(); explain(); }).observe(document.documentElement,
+                                                               {childList: true, subtree: true, characterData: true});
 })();
