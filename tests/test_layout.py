@@ -269,7 +269,7 @@ def _area_files(area: str) -> list[Path]:
 AREA_BUDGETS = {   # the ceilings; where over issue 53's budget, docs/design.md says why and what pays it back
     "csd": 2552,                              # issue 53's target: 2,500; issue 68's number reader (docs/design.md)
     "csd subpackages": 4031,                  # issue 53's target: 3,800 (3,928 before the ov4 target, issue 52)
-    "ui": 3554,                               # issue 53's target: 3,400 (met); issue 68: refusals, wait, words
+    "ui": 3555,                               # issue 53's target: 3,400 (met); issue 68: refusals, wait, words
     "db": 996,                                # issue 53's target: 1,000 (met: 985, then 1,002 with issue 54)
     "cli, tools, app.py, csd_app.py": 1300,   # issue 53's target: 1,300 (met once tools/batch_ratio.py retired)
     "bench, evaluation": 4557,                # issue 53's target: 4,200 (4,497 before issues 52 and 54, then 4,705)

@@ -49,3 +49,11 @@ def test_no_gradio_timer_is_drawn_over_a_status_line(demo):
     loud = [fn.api_name or fn.name for fn in demo.fns.values()
             if status & {b._id for b in fn.outputs} and fn.show_progress != "hidden"]
     assert loud == []
+
+
+def test_the_pareto_chart_says_the_sliders_do_not_change_it():
+    """A tester moved λ and τ and saw the Pareto chart stay: it counts every logged divergence, and says so."""
+    from csd.ui.figures import make_pareto_figure
+    rows = [{"draft_id": 1, "target_id": 2, "draft_text": "a", "target_text": "b", "count": 3, "example_context": ""}]
+    title = make_pareto_figure(rows).layout.title.text
+    assert "the draft's token x~ → the target's choice t*" in title and "the sliders do not change it" in title

@@ -45,7 +45,8 @@ def empty_figure(message: str, title: str = "") -> go.Figure:
 def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float = 0.2) -> go.Figure:
     """Divergence patterns by count (bars), the cumulative share over all rows (line) and the top-20% mark.
     rows: most frequent first (``csd.db.analytics.ParetoRow`` or dicts)."""
-    title = "Pareto chart of divergence patterns (draft x~ → target t*)"
+    title = ("Pareto chart of divergence patterns (the draft's token x~ → the target's choice t*)<br><sup>every "
+             "logged divergence, whatever λ and τ: the sliders do not change it</sup>")
     if not rows:
         return empty_figure("No divergences logged in this scope yet.", title)
     total = sum(_get(r, "count") for r in rows)
