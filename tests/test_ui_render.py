@@ -409,6 +409,6 @@ def test_the_reading_view_folds_each_run_of_rejected_tokens_behind_one_marker():
     assert out.count('class="csd-fold"') == 2 and out.count("csd-fold-mark") == 2
     assert "2 rejected draft tokens: click to show or fold" in out and "1 rejected draft token:" in out
     assert out.count('data-status="rejected"') == 3                   # every token is still there, folded
-    for rule in ("body.csd-present .csd-fold:not(.open) > .csd-fold-body", "body.csd-reading .csd-fold-mark"):
-        assert rule in render.CSS
+    for css in ("body.csd-present .csd-fold:not(.open) > .csd-fold-body", "body.csd-reading .csd-fold-mark"):
+        assert css in render.CSS
     assert "csd-fold" not in render.render_tokens([ev(ACCEPTED), ev(CORRECTED)])
