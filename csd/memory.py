@@ -14,10 +14,11 @@ import heapq
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .fileio import read_or_raise, write_json
+from .numbers import CAPACITY, HALF_LIFE, Field, grouped
 from .representation import Representation
 from .rule import top_share
 
@@ -35,10 +36,11 @@ class MemoryFileError(ValueError):
     """A file is not a correction memory, or belongs to another model pair."""
 
 
-def _positive(value, what: str, whole: bool) -> None:
-    ok = isinstance(value, int) if whole else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a {'whole number' if whole else 'number'} > 0, got {value!r}")
+def _checked(field: Field, value):
+    """A policy value as ``field`` reads it; text is refused here (a file's "10" is not a number of patterns)."""
+    if isinstance(value, str):
+        raise ValueError(field.refusal(f'got "{value[:40]}"'))
+    return field.read(value)
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,8 @@ class MemoryPolicy:
     evict: str = "count"             # which pattern goes when full (EVICT; docs/memory.md says why "count")
 
     def __post_init__(self):
-        if self.capacity is not None:
-            _positive(self.capacity, "the memory capacity", whole=True)
-        if self.half_life is not None:
-            _positive(self.half_life, "the memory half-life", whole=False)
+        _checked(CAPACITY, self.capacity)
+        _checked(HALF_LIFE, self.half_life)
         if self.evict not in EVICT:
             raise ValueError(f"the eviction rule must be one of {', '.join(EVICT)}, got {self.evict!r}")
 
@@ -81,7 +81,7 @@ class MemoryPolicy:
         """A short name (the store's runs, the CSV): "unbounded", "capacity 1000", "half-life 500", ..."""
         parts = [f"capacity {self.capacity}" + (" (least recent)" if self.evict == "recent" else "")] \
             if self.capacity else []
-        parts += [f"half-life {self.half_life:g}"] if self.half_life else []
+        parts += [f"half-life {grouped(self.half_life).replace(',', '')}"] if self.half_life else []
         return ", ".join(parts) or "unbounded"
 
     def describe(self) -> str:
@@ -89,9 +89,9 @@ class MemoryPolicy:
         parts = []
         if self.capacity:
             evicted = "smallest count" if self.evict == "count" else "least recent"
-            parts.append(f"capacity {self.capacity:,} patterns (the {evicted} goes)")
+            parts.append(f"capacity {grouped(self.capacity)} patterns (the {evicted} goes)")
         if self.half_life:
-            parts.append(f"counts halve every {self.half_life:,g} divergences")
+            parts.append(f"counts halve every {grouped(self.half_life)} divergences")
         return ", ".join(parts) or "unbounded (the paper's)"
 
 
@@ -99,22 +99,10 @@ UNBOUNDED = MemoryPolicy()
 
 
 def policy_from(capacity, half_life, names: tuple[str, str] = ("the capacity", "the half-life")) -> MemoryPolicy:
-    """A policy from typed values (text or numbers; None or "" leaves it unset), a value that is not a number
-    > 0 (a capacity: a whole number) refused with a sentence naming it as ``names`` say (a flag, a box)."""
-    values = []
-    for name, value, whole in ((names[0], capacity, True), (names[1], half_life, False)):
-        if value is None or (isinstance(value, str) and not value.strip()):
-            values.append(None)
-            continue
-        try:
-            v = float(value) if not isinstance(value, bool) else math.nan
-        except (TypeError, ValueError):
-            v = math.nan
-        if not (math.isfinite(v) and v > 0) or (whole and not v.is_integer()):
-            kind = "a whole number of patterns" if whole else "a number of divergences"
-            raise ValueError(f"{name} must be {kind} greater than 0, got {value!r}")
-        values.append(int(v) if whole else v)
-    return MemoryPolicy(*values)
+    """A policy from typed values (text or numbers; None or "" leaves it unset) read by ``csd.numbers``' fields, a
+    value out of their range refused with its sentence (``NumberError``) naming it as ``names`` say (a flag, a box)."""
+    cap = replace(CAPACITY, name=names[0]).read(capacity)
+    return MemoryPolicy(cap, replace(HALF_LIFE, name=names[1]).read(half_life))
 
 
 class CorrectionMemory:

@@ -299,7 +299,7 @@ def test_one_toast_at_a_time(page, shots):
     page.wait_for_function(f"() => ({visible})().some(t => t.includes('between -4 and 0'))", timeout=WAIT_MS)
     page.wait_for_timeout(700)
     shown = page.evaluate(visible)
-    assert len(shown) == 1 and "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1)" in shown[0]
+    assert len(shown) == 1 and "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1)" in shown[0]
     assert page.locator(".toast-body:visible").count() == 1
     set_number(page, "log10-tau", -2)          # the refused value stays in the box (not clamped): put it right
     page.locator("#prompt textarea").fill("   ")
@@ -436,8 +436,8 @@ def test_memory_upload_errors_are_sentences(page, tmp_path):
 
 
 @pytest.mark.parametrize("elem_id,typed,words", [("lam", -1, "must be a whole number from 0 to 64; got -1"),
-                                                 ("gamma", 1000, "must be a whole number from 1 to 32; got 1000"),
-                                                 ("max-new", 100000, "from 1 to 512 (this app's limit); got 100000"),
+                                                 ("gamma", 1000, "must be a whole number from 1 to 32; got 1,000"),
+                                                 ("max-new", 100000, "from 1 to 512 (this app's limit); got 100,000"),
                                                  ("tau-lossy", 5, "The lossy rule's tau must be between 0.001 and 1; "
                                                                   "got 5")])
 def test_a_value_typed_out_of_range_is_refused_not_clamped(page, gate, elem_id, typed, words):

@@ -119,7 +119,7 @@ def test_an_empty_box_that_needs_a_number_says_so_by_its_label(browser, app):
         type_into(pg, "tau-lossy", "")
         pg.locator("#prompt textarea").fill(TINY_PROMPT)
         pg.click("#generate-btn")
-        wait_status(pg, "Not run: lossy: τ must be a number between 0.001 and 1; it is empty.")
+        wait_status(pg, "Not run: lossy: τ must be between 0.001 and 1; it is empty.")
     finally:
         pg.context.close()
     assert runs(db) == before

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from csd.runtime import kquant
+from csd.runtime import kblocks, kquant
 from csd.runtime.embedded import assembled
 from csd.runtime.ggufile import GGUFFile
 from csd.runtime.pair import ModelLoadError
@@ -33,10 +33,10 @@ NAMES = {"Q4_K": "blk.0.ffn_gate.weight", "Q6_K": "blk.0.ffn_down.weight"}   # t
 def test_the_files_integers_and_scales_give_back_its_weights(target_file, kind):
     name = NAMES[kind]
     t = target_file.tensors[name]
-    assert kquant.KNOWN[t.qtype] == kind
+    assert kblocks.KNOWN[t.qtype] == kind
     raw = np.asarray(target_file.raw(name)[:48])
-    unpack, dequantize = {"Q4_K": (kquant.q4k_unpack, kquant.q4k_dequantize),
-                          "Q6_K": (kquant.q6k_unpack, kquant.q6k_dequantize)}[kind]
+    unpack, dequantize = {"Q4_K": (kblocks.q4k_unpack, kblocks.q4k_dequantize),
+                          "Q6_K": (kblocks.q6k_unpack, kblocks.q6k_dequantize)}[kind]
     ints = unpack(raw)
     # the gguf package's own dequantiser, bit for bit: nothing is rounded a second time
     assert np.array_equal(dequantize(ints), target_file.dequantize(name, slice(0, 48)))
@@ -72,7 +72,7 @@ def test_fused_matrices_of_two_types_and_a_bias(target_file):
     """q/k/v fused where v is Q6_K and q, k are Q4_K (layer 0 of the target): one call, each part in its columns."""
     names = [f"blk.0.attn_{p}.weight" for p in "qkv"]
     parts = [kquant.KQuantPart(target_file.tensors[n].qtype, target_file.raw(n), 1536) for n in names]
-    assert {kquant.KNOWN[p.qtype] for p in parts} == {"Q4_K", "Q6_K"}
+    assert {kblocks.KNOWN[p.qtype] for p in parts} == {"Q4_K", "Q6_K"}
     bias = torch.from_numpy(np.concatenate([target_file.dequantize(n.replace("weight", "bias")) for n in names]))
     fused = kquant.KQuantLinear(parts, bias)
     x = torch.randn(3, 1536)
@@ -100,7 +100,7 @@ def test_what_the_kernel_cannot_read_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="Q4_K"):
         kquant.KQuantPart(2, np.zeros((16, 18 * 8), np.uint8), 256)            # ggml type 2 is Q4_0
     with pytest.raises(ValueError, match="256"):
-        kquant.KQuantPart(kquant.Q4_K, np.zeros((16, 144), np.uint8), 200)
+        kquant.KQuantPart(kblocks.Q4_K, np.zeros((16, 144), np.uint8), 200)
 
 
 DRAFT_NAMES = {"Q5_0": "blk.0.attn_q.weight", "Q8_0": "blk.0.attn_v.weight"}    # the embedded draft's other types
@@ -111,10 +111,10 @@ DRAFT_NAMES = {"Q5_0": "blk.0.attn_q.weight", "Q8_0": "blk.0.attn_v.weight"}    
 def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind, portable):
     name = DRAFT_NAMES[kind]
     t = draft_file.tensors[name]
-    assert kquant.KNOWN[t.qtype] == kind
+    assert kblocks.KNOWN[t.qtype] == kind
     raw = np.asarray(draft_file.raw(name)[:48])
     ref_w = draft_file.dequantize(name, slice(0, 48))
-    assert np.array_equal(kquant.b32_dequantize(t.qtype, kquant.b32_unpack(t.qtype, raw)), ref_w)
+    assert np.array_equal(kblocks.b32_dequantize(t.qtype, kblocks.b32_unpack(t.qtype, raw)), ref_w)
     lin = kquant.KQuantLinear([kquant.KQuantPart(t.qtype, raw, t.shape[1])], portable=portable)
     torch.manual_seed(1)
     x = torch.randn(9, t.shape[1]) * torch.logspace(-2, 2, 9)[:, None]

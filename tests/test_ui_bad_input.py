@@ -51,7 +51,7 @@ OUT_OF_RANGE = [
     ("gamma", 6.5, "a whole number from 1 to 32; got 6.5."),
     ("lam", -1, "λ (the memory count threshold) must be a whole number from 0 to 64; got -1."),
     ("lam", 65, "from 0 to 64; got 65."),
-    ("log10-tau", -5, "log₁₀ τ (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
+    ("log10-tau", -5, "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
     ("log10-tau", 0.5, "between -4 and 0 (τ from 0.0001 to 1); got 0.5."),
     ("temperature", 2.5, "Temperature must be between 0 and 2 (0 = greedy); got 2.5."),
     ("temperature", -0.1, "between 0 and 2"),
@@ -60,13 +60,13 @@ OUT_OF_RANGE = [
     ("c-max-new", 10_000, "Max new tokens must be a whole number from 1 to 512"),
     ("teach-max", 200, "Teach's max new tokens must be a whole number from 4 to 128"),
     ("seed", -1, "Seed must be a whole number, 0 or more; got -1."),
-    ("cal-prompts", 0, "Prompts must be a whole number from 1 to 10000; got 0."),
+    ("cal-prompts", 0, "Prompts must be a whole number from 1 to 10,000; got 0."),
     ("gamma", None, "from 1 to 32; got nothing."),
-    ("lam", "six", "from 0 to 64; got 'six'."),
+    ("lam", "six", 'from 0 to 64; got "six".'),
     ("log10-tau", float("nan"), "between -4 and 0"),
     # not "tau_lossy is missing"
     ("tau-lossy", None, "The lossy rule's tau must be between 0.001 and 1; got nothing."),
-    ("cal-prompts", None, "Prompts must be a whole number from 1 to 10000; got nothing."),
+    ("cal-prompts", None, "Prompts must be a whole number from 1 to 10,000; got nothing."),
 ]
 
 
@@ -201,8 +201,21 @@ def test_a_request_refused_before_its_run_leaves_no_stale_status(services, demo)
     assert "Not run" in line and "Starting" not in line and len(services.lane) == 0
     assert "Not run" in jobs.status_line(services, sess, "generate")
     assert "Not run" in jobs.refused(services, "generate", None)
-    wired = [fn for fn in demo.fns.values() if getattr(fn.fn, "func", None) is jobs.refused]
+    wired = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", None) == "said_no"]
     assert len(wired) == 8     # generate, compare, teach, calibrate: the request and the run
+
+
+def test_a_refused_prompt_keeps_its_reason_in_the_status_line(services):
+    """The reason is the line's, not only a toast's: the status timer draws it again until the next click."""
+    sess = common.ensure_session(services, None)
+    with pytest.raises(gr.Error, match="the prompt is empty"):
+        jobs.request_job(services, "generate", sess, "   ", True, session_hash="page-1")
+    line = jobs.refused(services, "generate", sess, "page-1")
+    assert "Not run: the prompt is empty." in line and "the message says why" not in line
+    assert "Not run: the prompt is empty." in jobs.poll_status(services, sess)[0]
+    with pytest.raises(gr.Error):
+        jobs.request_job(services, "generate", None, "", True, session_hash="page-2")
+    assert "Not run: the prompt is empty." in jobs.refused(services, "generate", None, "page-2")
 
 
 def test_the_queue_holds_a_class_and_light_work_does_not_wait_for_the_model(demo):

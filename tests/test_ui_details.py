@@ -59,7 +59,8 @@ def test_both_reasons_when_the_memory_and_the_gate_failed():
     assert "memory<lambda" not in render.token_detail(div(REJECTED, RULE_MEMORY_RARE, 2, -5.2), LAM, TAU)
     # the technical lines show both checks failing
     detail = render.token_detail(div(REJECTED, RULE_MEMORY_RARE, 2, -5.2), LAM, TAU, method="csd")
-    assert "gate: logit gap z(x~) − z(t*) = −5.20 vs log τ = −4.61 ✗" in detail
+    assert "gate: how close (logit gap z(x~) − z(t*)) = −5.20 vs log τ = −4.61 ✗" in detail
+    assert "the draft's token (x~) = " in detail and "the target's choice (t*) = " in detail
     assert "memory: count(x~ → t*) = 2 vs λ = 6 ✗" in detail
     assert "rule:" not in detail
 

@@ -89,5 +89,37 @@ def test_the_capacity_what_if_counts_the_rescues_of_the_strongest_patterns(servi
     assert 0 < one <= full
     md, _ = analyse.capacity_what_if(services, common.SCOPE_SESSION, 1, 6, -0.5, sess)
     assert f"would have rescued **{one}** of the {full}" in md
-    with pytest.raises(gr.Error, match="Memory of N patterns must be a whole number greater than 0"):
+    with pytest.raises(gr.Error, match="Memory of N patterns must be a whole number from 1 to 100,000,000; got 0."):
         analyse.capacity_what_if(services, common.SCOPE_SESSION, 0, 6, -0.5, sess)
+
+
+@pytest.mark.parametrize("capacity, got", [("abc", 'got "abc"'), ("1e9", 'got "1e9"'), (1e9, "got 1,000,000,000"),
+                                           (2.5, "got 2.5"), (0, "got 0")])
+def test_apply_keeps_its_refusal_beside_the_boxes_and_changes_nothing(services, capacity, got):
+    """Apply on the page: the refusal is a line beside the boxes (not only a toast), what was typed stays in them."""
+    sess = common.ensure_session(services, None)
+    md, rows, cap, half, note, sess = explore.memory_apply(services, capacity, None, 6, sess)
+    said = f"Not applied: Memory capacity must be a whole number from 1 to 100,000,000; {got}."
+    assert said in note.replace("&quot;", '"') and 'data-state="stopped"' in note
+    assert cap == gr.update() and half == gr.update() and sess.memory.policy.unbounded and "unbounded" in md
+
+
+def test_after_an_upload_reset_or_apply_the_boxes_show_the_memorys_policy(services, tmp_path):
+    sess = common.ensure_session(services, None)
+    *_, cap, half, note, sess = explore.memory_apply(services, "300", "50", 6, sess)
+    assert (cap, half) == ("300", "50") and "Applied: capacity 300 patterns" in note
+    plain = CorrectionMemory(services.pair.pair_id, {(1, 2): 7}).save(tmp_path / "plain.json")
+    md, *_ = explore.memory_upload(services, str(plain), 6, sess)
+    assert "Policy: **unbounded (the paper's)**" in md
+    assert explore.policy_boxes(services, sess)[:2] == ("", "")
+    explore.memory_apply(services, 1000, None, 6, sess)
+    explore.memory_reset(services, "clear", 6, sess)
+    assert explore.policy_boxes(services, sess)[:2] == ("1,000", "")
+
+
+def test_a_source_calibrated_twice_is_named_once():
+    cal = [{"mode": "prompts", "source": "shipped prompt set", "prompts": 360, "positions": 63254},
+           {"mode": "prompts", "source": "shipped prompt set", "prompts": 349, "positions": 65890},
+           {"mode": "text", "corpus": "notes.txt", "positions": 100}]
+    assert explore._calibration_lines(cal) == ["shipped prompt set: 709 prompts, 129,144 positions (2 calibrations)",
+                                                "notes.txt: 100 positions"]

@@ -400,3 +400,17 @@ def test_every_token_holding_a_newline_shows_its_mark_on_one_line(status):
     span = re.search(r'<span class="tok [^"]*"[^>]*>(.*?)</span>(\n*)<span class="tok ', html)
     assert "tok-has-nl" in html and span.group(1) == "." + 2 * render.NEWLINE_MARK and span.group(2) == "\n\n"
     assert ".tok-has-nl { white-space: pre; }" in render.CSS
+
+
+def test_the_reading_view_folds_each_run_of_rejected_tokens_behind_one_marker():
+    """Issue 68: struck-through rejected tokens inline made the answer hard to read. Each run of them is one fold,
+    its marker shown (and the tokens hidden until a click) in the reading view and in presentation mode."""
+    events = [ev(ACCEPTED), ev(REJECTED, count=0, gap=-1.0), ev(REJECTED, count=0, gap=-1.0), ev(CORRECTED),
+              ev(ACCEPTED), ev(REJECTED, count=0, gap=-1.0)]
+    out = render.render_tokens(events)
+    assert out.count('class="csd-fold"') == 2 and out.count("csd-fold-mark") == 2
+    assert "2 rejected draft tokens: click to show or fold" in out and "1 rejected draft token:" in out
+    assert out.count('data-status="rejected"') == 3                   # every token is still there, folded
+    for css in ("body.csd-present .csd-fold:not(.open) > .csd-fold-body", "body.csd-reading .csd-fold-mark"):
+        assert css in render.CSS
+    assert "csd-fold" not in render.render_tokens([ev(ACCEPTED), ev(CORRECTED)])

@@ -47,9 +47,9 @@ def launch_kwargs() -> dict:
 
 
 # a representation in a student's words
-REPR_WORDS = {"int8": "8-bit integers", "int4": "4-bit integers", "ort4": "4-bit integers (ONNX Runtime)", "ov4": "4-bit integers (OpenVINO)",
-              "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)",
-              "float16": "16-bit floats"}
+REPR_WORDS = {"int8": "8-bit integers", "int4": "4-bit integers", "ort4": "4-bit integers (ONNX Runtime)",
+              "ov4": "4-bit integers (OpenVINO)", "gguf": "the GGUF file's own 4-, 5-, 6- and 8-bit blocks",
+              "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)", "float16": "16-bit floats"}
 
 
 def plain_name(name: str) -> str:
@@ -133,8 +133,10 @@ def build_demo(services: Services) -> gr.Blocks:
                                         "tokens a block (off: only what pays here)", elem_id="show-spec")
             lam = slider("λ (the memory count threshold)", 0, 64, value=6, step=1,
                          label="λ (memory count threshold)", elem_id="lam")
-            log10_tau = slider("log₁₀ τ (the gate threshold)", -4, 0, note="(τ from 0.0001 to 1)", value=-2, step=0.05,
-                               label="log₁₀ τ (gate threshold, τ up to 1)", elem_id="log10-tau")
+            # τ moves in powers of ten; the one logarithm the page writes is the paper's, natural (log τ, the gap's)
+            log10_tau = slider("τ's power of ten (the gate threshold)", -4, 0, note="(τ from 0.0001 to 1)", value=-2,
+                               step=0.05, label="τ's power of ten (gate threshold: -2 is τ = 0.01)",
+                               elem_id="log10-tau")
             with gr.Column(min_width=220):
                 tau_text = gr.Markdown(describe_tau(-2), elem_id="tau-text")
                 rivals = rival_controls()          # folded: it adds no height to the bar until opened

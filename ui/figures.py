@@ -45,7 +45,8 @@ def empty_figure(message: str, title: str = "") -> go.Figure:
 def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float = 0.2) -> go.Figure:
     """Divergence patterns by count (bars), the cumulative share over all rows (line) and the top-20% mark.
     rows: most frequent first (``csd.db.analytics.ParetoRow`` or dicts)."""
-    title = "Pareto chart of divergence patterns (draft x~ → target t*)"
+    title = ("Pareto chart of divergence patterns (the draft's token x~ → the target's choice t*)<br><sup>every "
+             "logged divergence, whatever λ and τ: the sliders do not change it</sup>")
     if not rows:
         return empty_figure("No divergences logged in this scope yet.", title)
     total = sum(_get(r, "count") for r in rows)
@@ -133,20 +134,26 @@ def make_position_figure(by_method: Mapping[str, Sequence]) -> go.Figure:
 
 def make_whatif_figure(lams: Sequence[float], taus: Sequence[float], rate, lam: float, tau: float,
                        total: int | None = None) -> go.Figure:
-    """Heatmap of the what-if rescue rate, (len(lams), len(taus)), the current thresholds marked."""
+    """Heatmap of the what-if rescue rate, (len(lams), len(taus)), the current thresholds marked. Its colours span the
+    rates it holds (0 to the largest), so that a few percent are not all drawn as the palest; τ on a log axis, its
+    ticks written as τ's values."""
     title = "What-if: share of divergences rescued at λ × τ"
     if total == 0:
         return empty_figure("No divergences logged in this scope yet.", title)
+    z = np.asarray(rate, dtype=float)
+    top = max(0.01, float(np.nanmax(z))) if z.size and np.isfinite(z).any() else 1.0
     fig = go.Figure(go.Heatmap(
-        z=np.asarray(rate, dtype=float), x=[math.log10(t) for t in taus], y=[float(v) for v in lams], zmin=0, zmax=1,
-        colorscale="YlOrBr", colorbar=dict(title="rescued<br>(of divergences)", tickformat=".0%"),
-        hovertemplate="λ = %{y:g}<br>log₁₀ τ = %{x:.2f}<br>rescued: %{z:.1%} of divergences<extra></extra>"))
-    fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current",
+        z=z, x=[math.log10(t) for t in taus], y=[float(v) for v in lams], zmin=0, zmax=top,
+        customdata=np.broadcast_to(np.asarray(taus, dtype=float), z.shape), colorscale="YlOrBr",
+        colorbar=dict(title=f"rescued<br>(of divergences;<br>0 to {top:.0%})", tickformat=".0%"),
+        hovertemplate="λ = %{y:g}<br>τ = %{customdata:.3g}<br>rescued: %{z:.1%} of divergences<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[math.log10(tau)], y=[lam], mode="markers", name="current", customdata=[tau],
                              marker=dict(symbol="x", size=14, color="#1f3b73", line=dict(width=2)),
-                             hovertemplate="current λ = %{y:g}, log₁₀ τ = %{x:.2f}<extra></extra>"))
+                             hovertemplate="current λ = %{y:g}, τ = %{customdata:.3g}<extra></extra>"))
     sub = f" ({plural(total, 'divergence')})" if total else ""
-    fig.update_layout(**LAYOUT, title=dict(text=title + sub, y=0.98), xaxis_title="log₁₀ τ",
+    fig.update_layout(**LAYOUT, title=dict(text=title + sub, y=0.98), xaxis_title="τ (gate threshold, log scale)",
                       yaxis_title="λ (memory count threshold)", showlegend=False)
+    fig.update_xaxes(tickvals=[-4, -3, -2, -1, 0], ticktext=["0.0001", "0.001", "0.01", "0.1", "1"])
     return fig
 
 

@@ -35,6 +35,8 @@ class Job:
     event: str = ""                   # the api_name of the run the page queues for it
     reached: bool = False             # its event has been seen in gradio's queue
     withdrawn: bool = False           # stopped while waiting, its event taken out of the model's queue
+    together: int = 1                 # the runs on the model (itself included) when it started
+    ahead: int | None = None          # the fewest requests ever counted ahead of it while it waits
 
     @property
     def waiting(self) -> bool:
@@ -90,6 +92,7 @@ class Lane:
         with self._lock:
             job.started_at = time.monotonic()
             self._jobs[job.ticket] = job
+            job.together = sum(1 for j in self._jobs.values() if j.running)
 
     def finish(self, job: Job, summary: str | None = None) -> None:
         with self._lock:
@@ -99,9 +102,16 @@ class Lane:
                 job.finished_at = time.monotonic()
                 if job.started_at is not None and not job.cancel:
                     m = getattr(job.run, "metrics", None) if job.kind == "generate" else None
-                    self._took.append(wait.Ran(job.finished_at - job.started_at, getattr(m, "new_tokens", 0)))
+                    beside = sum(1 for j in self._jobs.values() if j.running)   # itself too, at its end
+                    self._took.append(wait.Ran(job.finished_at - job.started_at, getattr(m, "new_tokens", 0),
+                                               (job.together + beside) / 2, job.max_tokens if m else 0))
             job.run = None
             self._jobs.pop(job.ticket, None)
+
+    def beside(self, job: Job) -> int:
+        """How many other jobs hold the model now (their runs share the machine with ``job``'s)."""
+        with self._lock:
+            return sum(1 for j in self._jobs.values() if j.running and j is not job)
 
     def touch(self, job: Job) -> None:
         job.seen_at = time.monotonic()
@@ -165,5 +175,6 @@ def live(job: Job, now: float) -> wait.Live:
     m = getattr(run, "metrics", None)
     if m is None or not m.new_tokens:
         return wait.Live(job.elapsed(now), asked=job.max_tokens)
-    wall = run.metrics_snapshot().wall_s
-    return wait.Live(job.elapsed(now), m.new_tokens, job.max_tokens, m.new_tokens / wall if wall else None)
+    snap = run.metrics_snapshot()
+    writing = snap.wall_s - snap.prefill_s           # since its first token: the prompt's reading is the elapsed's
+    return wait.Live(job.elapsed(now), m.new_tokens, job.max_tokens, m.new_tokens / writing if writing > 0 else None)

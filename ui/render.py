@@ -72,6 +72,7 @@ CSS = static_text("app.css")      # launch(css=...), and inlined in an exported 
 JS = "".join(f"<script>\n{static_text(name)}</script>\n" for name in ("app.js", "numbers.js"))
 # the presentation-mode switch (gradio runs this in the browser; nothing goes to the server)
 PRESENT_JS = "(on) => { document.body.classList.toggle('csd-present', !!on); return []; }"
+READING_JS = "(on) => { document.body.classList.toggle('csd-reading', !!on); return []; }"
 
 
 def esc(s: object) -> str:
@@ -235,14 +236,15 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
     lines = [plain_sentence(ev, lam, tau, method=method, relax=relax),
              f"{label} · token {ev.position} of the answer · verify pass {ev.block + 1}{block_place(ev)}"]
     if ev.draft_id is not None:
-        lines.append(f"draft x~ = {show_token(ev.draft_text)}   target top-1 t* = {show_token(ev.target_text)}")
+        lines.append(f"the draft's token (x~) = {show_token(ev.draft_text)} · the target's choice (t*) = "
+                     f"{show_token(ev.target_text)}")
     elif ev.target_text is not None:
-        lines.append(f"target top-1: {show_token(ev.target_text)}")
+        lines.append(f"the target's choice (t*): {show_token(ev.target_text)}")
     use_mem, use_gate = rescue_modules(method)
     if ev.gap is not None and ev.status in DIVERGENCE_STATUSES and ev.rule != RULE_SPECIAL:
         lt = log_tau(tau) if tau and relax is None else None
         ok = lt is not None and rules.gate_passes(ev.gap, tau)
-        lines.append(f"gate: logit gap z(x~) − z(t*) = {rules.num(ev.gap)}"
+        lines.append(f"gate: how close (logit gap z(x~) − z(t*)) = {rules.num(ev.gap)}"
                      + (f" vs log τ = {rules.num(lt)} {'✓' if ok else '✗'}" if lt is not None else "")
                      + ("" if use_gate or relax is not None else " (this method has no gate)"))
     if ev.memory_count is not None and ev.status in DIVERGENCE_STATUSES:
@@ -253,9 +255,10 @@ def token_detail(ev: TokenEvent, lam: float | None = None, tau: float | None = N
                      + ("" if use_mem or relax is not None else " (this method uses no memory)"))
     if ev.target_prob is not None:
         lines.append(f"p_target(token) = {ev.target_prob:.3f}")
-    scores = [f"{name} = {v:.3f}" if isinstance(v, float) else f"{name} = {v}" for name, v in
-              (("rank of x~", ev.target_rank), ("entropy H", ev.entropy), ("top-3 entropy", ev.top3_entropy),
-               ("matches after", ev.matches_after)) if v is not None and ev.status in DIVERGENCE_STATUSES]
+    named = (("the draft's token's rank for the target", ev.target_rank), ("entropy H", ev.entropy),
+             ("top-3 entropy", ev.top3_entropy), ("draft tokens that matched after it", ev.matches_after))
+    scores = [f"{name} = {v:.3f}" if isinstance(v, float) else f"{name} = {v}" for name, v in named
+              if v is not None and ev.status in DIVERGENCE_STATUSES]
     if scores:
         lines.append(" · ".join(scores))
     w = rules.would_keep(ev, whatif) if whatif is not None else None
@@ -324,6 +327,16 @@ def _token_span(i: int, ev: TokenEvent, cfg: CSDConfig | None, whatif, marks: tu
     return f'<span class="{cls}" {attrs} data-detail="{esc(token_detail(ev, *run))}">{text}</span>{after}'
 
 
+def _fold(spans: list[str]) -> str:
+    """Rejected draft tokens in a row, folded in the reading view behind a marker that opens them on a click."""
+    if not spans:
+        return ""
+    what = f"{plural(len(spans), 'rejected draft token')}: click to show or fold"
+    return (f'<span class="csd-fold"><button type="button" class="csd-fold-mark" aria-expanded="false" '
+            f'title="{esc(what)}" aria-label="{esc(what)}">⋯</button><span class="csd-fold-body">{"".join(spans)}'
+            '</span></span>')
+
+
 def _nav_bar(n: dict) -> str:
     """Next rescued / rejected (/ relaxed) and the counts above an answer."""
     return (f'<div class="csd-nav"><button type="button" data-nav="rescued"{"" if n[RESCUED] else " disabled"}>'
@@ -343,9 +356,17 @@ def render_tokens(events: Iterable[TokenEvent], *, cfg: CSDConfig | None = None,
     nav (the bar of counts), empty (the text of an empty answer)."""
     view, panel = frame.get("view", "tokens"), frame.get("panel")
     events = list(events)
-    parts = [_token_span(i, ev, cfg, whatif, (diff_positions, latest_block)) for i, ev in enumerate(events)]
+    parts, fold = [], []        # the reading view's folds: a run of rejected draft tokens behind one marker
+    for i, ev in enumerate(events):
+        span = _token_span(i, ev, cfg, whatif, (diff_positions, latest_block))
+        if ev.status == REJECTED and (whatif is None or whatif_class(ev, whatif) is None):
+            fold.append(span)
+            continue
+        parts.append(_fold(fold) + span)
+        fold = []
+    parts.append(_fold(fold))
     n = {st: sum(1 for e in events if e.status == st) for st in (RESCUED, RELAXED, REJECTED)}
-    body = "".join(parts) or f'<span class="csd-note">{esc(frame.get("empty") or EMPTY_ANSWER)}</span>'
+    body = "".join(p for p in parts if p) or f'<span class="csd-note">{esc(frame.get("empty") or EMPTY_ANSWER)}</span>'
     wrap = "csd-tokens csd-hide-rejected" if hide_rejected else "csd-tokens"
     bar = _nav_bar(n) if frame.get("nav", True) and parts else ""
     return (f'<div data-csd-view="{esc(view)}" data-csd-panel="{esc(panel or view)}">{_prompt_html(prompt)}{bar}'

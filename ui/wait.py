@@ -7,22 +7,34 @@ import heapq
 from dataclasses import dataclass
 from statistics import median
 
-import numpy as np
-
 from .render import plural
+
+# a run's token takes this much longer for each other run decoding beside it (csd.runtime.batch): 8 at once about 4
+# times a run alone, the machine's tokens about 2x (docs/cpu.md: 8 runs at once 16.9-21.3 tok/s, alone 8.4-9.6)
+SLOWER = 3 / 7
+STEADY = 4            # tokens a run writes before its live rate counts
+SPREAD = (0.8, 1.25)   # the range around the central guess: within 2x of the wait whenever that guess is within 1.6x
+
+
+def beside(k: float) -> float:
+    """How much slower a run's token is with ``k`` runs decoding together than alone."""
+    return 1 + SLOWER * (max(1.0, k) - 1)
 
 
 @dataclass(frozen=True)
 class Ran:
-    """A run that ended: its seconds on the model and the new tokens it wrote (0: unknown, a calibration)."""
+    """A run that ended: its seconds on the model, the new tokens it wrote (0: unknown, a calibration), and how many
+    runs decoded together while it ran (itself included), and the tokens it asked for (0: unknown)."""
     seconds: float
     tokens: int = 0
+    together: float = 1.0
+    asked: int = 0
 
 
 @dataclass(frozen=True)
 class Live:
     """A run on the model now: seconds since it started, tokens written, tokens it may write (0: unknown),
-    and its live rate in tokens per second (None: no token yet)."""
+    and its live rate in tokens per second since its first token (None: no token yet)."""
     elapsed: float
     done: int = 0
     asked: int = 0
@@ -37,43 +49,54 @@ class Wait:
     running: int         # and how many in progress
 
 
-def left_of(run: Live, typical: tuple[float, float]) -> tuple[float, float]:
-    """(low, high) seconds until a run in progress ends; ``typical``: a run's usual (low, high) duration."""
-    if run.rate and run.asked > run.done:
-        left = (run.asked - run.done) / run.rate          # at its own rate, to the tokens it asked for
-        # it may end sooner (an end of text), when runs usually end, but not in less than half of that
-        return max(0.5 * left, min(left, typical[0] - run.elapsed)), left
-    if run.rate:                                          # written all it asked for: ending now
-        return 0.0, 0.0
-    # no token yet (the prompt, or a calibration): when runs usually end, and past that a quarter of its time
-    # and more, so the guess grows while it runs longer than promised
-    return (max(typical[0], 1.25 * run.elapsed) - run.elapsed, max(typical[1], 1.5 * run.elapsed) - run.elapsed)
+def per_token(running: list[Live], ended: list[Ran], k: float) -> float | None:
+    """Seconds a run's token takes with ``k`` runs decoding together: the runs in progress at their live rates, else
+    the runs that ended (their prompts included), each scaled from the runs that decoded beside it to ``k``."""
+    now = [1 / r.rate for r in running if r.rate and r.done >= STEADY]   # since their first token
+    if now:
+        return median(now) * beside(k) / beside(len(running))
+    past = [r.seconds / r.tokens * beside(k) / beside(r.together) for r in ended if r.tokens and r.seconds > 0]
+    return median(past) if past else None
 
 
 def estimate(waiting: int, running: list[Live], ended: list[Ran], slots: int) -> Wait | None:
     """Seconds (a low-high ``Wait``) until a request starts with ``running`` runs on the model, ``waiting`` before it,
-    ``slots`` at a time; None while no run has ended or written a token (no measure of a run's length yet)."""
+    ``slots`` at a time; None while nothing measures a run yet. Each waiting request is taken to ask for the tokens the
+    runs in progress asked for (else what the last runs wrote), and to write the share of it the last runs wrote
+    before their end of text, at a token's time with the runs that will decode beside it (``per_token``), after
+    reading its prompt as long as the runs in progress took to read theirs."""
     slots = max(1, slots)
+    k = min(slots, len(running) + waiting)            # runs decoding together while the requests ahead run
+    spt = per_token(running, ended, k)
+    asked = [r.asked for r in running if r.asked] or [r.tokens for r in ended if r.tokens]
     durations = [r.seconds for r in ended if r.seconds > 0]
-    # what the runs in progress are on course to take, at their live rate
-    projected = [r.elapsed + (r.asked - r.done) / r.rate for r in running if r.rate and r.asked > r.done]
-    if not durations and not projected:
+    shares = sorted(min(1.0, r.tokens / r.asked) for r in ended if r.asked and r.tokens) or [1.0]
+    share = median(shares)
+    steady = [r for r in running if r.rate and r.done >= STEADY]
+    reading = median([r.elapsed - r.done / r.rate for r in steady] or [0.0])   # a prompt's reading, before a token
+    if spt is not None and asked:
+        each = max(0.0, reading) + share * median(asked) * spt
+    elif durations:                                   # only calibrations measured: how long they took
+        each = median(durations)
+    else:
         return None
-    past = [r.tokens / r.seconds for r in ended if r.tokens and r.seconds > 0]
-    now = [r.rate for r in running if r.rate]
-    slow = min(10.0, max(1.0, median(past) / median(now))) if past and now else 1.0   # the load of now
-    sample = [d * slow for d in durations] + projected
-    q1, q3 = np.quantile(sample, [0.25, 0.75])        # the quartiles, linear between the nearest samples
-    typical = (float(q1), max(float(q3), median(sample)))
-    ends = [left_of(r, typical) for r in running][:slots]
-    out = []
-    for end, each in ((0, typical[0]), (1, typical[1])):
-        free = [e[end] for e in ends] + [0.0] * (slots - len(ends))
-        heapq.heapify(free)
-        for _ in range(waiting):
-            heapq.heappush(free, heapq.heappop(free) + each)
-        out.append(free[0])
-    return Wait(out[0], max(out), len(durations), len(running))
+    def left(r: Live, part: float) -> float:
+        if r not in steady:                           # no token yet: a run's time, and more the longer it takes
+            return max(each - r.elapsed, 0.25 * r.elapsed)
+        to_write = max(part * r.asked - r.done, 0.25 * (r.asked - r.done), 0)   # at its rate, with those beside
+        return to_write / r.rate * beside(k) / beside(len(running))
+
+    # of several runs, the first to end is likely one that stops early: the j-th to end is given the j-th of
+    # len(running) + 1 quantiles of the shares the last runs wrote of what they asked for
+    order = sorted(running, key=lambda r: left(r, share))
+    ends = [left(r, shares[min(len(shares) - 1, int(len(shares) * (j + 1) / (len(order) + 1)))])
+            for j, r in enumerate(order)]
+    free = sorted(ends)[:slots] + [0.0] * (slots - min(slots, len(ends)))
+    heapq.heapify(free)
+    for _ in range(waiting):
+        heapq.heappush(free, heapq.heappop(free) + each)
+    mid = free[0]
+    return Wait(SPREAD[0] * mid, SPREAD[1] * mid, len(durations), len(running))
 
 
 def _secs(s: float) -> str:

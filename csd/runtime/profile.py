@@ -110,7 +110,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "kquant.py", "kernels/kquant.c",
+ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "kquant.py", "kblocks.py", "kernels/kquant.c",
                 "profile.py")   # the passes, representations, how timed
 
 

@@ -32,6 +32,12 @@
     const close = e.target.closest('[data-csd-close]');
     if (close) { const d = close.closest('.csd-detail'); if (d) d.hidden = true;
                  document.querySelectorAll('.tok.pinned').forEach(t => t.classList.remove('pinned')); return; }
+    const mark = e.target.closest('.csd-fold-mark');
+    if (mark) {          // the reading view: a fold of rejected draft tokens opened or closed
+      const open = mark.parentElement.classList.toggle('open');
+      mark.setAttribute('aria-expanded', String(open));
+      return;
+    }
     const nav = e.target.closest('[data-nav]');
     if (nav) {
       const box = nav.closest('[data-csd-view]');
@@ -41,6 +47,8 @@
       const cur = box.querySelector('.tok.pinned');
       const at = cur ? Number(cur.getAttribute('data-i')) : -1;
       const next = toks.find(t => Number(t.getAttribute('data-i')) > at) || toks[0];
+      const fold = next.closest('.csd-fold');
+      if (fold) fold.classList.add('open');
       next.scrollIntoView({block: 'center'});
       show(next);
       return;

@@ -24,11 +24,14 @@
     const info = block && block.querySelector('[data-testid=block-info]');
     return (info ? info.textContent : box.getAttribute('aria-label') || 'This box').trim();
   };
+  // the words of csd/numbers.py (Field.words), large numbers grouped as the app writes them: 100,000,000
+  const num = (x) => Number(x).toLocaleString('en-US', {maximumSignificantDigits: 6});
   const range = (box) => {
-    const lo = box.getAttribute('min'), hi = box.getAttribute('max'), step = Number(box.getAttribute('step') || 0);
-    const whole = step === 1 && (lo === null || Number(lo) % 1 === 0);
+    const step = Number(box.getAttribute('step') || 0);
+    const [lo, hi] = ['min', 'max'].map(a => box.getAttribute(a) === null ? null : num(box.getAttribute(a)));
+    const whole = step === 1 && (lo === null || Number(box.getAttribute('min')) % 1 === 0);
     const kind = whole ? 'a whole number' : 'a number';
-    if (lo !== null && hi !== null) return whole ? `${kind} from ${lo} to ${hi}` : `a number between ${lo} and ${hi}`;
+    if (lo !== null && hi !== null) return whole ? `${kind} from ${lo} to ${hi}` : `between ${lo} and ${hi}`;
     if (lo !== null) return `${kind}, ${lo} or more`;
     if (hi !== null) return `${kind}, ${hi} or less`;
     return kind;
@@ -149,6 +152,21 @@
     line.setAttribute('data-state', state === 'stopped' ? 'idle' : state);
     ['data-csd-box', 'data-csd-was', 'data-csd-was-state'].forEach(a => line.removeAttribute(a));
   });
+  // a click the server refused before its handler ran (a value out of a slider's range, from the API or the page):
+  // its status line says "the message says why"; it says why itself, from the error toast that gives the reason,
+  // so that the reason stays beside the button once the toast is gone
+  const REFUSED = ' (the message says why).';
+  let said = {text: '', at: 0};
+  const explain = () => {
+    const toast = [...document.querySelectorAll('.toast-message-text.error')].pop();
+    const text = toast ? toast.textContent.trim() : '';
+    if (text && text !== said.text) said = {text, at: Date.now()};
+    if (!said.text || Date.now() - said.at > 15000) return;
+    document.querySelectorAll('.csd-status-line').forEach(line => {
+      if (line.textContent.endsWith(REFUSED)) line.textContent = line.textContent.replace(REFUSED, `: ${said.text}`);
+    });
+  };
   adopt();
-  new MutationObserver(adopt).observe(document.documentElement, {childList: true, subtree: true});
+  new MutationObserver(() => { adopt(); explain(); }).observe(document.documentElement,
+                                                               {childList: true, subtree: true, characterData: true});
 })();

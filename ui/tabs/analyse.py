@@ -12,6 +12,7 @@ import numpy as np
 from csd.config import ConfigError
 from csd.db import analytics as A
 from csd.memory import CorrectionMemory
+from csd.numbers import CAPACITY
 
 from .. import figures, render, rules
 from ..state import RunSettings, Services, Session
@@ -21,6 +22,7 @@ from .common import (
     SCOPE_SESSION,
     ensure_session,
     error,
+    read_number,
     rival_params,
     scope_filter,
     scopes,
@@ -136,8 +138,7 @@ def capacity_what_if(services: Services, scope: str, capacity, lam, log10_tau, s
     """What a memory of ``capacity`` patterns would have rescued on the scope's logged divergences at the λ/τ
     sliders, beside the unbounded memory (``csd.db.analytics.capacity_what_if``). -> (markdown, session)."""
     sess = ensure_session(services, sess)
-    if capacity is None or isinstance(capacity, bool) or not float(capacity) > 0 or not float(capacity).is_integer():
-        raise error(f"Memory of N patterns must be a whole number greater than 0; got {capacity!r}.")
+    capacity = read_number(replace(CAPACITY, name="Memory of N patterns", optional=False), capacity)
     f, why = scope_filter(services, sess, scope if scope != SCOPE_MEMORY else SCOPE_SESSION, target=target)
     if f is None:
         return why, sess

@@ -4,13 +4,13 @@ values (``services`` first, bound with ``functools.partial``) to new values; bad
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import replace
 
 import gradio as gr
 
 from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
 from csd.db import analytics as A
+from csd.numbers import Field, NumberError
 from csd.rule import log_tau
 
 from .. import render, rules
@@ -35,6 +35,9 @@ def exactness_note(target: str, activations: str = "") -> str:
              "draft token.")
     if target == "float32":
         return f"**Exactness here:** the target runs in float32, where {exact}"
+    if target == "gguf":
+        return ("**Exactness here:** the target computes on its GGUF file's own blocks, each token's row on its own, "
+                f"so a verify pass computes for every token what the target alone computes for it: {exact}")
     if target == "int8" and activations == "row":
         return ("**Exactness here:** the target runs in int8 with each token's activations scaled on their own, "
                 f"so a verify pass computes for every token what the target alone computes for it: {exact}")
@@ -118,13 +121,21 @@ def describe_tau(log10_tau: float) -> str:
     return f"τ = {tau:.3g}  (log τ = {log_tau(tau):.2f})"
 
 
-def as_number(name: str, v, whole: bool = True):
-    """``v`` as an int (``whole``) or a float; ``ConfigError`` when it is missing or, ``whole``, not whole."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        raise ConfigError(f"{name} is missing")
-    if whole and isinstance(v, float) and not v.is_integer():
-        raise ConfigError(f"{name} must be a whole number, got {v!r}")
-    return int(v) if whole else float(v)
+def as_number(name: str, v, whole: bool = True, lo: float | None = None, hi: float | None = None):
+    """``v`` read by ``csd.numbers`` as an int (``whole``) or a float in [lo, hi]; ``ConfigError`` with its sentence,
+    naming ``name``, when it is missing, not a number, out of range or, ``whole``, not whole."""
+    try:
+        return Field(name, lo, hi, whole).read(v)
+    except NumberError as e:
+        raise ConfigError(str(e)) from None
+
+
+def read_number(field: Field, value):
+    """``value`` as ``field`` reads it (``csd.numbers``), or a page error with its sentence."""
+    try:
+        return field.read(value)
+    except NumberError as e:
+        raise error(str(e)) from None
 
 
 def rival_params(values: dict) -> dict:

@@ -81,9 +81,10 @@ def leaves_sd(csd: RunView, sd: RunView, name: str = "CSD") -> str:
 
 
 def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff: set[int] | None,
-                     sd: RunView | None = None, ref: str = "ar") -> str:
+                     sd: RunView | None = None, ref: str = "ar", busy: int = 0) -> str:
     """A pane's caption: its passes and time, where it departs from the ``ref`` pane's answer ``ar`` (AR's, else the
-    first pane's) and, for a relaxing method, where it leaves SD's."""
+    first pane's), for a relaxing method where it leaves SD's, and ``busy``: the most other runs that shared the
+    machine while it ran (its times then are not the method's alone)."""
     if view is None:
         return f"**{method.upper()}**: waiting"
     m = view.metrics
@@ -104,6 +105,9 @@ def _compare_caption(method: str, view: RunView | None, ar: RunView | None, diff
             head += f" · {m.tokens_per_s / ar.metrics.tokens_per_s:.2f}× {r} tokens/s"
     if method not in ("ar", "sd") and sd is not None and sd.done:
         head += leaves_sd(view, sd, method.upper())
+    if busy:
+        head += (f" · **the machine was busy**: {plural(busy, 'other run')} shared it while this ran, so its time "
+                 "and tokens/s are not this method's alone")
     return head
 
 
@@ -141,7 +145,7 @@ def compare_note(views: dict[str, RunView | None]) -> str:
     return "\n\n".join(lines + [verdict, why])
 
 
-def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool = False) -> tuple:
+def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool = False, busy=None) -> tuple:
     """The panes (marked where they depart from ``ref``'s), their captions, and once ``final`` the chart and note."""
     base = views[ref]
     diffs = {m: (departures(base.token_ids, v.token_ids) if (base and base.done and v and v.done and m != ref)
@@ -151,8 +155,8 @@ def _compare_out(views: dict, slots: list, ref: str, whatif: tuple, final: bool 
              if m and views[m] else render.render_tokens([], empty="waiting…" if m else "no method picked",
                                                          view=f"pane-{slot}", panel="compare")
              for slot, m in zip(COMPARE_METHODS, slots)]
-    caps = [_compare_caption(m, views[m], base, diffs[m], views.get("sd"), ref) if m else "*(no method)*"
-            for m in slots]
+    caps = [_compare_caption(m, views[m], base, diffs[m], views.get("sd"), ref, (busy or {}).get(m, 0)) if m
+            else "*(no method)*" for m in slots]
     if not final:
         return (*panes, *caps, gr.skip(), gr.skip())
     fig = figures.make_compare_figure({m: v.metrics for m, v in views.items() if v and v.done and v.metrics})
@@ -170,9 +174,10 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
     views: dict[str, RunView | None] = dict.fromkeys(picked)
     slots = [*picked, None][:len(COMPARE_METHODS)]
     ref = "ar" if "ar" in views else picked[0]        # the answer the others are compared with
+    busy: dict[str, int] = {}                        # the most other runs on the model during each method's run
 
     def out(final: bool = False):
-        return (*_compare_out(views, slots, ref, (float(s.lam), tau_from_log10(s.log10_tau)), final),
+        return (*_compare_out(views, slots, ref, (float(s.lam), tau_from_log10(s.log10_tau)), final, busy),
                 status_line(services, sess, "compare"), sess)
 
     if job.cancel:
@@ -188,6 +193,7 @@ def compare(services: Services, prompt: str, s: RunSettings, sess: Session | Non
             memory = sess.memory if m == "csd" else sess.memory.copy()
             for view in run_recorded(services, sess, job, prompt, s.chat, cfgs[m], memory, "compare", m.upper()):
                 views[m] = view
+                busy[m] = max(busy.get(m, 0), services.lane.beside(job))
                 yield out()     # once started, then after every target pass
             remember_ar(sess, views[m])
         sess.last = views.get("csd") or next((v for m, v in reversed(views.items()) if m != "ar" and v is not None),
@@ -241,11 +247,11 @@ def build(page: Page):
                                                elem_id="c-max-new")
         with gr.Row(equal_height=False):
             panes, caps = [], []
-            for m in COMPARE_METHODS:
+            for m in COMPARE_METHODS:    # each pane above its caption, so that the three answers start level
                 with gr.Column(min_width=240):
-                    caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
                     panes.append(gr.HTML(render.render_tokens([], empty="not run yet", view=f"pane-{m}",
                                                               panel="compare"), elem_id=f"pane-{m}"))
+                    caps.append(gr.Markdown(f"**{m.upper()}**", elem_id=f"cap-{m}"))
         gr.HTML(render.detail_panel(), elem_id="compare-detail")
         c_note = gr.Markdown(compare_note({}), elem_id="compare-note")
         c_fig = gr.Plot(figures.make_compare_figure({}), label="Target passes, wall time, tokens/s",
@@ -258,7 +264,8 @@ def build(page: Page):
                              [*panes, *caps, c_fig, c_note, c_status, sess], "compare",
                              check_in=(page.gamma, page.lam, page.log10_tau, own["max_new_tokens"]))
         analyse.refresh_after(page, cmp)
-        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare")
+        c_stop.click(partial(stop, services, "compare"), sess, c_status, queue=False, api_name="stop_compare",
+                     show_progress="hidden")
         exact.change(partial(set_exact_mode, services, [fn for _, fn in page.exactness]), [exact, sess],
                      [*(c for c, _ in page.exactness), sess], api_name="exact_mode", show_progress="minimal",
                      **page.light)      # this user's choice only: the model takes it at their next run

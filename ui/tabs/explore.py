@@ -1,6 +1,7 @@
 """The Explore & memory tab: the logged events, filtered and exported; the session's correction memory."""
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 from dataclasses import replace
@@ -18,6 +19,7 @@ from csd.config import ConfigError
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError, policy_from
+from csd.numbers import grouped
 from csd.runtime import threads
 
 from .. import render, rules
@@ -44,8 +46,9 @@ log = logging.getLogger(__name__)
 
 
 # -- events ------------------------------------------------------------------------------------
-EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", "draft x~", "target t*", "gap", "count", "rule", "context",
-                 "memory"]
+DRAFTS, CHOOSES = "the draft's token (x~)", "the target's choice (t*)"    # plain words, the paper's symbols beside
+EVENT_COLUMNS = ["run", "seq", "pos", "status", "token", DRAFTS, CHOOSES, "how close (logit gap)", "count", "rule",
+                 "context", "memory"]
 
 
 def parse_pattern(value) -> tuple[int, int] | None:
@@ -124,19 +127,28 @@ def hide_download():
 
 
 # -- memory ------------------------------------------------------------------------------------
-MEMORY_COLUMNS = ["draft x~", "target t*", "ids", "count", "≥ λ"]
+MEMORY_COLUMNS = [DRAFTS, CHOOSES, "ids", "count", "≥ λ"]
 CAL_PROMPTS, CAL_TEXT = "prompts: the target's own answers", "text: teacher-forced reading"
 SRC_SHIPPED, SRC_UPLOAD = "shipped set", "uploaded file"
 MAX_PROMPTS, MAX_ANSWER_TOKENS, MAX_POSITIONS = 10_000, 2048, 1_000_000   # a calibration's limits
 
 
-def _calibration_line(c: dict) -> str:
-    if not isinstance(c, dict):
-        return "?"
-    if c.get("mode") == "prompts":
-        name = c.get("source") or "prompts"
-        return f"{render.esc_md(name)}: {plural(c.get('prompts', 0), 'prompt')}, {plural(c.get('positions', 0), 'position')}"
-    return f"{render.esc_md(c.get('corpus') or 'corpus')}: {plural(c.get('positions', 0), 'position')}"
+def _calibration_lines(cal) -> list[str]:
+    """A line per source the memory was calibrated on (the last three; one calibrated twice is summed, named once)."""
+    sums: dict[tuple, list] = {}
+    for c in cal if isinstance(cal, list) else []:
+        c = c if isinstance(c, dict) else {}            # an uploaded memory's may hold anything
+        prompts = c.get("mode") == "prompts"
+        n = sums.setdefault((prompts, str(c.get("source" if prompts else "corpus") or "?")), [0, 0, 0])
+        for i, key in enumerate(("prompts", "positions")):
+            n[i] += c[key] if isinstance(c.get(key), int) else 0
+        n[2] += 1
+    lines = []
+    for (prompts, name), (n, positions, times) in list(sums.items())[-3:]:
+        sizes = [plural(n, "prompt")] if prompts else []
+        again = f" ({times} calibrations)" if times > 1 else ""
+        lines.append(f"{render.esc_md(name)}: {', '.join([*sizes, plural(positions, 'position')])}{again}")
+    return lines
 
 
 def memory_view(services: Services, lam, sess: Session | None):
@@ -145,8 +157,8 @@ def memory_view(services: Services, lam, sess: Session | None):
     mem, lam, tok = sess.memory, float(lam), services.pair.tokenizer
     rows = [[render.show_token(tok.decode([d])), render.show_token(tok.decode([t])), f"{d}:{t}", c,
              "yes" if rules.memory_knows(c, lam) else ""] for (d, t), c in mem.top(40)]
-    cal = mem.meta.get("calibration")   # a list; an uploaded memory's may hold anything, names included
-    cal_txt = "; ".join(_calibration_line(c) for c in (cal[-3:] if isinstance(cal, list) else []))
+    # a list; an uploaded memory's may hold anything, names included
+    cal_txt = "; ".join(_calibration_lines(mem.meta.get("calibration")))
     mismatch = mem.mismatch(services.pair)
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
     md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
@@ -165,17 +177,54 @@ def _policy_line(mem: CorrectionMemory) -> str:
     return f" Size: {mem.nbytes:,} bytes on a device. Policy: **{mem.policy.describe()}**{forgot}."
 
 
+def _read_policy(capacity, half_life):
+    """The policy the boxes ask for (``csd.numbers``), or ``ValueError`` with the sentence naming the box."""
+    try:
+        return policy_from(capacity, half_life, (CAPACITY_BOX, HALF_LIFE_BOX))
+    except ValueError as e:
+        raise ValueError(f"{e} Leave the box empty for none.") from None
+
+
 def memory_set_policy(services: Services, capacity, half_life, lam, sess: Session | None):
     """Give the session's memory a capacity and/or a half-life (an empty box: none; both empty: unbounded, the
     paper's); a bad value is refused with a sentence naming the box. -> (summary, rows, session)."""
     sess = ensure_session(services, sess)
     try:
-        policy = policy_from(capacity, half_life, ("Memory capacity", "Memory half-life"))
+        policy = _read_policy(capacity, half_life)
     except ValueError as e:
-        raise error(f"{e}; leave the box empty for none.") from None
+        raise error(str(e)) from None
     sess.memory.set_policy(policy)
     info(f"Memory policy: {sess.memory.policy.describe()}")
     return memory_view(services, lam, sess)
+
+
+CAPACITY_BOX, HALF_LIFE_BOX = "Memory capacity", "Memory half-life"     # the boxes' labels: their refusals name them
+_notes = itertools.count(1)      # each note differs from the last: the page draws a refusal after a refusal
+
+
+def policy_boxes(services: Services, sess: Session | None, note: str = ""):
+    """What the policy boxes show: the memory's own policy (after an upload, a reset, an apply), and the line beside
+    them (``note``: a refusal, or what was applied). -> (capacity, half-life, note html)."""
+    sess = ensure_session(services, sess)
+    p = sess.memory.policy
+    state = "stopped" if note.startswith("Not") else "done"
+    boxes = ("" if v is None else grouped(v) for v in (p.capacity, p.half_life))
+    return *boxes, render.render_status(note, state, next(_notes))
+
+
+def memory_apply(services: Services, capacity, half_life, lam, sess: Session | None):
+    """The page's Apply: ``memory_set_policy``, its refusal kept beside the boxes (what was typed stays in them, to be
+    fixed) and echoed in a toast. -> (summary, rows, capacity, half-life, note, session)."""
+    sess = ensure_session(services, sess)
+    try:
+        sess.memory.set_policy(_read_policy(capacity, half_life))
+    except ValueError as e:
+        log.info("refused: %s", e)
+        warn(str(e))
+        said = render.render_status(f"Not applied: {e}", "stopped", next(_notes))
+        return (*memory_view(services, lam, sess)[:2], gr.update(), gr.update(), said, sess)
+    md, rows, sess = memory_view(services, lam, sess)
+    return (md, rows, *policy_boxes(services, sess, f"Applied: {sess.memory.policy.describe()}."), sess)
 
 
 def _table_line(mem: CorrectionMemory) -> str:
@@ -237,13 +286,11 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
         return (*memory_view(services, lam, sess)[:2], status_line(services, sess, "calibrate"), sess)
     prompts_mode = mode != CAL_TEXT
     try:
-        n_prompts, tokens = as_number("prompts", n_prompts), as_number("answer tokens", answer_tokens)
-        n = as_number("positions", max_positions)
-        if prompts_mode and not (1 <= n_prompts <= MAX_PROMPTS and 1 <= tokens <= MAX_ANSWER_TOKENS):
-            raise ConfigError(f"prompts must be in 1..{MAX_PROMPTS} and answer tokens in 1..{MAX_ANSWER_TOKENS}, "
-                              f"got {n_prompts} and {tokens}")
-        if not prompts_mode and not 1 <= n <= MAX_POSITIONS:
-            raise ConfigError(f"positions must be in 1..{MAX_POSITIONS}, got {n}")
+        if prompts_mode:
+            n_prompts = as_number("Prompts", n_prompts, lo=1, hi=MAX_PROMPTS)
+            tokens = as_number("Answer tokens each", answer_tokens, lo=1, hi=MAX_ANSWER_TOKENS)
+        else:
+            n = as_number("Text positions", max_positions, lo=1, hi=MAX_POSITIONS)
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
@@ -326,7 +373,8 @@ def _events_panel(s, scope_choices) -> SimpleNamespace:
         status = gr.CheckboxGroup(list(STATUSES), value=[RESCUED, RELAXED, REJECTED], label="Status",
                                   elem_id="e-status")
     with gr.Row():
-        pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (x~ → t*)", allow_custom_value=True)
+        pattern = gr.Dropdown([("any", "any")], value="any", label="Pattern (the draft's token → the target's choice)",
+                              allow_custom_value=True)
         text = gr.Textbox(label="Text contains", placeholder="token, draft, target or context text", elem_id="e-text")
         target = target_dropdown("e-target")
         with gr.Column(scale=0, min_width=160):
@@ -368,11 +416,13 @@ def _memory_panel(s) -> SimpleNamespace:
                 m.reset = gr.Button("Reset to default")
                 m.clear = gr.Button("Clear")
             with gr.Row(equal_height=True):
-                m.capacity = number("Memory capacity", optional=True, precision=0, minimum=1, value=None,
-                                    label="Capacity (patterns; empty: unbounded)", elem_id="memory-capacity")
-                m.half_life = number("Memory half-life", optional=True, minimum=1, value=None,
-                                     label="Half-life (divergences; empty: never)", elem_id="memory-half-life")
+                # text boxes: what is typed reaches the handler as typed ('abc' too), read by csd.numbers there
+                m.capacity = gr.Textbox(label=CAPACITY_BOX, info="patterns; empty: unbounded", max_lines=1,
+                                        elem_id="memory-capacity")
+                m.half_life = gr.Textbox(label=HALF_LIFE_BOX, info="divergences; empty: never", max_lines=1,
+                                         elem_id="memory-half-life")
                 m.policy = gr.Button("Apply", scale=0, min_width=80, elem_id="memory-policy-btn")
+            m.policy_note = gr.HTML(render.render_status("", "idle"), elem_id="memory-policy-status")
             m.dl_btn = gr.Button("Save memory to a file")
             m.upload = gr.UploadButton("Upload memory file or SGLang CSD table (.json / .json.gz / .jsonl)",
                                        type="filepath", file_types=[".json", ".gz", ".jsonl"], elem_id="memory-upload")
@@ -390,7 +440,10 @@ def build(page: Page):
 
     def wire():
         mem_out = [m.summary, m.table, sess]
-        explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light)
+        boxes = (partial(policy_boxes, services), [sess], [m.capacity, m.half_life, m.policy_note])
+        quiet = dict(api_visibility="private", show_progress="hidden", **light)
+        explore_tab.select(partial(memory_view, services), [lam, sess], mem_out, api_name="memory_view", **light) \
+            .then(*boxes, **quiet)
         ev_inputs, ev_out = [*e.filters, sess], [e.table, e.caption, e.pattern, e.target, e.csv, sess]
         e.btn.click(partial(explore_events, services), ev_inputs, ev_out, api_name="explore_events", **light)
         e.csv_btn.click(partial(export_events_csv, services), ev_inputs, [e.csv, sess], api_name="export_csv", **light)
@@ -400,13 +453,16 @@ def build(page: Page):
         sizes = [m.cal_in[k] for k in ("n_prompts", "answer_tokens", "max_positions")]
         page.model_job(m.cal, "calibrate", partial(calibrate_memory, services), dict(**m.cal_in, lam=lam),
                        [m.summary, m.table, m.status, sess], "calibrate", check_in=sizes)
-        m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False, api_name="stop_calibrate")
+        m.stop.click(partial(stop, services, "calibrate"), sess, m.status, queue=False,
+                     api_name="stop_calibrate", show_progress="hidden")
         m.reset.click(partial(memory_reset, services, "default"), [lam, sess], mem_out, api_name="memory_reset",
-                      **light)
-        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear", **light)
-        m.policy.click(partial(memory_set_policy, services), [m.capacity, m.half_life, lam, sess], mem_out,
-                       api_name="memory_policy", **light)
+                      **light).then(*boxes, **quiet)
+        m.clear.click(partial(memory_reset, services, "clear"), [lam, sess], mem_out, api_name="memory_clear",
+                      **light).then(*boxes, **quiet)
+        m.policy.click(partial(memory_apply, services), [m.capacity, m.half_life, lam, sess],
+                       [m.summary, m.table, m.capacity, m.half_life, m.policy_note, sess], api_name="memory_policy",
+                       show_progress="hidden", **light)
         m.dl_btn.click(partial(memory_download, services), [sess], [m.file, sess], api_name="memory_download", **light)
         m.upload.upload(partial(memory_upload, services), [m.upload, lam, sess], [m.summary, m.table, m.error, sess],
-                        api_name="memory_upload", **light)
+                        api_name="memory_upload", **light).then(*boxes, **quiet)
     return wire

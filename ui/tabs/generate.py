@@ -146,6 +146,9 @@ def build(page: Page):
         gr.HTML(render.render_legend(), elem_id="legend")
         with gr.Row(elem_classes=HIDE_PRESENT):
             hide_rejected = gr.Checkbox(False, label="Hide rejected draft tokens", elem_id="hide-rejected")
+            reading = gr.Checkbox(False, label="Reading view: rejected draft tokens folded behind ⋯, a click opens "
+                                  "them (on in presentation mode)", elem_id="reading-view")
+            reading.change(None, reading, None, js=render.READING_JS, api_visibility="private")
             export_btn = gr.Button("Export the coloured answer (HTML + JSON)", elem_id="export-btn")
         export_files = gr.File(label="Coloured answer", file_count="multiple", visible=False, elem_id="export-files")
         metrics = gr.HTML(export.render_metrics(None), elem_id="metrics")
@@ -160,7 +163,8 @@ def build(page: Page):
                              check_in=(page.gamma, lam, log10_tau, *(own[k] for k in ("temperature", "max_new_tokens",
                                                                                        "seed", "method"))))
         analyse.refresh_after(page, gen)
-        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop")
+        stop_btn.click(partial(stop, services, "generate"), sess, gen_status, queue=False, api_name="stop",
+                       show_progress="hidden")
 
         recolour_io = ([lam, log10_tau, hide_rejected, sess], [tokens, whatif_md, sess])
         for ctl in (lam, log10_tau, hide_rejected):

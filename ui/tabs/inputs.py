@@ -2,37 +2,29 @@
 naming the setting and its range; inputs only (why: docs/design.md, "Checked inputs")."""
 from __future__ import annotations
 
-import math
 import types
 
 import gradio as gr
 
-from .common import error
+from csd.numbers import Field
+
+from .common import error, read_number
 
 
 def range_words(lo: float | None, hi: float | None, whole: bool) -> str:
-    """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more'."""
-    kind = "a whole number" if whole else "a number"
-    if lo is not None and hi is not None:
-        return f"{kind} from {lo:g} to {hi:g}" if whole else f"between {lo:g} and {hi:g}"
-    if lo is not None:
-        return f"{kind}, {lo:g} or more"
-    return f"{kind}, {hi:g} or less" if hi is not None else kind
+    """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more' (``csd.numbers.Field.words``)."""
+    return Field("", lo, hi, whole).words()
 
 
-def check_range(what: str, value, lo: float | None, hi: float | None, whole: bool, note: str = "") -> None:
-    """Refuse ``value`` unless it is a number in [lo, hi] (whole with ``whole``), with a sentence
-    that names ``what`` and the range (and ``note``: what the range means)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo is None or value >= lo) and (hi is None or value <= hi) and not (whole and value % 1)
-    if not ok:
-        got = "nothing" if value is None else repr(value)
-        raise error(f"{what} must be {range_words(lo, hi, whole)}{f' {note}' if note else ''}; got {got}.")
+def check_range(what: str, value, lo: float | None, hi: float | None, whole: bool, note: str = ""):
+    """``value`` (a number, or text from an API call) read by ``csd.numbers``, or refused with its sentence that names
+    ``what`` and the range (and ``note``: what the range means). -> the number read."""
+    return read_number(Field(what, lo, hi, whole, note=note), value)
 
 
 def _check_number(self: gr.Slider | gr.Number, payload):
     if payload is not None or not self.csd_optional:    # an empty optional box: no value (an empty seed is no seed)
-        check_range(self.csd_what, payload, self.minimum, self.maximum, self.csd_whole, self.csd_note)
+        payload = check_range(self.csd_what, payload, self.minimum, self.maximum, self.csd_whole, self.csd_note)
     return type(self).preprocess(self, payload)
 
 

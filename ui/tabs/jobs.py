@@ -2,6 +2,7 @@
 end, its status line, and the run it holds (docs/design.md, "The web app")."""
 from __future__ import annotations
 
+import html
 import itertools
 import logging
 import time
@@ -31,7 +32,13 @@ def request_job(services: Services, kind: str, sess: Session | None, prompt: str
     (``session_hash``, ``event``: how the lane finds its run in gradio's queue). -> (session, status, timer)."""
     sess = ensure_session(services, sess)
     if prompt is not None:
-        prompt_ids(services, prompt, chat)
+        try:
+            prompt_ids(services, prompt, chat)
+        except gr.Error as e:       # the reason, for the status line that ``refused`` draws next
+            _said[session_hash, kind] = html.unescape(e.message).rstrip(".") + "."
+            while len(_said) > 1000:
+                _said.pop(next(iter(_said)))
+            raise
     job = services.lane.request(sess.session_id, kind, session_hash, event)
     sess.pending[kind].append(job)
     sess.jobs[kind] = job
@@ -74,16 +81,27 @@ REFUSED = "Not run: the request was refused (the message says why)."
 _refusals = itertools.count(1)      # each refusal's line differs from the last: the page draws every one
 
 
-def refused(services: Services, kind: str, sess: Session | None):
-    """A click gradio refused before the handler ran: its waiting request is withdrawn and the status line says
-    it was not run (unless an earlier job still runs or the handler said why). -> the status line."""
+_said: dict[tuple[str, str], str] = {}     # (a page's session hash, kind) -> why its last click was refused
+
+
+def refused(services: Services, kind: str, sess: Session | None, session_hash: str = ""):
+    """A click refused before the model's handler ran: its waiting request is withdrawn and the status line says
+    it was not run, and why where the refusal said (``request_job``); it stays until the next click (the status
+    timer draws it again). Else, unless an earlier job still runs or the handler said why: ``REFUSED``."""
+    why = _said.pop((session_hash, kind), None)
     if isinstance(sess, Session):
         q = sess.pending[kind]
         if q and q[-1].waiting:
             services.lane.finish(q.pop(), REFUSED)
         job = sess.jobs.get(kind)
+        if why is not None and (job is None or job.finished):
+            sess.jobs[kind] = Job(next(_refusals), sess.session_id, kind, summary=f"Not run: {why}",
+                                  finished_at=time.monotonic())
+            return status_line(services, sess, kind)
         if job is not None and (not job.finished or job.summary.startswith(("Not run", "Failed"))):
             return status_line(services, sess, kind)
+    if why is not None:
+        return render.render_status(f"Not run: {why}", "stopped", next(_refusals))
     return render.render_status(REFUSED, "stopped", next(_refusals))
 
 
@@ -134,7 +152,10 @@ def status_line(services: Services, sess: Session | None, kind: str) -> str:
         doing = f" The one running: {_run_progress(first, now)}." if len(pos.running) == 1 else \
             f" {len(pos.running)} running; the first: {_run_progress(first, now)}." if first else ""
         more = wait.describe(services.lane.estimate(pos.waiting, pos.running, slots, now), pos.waiting)
-        return render.render_status(f"Waiting for the model: {plural(len(pos), 'request')} ahead of yours "
+        # no request can pass a waiting one: a count one higher is an event read both in gradio's queue and as
+        # started, between the two reads (``Lane.position``), not a request that came ahead
+        job.ahead = min(len(pos), job.ahead if job.ahead is not None else len(pos))
+        return render.render_status(f"Waiting for the model: {plural(job.ahead, 'request')} ahead of yours "
                                     f"(waited {_ago(now - job.queued_at)}{more}).{doing}", "waiting")
     return render.render_status(_run_progress(job, now), "running")
 
@@ -298,10 +319,7 @@ def speculation_sentence(view: RunView, block, costs) -> str:
         return ""
     draft_ms = 1000 * m.draft_s / m.draft_forwards if m.draft_forwards else costs.draft_ms
     verify_ms = 1000 * m.verify_s / m.target_forwards
+    costs = f"a draft token took {draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms"
     if m.drafted == 0:
-        return (f"γ auto drafted nothing (the bar's γ is {block}): here a draft token took {draft_ms:.0f} ms against "
-                f"{verify_ms:.0f} ms for a verify pass, so drafting did not pay; Show speculation drafts anyway.")
-    floor = f" (Show speculation asks for at least {cfg.gamma_min})" if cfg.gamma_min else ""
-    return (f"γ auto drafted {drafted:.1f} tokens a block, not the bar's {block}{floor}: here a draft token took "
-            f"{draft_ms:.0f} ms, a verify pass {verify_ms:.0f} ms, and {m.acceptance_rate:.0%} of the drafted tokens "
-            f"were kept (kept = accepted + {'relaxed' if m.relaxed else 'rescued'}).")
+        return f"γ auto drafted nothing, not {block}: {costs}."
+    return f"γ auto drafted about {drafted:.0f} a block, not {block}: {costs}."

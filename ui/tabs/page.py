@@ -91,9 +91,12 @@ class Page:
                         api_visibility="private", **self.light)
         run = ask.success(fn, [sess], outputs, inputs_kwargs=named, api_name=api_name, show_progress="hidden",
                           concurrency_limit=self.settings.concurrency, concurrency_id=MODEL_GROUP)
+        def said_no(request: gr.Request, sess):
+            return refused(services, kind, sess, request.session_hash or "")
+
         for step in (ask, run):      # refused before its handler ran: the status line says so, nothing waits
-            step.failure(partial(refused, services, kind), [sess], [self.status[kind]], show_progress="hidden",
-                         api_visibility="private", **self.light)
+            step.failure(said_no, [sess], [self.status[kind]], show_progress="hidden", api_visibility="private",
+                         **self.light)
         # the last word on the status lines, sent after the run ends (docs/design.md, "The model lane")
         run.then(partial(poll_status, services), *self.status_io, queue=False, show_progress="hidden",
                  api_visibility="private")

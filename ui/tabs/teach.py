@@ -74,8 +74,9 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
             f'<div class="csd-block"><span class="lbl">drafted block:</span>{"".join(chips) or "–"}</div>'
             f'<div class="csd-tokens">{esc(text_before)}{kept}</div>'
             f'<div class="csd-scroll-box"><div class="csd-scroll-hint">more columns: scroll the table sideways →'
-            f'</div><div class="csd-scroll"><table><thead><tr><th>i</th><th>draft proposes x~</th><th>draft top 5</th>'
-            f"<th>target t*</th><th>target top 5 (p)</th><th>decision / rule</th><th>why</th></tr></thead>"
+            f'</div><div class="csd-scroll"><table><thead><tr><th>i</th><th>the draft\'s token (x~)</th>'
+            f"<th>draft top 5</th><th>the target's choice (t*)</th><th>target top 5 (p)</th><th>decision / rule</th>"
+            f"<th>why</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div></div></div>")
 
 
@@ -180,5 +181,6 @@ def build(page: Page):
         teach_timer.tick(partial(teach_play, services), [sess], [t_view, teach_timer, sess],
                          api_visibility="private", show_progress="hidden", **light)
         t_stop.click(lambda: gr.Timer(active=False), None, teach_timer, queue=False, api_visibility="private")
-        t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach")
+        t_stop.click(partial(stop, services, "teach"), sess, t_status, queue=False, api_name="stop_teach",
+                     show_progress="hidden")
     return wire
