@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .kblocks import BLOCK, KNOWN, PACK, Q4_K, QK, TILE
+from .kblocks import BLOCK, KNOWN, PACK, TILE
 
 SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
 
@@ -65,9 +65,6 @@ def library(portable: bool = False):
         lib = ctypes.CDLL(str(out))
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.kq_simd.restype = i32
-        lib.kq_quantize.argtypes = [p, i64, i64, p, p, p, p]
-        lib.kq_q4k.argtypes = [p, p, p, i64, i64, p, p, p, p, p, i64, p, i64, i32]
-        lib.kq_q6k.argtypes = [p, p, p, i64, i64, p, p, p, p, i64, p, i64, i32]
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
         lib.kq_attend.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
         lib.kq_layer.argtypes = [p, i64, i64, p, i64, i64, i64, i64, i32, p, p, p, p, p, i64, p, ctypes.c_float,
@@ -123,19 +120,6 @@ class KQuantPart:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.packed.values())
 
-    def run(self, lib, acts: tuple, rows: int, y: torch.Tensor, threads: int) -> None:
-        """Write this matrix's products of the quantised activations ``acts`` into ``y`` (a view, rows apart)."""
-        q, scale, s16, s32 = acts
-        p, k, ld = self.packed, self.in_features, y.stride(0)
-        if self.qtype == Q4_K:
-            lib.kq_q4k(q.data_ptr(), scale.data_ptr(), s32.data_ptr(), rows, k, p["qw"].data_ptr(),
-                       p["sc"].data_ptr(), p["m"].data_ptr(), p["d"].data_ptr(), p["dmin"].data_ptr(),
-                       self.padded, y.data_ptr(), ld, threads)
-        else:
-            lib.kq_q6k(q.data_ptr(), scale.data_ptr(), s16.data_ptr(), rows, k, p["qw"].data_ptr(),
-                       p["m"].data_ptr(), p["sc"].data_ptr(), p["d"].data_ptr(), self.padded, y.data_ptr(), ld,
-                       threads)
-
 
 class _Part(ctypes.Structure):
     """``kq_part`` of kernels/kquant.c: one matrix of a fused product, by address."""
@@ -186,13 +170,6 @@ class KQuantLinear(torch.nn.Module):
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)
-
-    def quantise(self, x2: torch.Tensor) -> tuple:
-        rows, k = x2.shape
-        acts = (torch.empty((rows, k), dtype=torch.int8), torch.empty((rows, k // QK), dtype=torch.float32),
-                torch.empty((rows, k // 16), dtype=torch.int32), torch.empty((rows, k // 32), dtype=torch.int32))
-        self.lib.kq_quantize(x2.data_ptr(), rows, k, *(a.data_ptr() for a in acts))
-        return acts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

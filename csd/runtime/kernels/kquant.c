@@ -48,6 +48,7 @@ int kq_simd(void) {
 #endif
 }
 
+#if !defined(KQ_AVX512)      /* the portable loops read f16 scales themselves */
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
@@ -63,6 +64,7 @@ static float f16_to_f32(uint16_t h) {
     memcpy(&f, &bits, 4);
     return f;
 }
+#endif
 
 /* x (R, K) float -> q (R, K) int8 with one scale per ``qb`` columns (R, K/qb): 256 for the k-quants, as
  * llama.cpp's Q8_K, 32 for Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32). */
@@ -90,10 +92,6 @@ void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t
         for (int64_t g = 0; g < K / 32; g++)
             s32[r * (K / 32) + g] = s16[r * (K / 16) + 2 * g] + s16[r * (K / 16) + 2 * g + 1];
     }
-}
-
-void kq_quantize(const float *x, int64_t R, int64_t K, int8_t *q, float *scale, int32_t *s16, int32_t *s32) {
-    kq_quantize_blocks(x, R, K, QK, q, scale, s16, s32);
 }
 
 static int threads_for(int nt, int64_t tiles) {
@@ -191,16 +189,6 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         memcpy(y + r * ldy + t * 16, acc, sizeof acc);
     }
 #endif
-}
-
-void kq_q4k(const int8_t *q, const float *ascale, const int32_t *s32, int64_t R, int64_t K,
-            const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
-            int64_t N, float *y, int64_t ldy, int nthreads) {
-    int64_t tiles = N / 16, nsb = K / QK;
-    int nt = threads_for(nthreads, tiles);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-        q4k_tile(t, nsb, R, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy);
 }
 
 /* ---- Q6_K ---------------------------------------------------------------------------------------- */
@@ -385,16 +373,6 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
         memcpy(y + r * ldy + t * 16, acc, sizeof acc);
     }
 #endif
-}
-
-void kq_q6k(const int8_t *q, const float *ascale, const int32_t *s16, int64_t R, int64_t K,
-            const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, int64_t N, float *y,
-            int64_t ldy, int nthreads) {
-    int64_t tiles = N / 16, nsb = K / QK;
-    int nt = threads_for(nthreads, tiles);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t t = 0; t < tiles; t++)
-        q6k_tile(t, nsb, R, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy);
 }
 
 /* ---- one call a fused product: activations quantised once, every part's tiles in one parallel loop ---- */
