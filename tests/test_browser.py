@@ -299,7 +299,8 @@ def test_one_toast_at_a_time(page, shots):
     page.wait_for_function(f"() => ({visible})().some(t => t.includes('between -4 and 0'))", timeout=WAIT_MS)
     page.wait_for_timeout(700)
     shown = page.evaluate(visible)
-    assert len(shown) == 1 and "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1)" in shown[0]
+    assert len(shown) == 1 and ("τ's power of ten (the gate threshold) must be between -4 and 0 "
+                                "(τ from 0.0001 to 1)" in shown[0])
     assert page.locator(".toast-body:visible").count() == 1
     set_number(page, "log10-tau", -2)          # the refused value stays in the box (not clamped): put it right
     page.locator("#prompt textarea").fill("   ")

@@ -163,8 +163,8 @@ def test_bad_input_gets_a_clear_message_and_the_app_keeps_working(client):
 REFUSED = [
     ("/generate", gen_args(gamma=33), "γ (the draft block length) must be a whole number from 1 to 32; got 33."),
     ("/generate", gen_args(lam=-2), "λ (the memory count threshold) must be a whole number from 0 to 64; got -2."),
-    ("/generate", gen_args(log10_tau=-5), "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 "
-                                          "to 1); got -5."),
+    ("/generate", gen_args(log10_tau=-5),
+     "τ's power of ten (the gate threshold) must be between -4 and 0 (τ from 0.0001 to 1); got -5."),
     ("/generate", gen_args()[:7] + (3,) + gen_args()[8:], "Temperature must be between 0 and 2 (0 = greedy); got 3."),
     ("/generate", gen_args(max_new=0),
      "Max new tokens must be a whole number from 1 to 512 (this app's limit); got 0."),

@@ -57,7 +57,8 @@ def make_pareto_figure(rows: Sequence, max_bars: int = 30, top_fraction: float =
     cum = [_get(r, "cumulative_share", acc / total) for r, acc in zip(shown, accumulate(counts))]
     hover = [f"<b>{_tok(_get(r, 'draft_text'))} → {_tok(_get(r, 'target_text'))}</b>"
              f"<br>ids {_get(r, 'draft_id')} → {_get(r, 'target_id')}<br>count {_get(r, 'count')} "
-             f"({100 * _get(r, 'count') / total:.1f}%)<br>example: …{html.escape(str(_get(r, 'example_context') or '')[-40:])}"
+             f"({100 * _get(r, 'count') / total:.1f}%)<br>example: "
+             f"…{html.escape(str(_get(r, 'example_context') or '')[-40:])}"
              for r in shown]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Bar(x=x, y=counts, name="count", marker_color="#e07b00", hovertext=hover,

@@ -188,7 +188,8 @@ def plain_sentence(ev: TokenEvent, lam: float | None = None, tau: float | None =
     rest = "" if not discarded else f" and the block's {plural(discarded, 'later draft token')} " \
                                     f"{'were' if discarded > 1 else 'was'} discarded unchecked"
     if ev.special and ev.in_output:
-        return f"A special token ({special_label(ev.text)}): it ends the turn or frames the chat; it is not answer text."
+        return (f"A special token ({special_label(ev.text)}): "
+                f"it ends the turn or frames the chat; it is not answer text.")
     if ev.status == TARGET:
         return f"The target wrote {show_token(ev.text)} by itself (autoregressive: one target pass for this token)."
     if ev.status == BONUS:
@@ -291,7 +292,8 @@ def token_text_html(ev: TokenEvent) -> tuple[str, list[str], str]:
         return NEWLINE_MARK.join(map(_bytes_html, lines)), ["tok-has-nl"], ""
     if lines[-1] == "":            # ends in newlines: the marks in the span, the breaks after it
         head = text.rstrip("\n")
-        return _bytes_html(head) + NEWLINE_MARK * (len(text) - len(head)), ["tok-has-nl"], "\n" * (len(text) - len(head))
+        newlines = len(text) - len(head)
+        return _bytes_html(head) + NEWLINE_MARK * newlines, ["tok-has-nl"], "\n" * newlines
     return (NEWLINE_MARK + "\n").join(map(_bytes_html, lines)), [], ""
 
 
@@ -417,13 +419,14 @@ def whatif_summary(events: Sequence[TokenEvent], lam, tau: float | None = None, 
     changed = changed_decisions(div, rule)
     if tau is not None:
         ran = "the run's relaxed rule kept" if any(e.status == RELAXED for e in div) else "the run rescued"
-        line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {rules.num(log_tau(tau))}): {would} of {plural(len(div), 'divergence')} in "
-                f"the last answer would be rescued; {ran} {now}.")
+        line = (f"At λ = {lam:g}, τ = {tau:.3g} (log τ = {rules.num(log_tau(tau))}): "
+                f"{would} of {plural(len(div), 'divergence')} in the last answer would be rescued; {ran} {now}.")
     else:
         unknown = sum(1 for e in div if e.rule != RULE_SPECIAL and rules.would_keep(e, rule) is None)
-        line = (f"Under {rules.describe(rule)}: {would} of {plural(len(div), 'divergence')} in the last answer would be kept; "
-                f"the run kept {now}." + (f" {unknown} lack a score this rule reads (the Generate tab logs every "
-                                          f"rule's scores)." if unknown else ""))
+        line = (f"Under {rules.describe(rule)}: {would} of {plural(len(div), 'divergence')} in the last answer "
+                f"would be kept; the run kept {now}."
+                + (f" {unknown} lack a score this rule reads (the Generate tab logs every rule's scores)." if unknown
+                   else ""))
     if not outline or not changed:
         return line + ("" if not outline else " No decision changes.")
     return line + (f" {plural(changed, 'changed decision')} {'are' if changed > 1 else 'is'} outlined (dashed: would "

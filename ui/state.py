@@ -90,8 +90,9 @@ def make_services(pair: ModelPair, store=None, settings: Settings | None = None,
     decoder = measured_decoder(pair, costs)
     batcher = Batcher(pair, solo=solo) if settings.concurrency > 1 and can_batch(pair) else None
     # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
-    return Services(pair, decoder, store, settings, decoder.default_memory(), default_activations=pair.rep.activations,
-                    batcher=batcher, model_threads=batcher.threads if batcher is not None else pair.describe()["threads"])
+    return Services(pair, decoder, store, settings, decoder.default_memory(),
+                    default_activations=pair.rep.activations, batcher=batcher,
+                    model_threads=batcher.threads if batcher is not None else pair.describe()["threads"])
 
 
 @dataclass
@@ -108,7 +109,8 @@ class RunView:
     prompt_tokens: int = 0
     first_token_s: float | None = None
     done: bool = False
-    pair: dict = field(default_factory=dict)    # how its pair ran (``ModelPair.describe``: its draft may be the solo one)
+    # how its pair ran (``ModelPair.describe``: its draft may be the solo one)
+    pair: dict = field(default_factory=dict)
 
 
 @dataclass

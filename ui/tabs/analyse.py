@@ -78,7 +78,8 @@ def analyse(services: Services, scope: str, s: RunSettings, sess: Session | None
                + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ".")
     if other is not None:
         (kept, missing), label = other, render.esc_md(rules.describe(rule))
-        summary += (f" Under **{label}** the logged divergences would keep **{kept.rescued}** ({100 * kept.rate:.1f}% of them kept)"
+        summary += (f" Under **{label}** the logged divergences would keep **{kept.rescued}** "
+                    f"({100 * kept.rate:.1f}% of them kept)"
                     + (f"; {missing} lack a score it reads (older runs, or runs that did not log it)" if missing
                        else "") + ".")
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(div.gap, div.count, lam, tau),
@@ -109,10 +110,11 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     mem = sess.memory
     rows = memory_pareto_rows(mem, services.pair.tokenizer, limit=30)
     sg = mem.meta.get("sglang")
-    where = f"the SGLang table {sg.get('source')}" if isinstance(sg, dict) and sg.get("source") else "this session's memory"
-    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, {render.plural(round(mem.total), 'divergence')} "
-               f"counted, {mem.n_candidates(lam):,} at or above λ = {lam:g}; the top 20% of patterns hold "
-               f"{100 * mem.top_share(0.2):.0f}% of the counts.")
+    where = (f"the SGLang table {sg.get('source')}" if isinstance(sg, dict) and sg.get("source")
+             else "this session's memory")
+    summary = (f"**{render.esc_md(where)}**: {render.plural(len(mem), 'pattern')}, "
+               f"{render.plural(round(mem.total), 'divergence')} counted, {mem.n_candidates(lam):,} at or above "
+               f"λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts.")
     positions = figures.empty_figure("Acceptance by position comes from runs: pick a run scope.")
     if services.store is None:
         e = figures.empty_figure(NO_STORE)
@@ -129,7 +131,8 @@ def memory_charts(services: Services, sess: Session, lam: float, tau: float):
     summary += (f" A memory holds counts, not logit gaps: the gap and what-if charts take this session's "
                 f"{render.plural(len(d), 'logged divergence')} and decide them with this memory's counts; at "
                 f"λ = {lam:g}, τ = {tau:.3g} the rule would rescue **{rescued}**"
-                + (f" ({100 * rescued / len(d):.1f}% of them rescued)." if len(d) else ". Generate answers to see them."))
+                + (f" ({100 * rescued / len(d):.1f}% of them rescued)." if len(d)
+                   else ". Generate answers to see them."))
     return (figures.make_pareto_figure(rows), figures.make_gap_figure(d.gap, d.count, lam, tau), positions,
             figures.make_whatif_figure(grid.lams, WHATIF_TAUS, grid.rate, lam, tau, grid.total), summary)
 
@@ -227,6 +230,7 @@ def build(page: Page):
         a_refresh.click(run, [sess], outputs, inputs_kwargs=named, api_name="analyse", **light)
         cap_btn.click(partial(capacity_what_if, services), [scope, cap, page.lam, page.log10_tau, sess, target],
                       [cap_out, sess], api_name="capacity_what_if", **light)
-        for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change, *(c.change for c in page.rivals)):
+        for trigger in (scope.change, target.input, analyse_tab.select, a_rule.change,
+                        *(c.change for c in page.rivals)):
             trigger(run, [sess], outputs, inputs_kwargs=named, api_visibility="private", **light)
     return wire

@@ -100,7 +100,8 @@ def explore_events(services: Services, scope: str, run_id, statuses, pattern, te
     except Exception as e:
         log.exception("the store could not list events")
         raise error(f"The store could not answer: {e}", expected=False) from None
-    caption = f"{plural(n, 'event')} {'matches' if n == 1 else 'match'}" + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else "")
+    caption = (f"{plural(n, 'event')} {'matches' if n == 1 else 'match'}"
+               + (f"; the first {limit} are shown (export the CSV for all)" if n > limit else ""))
     return [_event_row(le) for le in rows], caption, gr.update(choices=choices), targets, hidden, sess
 
 
@@ -163,7 +164,8 @@ def memory_view(services: Services, lam, sess: Session | None):
     n_mem, n_cand = len(mem), mem.n_candidates(lam)
     md = (f"**{n_mem:,}** {'pattern' if n_mem == 1 else 'patterns'}, **{mem.total:,.0f}** "
           f"{'divergence' if mem.total == 1 else 'divergences'} counted, **{n_cand:,}** "
-          f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold {100 * mem.top_share(0.2):.0f}% of the counts."
+          f"{'pattern' if n_cand == 1 else 'patterns'} at or above λ = {lam:g}; the top 20% of patterns hold "
+          f"{100 * mem.top_share(0.2):.0f}% of the counts."
           + (f" Calibration: {cal_txt}." if cal_txt else " Not calibrated in this session.")
           + (f" **Note:** {render.esc_md(mismatch)}; it is used anyway (the patterns barely depend on how the "
              f"weights are held)." if mismatch else "")

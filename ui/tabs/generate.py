@@ -59,16 +59,18 @@ def generate(services: Services, prompt: str, s: RunSettings, sess: Session | No
         rule, hide = (cfg.lam, cfg.tau), s.hide_rejected
         views = run_recorded(services, sess, job, prompt, s.chat, cfg, sess.memory, "generate")
         view = sess.last = next(views)
-        yield (tokens_html(view, rule, hide, empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), "
-                                                  f"then the first draft block and its verify pass…"),
+        yield (tokens_html(view, rule, hide,
+                           empty=f"Reading the prompt ({render.plural(view.prompt_tokens, 'token')}), "
+                                 f"then the first draft block and its verify pass…"),
                "", export.render_metrics(None), None, "", status_line(services, sess, "generate"), sess)
         for _ in views:    # the same view, one pass further each time (done: answered below)
             if not view.done:
-                yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
-                       gr.skip(), render.esc_md(_pass_sentence(view)), status_line(services, sess, "generate"), sess)
+                yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg),
+                       _metrics_html(sess, view), gr.skip(), render.esc_md(_pass_sentence(view)),
+                       status_line(services, sess, "generate"), sess)
         remember_ar(sess, view)
-        job.summary = " ".join(filter(None, (done_sentence(view),
-                                             speculation_sentence(view, s.gamma, (job.decoder or services.decoder).costs))))
+        sentences = (done_sentence(view), speculation_sentence(view, s.gamma, (job.decoder or services.decoder).costs))
+        job.summary = " ".join(filter(None, sentences))
     yield (tokens_html(view, rule, hide), render.run_summary(view.events, cfg=cfg), _metrics_html(sess, view),
            _metrics_json(view.metrics), render.esc_md(render.whatif_summary(view.events, cfg.lam, cfg.tau)),
            status_line(services, sess, "generate"), sess)

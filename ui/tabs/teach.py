@@ -57,7 +57,8 @@ def render_teach_step(block: Sequence[TokenEvent], *, step: int, n_steps: int, t
         decision = f'<span class="tok {cls}">{esc(label)}</span>'
         rows.append(
             f"<tr><td>{e.index_in_block + 1}</td><td>{proposal}</td><td>{_top_list(e.draft_top)}</td>"
-            f"<td>{target}</td><td>{_top_list(e.target_top)}</td><td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
+            f"<td>{target}</td><td>{_top_list(e.target_top)}</td>"
+            f"<td>{decision}<br><small>{esc(e.rule or '')}</small></td>"
             f'<td class="why">{esc(plain_sentence(e, lam, tau, method=method, relax=relax))}</td></tr>')
         if e.status == REJECTED:   # the discarded draft tokens come right after the rejected one
             for k, t in enumerate(discarded_texts, start=e.index_in_block + 2):
@@ -137,7 +138,8 @@ def teach_step(services: Services, delta: int, sess: Session | None):
 def teach_play(services: Services, sess: Session | None):
     """Play, and each tick of the autoplay timer: one iteration further, until the last. -> (view, timer, session)"""
     view, sess = teach_step(services, 1, sess)
-    more = isinstance(sess, Session) and sess.teach is not None and sess.teach_step < len(_blocks(sess.teach.events)) - 1
+    more = (isinstance(sess, Session) and sess.teach is not None
+            and sess.teach_step < len(_blocks(sess.teach.events)) - 1)
     return view, gr.Timer(active=more), sess
 
 
