@@ -298,7 +298,7 @@ def cmd_calibrate(args) -> int:
 
 def calibration_input(args) -> tuple[str, list, list]:
     """The mode the flags ask for, its prompts or texts, and the held-out prompts (prompt mode)."""
-    from csd.calibration.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
+    from csd.corpus import PROMPTS_FILE, default_corpus, read_corpus, read_prompts
     mode = args.mode or ("text" if args.corpus else "prompts")
     if mode == "prompts" and args.corpus:
         raise ValueError("--corpus is for text mode; use --prompts in prompt mode")

@@ -13,9 +13,9 @@ import gradio as gr
 
 from csd.calibration.calibrate import Stop as CalibrationStop
 from csd.calibration.calibrate import calibrate, calibrate_prompts
-from csd.calibration.corpus import default_corpus, read_corpus, read_prompts
 from csd.calibration.sglang_table import disallowed, load_memory_or_table, vocabulary_of
 from csd.config import ConfigError
+from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError, policy_from
