@@ -65,6 +65,12 @@ class Decoder:
         return self._costs is not None and not callable(self._costs)
 
     @property
+    def cost_source(self):
+        """What gamma auto plans with, unmeasured: a ``CostModel``, the callable that measures it on first need, or
+        None (another decoder on the same pair and scales can share it without measuring anything now)."""
+        return self._costs
+
+    @property
     def costs(self) -> CostModel:
         if self._costs is None:
             raise ValueError("gamma auto needs a cost model: Decoder(pair, costs=...) "
