@@ -138,7 +138,7 @@ def choose_draft(args, progress=None) -> None:
 def choose_target(args, progress=None) -> None:
     """``--dtype auto`` on the CPU: where this machine has not yet measured whether the target runs faster in int8
     or on its GGUF file's own blocks, measure it once (``csd.runtime.profile.choose_target_dtype``), one target
-    loaded after the other and both held while they are timed in turn."""
+    loaded and timed after the other."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import target_choice_file
     if args.dtype != "auto" or resolve_device(args.device).type != "cpu" or target_choice_file().exists():

@@ -289,14 +289,22 @@ VERIFY_TOKENS = 5      # the verify pass weighed beside a 1-token step: a block 
 
 def choose_target_dtype(load_target_lm, reps: int = 9) -> dict:
     """Time the target's 1-token step and a ``VERIFY_TOKENS``-token verify pass in int8 (activations per token) and
-    on the GGUF's blocks, the two in turn (``load_target_lm(repr)``: the target's ``LM``, None where it cannot run),
-    and record the faster by the sum of the two for ``--dtype auto``. Returns what was written."""
+    on the GGUF's blocks (``load_target_lm(repr)``: the target's ``LM``, None where it cannot run), and record the
+    faster by the sum of the two for ``--dtype auto``. One target is held at a time, so that a first start stays
+    within its memory (two held together took the app's first start to a 4.8 GiB peak). Returns what was written."""
     from .kquant import kernel_missing
+    from .quant import release_memory
     missing = {"gguf": why} if (why := kernel_missing()) else {}
-    lms = {r: lm for r in CPU_TARGET_CHOICES if r not in missing and (lm := load_target_lm(r)) is not None}
-    one = time_interleaved(lms, reps)
-    verify = time_interleaved(lms, reps, tokens=VERIFY_TOKENS)
-    score = {r: one[r]["wall_ms"] + verify[r]["wall_ms"] for r in lms}
+    one, verify = {}, {}
+    for r in CPU_TARGET_CHOICES:
+        lm = None if r in missing else load_target_lm(r)
+        if lm is None:
+            continue
+        one.update(time_interleaved({r: lm}, reps))
+        verify.update(time_interleaved({r: lm}, reps, tokens=VERIFY_TOKENS))
+        del lm
+        release_memory()
+    score = {r: one[r]["wall_ms"] + verify[r]["wall_ms"] for r in one}
     choice = min(score, key=score.get) if score else "int8"
     out = {"choice": choice, "step_ms": {r: t["wall_ms"] for r, t in one.items()},
            f"verify_{VERIFY_TOKENS}_ms": {r: t["wall_ms"] for r, t in verify.items()},

@@ -27,7 +27,7 @@ pair = load_pair(draft_weights=draft)
 costs = cached_costs(pair)
 batcher = Batcher(pair)
 threads.one_core()          # as the app: the batcher's thread has the cores
-dec = measured_decoder(batcher.view(pair.rep.activations or "row", False), costs)
+dec = measured_decoder(batcher.view(pair.rep.activations, False), costs)   # "" for a target with no scales
 items = load_dataset("humaneval", limit=3) + load_dataset("gsm8k", limit=3)
 prompts = [pair.encode_prompt(it.prompt) for it in items]
 memory = dec.default_memory()

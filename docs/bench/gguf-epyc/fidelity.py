@@ -90,6 +90,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--llama-python", default="", help="an interpreter with cyllama installed (llama.cpp's answers)")
     ap.add_argument("--runs", default="gguf,int8,float32")
+    ap.add_argument("--merge", default="", help="an earlier fidelity.json whose other runs' answers are kept")
     a = ap.parse_args()
     from csd.evaluation.datasets import load_dataset
     from csd.runtime.embedded import assembled
@@ -110,6 +111,14 @@ def main() -> int:
         results["answers"][f"{rep} ({pair.rep.label})"] = greedy(pair.target_lm, prompts, a.tokens, eos)
         results["seconds"][rep] = round(time.perf_counter() - t0, 1)
         del pair
+    if a.merge:
+        old = json.loads(Path(a.merge).read_text())
+        if old["prompts"] != results["prompts"] or old["tokens"] != a.tokens:
+            raise SystemExit(f"{a.merge} holds other prompts or another answer length")
+        for name, answers in old["answers"].items():
+            if name.split(" (")[0] not in a.runs.split(","):      # a run made again replaces the earlier one
+                results["answers"][name] = answers
+        results["seconds"] = {**old.get("seconds", {}), **results["seconds"]}
     if a.llama_python:
         t0 = time.perf_counter()
         with assembled("target") as path:
