@@ -125,16 +125,21 @@ def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind,
     assert float(((alone - ref).norm(dim=1) / ref.norm(dim=1)).max()) < 0.03
 
 
-def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
+def gpt2_file(path):
+    """A GGUF file of an architecture the reader does not know (gpt2), one small tensor in it."""
     import gguf
-    w = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    w = gguf.GGUFWriter(path, "gpt2")
     w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="gpt2"):
-        kquant.lean_from_gguf(tmp_path / "gpt2.gguf")
+        kquant.lean_from_gguf(gpt2_file(tmp_path / "gpt2.gguf"))
 
 
 @pytest.mark.slow
@@ -175,8 +180,6 @@ def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
     import subprocess
     import sys
 
-    import gguf
-
     from csd.runtime.embedded import EMBEDDED, assemble_gguf
     if kquant.kernel_missing():
         pytest.skip(kquant.kernel_missing())
@@ -194,14 +197,8 @@ def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
     assert sd["token_ids"] == ar["token_ids"]
     assert generate("ar")["token_ids"] == ar["token_ids"]          # the embedded pair by name: the same answer
 
-    w = gguf.GGUFWriter(tmp_path / "other.gguf", "gpt2")
-    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
     r = subprocess.run([sys.executable, "-m", "csd", "generate", "--prompt", "hi", "--no-db", "--target",
-                        str(tmp_path / "other.gguf"), "--draft", str(files["draft"])],
+                        str(gpt2_file(tmp_path / "other.gguf")), "--draft", str(files["draft"])],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "gpt2" in r.stderr and "qwen2" in r.stderr
 
