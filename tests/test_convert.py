@@ -189,8 +189,8 @@ def test_a_cache_of_an_earlier_version_is_emptied_and_leftovers_go(tmp_path, mon
 
 @pytest.mark.slow
 def test_the_mapped_embedded_pair_holds_only_what_runs_and_sd_writes_ar_exactly(one_thread):
-    """The embedded pair as the app loads it (mapped int8, activations per token): no transformers model
-    is held, and greedy SD writes AR's answer token for token (the exact int8 representation)."""
+    """The embedded pair as the app loads it (the target prepare chose: its GGUF blocks or int8 with activations per
+    token, both exact rows): no transformers model is held, and greedy SD writes AR's answer token for token."""
     from csd.config import CSDConfig
     from csd.decode import Decoder
     from csd.memory import CorrectionMemory
@@ -205,5 +205,6 @@ def test_the_mapped_embedded_pair_holds_only_what_runs_and_sd_writes_ar_exactly(
                                     CorrectionMemory(pair.pair_id))
             list(run)
             out[method] = run.token_ids
-        assert out["sd"] == out["ar"] and len(out["ar"]) > 5
+        assert out["sd"] == out["ar"]
+        assert len(out["ar"]) >= 3          # an answer ("391" and the end of the turn is 4 tokens), not an empty turn
     assert pair.target is None            # nothing above built the transformers model
