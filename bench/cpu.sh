@@ -2,11 +2,13 @@
 # The CPU engine's tables (issue 52) on the machine at hand, in one call, with nothing else running:
 #   bash bench/cpu.sh OUT_DIR [LLAMA_BENCH]
 # Steps, in order (STEPS picks a subset):
-#   prepare   python -m csd prepare: the embedded pair converted, the draft timed (int8 or ort4), the costs
+#   prepare   python -m csd prepare: the embedded pair converted, the target and the draft timed in each
+#             representation (int8, gguf; ort4 for the draft), the costs
 #   profile   python -m csd.bench.cpu_profile: where a draft step and 1- and 6-token target passes go
 #   keep      python -m csd.bench.keep_rate: the draft's keep rate per block position, int8 and ort4
-#   bench     python -m csd bench, AR, SD and CSD on ITEMS: the defaults (bench-default), then the target's
-#             activations per pass (bench-pass); each result names its representation and int8 kernels
+#   bench     python -m csd bench, AR, SD and CSD on ITEMS: the defaults (bench-default), then the int8 target
+#             with its activations per pass, the lossy speed flag (bench-pass); each result names its
+#             representation and int8 kernels
 #   side      python -m csd.bench.llama_side beside llama.cpp (needs LLAMA_BENCH: docs/cpu.md builds it): the
 #             defaults, then each target of ALSO_DTYPE (int8,gguf), and their passes timed in turn
 #   solo      docs/bench/solo-draft-xeon/solo.py: the app's lone run with the int8 and the ort4 draft
@@ -66,7 +68,7 @@ for s in ${STEPS:-prepare profile keep bench side solo start}; do
         profile) run profile $py -m csd.bench.cpu_profile --out "$out/profile" ;;
         keep) run keep $py -m csd.bench.keep_rate --out "$out/keep" --dataset "${KEEP_ITEMS:-humaneval:8,gsm8k:8}" \
                   --max-new-tokens "$tokens" ;;
-        bench) bench bench-default; bench bench-pass --int8-activations pass ;;
+        bench) bench bench-default; bench bench-pass --dtype int8 --int8-activations pass ;;
         side) if [ -n "$llama" ]; then run side $py -m csd.bench.llama_side --llama-bench "$llama" --out "$out/side" \
                   --dataset "$items" --tokens "$tokens" --also-dtype "${ALSO_DTYPE:-int8,gguf}"
                   for d in "$out"/side/ours*; do tidy "$d"; done

@@ -26,4 +26,5 @@ def test_the_bench_step_writes_both_targets_results_and_no_charts(tmp_path):
         res = json.loads(gzip.decompress((tmp_path / name / "results.json.gz").read_bytes()))
         assert set(res["summary"]["gsm8k"]) >= {"ar", "sd", "csd"}
         reps[name] = res["meta"]["representation"]
-    assert reps["bench-pass"]["activations"] == "pass"         # the second run is the per-pass target
+    assert reps["bench-pass"]["activations"] == "pass"         # the second run is the per-pass int8 target
+    assert reps["bench-pass"]["target"] == "int8"
