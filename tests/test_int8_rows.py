@@ -112,13 +112,12 @@ def test_load_pair_runs_the_exact_int8_where_asked_and_says_so(tmp_path, qwen_to
     assert row.target_lm.per_row
     per_pass = load_pair(str(d), str(d), dtype="int8", activations="pass")
     assert per_pass.rep.activations == "pass" and not per_pass.target_lm.per_row
-    auto = load_pair(str(d), str(d), dtype="int8")        # the command line's default: rows where all run on oneDNN
-    on_onednn = set(quant.int8_kernels(auto.target_lm)) == {"onednn"}
-    assert auto.rep.activations == ("row" if on_onednn else "pass") and auto.target_lm.per_row == on_onednn
+    auto = load_pair(str(d), str(d), dtype="int8")        # the default everywhere: exact rows
+    assert auto.rep.activations == "row" and auto.target_lm.per_row
     monkeypatch.setattr(quant, "KERNEL", "fbgemm")                        # a CPU where no shape passes the probe
     monkeypatch.setattr(quant, "_EXACT", {})
-    fbgemm = load_pair(str(d), str(d), dtype="int8")
-    assert fbgemm.rep.activations == "pass" and not fbgemm.target_lm.per_row and quant.int8_kernels(fbgemm.target_lm)
+    fbgemm = load_pair(str(d), str(d), dtype="int8")                      # rows there too, on fbgemm's products
+    assert fbgemm.rep.activations == "row" and fbgemm.target_lm.per_row and quant.int8_kernels(fbgemm.target_lm)
     assert load_pair(str(d), str(d), dtype="int8", target_impl="hf").rep.activations == "pass"   # rows need lean
     assert load_pair(str(d), str(d), dtype="float32").rep.activations == ""      # not an int8 target
     with pytest.raises(ModelLoadError, match="choose auto or row or pass"):

@@ -171,9 +171,8 @@ class LoadOptions:
             draft_weights = RETIRED_DRAFT_REPRS.get(self.draft_weights, self.draft_weights)
         if draft_weights in CPU_DRAFT_REPRS and dev.type != "cpu":
             raise ModelLoadError(f"draft dtype {draft_weights} runs on the CPU only")
-        activations = "row" if self.activations == "auto" else self.activations    # exact rows by default
         return replace(self, device=dev, engine=engine, dtype=dtype, draft_weights=draft_weights,
-                       activations=activations, fallback=self.fallback or self.engine == "auto")
+                       fallback=self.fallback or self.engine == "auto")
 
     def for_target(self, name: str, config) -> LoadOptions:
         """With ``target_impl`` resolved for the target's config; ModelLoadError where it cannot run."""
@@ -193,7 +192,10 @@ class LoadOptions:
                                  else f"{self.dtype} runs the lean target path (not --target-impl hf)")
         if self.activations == "row" and self.dtype == "int8" and impl != "lean":
             raise ModelLoadError("int8 activations per row need the lean target path (not --target-impl hf)")
-        return replace(self, target_impl=impl, activations="pass" if impl != "lean" else self.activations)
+        activations = self.activations
+        if activations == "auto":       # exact rows by default, where the lean path can run them
+            activations = "row" if impl == "lean" else "pass"
+        return replace(self, target_impl=impl, activations="pass" if impl != "lean" else activations)
 
 
 @dataclass
