@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .kblocks import BLOCK, KNOWN, PACK, TILE
+from .lm import LeanLM
 
 SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
 
@@ -190,73 +191,68 @@ class KQuantLinear(torch.nn.Module):
 
 
 # -- a whole decoder from a GGUF file -----------------------------------------------------------------
-def _kquant_lm_class():
-    from .lm import LeanLM
+class KQuantLM(LeanLM):
+    """A ``LeanLM`` whose products run on the GGUF's blocks and whose attention runs one query at a time in
+    the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
 
-    class KQuantLM(LeanLM):
-        """A ``LeanLM`` whose products run on the GGUF's blocks and whose attention runs one query at a time in
-        the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
+    impl = "kquant"
 
-        impl = "kquant"
+    def layer_records(self) -> None:
+        """Each layer's weights as one record the kernel's ``kq_layer`` reads (made once)."""
+        self._records = []
+        for ln1, qkv, o, ln2, gu, down in self.layers:
+            mods = (qkv, o, gu, down)
+            if not all(isinstance(m, KQuantLinear) and m.padded == m.out_features for m in mods):
+                self._records = None
+                return
+            self._records.append(_LayerWeights(
+                ln1.data_ptr(), ln2.data_ptr(), *(ctypes.addressof(m._parts) for m in mods),
+                *(len(m.parts) for m in mods)))
+        self._inv_freq = self.inv_freq.to(torch.float32).contiguous()
 
-        def layer_records(self) -> None:
-            """Each layer's weights as one record the kernel's ``kq_layer`` reads (made once)."""
-            self._records = []
-            for ln1, qkv, o, ln2, gu, down in self.layers:
-                mods = (qkv, o, gu, down)
-                if not all(isinstance(m, KQuantLinear) and m.padded == m.out_features for m in mods):
-                    self._records = None
-                    return
-                self._records.append(_LayerWeights(
-                    ln1.data_ptr(), ln2.data_ptr(), *(ctypes.addressof(m._parts) for m in mods),
-                    *(len(m.parts) for m in mods)))
-            self._inv_freq = self.inv_freq.to(torch.float32).contiguous()
+    @torch.inference_mode()
+    def forward_many(self, caches: list, ids: list, keeps: list[int]) -> list[torch.Tensor]:
+        """Every decoder layer in one kernel call (``kq_layer``): the rows of all sequences together in the
+        products, each sequence's own positions, cache and attention."""
+        if getattr(self, "_records", None) is None:
+            return super().forward_many(caches, ids, keeps)
+        from ..protocols import ids_tensor
+        ids = [ids_tensor(i, self._device) for i in ids]
+        lens = [int(i.numel()) for i in ids]
+        starts = [c.n for c in caches]
+        for c, s, t in zip(caches, starts, lens):
+            self._grow(c, s + t)
+        x = self.embed[torch.cat(ids)].to(torch.float32).contiguous()            # (T, hidden)
+        n = len(caches)
+        offs = [0]
+        for t in lens:
+            offs.append(offs[-1] + t)
+        i64 = ctypes.c_int64
+        off, start = (i64 * (n + 1))(*offs), (i64 * n)(*starts)
+        cap = (i64 * n)(*(c.k.shape[2] for c in caches))
+        kb = (ctypes.c_void_p * n)(*(c.k.data_ptr() for c in caches))
+        vb = (ctypes.c_void_p * n)(*(c.v.data_ptr() for c in caches))
+        lib, threads = library(), torch.get_num_threads()
+        for li, rec in enumerate(self._records):
+            lib.kq_layer(x.data_ptr(), offs[-1], x.shape[1], ctypes.byref(rec), self.n_heads, self.n_kv,
+                         self.head_dim, self.inter, n, off, start, kb, vb, cap, li, self._inv_freq.data_ptr(),
+                         self.eps, self.scaling, threads)
+        for c, s, t in zip(caches, starts, lens):
+            c.n = s + t
+        x = x[None]
+        if n == 1:
+            return [self.logits(x, keeps[0])]
+        rows = torch.cat([torch.arange(b - k, b, device=self._device) for b, k in zip(offs[1:], keeps)])
+        return list(self.logits(x[:, rows], len(rows)).split(keeps))
 
-        @torch.inference_mode()
-        def forward_many(self, caches: list, ids: list, keeps: list[int]) -> list[torch.Tensor]:
-            """Every decoder layer in one kernel call (``kq_layer``): the rows of all sequences together in the
-            products, each sequence's own positions, cache and attention."""
-            if getattr(self, "_records", None) is None:
-                return super().forward_many(caches, ids, keeps)
-            from ..protocols import ids_tensor
-            ids = [ids_tensor(i, self._device) for i in ids]
-            lens = [int(i.numel()) for i in ids]
-            starts = [c.n for c in caches]
-            for c, s, t in zip(caches, starts, lens):
-                self._grow(c, s + t)
-            x = self.embed[torch.cat(ids)].to(torch.float32).contiguous()            # (T, hidden)
-            n = len(caches)
-            offs = [0]
-            for t in lens:
-                offs.append(offs[-1] + t)
-            i64 = ctypes.c_int64
-            off, start = (i64 * (n + 1))(*offs), (i64 * n)(*starts)
-            cap = (i64 * n)(*(c.k.shape[2] for c in caches))
-            kb = (ctypes.c_void_p * n)(*(c.k.data_ptr() for c in caches))
-            vb = (ctypes.c_void_p * n)(*(c.v.data_ptr() for c in caches))
-            lib, threads = library(), torch.get_num_threads()
-            for li, rec in enumerate(self._records):
-                lib.kq_layer(x.data_ptr(), offs[-1], x.shape[1], ctypes.byref(rec), self.n_heads, self.n_kv,
-                             self.head_dim, self.inter, n, off, start, kb, vb, cap, li, self._inv_freq.data_ptr(),
-                             self.eps, self.scaling, threads)
-            for c, s, t in zip(caches, starts, lens):
-                c.n = s + t
-            x = x[None]
-            if n == 1:
-                return [self.logits(x, keeps[0])]
-            rows = torch.cat([torch.arange(b - k, b, device=self._device) for b, k in zip(offs[1:], keeps)])
-            return list(self.logits(x[:, rows], len(rows)).split(keeps))
-
-        def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
-            _, h, t, d = q.shape
-            q = q[0].contiguous()                                           # (H, t, D)
-            out = torch.empty((1, t, h, d), dtype=torch.float32)
-            lib = library()
-            lib.kq_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, k.shape[1], t, d,
-                          k.shape[2], start, self.scaling, torch.get_num_threads())
-            return out.transpose(1, 2)                                      # (1, H, t, D), as the callers read it
-
-    return KQuantLM
+    def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
+        _, h, t, d = q.shape
+        q = q[0].contiguous()                                           # (H, t, D)
+        out = torch.empty((1, t, h, d), dtype=torch.float32)
+        lib = library()
+        lib.kq_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), h, k.shape[1], t, d,
+                      k.shape[2], start, self.scaling, torch.get_num_threads())
+        return out.transpose(1, 2)                                      # (1, H, t, D), as the callers read it
 
 ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
 
@@ -327,7 +323,7 @@ def _decoder(f, config, part, floats, biases, vocab_ids):
     emb = f.tensors["token_embd.weight"]
     embed = QuantisedRows(torch.from_numpy(np.array(f.raw("token_embd.weight"))),
                           gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])
-    lm = _kquant_lm_class().from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
+    lm = KQuantLM.from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
     lm.layer_records()
     lm.per_row = True          # rows exact end to end (the attention is one query at a time whatever per_row says)
     return lm
