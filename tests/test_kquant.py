@@ -85,20 +85,20 @@ def test_fused_matrices_of_two_types_and_a_bias(target_file):
 def test_what_the_kernel_cannot_read_is_refused_by_name(tmp_path):
     import gguf
     from gguf.quants import quantize
-    w = gguf.GGUFWriter(tmp_path / "q4_0.gguf", "qwen2")          # a qwen2 file with a Q4_0 matrix
+    w = gguf.GGUFWriter(tmp_path / "q4_1.gguf", "qwen2")          # a qwen2 file with a Q4_1 matrix
     w.add_tensor("token_embd.weight", np.zeros((8, 256), np.float32))
-    q4_0 = gguf.GGMLQuantizationType.Q4_0
-    w.add_tensor("blk.0.attn_q.weight", quantize(np.random.rand(16, 256).astype(np.float32), q4_0), raw_dtype=q4_0)
+    q4_1 = gguf.GGMLQuantizationType.Q4_1
+    w.add_tensor("blk.0.attn_q.weight", quantize(np.random.rand(16, 256).astype(np.float32), q4_1), raw_dtype=q4_1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    why = kquant.gguf_refusal(GGUFFile(tmp_path / "q4_0.gguf"))
-    assert why is not None and "blk.0.attn_q.weight is Q4_0" in why and "Q4_K" in why
-    with pytest.raises(ModelLoadError, match="Q4_0"):
-        kquant.lean_from_gguf(tmp_path / "q4_0.gguf")
+    why = kquant.gguf_refusal(GGUFFile(tmp_path / "q4_1.gguf"))
+    assert why is not None and "blk.0.attn_q.weight is Q4_1" in why and "Q4_K" in why
+    with pytest.raises(ModelLoadError, match="Q4_1"):
+        kquant.lean_from_gguf(tmp_path / "q4_1.gguf")
     with pytest.raises(ValueError, match="Q4_K"):
-        kquant.KQuantPart(2, np.zeros((16, 18 * 8), np.uint8), 256)            # ggml type 2 is Q4_0
+        kquant.KQuantPart(3, np.zeros((16, 20 * 8), np.uint8), 256)            # ggml type 3 is Q4_1
     with pytest.raises(ValueError, match="256"):
         kquant.KQuantPart(kblocks.Q4_K, np.zeros((16, 144), np.uint8), 200)
 
@@ -106,18 +106,30 @@ def test_what_the_kernel_cannot_read_is_refused_by_name(tmp_path):
 DRAFT_NAMES = {"Q5_0": "blk.0.attn_q.weight", "Q8_0": "blk.0.attn_v.weight"}    # the embedded draft's other types
 
 
+def blocks_of_32(draft_file, kind: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """48 rows of a draft matrix as ``kind``'s bytes and gguf's dequantised weights: the file's own Q5_0 and Q8_0,
+    or Q4_0 as gguf's quantiser rounds the file's Q5_0 weights (a re-quantised draft)."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+    if kind != "Q4_0":
+        t = draft_file.tensors[DRAFT_NAMES[kind]]
+        assert kblocks.KNOWN[t.qtype] == kind
+        return t.qtype, np.asarray(draft_file.raw(DRAFT_NAMES[kind])[:48]), \
+            draft_file.dequantize(DRAFT_NAMES[kind], slice(0, 48))
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    raw = quantize(draft_file.dequantize(DRAFT_NAMES["Q5_0"], slice(0, 48)), q4_0)
+    return int(q4_0), raw, dequantize(raw, q4_0)
+
+
 @pytest.mark.parametrize("portable", [False, True])
-@pytest.mark.parametrize("kind", sorted(DRAFT_NAMES))
+@pytest.mark.parametrize("kind", ["Q4_0", *sorted(DRAFT_NAMES)])
 def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind, portable):
-    name = DRAFT_NAMES[kind]
-    t = draft_file.tensors[name]
-    assert kblocks.KNOWN[t.qtype] == kind
-    raw = np.asarray(draft_file.raw(name)[:48])
-    ref_w = draft_file.dequantize(name, slice(0, 48))
-    assert np.array_equal(kblocks.b32_dequantize(t.qtype, kblocks.b32_unpack(t.qtype, raw)), ref_w)
-    lin = kquant.KQuantLinear([kquant.KQuantPart(t.qtype, raw, t.shape[1])], portable=portable)
+    qtype, raw, ref_w = blocks_of_32(draft_file, kind)
+    assert np.array_equal(kblocks.b32_dequantize(qtype, kblocks.b32_unpack(qtype, raw)), ref_w)
+    lin = kquant.KQuantLinear([kquant.KQuantPart(qtype, raw, raw.shape[1] // kblocks.B32_BYTES[qtype] * 32)],
+                              portable=portable)
     torch.manual_seed(1)
-    x = torch.randn(9, t.shape[1]) * torch.logspace(-2, 2, 9)[:, None]
+    x = torch.randn(9, ref_w.shape[1]) * torch.logspace(-2, 2, 9)[:, None]
     alone = torch.cat([lin(x[i:i + 1]) for i in range(9)])
     for m in (2, 4, 5, 9):
         assert torch.equal(lin(x[:m]), alone[:m]), m

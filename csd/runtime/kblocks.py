@@ -9,9 +9,11 @@ import torch
 
 QK = 256
 TILE = 16
-Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14                 # ggml's type numbers
-KNOWN = {Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
-BLOCK = {Q5_0: 32, Q8_0: 32, Q4_K: QK, Q6_K: QK}        # columns a row's blocks come in
+Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 2, 6, 8, 12, 14        # ggml's type numbers
+KNOWN = {Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K"}
+BLOCK = {Q4_0: 32, Q5_0: 32, Q8_0: 32, Q4_K: QK, Q6_K: QK}        # columns a row's blocks come in
+B32_BYTES = {Q4_0: 18, Q5_0: 22, Q8_0: 34}             # bytes of a block of 32 columns
+B32_OFFSET = {Q4_0: 8, Q5_0: 16, Q8_0: 128}            # w = d * (u - offset), u the stored unsigned integer
 
 
 def _tiles(a: np.ndarray) -> np.ndarray:
@@ -110,16 +112,17 @@ def q6k_pack(raw: np.ndarray) -> dict[str, torch.Tensor]:
 
 
 def b32_unpack(qtype: int, raw: np.ndarray) -> dict[str, np.ndarray]:
-    """A Q5_0 or Q8_0 tensor's bytes as u = q + offset (N, K) and d (N, K/32) float16: w = d * (u - offset), the
-    offset 16 for Q5_0 and 128 for Q8_0."""
+    """A Q4_0, Q5_0 or Q8_0 tensor's bytes as u = q + offset (N, K) and d (N, K/32) float16: w = d * (u - offset),
+    the offset 8 for Q4_0, 16 for Q5_0 and 128 for Q8_0 (``B32_OFFSET``)."""
     n = raw.shape[0]
+    blk = raw.reshape(n, -1, B32_BYTES[qtype])
+    d = blk[..., 0:2].copy().view(np.float16)[..., 0]
     if qtype == Q8_0:
-        blk = raw.reshape(n, -1, 34)
-        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
         u = (blk[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    elif qtype == Q4_0:
+        qs = blk[..., 2:18]
+        u = np.concatenate([qs & 15, qs >> 4], axis=-1)
     else:
-        blk = raw.reshape(n, -1, 22)
-        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
         qh = blk[..., 2:6].copy().view(np.uint32)[..., 0]
         qs = blk[..., 6:22]
         hi = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)      # (n, nb, 32)
@@ -129,14 +132,13 @@ def b32_unpack(qtype: int, raw: np.ndarray) -> dict[str, np.ndarray]:
 
 def b32_dequantize(qtype: int, p: dict[str, np.ndarray]) -> np.ndarray:
     n, k = p["u"].shape
-    off = 128 if qtype == Q8_0 else 16
-    u = p["u"].reshape(n, k // 32, 32).astype(np.float32) - off
+    u = p["u"].reshape(n, k // 32, 32).astype(np.float32) - B32_OFFSET[qtype]
     return (u * p["d"].astype(np.float32)[..., None]).reshape(n, k)
 
 
 def b32_pack(qtype: int, raw: np.ndarray) -> dict[str, torch.Tensor]:
-    """The kernel's layout of a Q5_0 or Q8_0 tensor: Q8_0 a byte a weight; Q5_0 its low 4 bits two to a byte and
-    its 5th bits as one 64-bit mask per 4 columns of a tile (kernels/kquant.c)."""
+    """The kernel's layout of a Q4_0, Q5_0 or Q8_0 tensor: Q8_0 a byte a weight; Q4_0 and Q5_0 their low 4 bits two
+    to a byte, Q5_0's 5th bits as one 64-bit mask per 4 columns of a tile (kernels/kquant.c)."""
     n = raw.shape[0]
     un = b32_unpack(qtype, np.asarray(raw))
     nb = un["d"].shape[1]
@@ -150,9 +152,12 @@ def b32_pack(qtype: int, raw: np.ndarray) -> dict[str, torch.Tensor]:
     lo4, hi = (u & 15).reshape(n, nb, 2, 4, 4), (u >> 4).reshape(n, nb, 8, 4)
     nib = (lo4[:, :, 0] | (lo4[:, :, 1] << 4)).astype(np.uint8)                        # (n, nb, i, b)
     out["qw"] = torch.from_numpy(np.ascontiguousarray(_tiles(nib).transpose(0, 2, 3, 1, 4)))
+    if qtype == Q4_0:
+        return out
     bits = np.ascontiguousarray(_tiles(hi).transpose(0, 2, 3, 1, 4)).reshape(-1, nb, 8, 64)   # (T, nb, j, 16 x 4)
     out["m"] = torch.from_numpy(np.packbits(bits, axis=-1, bitorder="little"))        # (T, nb, j, 8 bytes)
     return out
 
 
-PACK = {Q4_K: q4k_pack, Q6_K: q6k_pack, Q5_0: lambda raw: b32_pack(Q5_0, raw), Q8_0: lambda raw: b32_pack(Q8_0, raw)}
+PACK = {Q4_K: q4k_pack, Q6_K: q6k_pack, Q4_0: lambda raw: b32_pack(Q4_0, raw), Q5_0: lambda raw: b32_pack(Q5_0, raw),
+        Q8_0: lambda raw: b32_pack(Q8_0, raw)}

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .kblocks import BLOCK, KNOWN, PACK, TILE
+from .kblocks import BLOCK, KNOWN, PACK, Q4_0, Q4_K, TILE
 from .lm import LeanLM
 
 SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
@@ -254,6 +254,7 @@ class KQuantLM(LeanLM):
                       k.shape[2], start, self.scaling, torch.get_num_threads())
         return out.transpose(1, 2)                                      # (1, H, t, D), as the callers read it
 
+FOUR_BIT = (Q4_0, Q4_K)         # what a four-bit draft keeps as the file has it
 ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
 
 
@@ -270,13 +271,15 @@ def gguf_refusal(f) -> str | None:
     return None
 
 
-def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
+def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None, four_bit: bool = False):
     """The decoder of a GGUF file as a ``LeanLM`` whose products run on the file's own blocks; ``vocab_ids``: the
-    output rows kept (a draft's reduced vocabulary)."""
+    output rows kept (a draft's reduced vocabulary). ``four_bit`` (a draft only): its matrices of more than 4 bits
+    a weight re-rounded to Q4_0 by gguf's own quantiser, to read fewer bytes a step."""
+    import gguf
+
     from .embedded import gguf_config
     from .ggufile import GGUFFile
     from .pair import ModelLoadError
-
     f = GGUFFile(path)
     if why := gguf_refusal(f):
         raise ModelLoadError(why)
@@ -284,6 +287,10 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None):
 
     def part(name: str, rows=None) -> KQuantPart:
         t = f.tensors[name]
+        if four_bit and t.qtype not in FOUR_BIT:
+            from gguf.quants import quantize
+            w = f.dequantize(name, rows)
+            return KQuantPart(Q4_0, quantize(w, gguf.GGMLQuantizationType.Q4_0), t.shape[1])
         raw = f.raw(name) if rows is None else f.raw(name)[rows]
         return KQuantPart(t.qtype, raw, t.shape[1])
 

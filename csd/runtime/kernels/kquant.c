@@ -21,9 +21,6 @@
 #include <string.h>
 #include <math.h>
 #include <stdlib.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define KQ_AVX512 1
@@ -94,10 +91,16 @@ void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t
     }
 }
 
-static int threads_for(int nt, int64_t tiles) {
-    if (nt < 1) nt = 1;
-    if (tiles < nt) nt = (int)tiles;
-    return nt < 1 ? 1 : nt;
+/* ---- the threads -----------------------------------------------------------------------------------------
+ * A product is cut into chunks of output tiles (an attention into its queries), spread over the threads by
+ * OpenMP (torch's own runtime, loaded first, so the two share one pool of threads). Which thread computes a
+ * chunk never changes what the chunk computes. */
+typedef void (*kq_chunk_fn)(void *ctx, int64_t chunk);
+
+static void parallel_chunks(kq_chunk_fn fn, void *ctx, int64_t chunks, int nthreads) {
+    int nt = nthreads < 1 ? 1 : (chunks < nthreads ? (int)chunks : nthreads);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < chunks; i++) fn(ctx, i);
 }
 
 /* ---- Q4_K ---------------------------------------------------------------------------------------- */
@@ -302,50 +305,74 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
 }
 
 
-/* ---- Q5_0 and Q8_0: blocks of 32 columns, one f16 scale each -------------------------------------------
+/* ---- Q4_0, Q5_0 and Q8_0: blocks of 32 columns, one f16 scale each --------------------------------------
  *   Q8_0  qw[tile][block][i][16 rows][4 bytes] = q + 128 (0..255), column 4i + b; w = d * q.
  *   Q5_0  lo[tile][block][i < 4][16 rows][4 bytes]: the low 4 bits of column 4i + b (low nibble) and of column
  *         16 + 4i + b (high nibble); hi[tile][block][j][64 bits]: the 5th bit of column 4j + b of row n at bit
  *         4n + b; u = q + 16 (0..31); w = d * (u - 16).
+ *   Q4_0  lo as Q5_0's, no 5th bits; u = q + 8 (0..15); w = d * (u - 8).
  *   d[tile][block][16] (f16). The activations: one scale per 32 columns (llama.cpp's Q8_0). */
+#if defined(KQ_AVX512)
+/* Rows r0 .. r0 + NR - 1 of one output tile; NR and QT are constants at each call (b32_tile's switch), so every
+ * row's sums stay in registers and no type test runs inside the loop. */
+static inline __attribute__((always_inline)) void b32_rows(const int NR, const int QT, int64_t t, int64_t r0,
+        int64_t nblk, int64_t K, const uint8_t *qw, const uint8_t *hb, const uint16_t *d, const int8_t *q,
+        const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+    const int off = QT == 8 ? 128 : QT == 6 ? 16 : 8;
+    const int64_t wbytes = QT == 8 ? 512 : 256;
+    const __m512i low = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
+    __m512 acc[KQ_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t tb = t * nblk + b;
+        const uint8_t *w = qw + tb * wbytes;
+        __m512i p[KQ_ROWS];
+        for (int r = 0; r < NR; r++) p[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m512i u;
+            if (QT == 8) {
+                u = _mm512_loadu_si512((const void *)(w + i * 64));
+            } else {
+                __m512i nib = _mm512_loadu_si512((const void *)(w + (i & 3) * 64));
+                u = _mm512_and_si512(i < 4 ? nib : _mm512_srli_epi16(nib, 4), low);
+                if (QT == 6) {
+                    uint64_t bits;
+                    memcpy(&bits, hb + tb * 64 + i * 8, 8);
+                    u = _mm512_or_si512(u, _mm512_maskz_mov_epi8((__mmask64)bits, five));
+                }
+            }
+            for (int r = 0; r < NR; r++) p[r] = dot4(p[r], u, q + (r0 + r) * K + b * 32 + 4 * i);
+        }
+        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
+        for (int r = 0; r < NR; r++) {
+            __m512i tot = _mm512_sub_epi32(p[r], _mm512_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot),
+                                     _mm512_mul_ps(dv, _mm512_set1_ps(ascale[(r0 + r) * nblk + b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, acc[r]);
+}
+#endif
+
 static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, const uint8_t *qw, const uint8_t *hb,
                      const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s32, float *y,
                      int64_t ldy) {
-    const int off = qtype == 8 ? 128 : 16;
-    const int64_t wbytes = qtype == 8 ? 512 : 256;
 #if defined(KQ_AVX512)
-    const __m512i low = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
-    for (int64_t r0 = 0; r0 < R; r0 += 4) {
-        const int NR = (int)(R - r0 < 4 ? R - r0 : 4);
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (int64_t b = 0; b < nblk; b++) {
-            const int64_t tb = t * nblk + b;
-            const uint8_t *w = qw + tb * wbytes;
-            __m512i p[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                            _mm512_setzero_si512()};
-            for (int i = 0; i < 8; i++) {
-                __m512i u;
-                if (qtype == 8) {
-                    u = _mm512_loadu_si512((const void *)(w + i * 64));
-                } else {
-                    __m512i nib = _mm512_loadu_si512((const void *)(w + (i & 3) * 64));
-                    __m512i lo4 = _mm512_and_si512(i < 4 ? nib : _mm512_srli_epi16(nib, 4), low);
-                    uint64_t bits;
-                    memcpy(&bits, hb + tb * 64 + i * 8, 8);
-                    u = _mm512_or_si512(lo4, _mm512_maskz_mov_epi8((__mmask64)bits, five));
-                }
-                for (int r = 0; r < NR; r++) p[r] = dot4(p[r], u, q + (r0 + r) * K + b * 32 + 4 * i);
-            }
-            __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
-            for (int r = 0; r < NR; r++) {
-                __m512i tot = _mm512_sub_epi32(p[r], _mm512_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dv, _mm512_set1_ps(
-                    ascale[(r0 + r) * nblk + b])), acc[r]);
-            }
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
+        const int nr = (int)(R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS);
+        switch (qtype * 16 + nr) {
+#define KQ_CASE(qt, n) case qt * 16 + n: b32_rows(n, qt, t, r0, nblk, K, qw, hb, d, q, ascale, s32, y, ldy); break;
+#define KQ_TYPE(qt) KQ_CASE(qt, 1) KQ_CASE(qt, 2) KQ_CASE(qt, 3) KQ_CASE(qt, 4) KQ_CASE(qt, 5) KQ_CASE(qt, 6) \
+                    KQ_CASE(qt, 7) KQ_CASE(qt, 8)
+        KQ_TYPE(2) KQ_TYPE(6) KQ_TYPE(8)
+#undef KQ_TYPE
+#undef KQ_CASE
         }
-        for (int r = 0; r < NR; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + t * 16, acc[r]);
     }
 #else
+    const int off = qtype == 8 ? 128 : qtype == 6 ? 16 : 8;
+    const int64_t wbytes = qtype == 8 ? 512 : 256;
     for (int64_t r = 0; r < R; r++) {
         float acc[16] = {0};
         for (int64_t b = 0; b < nblk; b++) {
@@ -358,7 +385,10 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
                     for (int e = 0; e < 4; e++) {
                         int u;
                         if (qtype == 8) u = w[i * 64 + n * 4 + e];
-                        else {
+                        else if (qtype == 2) {
+                            uint8_t nib = w[(i & 3) * 64 + n * 4 + e];
+                            u = (i < 4 ? nib : nib >> 4) & 15;
+                        } else {
                             uint8_t nib = w[(i & 3) * 64 + n * 4 + e];
                             uint64_t bits;
                             memcpy(&bits, hb + tb * 64 + i * 8, 8);
@@ -377,44 +407,67 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
 
 /* ---- one call a fused product: activations quantised once, every part's tiles in one parallel loop ---- */
 typedef struct {
-    int32_t qtype;              /* ggml's numbers: 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K */
+    int32_t qtype;              /* ggml's numbers: 2 Q4_0, 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K */
     int64_t n;                  /* output rows, a multiple of 16 */
     int64_t col;                /* its first column in y */
     const void *qw, *sc, *mn, *d, *dmin;   /* Q6_K: qw its low 4 bits, mn its top 2; Q5_0: mn its 5th bits */
     const float *bias;          /* n values or NULL */
 } kq_part;
 
+typedef struct {
+    const kq_part *parts;
+    int64_t R, K, ldy, per, tiles;
+    const int8_t *q;
+    const float *ascale;
+    const int32_t *s16, *s32;
+    float *y;
+} linear_job;
+
+static void linear_tile(const linear_job *j, int64_t g) {
+    int64_t t = g;
+    int i = 0;
+    while (t >= j->parts[i].n / 16) t -= j->parts[i++].n / 16;
+    const kq_part *p = &j->parts[i];
+    const int64_t R = j->R, K = j->K, ldy = j->ldy;
+    float *yp = j->y + p->col;
+    if (p->qtype == 2 || p->qtype == 6 || p->qtype == 8)
+        b32_tile(p->qtype, t, K / 32, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn, (const uint16_t *)p->d,
+                 j->q, j->ascale, j->s32, yp, ldy);
+    else if (p->qtype == 12)
+        q4k_tile(t, K / QK, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->sc, (const uint8_t *)p->mn,
+                 (const uint16_t *)p->d, (const uint16_t *)p->dmin, j->q, j->ascale, j->s32, yp, ldy);
+    else
+        q6k_tile(t, K / QK, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn, (const int8_t *)p->sc,
+                 (const uint16_t *)p->d, j->q, j->ascale, j->s16, yp, ldy);
+    if (p->bias)
+        for (int64_t r = 0; r < R; r++)
+            for (int k = 0; k < 16; k++) yp[r * ldy + t * 16 + k] += p->bias[t * 16 + k];
+}
+
+static void linear_chunk(void *ctx, int64_t c) {
+    const linear_job *j = (const linear_job *)ctx;
+    int64_t end = (c + 1) * j->per < j->tiles ? (c + 1) * j->per : j->tiles;
+    for (int64_t g = c * j->per; g < end; g++) linear_tile(j, g);
+}
+
+/* tiles a chunk holds: 8 chunks a thread (a chunk's tiles are neighbours in memory) */
+static int64_t chunk_tiles(int64_t tiles, int nthreads) {
+    int64_t want = 8 * (int64_t)(nthreads < 1 ? 1 : nthreads);
+    return tiles <= want ? 1 : (tiles + want - 1) / want;
+}
+
 void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int nparts, float *y, int64_t ldy,
                int nthreads) {
     const int kquant = parts[0].qtype == 12 || parts[0].qtype == 14;    /* a product's parts share one family */
-    int64_t qb = kquant ? QK : 32, nsb = K / QK, tiles = 0;
+    int64_t qb = kquant ? QK : 32, tiles = 0;
     for (int i = 0; i < nparts; i++) tiles += parts[i].n / 16;
     int8_t *q = (int8_t *)malloc((size_t)(R * K));
     float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * (K / qb)));
     int32_t *s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 16)));
     int32_t *s32 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 32)));
     kq_quantize_blocks(x, R, K, qb, q, ascale, s16, s32);
-    int nt = threads_for(nthreads, tiles);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t g = 0; g < tiles; g++) {
-        int64_t t = g;
-        int i = 0;
-        while (t >= parts[i].n / 16) t -= parts[i++].n / 16;
-        const kq_part *p = &parts[i];
-        float *yp = y + p->col;
-        if (p->qtype == 6 || p->qtype == 8)
-            b32_tile(p->qtype, t, K / 32, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn,
-                     (const uint16_t *)p->d, q, ascale, s32, yp, ldy);
-        else if (p->qtype == 12)
-            q4k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->sc, (const uint8_t *)p->mn,
-                     (const uint16_t *)p->d, (const uint16_t *)p->dmin, q, ascale, s32, yp, ldy);
-        else
-            q6k_tile(t, nsb, R, K, (const uint8_t *)p->qw, (const uint8_t *)p->mn, (const int8_t *)p->sc,
-                     (const uint16_t *)p->d, q, ascale, s16, yp, ldy);
-        if (p->bias)
-            for (int64_t r = 0; r < R; r++)
-                for (int k = 0; k < 16; k++) yp[r * ldy + t * 16 + k] += p->bias[t * 16 + k];
-    }
+    linear_job job = {parts, R, K, ldy, chunk_tiles(tiles, nthreads), tiles, q, ascale, s16, s32, y};
+    parallel_chunks(linear_chunk, &job, (tiles + job.per - 1) / job.per, nthreads);
     free(q); free(ascale); free(s16); free(s32);
 }
 
@@ -436,36 +489,41 @@ static float dot_d(const float *a, const float *b, int64_t D) {
     return s;
 }
 
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int64_t H, KV, T, D, cap, start;
+    float scale;
+} attend_job;
+
+static void attend_query(void *ctx, int64_t job) {
+    const attend_job *j = (const attend_job *)ctx;
+    const int64_t D = j->D, h = job / j->T, t = job % j->T, n = j->start + t + 1, group = j->H / j->KV;
+    const float *qr = j->q + (h * j->T + t) * D;
+    const float *kh = j->k + (h / group) * j->cap * D, *vh = j->v + (h / group) * j->cap * D;
+    float *w = (float *)malloc(sizeof(float) * (size_t)n);
+    float m = -INFINITY, sum = 0.f;
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = dot_d(qr, kh + i * D, D) * j->scale;
+        m = fmaxf(m, w[i]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = expf(w[i] - m);
+        sum += w[i];
+    }
+    float *o = j->out + (t * j->H + h) * D, inv = 1.f / sum;
+    for (int64_t i = 0; i < D; i++) o[i] = 0.f;
+    for (int64_t i = 0; i < n; i++) {
+        const float *vr = vh + i * D, c = w[i] * inv;
+        for (int64_t e = 0; e < D; e++) o[e] = fmaf(c, vr[e], o[e]);
+    }
+    free(w);
+}
+
 void kq_attend(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t KV, int64_t T,
                int64_t D, int64_t cap, int64_t start, float scale, int nthreads) {
-    int64_t group = H / KV, jobs = H * T;
-    int nt = threads_for(nthreads, jobs);
-#pragma omp parallel num_threads(nt)
-    {
-        float *w = (float *)malloc(sizeof(float) * (size_t)(start + T));
-#pragma omp for schedule(static)
-        for (int64_t job = 0; job < jobs; job++) {
-            int64_t h = job / T, t = job % T, n = start + t + 1;
-            const float *qr = q + (h * T + t) * D;
-            const float *kh = k + (h / group) * cap * D, *vh = v + (h / group) * cap * D;
-            float m = -INFINITY, sum = 0.f;
-            for (int64_t j = 0; j < n; j++) {
-                w[j] = dot_d(qr, kh + j * D, D) * scale;
-                m = fmaxf(m, w[j]);
-            }
-            for (int64_t j = 0; j < n; j++) {
-                w[j] = expf(w[j] - m);
-                sum += w[j];
-            }
-            float *o = out + (t * H + h) * D, inv = 1.f / sum;
-            for (int64_t i = 0; i < D; i++) o[i] = 0.f;
-            for (int64_t j = 0; j < n; j++) {
-                const float *vr = vh + j * D, c = w[j] * inv;
-                for (int64_t i = 0; i < D; i++) o[i] = fmaf(c, vr[i], o[i]);
-            }
-        }
-        free(w);
-    }
+    attend_job job = {q, k, v, out, H, KV, T, D, cap, start, scale};
+    parallel_chunks(attend_query, &job, H * T, nthreads);
 }
 
 /* ---- a whole decoder layer (Qwen2 / Llama), for one or more sequences in one pass ----------------------
