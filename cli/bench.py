@@ -9,8 +9,20 @@ from csd.bench.harness import MEMORY_MODES, BenchConfig, run_bench
 from csd.bench.io import command_line
 from csd.bench.methods import BENCH_METHODS, DEFAULT_METHODS, HF_AR, parse_sweep, validate_methods
 from csd.bench.synthetic import add_synthetic_args
-from csd.config import DEFAULT_LOOKUP, PARAM_METHOD, CSDConfig, parse_gamma
+from csd.config import (
+    DEFAULT_LOOKUP,
+    GAMMA,
+    GAMMA_AUTO,
+    GAMMA_MAX,
+    LAM,
+    LOOKUP,
+    MAX_NEW_TOKENS,
+    PARAM_METHOD,
+    TAU,
+    CSDConfig,
+)
 from csd.evaluation.datasets import BUILTIN, validate_datasets
+from csd.numbers import Field
 
 from .common import (
     add_memory_policy_args,
@@ -18,9 +30,13 @@ from .common import (
     add_rival_args,
     load_from_args,
     memory_policy,
+    number,
     open_store,
     rival_values,
 )
+
+COUNT = Field("a count", 0, whole=True)       # --limit (0: all items), --bound-checks (0: the cached profile alone)
+ITEM_SEED = Field("the items' seed", whole=True)     # any whole number: random.Random and torch take negatives too
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -34,20 +50,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="gsm8k,humaneval,prose",
                    help=f"comma-separated: {', '.join(BUILTIN)} or a JSONL/text file, each with an optional count "
                         "(gsm8k:40) or range of the seeded draw (gsm8k:16-40) (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=10, help="items per dataset, fixed by --seed (default 10; 0 = all)")
+    p.add_argument("--limit", type=number(COUNT, "--limit"), default=10,
+                   help="items per dataset, fixed by --seed (default 10; 0 = all)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated from {', '.join(BENCH_METHODS)} (default: {','.join(DEFAULT_METHODS)})")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=number(MAX_NEW_TOKENS, "--max-new-tokens"), default=128)
     p.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
-    p.add_argument("--seed", type=int, default=0, help="fixes the items drawn from each dataset (default 0)")
+    p.add_argument("--seed", type=number(ITEM_SEED, "--seed"), default=0,
+                   help="fixes the items drawn from each dataset (default 0)")
     d = CSDConfig()
-    p.add_argument("--gamma", type=parse_gamma, default="auto",
+    p.add_argument("--gamma", type=number(GAMMA, "--gamma", GAMMA_AUTO), default=GAMMA_AUTO,
                    help=f"draft block length of sd, csd and the ablations (1..32), or 'auto' (the default); {d.gamma} "
                         "is the paper's fixed block")
-    p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
-    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda of the csd column")
-    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau of the csd column")
-    p.add_argument("--lookup", type=int, default=DEFAULT_LOOKUP,
+    p.add_argument("--gamma-max", type=number(GAMMA_MAX, "--gamma-max"), default=d.gamma_max,
+                   help="the longest block gamma auto may draft")
+    p.add_argument("--lam", type=number(LAM, "--lam"), default=d.lam, help="memory threshold lambda of the csd column")
+    p.add_argument("--tau", type=number(TAU, "--tau"), default=d.tau, help="gate threshold tau of the csd column")
+    p.add_argument("--lookup", type=number(LOOKUP, "--lookup"), default=DEFAULT_LOOKUP,
                    help=f"copies from the context in the sd, csd and ablation columns (default {DEFAULT_LOOKUP}; 0: "
                         "the paper's methods alone)")
     p.add_argument("--sweep", default=None,
@@ -59,7 +78,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="online: each method's memory evolves across the items (default); fresh: a new copy per item")
     add_memory_policy_args(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation of each method")
-    p.add_argument("--bound-checks", type=_count, default=2, metavar="N",
+    p.add_argument("--bound-checks", type=number(COUNT, "--bound-checks"), default=2, metavar="N",
                    help="with gamma auto, re-measure the profile N times beside the run and judge CSD against the "
                         "median bound (default 2; 0: the cached profile alone)")
     add_rival_args(p, ": of the lossy, topk, typical and fly columns")
@@ -67,16 +86,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_synthetic_args(p)
     p.set_defaults(func=cmd_bench, synthetic_refuses={a: p.get_default(a) for a in _NOT_SYNTHETIC})
     return p
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number of 0 or more, got {text!r}")
-    return n
 
 
 # options of the benchmark on real items that mean nothing to the synthetic one
@@ -93,8 +102,6 @@ def cmd_bench(args) -> int:
     policy = memory_policy(args)                   # refused before any model loads or file is written
     parse_sweep(args.sweep)
     validate_datasets(args.dataset)
-    if args.limit < 0 or args.max_new_tokens < 1:
-        raise ValueError("--limit must be >= 0 and --max-new-tokens >= 1")
     config = bench_config(args, methods)
     config.columns()              # every column's parameters checked before any model loads
     from csd.db.store import StoreOpenError

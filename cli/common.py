@@ -5,6 +5,7 @@ import argparse
 import sys
 from dataclasses import replace
 
+from csd.numbers import Field, NumberError
 from csd.runtime.models import DRAFT_DTYPES, DRAFT_IMPLS, TARGET_IMPLS
 from csd.runtime.quant import INT8_ACTIVATIONS, INT8_ACTIVATIONS_DEFAULT, TARGET_REPRS
 from csd.runtime.static import DEFAULT_CAPACITY, ENGINES
@@ -28,6 +29,26 @@ def tqdm_progress():
         bar.update(int(frac * 1000) - bar.n)
 
     return cb
+
+
+def number(field: Field, flag: str, *words: str):
+    """An argparse ``type=`` for a number flag: what is typed, read by ``field`` (csd.numbers) as the flag names it,
+    or one of ``words`` as typed (--gamma's 'auto'). A refusal is the field's sentence, which argparse prints after
+    "argument --tau:" and exits with 2, as for any bad flag: the same words as the app's boxes say."""
+    named = field.named(flag)
+    if words:
+        named = replace(named, note=" or ".join([named.note, *map(repr, words)]).strip())
+
+    def read(text: str):
+        if text in words:
+            return text
+        try:
+            return named.read(text)
+        except NumberError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    read.__name__ = flag
+    return read
 
 
 def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:

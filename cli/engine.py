@@ -8,7 +8,24 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from csd.config import DEFAULT_LOOKUP, GAMMA_AUTO, METHODS, PRESETS, ConfigError, CSDConfig, default_lookup, parse_gamma
+from csd.config import (
+    DEFAULT_LOOKUP,
+    GAMMA,
+    GAMMA_AUTO,
+    GAMMA_MAX,
+    LAM,
+    LOOKUP,
+    LOOKUP_NGRAM,
+    MAX_NEW_TOKENS,
+    METHODS,
+    PRESETS,
+    SEED,
+    TAU,
+    TEMPERATURE,
+    ConfigError,
+    CSDConfig,
+    default_lookup,
+)
 from csd.rule import FLY, LOSSY, TOPK, TYPICAL
 
 from .common import (
@@ -20,6 +37,7 @@ from .common import (
     choose_target,
     load_from_args,
     memory_policy,
+    number,
     open_store,
     rival_values,
     tqdm_progress,
@@ -48,12 +66,13 @@ def add_parsers(sub) -> None:
     g.add_argument("--method", default="csd", choices=METHODS,
                    help="; ".join(f"{k}: {v}" for k, v in METHOD_HELP.items()))
     d = CSDConfig()
-    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    g.add_argument("--max-new-tokens", type=number(MAX_NEW_TOKENS, "--max-new-tokens"), default=d.max_new_tokens)
     add_decoding_args(g)
     add_rival_args(g)
-    g.add_argument("--temperature", type=float, default=d.temperature,
+    g.add_argument("--temperature", type=number(TEMPERATURE, "--temperature"), default=d.temperature,
                    help="0 (default): greedy; > 0: sampling with rejection-sampling verification (not the rivals)")
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=number(SEED, "--seed"), default=None,
+                   help="seeds the run's sampling (a whole number, 0 or more; default: none)")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the chat template (default on)")
     g.add_argument("--memory", default=None,
@@ -109,16 +128,17 @@ def add_calibrate_parser(sub) -> None:
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     d = CSDConfig()
-    p.add_argument("--gamma", type=parse_gamma, default=GAMMA_AUTO,
+    p.add_argument("--gamma", type=number(GAMMA, "--gamma", GAMMA_AUTO), default=GAMMA_AUTO,
                    help=f"draft block length (1..32), or '{GAMMA_AUTO}' (the default: chosen per block from this "
                         f"machine's costs and the run's acceptance); {d.gamma} is the paper's fixed block")
-    p.add_argument("--gamma-max", type=int, default=d.gamma_max, help="the longest block gamma auto may draft")
-    p.add_argument("--lam", type=float, default=d.lam, help="memory threshold lambda (>= 0)")
-    p.add_argument("--tau", type=float, default=d.tau, help="gate threshold tau in (0, 1]")
-    p.add_argument("--lookup", type=int, default=None,
+    p.add_argument("--gamma-max", type=number(GAMMA_MAX, "--gamma-max"), default=d.gamma_max,
+                   help="the longest block gamma auto may draft")
+    p.add_argument("--lam", type=number(LAM, "--lam"), default=d.lam, help="memory threshold lambda (>= 0)")
+    p.add_argument("--tau", type=number(TAU, "--tau"), default=d.tau, help="gate threshold tau in (0, 1]")
+    p.add_argument("--lookup", type=number(LOOKUP, "--lookup"), default=None,
                    help="also propose up to N tokens copied from the context where the costs say it pays, verified "
                         f"exactly (default {DEFAULT_LOOKUP} with sd, csd, the ablations; 0: the paper's method alone)")
-    p.add_argument("--lookup-ngram", type=int, default=d.lookup_ngram,
+    p.add_argument("--lookup-ngram", type=number(LOOKUP_NGRAM, "--lookup-ngram"), default=d.lookup_ngram,
                    help=f"the shortest recurring run after which --lookup copies (1..4, default {d.lookup_ngram})")
     paper = PRESETS["paper"]
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,

@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
+
+from csd.config import LAM, TAU
+
+from .common import number
+
+# the tau written as SGLang's prob_ratio: any number above 0, as export took it (a run's tau is at most 1)
+TABLE_TAU = replace(TAU, hi=None)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -20,10 +28,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ex.add_argument("file", metavar="FILE.json|FILE.jsonl", help="the table to write (JSON lines for .jsonl)")
     ex.add_argument("--format", required=True, choices=["sglang"], help="the table format (sglang)")
     ex.add_argument("--memory", default=None, help="memory file to export (default: the shipped memory)")
-    ex.add_argument("--lam", type=float, default=None,
+    ex.add_argument("--lam", type=number(LAM, "--lam"), default=None,
                     help="lambda written to the metadata (default: the memory's calibration lambda, else 6); "
                          "SGLang's --speculative-csd-freq-threshold takes its ceiling")
-    ex.add_argument("--tau", type=float, default=None,
+    ex.add_argument("--tau", type=number(TABLE_TAU, "--tau"), default=None,
                     help="tau written to the metadata as prob_ratio (SGLang's --speculative-csd-prob-ratio is tau)")
     add_vocab_args(ex)
     ex.set_defaults(func=cmd_export)
@@ -76,8 +84,6 @@ def cmd_export(args) -> int:
     lam = memory_lambda(memory) if args.lam is None else args.lam
     if not math.isfinite(lam) or lam < 0:
         raise ValueError(f"lambda must be a count >= 0, got {lam!r}")
-    if args.tau is not None and not (math.isfinite(args.tau) and args.tau > 0):
-        raise ValueError(f"tau must be > 0, got {args.tau!r}")
     path = export_memory(memory, args.file, vocab, lam, args.tau)
     print(f"wrote {path}: {len(memory):,} entries, {memory.total:,.0f} counted divergences, "
           f"{memory.n_candidates(lam):,} at freq >= {lam:g}; tokenizer {vocab.tokenizer}; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 
+from .numbers import Field
 from .rule import ALL_SCORES, RIVALS, Relax, Rescue, Rivals, log_tau
 
 METHODS = ("ar", "sd", "csd", "ocm-only", "scg-only") + RIVALS
@@ -27,6 +28,20 @@ def default_lookup(method: str) -> int:
 
 class ConfigError(ValueError):
     """A decoding parameter is out of range; the message says which and why."""
+
+
+# The numbers a run is given, with the ranges ``CSDConfig.validated`` accepts: the command line's flags and the app's
+# boxes read what is typed through these (csd.numbers), each renamed as the flag or the box is called
+# (``Field.named``), so that a refusal is one sentence naming it. gamma's "auto" is read beside GAMMA.
+GAMMA = Field("gamma", *GAMMA_RANGE, whole=True)
+GAMMA_MAX = Field("gamma_max", *GAMMA_RANGE, whole=True)
+LAM = Field("lambda", 0)
+TAU = Field("tau", 0, 1, above=True)
+TEMPERATURE = Field("temperature", 0, note="(0 = greedy)")
+MAX_NEW_TOKENS = Field("max_new_tokens", 1, whole=True)
+LOOKUP = Field("lookup", 0, GAMMA_RANGE[1], whole=True, note="(0 turns it off)")
+LOOKUP_NGRAM = Field("lookup_ngram", 1, LOOKUP_NGRAM_MAX, whole=True)
+SEED = Field("seed", 0, whole=True, optional=True)
 
 
 # each rival parameter's range (test, wording) and its name in a message; the record is csd.rule.Rivals

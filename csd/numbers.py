@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # a number as typed: a sign, digits (in groups of three with commas, or not), a point and an exponent ("1e9")
 _NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d*)?([eE][-+]?\d+)?$")
+_WHOLE = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)$")     # digits alone: read as an int, exactly
 
 
 class NumberError(ValueError):
@@ -28,17 +29,25 @@ def grouped(x: float) -> str:
 @dataclass(frozen=True)
 class Field:
     """A number to read: ``name`` as the user sees it (a box's label, a flag), the range [lo, hi] (None: no bound),
-    ``whole`` (an integer), ``optional`` (empty is None), ``note``: what the range means, said after it."""
+    ``whole`` (an integer), ``optional`` (empty is None), ``note``: what the range means, said after it;
+    ``above``: lo itself is out of the range, (lo, hi] (a threshold such as tau, more than 0 and at most 1)."""
     name: str
     lo: float | None = None
     hi: float | None = None
     whole: bool = False
     optional: bool = False
     note: str = ""
+    above: bool = False
+
+    def named(self, name: str) -> Field:
+        """The same field as a flag or a box calls it ("--tau", "Max new tokens")."""
+        return replace(self, name=name)
 
     def words(self) -> str:
-        """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more'."""
+        """'a whole number from 1 to 32', 'between -4 and 0', 'a whole number, 0 or more', 'above 0 and at most 1'."""
         kind, lo, hi = "a whole number" if self.whole else "a number", self.lo, self.hi
+        if self.above and lo is not None:
+            return f"{kind} above {grouped(lo)}" + (f" and at most {grouped(hi)}" if hi is not None else "")
         if lo is not None and hi is not None:
             return f"{kind} from {grouped(lo)} to {grouped(hi)}" if self.whole else \
                 f"between {grouped(lo)} and {grouped(hi)}"
@@ -55,17 +64,28 @@ class Field:
             if self.optional:
                 return None
             raise NumberError(self.refusal("got nothing" if value is None else "it is empty"))
+        exact = None        # a whole number as typed or given, kept exact (a seed past 2**53)
         if isinstance(value, str):
             text = value.strip()
             got, ok = f'got "{text[:40]}"', bool(_NUMBER.match(text)) and any(c.isdigit() for c in text)
             v = float(text.replace(",", "")) if ok else math.nan
+            if ok and _WHOLE.match(text):
+                exact = int(text.replace(",", ""))
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             got, v = (f"got {grouped(value)}", float(value)) if ok else (f"got {str(value)[:40]}", math.nan)
+            exact = value if ok and isinstance(value, int) else None
         ok = ok and math.isfinite(v) and not (self.whole and not v.is_integer())
-        if not ok or (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+        if not ok or not self._in_range(v):
             raise NumberError(self.refusal(got))
-        return int(v) if self.whole else v
+        if self.whole:
+            return exact if exact is not None else int(v)
+        return v
+
+    def _in_range(self, v: float) -> bool:
+        if self.lo is not None and (v <= self.lo if self.above else v < self.lo):
+            return False
+        return self.hi is None or v <= self.hi
 
 
 # the memory policy (csd.memory): its flags, boxes and a file's block read through these, renamed for each

@@ -149,23 +149,24 @@ def test_calibration_reads_with_the_models_that_decode(real_pair):
     """Both calibration modes count with the pair's own models (the draft's lean path and reduced vocabulary),
     never building a second, transformers copy of the draft (before: 12-13 GB resident and about two minutes
     for the embedded pair, where the models decode in 2.5 GB)."""
+    from dataclasses import replace
+
     from csd.calibration.calibrate import calibrate, calibrate_prompts, draft_predictions
-    from csd.runtime.quant import release_memory
-    for role in ("draft", "target"):       # the transformers copies an earlier test may have built, let go
-        if getattr(real_pair, f"{role}_loader") is not None:
-            setattr(real_pair, role, None)
-    release_memory()
-    assert real_pair.draft is None and real_pair.draft_loader is not None     # built only if something asks
-    mem = calibrate_prompts(real_pair, ["Write a Python function that adds two numbers."], max_new_tokens=12)
+    # the session's pair as it loads, without the transformers copies an earlier test may have built: a copy, so
+    # that the shared fixture keeps what it holds (the models themselves are shared, not copied)
+    pair = replace(real_pair, **{role: None for role in ("draft", "target")
+                                 if getattr(real_pair, f"{role}_loader") is not None})
+    assert pair.draft is None and pair.draft_loader is not None     # built only if something asks
+    mem = calibrate_prompts(pair, ["Write a Python function that adds two numbers."], max_new_tokens=12)
     info = mem.meta["calibration"][-1]
     assert info["answer_tokens"] == 12 and info["positions"] >= 11 and info["divergences"] == mem.total
-    mem = calibrate(real_pair, ["The quick brown fox jumps over the lazy dog. " * 20], mem, chunk_tokens=32,
+    mem = calibrate(pair, ["The quick brown fox jumps over the lazy dog. " * 20], mem, chunk_tokens=32,
                     max_positions=40)
     assert mem.meta["calibration"][-1]["positions"] == 40
-    assert real_pair.draft is None                                           # the transformers draft never built
-    prompt = real_pair.encode_prompt("def add(a, b):", True)
-    run = Decoder(real_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=8), CorrectionMemory(real_pair.pair_id))
+    assert pair.draft is None                                           # the transformers draft never built
+    prompt = pair.encode_prompt("def add(a, b):", True)
+    run = Decoder(pair).run(prompt, CSDConfig(method="ar", max_new_tokens=8), CorrectionMemory(pair.pair_id))
     list(run)
-    seen = draft_predictions(real_pair, prompt, run.token_ids)
-    vocab = set(real_pair.draft_lm.vocab_ids.tolist())
+    seen = draft_predictions(pair, prompt, run.token_ids)
+    vocab = set(pair.draft_lm.vocab_ids.tolist())
     assert len(seen) == len(run.token_ids) and set(seen) <= vocab               # what the draft can propose

@@ -42,10 +42,18 @@ def result(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_pair():
+def module_pair():
     d, t = (ARCHS[a] for a in PAIRS["tiny"])
     dev = torch.device("cpu")
     return make_pair("tiny", build_model(d, dev, 0), build_model(t, dev, 1), dev, ("float32", "float32"), "auto")
+
+
+@pytest.fixture
+def tiny_pair(module_pair):
+    """The module's pair (seconds to build), its scripted draft unscripted after each test, failed or not: a test
+    scripts it, and the next must not find it on another test's path."""
+    yield module_pair
+    module_pair.draft_lm.script(None)
 
 
 def run_to_end(pair, prompt, cfg, memory=None):

@@ -115,7 +115,7 @@ def test_expected_refusals_are_one_log_line_without_a_traceback(services, caplog
                        (lambda: list(generate.generate(services, PROMPT,
                                                        RunSettings(gamma=4, lam=6, log10_tau=0.5, max_new_tokens=8,
                                                                    seed=0), None)),
-                        "tau must be in (0, 1]")):
+                        "τ's power of ten (the gate threshold) must be a number, 0 or less (τ at most 1); got 0.5.")):
         caplog.clear()
         with pytest.raises(gr.Error) as err:
             ask()
@@ -139,11 +139,12 @@ def test_a_refused_request_keeps_the_session(services):
     last, memory, total = sess.last, sess.memory, sess.memory.total
     assert last is not None and last.done and total > 0
     jobs.request_job(services, "generate", sess, PROMPT, True)      # the click; the handler then refuses
-    with pytest.raises(gr.Error, match="tau must be in"):
+    with pytest.raises(gr.Error, match="power of ten \\(the gate threshold\\) must be a number, 0 or less"):
         list(generate.generate(services, PROMPT, RunSettings(gamma=4, lam=0, log10_tau=0.5, max_new_tokens=12, seed=0),
                                sess))
     assert sess.last is last and sess.memory is memory and sess.memory.total == total
-    assert sess.jobs["generate"].summary.startswith("Not run: tau must be in") and not sess.pending["generate"]
+    assert sess.jobs["generate"].summary.startswith("Not run: τ's power of ten (the gate threshold) must be") \
+        and not sess.pending["generate"]
     assert len(services.lane) == 0
 
 

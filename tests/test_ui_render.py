@@ -305,11 +305,24 @@ def test_make_config_converts_and_validates():
     cfg = make_config("csd", 6.0, 3.0, -2.0, 0.0, 16.0, 0.0)
     assert (cfg.gamma, cfg.lam, cfg.max_new_tokens, cfg.seed) == (6, 3.0, 16, 0)
     assert make_config("csd", 6, 6, -2, 0, 16, auto_gamma=True).gamma == "auto"
-    for args, msg in [(("csd", 40, 6, -2, 0, 16), "gamma"), (("csd", 6, 6, 0.5, 0, 16), "tau"),
+    for args, msg in [(("csd", 40, 6, -2, 0, 16), "γ"), (("csd", 6, 6, 0.5, 0, 16), "τ's power of ten"),
                       (("csd", 2.5, 6, -2, 0, 16), "whole number"), (("fast", 6, 6, -2, 0, 16), "method"),
-                      (("csd", 6, -1, -2, 0, 16), "lambda")]:
+                      (("csd", 6, -1, -2, 0, 16), "λ")]:
         with pytest.raises(ConfigError, match=msg):
             make_config(*args)
+    # the same sentence as the box's own check (tests/test_ui_bad_input.py) and the flag's, the box named
+    for args, words in [(("csd", 40, 6, -2, 0, 16), "γ (the draft block length) must be a whole number from 1 to 32; "
+                                                    "got 40."),
+                        (("csd", "abc", 6, -2, 0, 16), 'γ (the draft block length) must be a whole number from 1 '
+                                                       'to 32; got "abc".'),
+                        (("csd", 6, 6, -2, 0, "1e9", "x"), 'Seed must be a whole number, 0 or more; got "x".'),
+                        (("csd", 6, 6, -2, 0, 2.5), "Max new tokens must be a whole number, 1 or more; got 2.5."),
+                        (("csd", 6, "six", -2, 0, 16), 'λ (the memory count threshold) must be a number, 0 or more; '
+                                                       'got "six".'),
+                        (("csd", 6, 6, -2, -1, 16), "Temperature must be a number, 0 or more (0 = greedy); got -1.")]:
+        with pytest.raises(ConfigError) as e:
+            make_config(*args)
+        assert str(e.value) == words
 
 
 def test_pattern_parsing_and_escaped_errors():

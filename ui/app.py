@@ -17,7 +17,7 @@ from .render import plural
 from .rules import RIVAL_FIELDS
 from .state import Services
 from .tabs import analyse, compare, explore, generate, teach
-from .tabs.common import SHOW_SPECULATION, describe_tau
+from .tabs.common import GAMMA_BOX, LAM_BOX, LOG10_TAU_BOX, SHOW_SPECULATION, describe_tau
 from .tabs.inputs import number, slider
 from .tabs.jobs import poll_status
 from .tabs.page import HIDE_PRESENT, LIGHT_GROUP, MODEL_GROUP, Page
@@ -124,17 +124,17 @@ def build_demo(services: Services) -> gr.Blocks:
         # the bar, folded on a phone by the page's script (the prompt and Generate on the first screen)
         with gr.Accordion("Settings: γ, λ, τ and the rivals' parameters", open=True, elem_id="bar",
                           elem_classes=HIDE_PRESENT), gr.Row(equal_height=True):
-            gamma = slider("γ (the draft block length)", *GAMMA_RANGE, value=6, step=1, label="γ (draft block length)",
+            gamma = slider(GAMMA_BOX, *GAMMA_RANGE, value=6, step=1, label="γ (draft block length)",
                            elem_id="gamma")
             with gr.Column(min_width=200):
                 auto_gamma = gr.Checkbox(True, label="γ = auto (per block, from this machine's measured costs; "
                                          "Generate and Compare; Teach keeps the number)", elem_id="auto-gamma")
                 show_spec = gr.Checkbox(True, label=f"Show speculation: auto drafts at least {SHOW_SPECULATION} "
                                         "tokens a block (off: only what pays here)", elem_id="show-spec")
-            lam = slider("λ (the memory count threshold)", 0, 64, value=6, step=1,
+            lam = slider(LAM_BOX, 0, 64, value=6, step=1,
                          label="λ (memory count threshold)", elem_id="lam")
             # τ moves in powers of ten; the one logarithm the page writes is the paper's, natural (log τ, the gap's)
-            log10_tau = slider("τ's power of ten (the gate threshold)", -4, 0, note="(τ from 0.0001 to 1)", value=-2,
+            log10_tau = slider(LOG10_TAU_BOX, -4, 0, note="(τ from 0.0001 to 1)", value=-2,
                                step=0.05, label="τ's power of ten (gate threshold: -2 is τ = 0.01)",
                                elem_id="log10-tau")
             with gr.Column(min_width=220):

@@ -62,9 +62,11 @@ def per_token(running: list[Live], ended: list[Ran], k: float) -> float | None:
 def estimate(waiting: int, running: list[Live], ended: list[Ran], slots: int) -> Wait | None:
     """Seconds (a low-high ``Wait``) until a request starts with ``running`` runs on the model, ``waiting`` before it,
     ``slots`` at a time; None while nothing measures a run yet. Each waiting request is taken to ask for the tokens the
-    runs in progress asked for (else what the last runs wrote), and to write the share of it the last runs wrote
-    before their end of text, at a token's time with the runs that will decode beside it (``per_token``), after
-    reading its prompt as long as the runs in progress took to read theirs."""
+    runs in progress asked for (else what the last runs wrote): nothing knows a waiting request's own, since the lane
+    learns a job's tokens when its handler starts and gradio keeps a queued request's inputs in its private event
+    data (a run in progress ends by its own ask). A waiting request is taken to write the share of its ask that the
+    last runs wrote before their end of text, at a token's time with the runs that will decode beside it
+    (``per_token``), after reading its prompt as long as the runs in progress took to read theirs."""
     slots = max(1, slots)
     k = min(slots, len(running) + waiting)            # runs decoding together while the requests ahead run
     spt = per_token(running, ended, k)

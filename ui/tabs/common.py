@@ -8,7 +8,18 @@ from dataclasses import replace
 
 import gradio as gr
 
-from csd.config import GAMMA_AUTO, METHODS, ConfigError, CSDConfig, default_lookup
+from csd.config import (
+    GAMMA,
+    GAMMA_AUTO,
+    LAM,
+    MAX_NEW_TOKENS,
+    METHODS,
+    SEED,
+    TEMPERATURE,
+    ConfigError,
+    CSDConfig,
+    default_lookup,
+)
 from csd.db import analytics as A
 from csd.numbers import Field, NumberError
 from csd.rule import log_tau
@@ -121,11 +132,19 @@ def describe_tau(log10_tau: float) -> str:
     return f"τ = {tau:.3g}  (log τ = {log_tau(tau):.2f})"
 
 
-def as_number(name: str, v, whole: bool = True, lo: float | None = None, hi: float | None = None):
-    """``v`` read by ``csd.numbers`` as an int (``whole``) or a float in [lo, hi]; ``ConfigError`` with its sentence,
-    naming ``name``, when it is missing, not a number, out of range or, ``whole``, not whole."""
+# the bar's boxes by their names in a refusal (ui/app.py and ui/tabs/generate.py draw them with these)
+GAMMA_BOX, LAM_BOX, LOG10_TAU_BOX = ("γ (the draft block length)", "λ (the memory count threshold)",
+                                     "τ's power of ten (the gate threshold)")
+TEMPERATURE_BOX, MAX_NEW_BOX, SEED_BOX = "Temperature", "Max new tokens", "Seed"
+# τ as the bar gives it, its power of ten: CSDConfig's tau in (0, 1] is a power of at most 0
+LOG10_TAU = Field(LOG10_TAU_BOX, hi=0, note="(τ at most 1)")
+
+
+def as_number(field: Field, v):
+    """``v`` as ``field`` reads it (``csd.numbers``: the words of every box, flag and file field), or ``ConfigError``
+    with its sentence naming the field."""
     try:
-        return Field(name, lo, hi, whole).read(v)
+        return field.read(v)
     except NumberError as e:
         raise ConfigError(str(e)) from None
 
@@ -140,7 +159,7 @@ def read_number(field: Field, value):
 
 def rival_params(values: dict) -> dict:
     """The rivals' parameters from the bar's inputs by name (k and the window made whole numbers, or refused)."""
-    return {name: as_number(name, v, whole=name in rules.INT_FIELDS) for name, v in values.items()}
+    return {name: as_number(Field(name, whole=name in rules.INT_FIELDS), v) for name, v in values.items()}
 
 
 def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) -> CSDConfig:
@@ -148,10 +167,12 @@ def make_config(s: RunSettings, explain: bool = False, score_all: bool = False) 
     method = s.method
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    seed = None if s.seed is None or s.seed == "" else as_number("seed", s.seed)
-    return CSDConfig.of(method=method, gamma=GAMMA_AUTO if s.auto_gamma else as_number("gamma", s.gamma),
-                        lam=float(s.lam), tau=tau_from_log10(s.log10_tau), temperature=float(s.temperature),
-                        max_new_tokens=as_number("max new tokens", s.max_new_tokens), seed=seed, explain=explain,
+    gamma = GAMMA_AUTO if s.auto_gamma else as_number(GAMMA.named(GAMMA_BOX), s.gamma)
+    return CSDConfig.of(method=method, gamma=gamma, lam=as_number(LAM.named(LAM_BOX), s.lam),
+                        tau=tau_from_log10(as_number(LOG10_TAU, s.log10_tau)),
+                        temperature=as_number(TEMPERATURE.named(TEMPERATURE_BOX), s.temperature),
+                        max_new_tokens=as_number(MAX_NEW_TOKENS.named(MAX_NEW_BOX), s.max_new_tokens),
+                        seed=as_number(SEED.named(SEED_BOX), s.seed), explain=explain,
                         lookup=default_lookup(method) if s.lookup else 0,   # ar drafts nothing to copy into
                         gamma_min=SHOW_SPECULATION if s.auto_gamma and s.show_spec and method != "ar" else 0,
                         score_all=score_all and method != "ar", **rival_params(s.rivals)).validated()

@@ -19,7 +19,7 @@ from csd.corpus import default_corpus, read_corpus, read_prompts
 from csd.db import analytics as A
 from csd.events import REJECTED, RELAXED, RESCUED, STATUSES, TokenEvent
 from csd.memory import CorrectionMemory, MemoryFileError, policy_from
-from csd.numbers import grouped
+from csd.numbers import Field, grouped
 from csd.runtime import threads
 
 from .. import render, rules
@@ -38,7 +38,7 @@ from .common import (
     target_dropdown,
     warn,
 )
-from .inputs import number
+from .inputs import box, number
 from .jobs import in_lane, status_line, stop, take_job
 from .page import Page
 
@@ -132,6 +132,10 @@ MEMORY_COLUMNS = [DRAFTS, CHOOSES, "ids", "count", "≥ λ"]
 CAL_PROMPTS, CAL_TEXT = "prompts: the target's own answers", "text: teacher-forced reading"
 SRC_SHIPPED, SRC_UPLOAD = "shipped set", "uploaded file"
 MAX_PROMPTS, MAX_ANSWER_TOKENS, MAX_POSITIONS = 10_000, 2048, 1_000_000   # a calibration's limits
+# the calibration's boxes: drawn with these ranges, and what they give read by them (csd.numbers)
+PROMPTS = Field("Prompts", 1, MAX_PROMPTS, whole=True)
+ANSWER_TOKENS = Field("Answer tokens each", 1, MAX_ANSWER_TOKENS, whole=True)
+POSITIONS = Field("Text positions", 1, MAX_POSITIONS, whole=True)
 
 
 def _calibration_lines(cal) -> list[str]:
@@ -289,10 +293,10 @@ def calibrate_memory(services: Services, sess: Session | None, lam, mode: str, s
     prompts_mode = mode != CAL_TEXT
     try:
         if prompts_mode:
-            n_prompts = as_number("Prompts", n_prompts, lo=1, hi=MAX_PROMPTS)
-            tokens = as_number("Answer tokens each", answer_tokens, lo=1, hi=MAX_ANSWER_TOKENS)
+            n_prompts = as_number(PROMPTS, n_prompts)
+            tokens = as_number(ANSWER_TOKENS, answer_tokens)
         else:
-            n = as_number("Text positions", max_positions, lo=1, hi=MAX_POSITIONS)
+            n = as_number(POSITIONS, max_positions)
     except ConfigError as e:
         services.lane.finish(job, f"Not run: {e}")
         raise error(str(e)) from None
@@ -402,14 +406,9 @@ def _memory_panel(s) -> SimpleNamespace:
                              "'text')", file_types=[".txt", ".jsonl", ".md", ".py"], type="filepath")
             with gr.Row():     # the calibration's settings, by ``calibrate_memory``'s names
                 m.cal_in = dict(mode=mode, source=source, upload=upload,
-                                n_prompts=number("Prompts", value=s.calibrate_prompts, precision=0, minimum=1,
-                                                 maximum=MAX_PROMPTS, label="Prompts", elem_id="cal-prompts"),
-                                answer_tokens=number("Answer tokens each", value=s.calibrate_answer_tokens, precision=0,
-                                                     minimum=1, maximum=MAX_ANSWER_TOKENS, label="Answer tokens each",
-                                                     elem_id="cal-answer"),
-                                max_positions=number("Text positions", value=s.calibrate_positions, precision=0,
-                                                     minimum=1, maximum=MAX_POSITIONS, label="Text positions",
-                                                     elem_id="cal-positions"))
+                                n_prompts=box(PROMPTS, s.calibrate_prompts, "cal-prompts"),
+                                answer_tokens=box(ANSWER_TOKENS, s.calibrate_answer_tokens, "cal-answer"),
+                                max_positions=box(POSITIONS, s.calibrate_positions, "cal-positions"))
             with gr.Row(equal_height=True):
                 m.cal = gr.Button("Calibrate", variant="primary", elem_id="calibrate-btn", scale=0, min_width=110)
                 m.stop = gr.Button("Stop", variant="stop", elem_id="calibrate-stop", scale=0, min_width=80)

@@ -15,7 +15,17 @@ from .. import export, render
 from ..rules import METHOD_SHORT
 from ..state import RunSettings, RunView, Services, Session
 from . import analyse
-from .common import ensure_session, error, page_config, remember_ar, tau_from_log10, tokens_html
+from .common import (
+    MAX_NEW_BOX,
+    SEED_BOX,
+    TEMPERATURE_BOX,
+    ensure_session,
+    error,
+    page_config,
+    remember_ar,
+    tau_from_log10,
+    tokens_html,
+)
 from .inputs import dropdown, number, slider
 from .jobs import done_sentence, in_lane, run_recorded, speculation_sentence, status_line, stop, take_job
 from .page import EXAMPLES, HIDE_PRESENT, Page
@@ -134,11 +144,11 @@ def build(page: Page):
                     method=dropdown("Method", [(f"{m} — {METHOD_SHORT[m]}", m) for m in METHODS], value="csd",
                                     label="Method", elem_id="method"),
                     chat=gr.Checkbox(True, label="Chat template (instruct models)"),
-                    temperature=slider("Temperature", 0, 2, note="(0 = greedy)", value=0, step=0.05,
+                    temperature=slider(TEMPERATURE_BOX, 0, 2, note="(0 = greedy)", value=0, step=0.05,
                                        label="Temperature (0 = greedy)", elem_id="temperature"),
-                    max_new_tokens=slider("Max new tokens", 1, s.max_new_tokens_limit, note="(this app's limit)",
+                    max_new_tokens=slider(MAX_NEW_BOX, 1, s.max_new_tokens_limit, note="(this app's limit)",
                                           value=s.max_new_tokens, step=1, label="Max new tokens", elem_id="max-new"),
-                    seed=number("Seed", optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)",
+                    seed=number(SEED_BOX, optional=True, value=0, precision=0, minimum=0, label="Seed (sampling only)",
                                 elem_id="seed"),
                     lookup=gr.Checkbox(True, label=f"Copy from the context: propose up to {LOOKUP_TOKENS} tokens "
                                        "that followed the last few earlier, where the costs say it pays (sd and csd; "

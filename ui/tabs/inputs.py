@@ -56,6 +56,13 @@ def number(what: str, *, note: str = "", optional: bool = False, **kw) -> gr.Num
     return _named(comp, _check_number, what, note, whole=comp.precision == 0, optional=optional)
 
 
+def box(field: Field, value, elem_id: str) -> gr.Number:
+    """A number box drawn from a ``csd.numbers.Field``: its label, range and whole-ness, refused in its words."""
+    return number(field.name, note=field.note, optional=field.optional, value=value,
+                  precision=0 if field.whole else None, minimum=field.lo, maximum=field.hi, label=field.name,
+                  elem_id=elem_id)
+
+
 def dropdown(what: str, choices, **kw) -> gr.Dropdown:
     """A gr.Dropdown whose refusal of a value it does not offer lists the choices."""
     return _named(gr.Dropdown(choices, **kw), _check_choice, what)
