@@ -37,6 +37,26 @@ static inline __attribute__((always_inline)) __m512i dot4(__m512i acc, __m512i w
 }
 #endif
 
+#if defined(KQ_AVX512)
+/* the two 16-bit sums at s, s + 1 as one 32-bit word, in every lane */
+static inline __attribute__((always_inline)) __m512i pair16(const int16_t *s) {
+    int32_t w;
+    memcpy(&w, s, 4);
+    return _mm512_set1_epi32(w);
+}
+
+/* a tile's 16 bytes (one a row) of two groups a and b as 16 pairs of 16-bit integers (a[n], b[n]) */
+static inline __attribute__((always_inline)) __m512i pairs_u8(const uint8_t *a, const uint8_t *b) {
+    __m128i x = _mm_loadu_si128((const __m128i *)a), y = _mm_loadu_si128((const __m128i *)b);
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(x, y), _mm_unpacklo_epi8(x, y)));
+}
+
+static inline __attribute__((always_inline)) __m512i pairs_i8(const int8_t *a, const int8_t *b) {
+    __m128i x = _mm_loadu_si128((const __m128i *)a), y = _mm_loadu_si128((const __m128i *)b);
+    return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(x, y), _mm_unpacklo_epi8(x, y)));
+}
+#endif
+
 int kq_simd(void) {
 #if defined(KQ_AVX512)
     return 512;
@@ -64,9 +84,10 @@ static float f16_to_f32(uint16_t h) {
 #endif
 
 /* x (R, K) float -> q (R, K) int8 with one scale per ``qb`` columns (R, K/qb): 256 for the k-quants, as
- * llama.cpp's Q8_K, 32 for Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32). */
-void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t *q, float *scale, int32_t *s16,
-                        int32_t *s32) {
+ * llama.cpp's Q8_K, 32 for Q4_0, Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32),
+ * as 16-bit integers (at most 32 * 127 in size), so that two of them are one 32-bit word for vpdpwssd. */
+void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t *q, float *scale, int16_t *s16,
+                        int16_t *s32) {
     int64_t nb = K / qb;
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nb; b++) {
@@ -84,10 +105,10 @@ void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t
         for (int64_t g = 0; g < K / 16; g++) {
             int32_t s = 0;
             for (int k = 0; k < 16; k++) s += q[r * K + 16 * g + k];
-            s16[r * (K / 16) + g] = s;
+            s16[r * (K / 16) + g] = (int16_t)s;
         }
         for (int64_t g = 0; g < K / 32; g++)
-            s32[r * (K / 32) + g] = s16[r * (K / 16) + 2 * g] + s16[r * (K / 16) + 2 * g + 1];
+            s32[r * (K / 32) + g] = (int16_t)(s16[r * (K / 16) + 2 * g] + s16[r * (K / 16) + 2 * g + 1]);
     }
 }
 
@@ -111,7 +132,7 @@ static void parallel_chunks(kq_chunk_fn fn, void *ctx, int64_t chunks, int nthre
  * registers (three a row: the two sub-blocks' products and their scaled sum). */
 static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t t, int64_t r0, int64_t nsb, int64_t K,
         const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
-        const int8_t *q, const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+        const int8_t *q, const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     __m512 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
@@ -136,13 +157,13 @@ static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t
         }
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
         __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dmin + tb * 16)));
+        __m512i mp[4];              /* the mins of sub-blocks 2p and 2p + 1, paired for vpdpwssd */
+        for (int p = 0; p < 4; p++) mp[p] = pairs_u8(mb + 2 * p * 16, mb + (2 * p + 1) * 16);
         for (int r = 0; r < NR; r++) {
             /* the mins: sum over the 8 sub-blocks of m * (the row's sum of those 32 activations) */
-            const int32_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
+            const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
             __m512i imn = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++)
-                imn = _mm512_add_epi32(imn, _mm512_mullo_epi32(
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mb + j * 16))), _mm512_set1_epi32(sr[j])));
+            for (int p = 0; p < 4; p++) imn = _mm512_dpwssd_epi32(imn, mp[p], pair16(sr + 2 * p));
             __m512 a = _mm512_set1_ps(ascale[(r0 + r) * nsb + b]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isc[r]), _mm512_mul_ps(dv, a), acc[r]);
             acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imn), _mm512_mul_ps(mv, a), acc[r]);
@@ -154,7 +175,7 @@ static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t
 
 static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qw, const uint8_t *sc,
                      const uint8_t *mn, const uint16_t *d, const uint16_t *dmin, const int8_t *q,
-                     const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+                     const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
 #if defined(KQ_AVX512)
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
         switch (R - r0 < KQ_ROWS ? R - r0 : KQ_ROWS) {
@@ -170,7 +191,7 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
             const int64_t tb = t * nsb + b;
             const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
             const int8_t *xb = q + r * K + b * QK;
-            const int32_t *sr = s32 + r * (K / 32) + b * 8;
+            const int16_t *sr = s32 + r * (K / 32) + b * 8;
             float a = ascale[r * nsb + b];
             for (int n = 0; n < 16; n++) {
                 int32_t isc = 0, imn = 0;
@@ -209,7 +230,7 @@ static inline __attribute__((always_inline)) __m512i top2(__m512i top, int shift
 
 static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t t, int64_t r0, int64_t nsb, int64_t K,
         const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, const int8_t *q,
-        const float *ascale, const int32_t *s16, float *y, int64_t ldy) {
+        const float *ascale, const int16_t *s16, float *y, int64_t ldy) {
     const __m512i low = _mm512_set1_epi8(0x0f);
     __m512 acc[KQ_ROWS];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
@@ -245,13 +266,13 @@ static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t
             }
         }
         __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + tb * 16)));
+        __m512i sp[8];              /* the scales of groups 2k and 2k + 1, paired for vpdpwssd */
+        for (int k = 0; k < 8; k++) sp[k] = pairs_i8(scb + 2 * k * 16, scb + (2 * k + 1) * 16);
         for (int r = 0; r < NR; r++) {
             /* the offset of 32: sum over the 16 groups of sc * (the row's sum of those 16 activations) */
-            const int32_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
+            const int16_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
             __m512i imn = _mm512_setzero_si512();
-            for (int g = 0; g < 16; g++)
-                imn = _mm512_add_epi32(imn, _mm512_mullo_epi32(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + g * 16))), _mm512_set1_epi32(sr[g])));
+            for (int k = 0; k < 8; k++) imn = _mm512_dpwssd_epi32(imn, sp[k], pair16(sr + 2 * k));
             __m512 a = _mm512_set1_ps(ascale[(r0 + r) * nsb + b]);
             __m512i tot = _mm512_sub_epi32(isc[r], _mm512_slli_epi32(imn, 5));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dv, a), acc[r]);
@@ -262,7 +283,7 @@ static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t
 #endif
 
 static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t *qlo, const uint8_t *qhi,
-                     const int8_t *sc, const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s16,
+                     const int8_t *sc, const uint16_t *d, const int8_t *q, const float *ascale, const int16_t *s16,
                      float *y, int64_t ldy) {
 #if defined(KQ_AVX512)
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
@@ -317,7 +338,7 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
  * row's sums stay in registers and no type test runs inside the loop. */
 static inline __attribute__((always_inline)) void b32_rows(const int NR, const int QT, int64_t t, int64_t r0,
         int64_t nblk, int64_t K, const uint8_t *qw, const uint8_t *hb, const uint16_t *d, const int8_t *q,
-        const float *ascale, const int32_t *s32, float *y, int64_t ldy) {
+        const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
     const int off = QT == 8 ? 128 : QT == 6 ? 16 : 8;
     const int64_t wbytes = QT == 8 ? 512 : 256;
     const __m512i low = _mm512_set1_epi8(0x0f), five = _mm512_set1_epi8(0x10);
@@ -356,7 +377,7 @@ static inline __attribute__((always_inline)) void b32_rows(const int NR, const i
 #endif
 
 static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, const uint8_t *qw, const uint8_t *hb,
-                     const uint16_t *d, const int8_t *q, const float *ascale, const int32_t *s32, float *y,
+                     const uint16_t *d, const int8_t *q, const float *ascale, const int16_t *s32, float *y,
                      int64_t ldy) {
 #if defined(KQ_AVX512)
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS) {
@@ -419,7 +440,7 @@ typedef struct {
     int64_t R, K, ldy, per, tiles;
     const int8_t *q;
     const float *ascale;
-    const int32_t *s16, *s32;
+    const int16_t *s16, *s32;
     float *y;
 } linear_job;
 
@@ -463,8 +484,8 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
     for (int i = 0; i < nparts; i++) tiles += parts[i].n / 16;
     int8_t *q = (int8_t *)malloc((size_t)(R * K));
     float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * (K / qb)));
-    int32_t *s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 16)));
-    int32_t *s32 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R * (K / 32)));
+    int16_t *s16 = (int16_t *)malloc(sizeof(int16_t) * (size_t)(R * (K / 16)));
+    int16_t *s32 = (int16_t *)malloc(sizeof(int16_t) * (size_t)(R * (K / 32)));
     kq_quantize_blocks(x, R, K, qb, q, ascale, s16, s32);
     linear_job job = {parts, R, K, ldy, chunk_tiles(tiles, nthreads), tiles, q, ascale, s16, s32, y};
     parallel_chunks(linear_chunk, &job, (tiles + job.per - 1) / job.per, nthreads);
