@@ -63,9 +63,10 @@ def add_model_args(p: argparse.ArgumentParser, store: bool = True) -> None:
                         "int8, ov4, or a float dtype; auto: on the CPU whichever of gguf and int8 `python -m csd "
                         "prepare` measured faster here (int8 until it has), bfloat16 on CUDA")
     p.add_argument("--draft-dtype", dest="draft_weights", default="auto", choices=DRAFT_DTYPES,
-                   help="the draft's weights (auto: on the CPU int8, ort4 or gguf, whichever prepare timed faster "
-                        "here, the target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; gguf: its GGUF "
-                        "file's own blocks; int4 now runs ort4)")
+                   help="the draft's weights (auto: on the CPU int8, ort4, gguf or q4_0, whichever prepare "
+                        "timed faster here, the target's dtype on a GPU; ort4: 4-bit groups of 128 on ONNX Runtime; "
+                        "gguf: its GGUF file's own blocks; q4_0: those blocks rounded to 4 bits (Q4_0) on the same "
+                        "kernel; int4 now runs ort4)")
     p.add_argument("--draft-impl", default="auto", choices=DRAFT_IMPLS,
                    help="the draft's forward pass: lean (fused, Llama-family), hf, auto (lean where it can)")
     p.add_argument("--target-impl", default="auto", choices=TARGET_IMPLS,
@@ -107,15 +108,16 @@ def load_options(args):
 
 def app_draft_weights(args, concurrency: int | None) -> str:
     """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is a draft whose steps batch where runs decode
-    together (``concurrency`` not 1; None: the app's default): gguf where prepare timed it fastest, else int8 (their
-    steps are one pass for all runs, ort4's one call a run: 8 runs at once made 1.17-1.19x the tokens a second with
-    int8, docs/users.md); a run alone may take ``app_solo_draft``."""
-    from csd.runtime.models import resolve_device
+    together (``concurrency`` not 1; None: the app's default): gguf or q4_0 where prepare timed it fastest, else int8
+    (their steps are one pass for all runs, ort4's one call a run: 8 runs at once made 1.17-1.19x the tokens a second
+    with int8, docs/users.md); a run alone may take ``app_solo_draft``."""
+    from csd.runtime.models import GGUF_DRAFTS, resolve_device
     from csd.runtime.profile import chosen_draft_weights
     cpu = resolve_device(args.device).type == "cpu"
     one_by_one = "hf" in (args.draft_impl, args.target_impl)       # the transformers path decodes runs one by one
     if args.draft_weights == "auto" and concurrency != 1 and cpu and not one_by_one:
-        return "gguf" if chosen_draft_weights() == "gguf" else "int8"
+        chosen = chosen_draft_weights()
+        return chosen if chosen in GGUF_DRAFTS else "int8"
     return args.draft_weights
 
 
@@ -133,7 +135,7 @@ def app_solo_draft(args, asked: str, pair, progress=None):
 
 def choose_draft(args, progress=None) -> None:
     """``--draft-dtype auto`` on the CPU for the embedded draft: where this machine has not yet measured
-    whether the draft runs faster in int8, ort4 or on its GGUF blocks, measure it once
+    whether the draft runs faster in int8, ort4, on its GGUF blocks or on them at 4 bits, measure it once
     (``csd.runtime.profile.choose_draft_weights``)."""
     from csd.runtime.models import load_pair, resolve_device
     from csd.runtime.profile import draft_choice_file
@@ -141,7 +143,7 @@ def choose_draft(args, progress=None) -> None:
             or draft_choice_file().exists():
         return
     from csd.runtime.profile import choose_draft_weights
-    print("CSD Explorer: timing the draft in int8, ort4 and on its GGUF blocks once…", file=sys.stderr, flush=True)
+    print("CSD Explorer: timing the draft in int8, ort4, gguf and q4_0 once…", file=sys.stderr, flush=True)
     options = load_options(args)
 
     def draft_lm(r):

@@ -215,6 +215,32 @@ def test_a_researchers_own_gguf_pair_runs_from_its_paths(tmp_path):
     assert r.returncode != 0 and "gpt2" in r.stderr and "qwen2" in r.stderr
 
 
+@pytest.mark.slow
+def test_a_four_bit_draft_moves_the_guesses_never_the_answer():
+    """``--draft-dtype q4_0``: the draft's wider matrices re-rounded to Q4_0 by gguf's quantiser (its Q4_K ones kept
+    as the file has them), fewer bytes a step than the file's own blocks; greedy SD still writes the target's own
+    answer (AR's), and the draft still proposes tokens the target keeps."""
+    from csd.config import CSDConfig
+    from csd.decode import Decoder
+    from csd.runtime.models import load_pair
+    if kquant.kernel_missing():
+        pytest.skip(kquant.kernel_missing())
+    pair = load_pair(dtype="gguf", draft_weights="q4_0")
+    assert pair.rep.draft == "q4_0" and pair.rep.target == "gguf"
+
+    def matrices(lm):
+        return [m for layer in lm.layers for m in layer if isinstance(m, kquant.KQuantLinear)] + [lm.head]
+    assert {p.qtype for m in matrices(pair.draft_lm) for p in m.parts} <= set(kquant.FOUR_BIT)
+    own = load_pair(dtype="gguf", draft_weights="gguf", draft_alone=True).lm
+    assert sum(m.nbytes() for m in matrices(pair.draft_lm)) < 0.8 * sum(m.nbytes() for m in matrices(own))
+    ids = pair.encode_prompt("Write a Python function that returns the largest of three numbers.")
+    ar, sd = (Decoder(pair).run(ids, CSDConfig(method=m, gamma=6, lookup=0, max_new_tokens=48)) for m in ("ar", "sd"))
+    list(ar)
+    list(sd)
+    assert sd.token_ids == ar.token_ids
+    assert sd.metrics.accepted > 0.5 * len(sd.token_ids)        # its guesses are still mostly the target's
+
+
 def test_the_attention_takes_each_query_as_a_step_would():
     """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, and as PyTorch's attention does
     to float precision (grouped heads, a causal block after cached keys)."""

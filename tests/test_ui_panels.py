@@ -233,9 +233,9 @@ def test_runs_decode_together_by_default_where_they_can():
 
 
 def test_the_app_drafts_in_int8_where_runs_decode_together():
-    """An int8 or gguf draft's steps for several runs are one batched pass, an ort4 draft's one call a run
-    (docs/users.md): the app's auto is int8 where runs may decode together on the CPU (gguf where prepare timed
-    it the fastest draft), prepare's timed choice where they go one at a time, and what was asked otherwise."""
+    """An int8, gguf or q4_0 draft's steps for several runs are one batched pass, an ort4 draft's one call a run
+    (docs/users.md): the app's auto is int8 where runs may decode together on the CPU (gguf or q4_0 where prepare
+    timed it the fastest draft), prepare's timed choice where they go one at a time, and what was asked otherwise."""
     import csd_app
     from csd.cli.common import app_draft_weights
     from csd.runtime.profile import chosen_draft_weights
@@ -243,7 +243,7 @@ def test_the_app_drafts_in_int8_where_runs_decode_together():
     def draft(*flags):
         args = csd_app.parse_args(["--device", "cpu", *flags])
         return app_draft_weights(args, args.concurrency)
-    batched = "gguf" if chosen_draft_weights() == "gguf" else "int8"
+    batched = chosen_draft_weights() if chosen_draft_weights() in ("gguf", "q4_0") else "int8"
     assert draft() == batched
     assert draft("--concurrency", "4") == batched
     assert draft("--concurrency", "1") == "auto"

@@ -49,6 +49,7 @@ def launch_kwargs() -> dict:
 # a representation in a student's words
 REPR_WORDS = {"int8": "8-bit integers", "int4": "4-bit integers", "ort4": "4-bit integers (ONNX Runtime)",
               "ov4": "4-bit integers (OpenVINO)", "gguf": "the GGUF file's own 4-, 5-, 6- and 8-bit blocks",
+              "q4_0": "4-bit blocks (Q4_0) rounded from the GGUF file's",
               "float32": "32-bit floats", "bfloat16": "16-bit floats (bfloat16)", "float16": "16-bit floats"}
 
 

@@ -39,7 +39,8 @@ from .static import DEFAULT_CAPACITY, ENGINES, STATIC_ENGINES, CompileError, dra
 log = logging.getLogger(__name__)
 
 DEFAULT_PAIR = "embedded"
-DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4", "gguf")
+GGUF_DRAFTS = ("gguf", "q4_0")      # drafts on the k-quant kernel: the file's own blocks, or them at 4 bits
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "float16", "int8", "int4", "ort4", "gguf", "q4_0")
 DRAFT_IMPLS = TARGET_IMPLS = ("auto", "hf", "lean")
 DRAFT_VOCAB_FILE = Path(__file__).parent.parent / "data" / "draft_vocab.json.gz"
 
@@ -352,15 +353,15 @@ def load_draft(ref: ModelRef, t_config, tok, pair: tuple, o: LoadOptions, progre
         log.warning("the draft cannot run on ONNX Runtime here (%s): int8 runs instead",
                     ort_missing() or why or "the transformers path has no ONNX Runtime layers")
         d_repr = "int8"
-    if d_repr == "gguf":
+    if d_repr in GGUF_DRAFTS:
         gguf_why = why or kquant.kernel_missing() or (None if (ref.embedded or ref.gguf) else
                                                      f"{ref.disp!r} is not a GGUF file")
         if gguf_why is None and lean:
             with ref.gguf_file(progress) as path:
                 if progress:
                     progress(f"reading {ref.disp}'s blocks", 0.5)
-                lm = kquant.lean_from_gguf(path, vocab_ids)
-            return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr="gguf")
+                lm = kquant.lean_from_gguf(path, vocab_ids, four_bit=d_repr == "q4_0")
+            return Loaded(lm, loader=lambda: quantize_int8(ref.float_model(torch.float32, o.device)), repr=d_repr)
         log.warning("the draft cannot run on its GGUF blocks here (%s): int8 runs instead",
                     gguf_why or "the transformers path was asked for")
         d_repr = "int8"

@@ -243,13 +243,14 @@ def chosen_draft_weights() -> str:
 
 
 def choose_draft_weights(load_draft_lm, reps: int = 9) -> dict:
-    """Time the draft's one-token step in int8, ort4 and on its GGUF blocks here, alternating (``load_draft_lm(repr)``:
-    the draft's ``LM``, None where it fell back), and record the fastest for ``--draft-dtype auto``; another than int8
-    only where it is at least ``INT4_MARGIN`` faster, since it may keep fewer tokens. Returns what was written."""
+    """Time the draft's one-token step in int8, ort4, on its GGUF blocks and on them at 4 bits (q4_0) here,
+    alternating (``load_draft_lm(repr)``: the draft's ``LM``, None where it fell back), and record the fastest for
+    ``--draft-dtype auto``; another than int8 only where it is at least ``INT4_MARGIN`` faster, since it may keep
+    fewer tokens. Returns what was written."""
     from .kquant import kernel_missing
     missing = {"ort4": why} if (why := ort_missing()) else {}
     if why := kernel_missing():
-        missing["gguf"] = why
+        missing.update(gguf=why, q4_0=why)
     lms = {r: lm for r in CPU_DRAFT_REPRS if r not in missing and (lm := load_draft_lm(r)) is not None}
     times = time_interleaved(lms, 3 * reps)
     ms = {r: t["wall_ms"] for r, t in times.items()}

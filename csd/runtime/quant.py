@@ -16,8 +16,9 @@ from ..representation import ACTIVATIONS
 from .smoothing import smooth
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_DRAFT_REPRS = ("int8", "ort4", "gguf")     # a lean CPU draft's weights (ort4: csd.runtime.ortlm; gguf: its
-                                               # GGUF file's own blocks, csd.runtime.kquant)
+# a lean CPU draft's weights (ort4: csd.runtime.ortlm; gguf: its GGUF file's own blocks, csd.runtime.kquant; q4_0:
+# those blocks re-rounded to 4 bits, Q4_0, on the same kernel)
+CPU_DRAFT_REPRS = ("int8", "ort4", "gguf", "q4_0")
 RETIRED_DRAFT_REPRS = {"int4": "ort4"}  # torch's int4 draft, slower than ort4 where both ran: its flag runs ort4
 # gguf: the GGUF file's own Q4_K / Q6_K blocks (csd.runtime.kquant); ov4: 4-bit on OpenVINO (csd.runtime.ovlm)
 TARGET_REPRS = ("float32", "bfloat16", "float16", "int8", "gguf", "ov4")
