@@ -68,6 +68,18 @@ def test_a_row_is_the_same_alone_or_in_a_pass_of_any_length(target_file, kind, p
     assert float(err.max()) < 0.03
 
 
+@pytest.mark.parametrize("kind", sorted(NAMES))
+def test_a_large_matrix_is_repacked_in_pieces_as_it_would_be_whole(target_file, kind, monkeypatch):
+    """A matrix of more rows than ``PACK_ROWS`` is repacked a piece at a time (a first start stays within its memory),
+    into the very bytes one piece gives, its last tile padded as before."""
+    t = target_file.tensors[NAMES[kind]]
+    raw = target_file.raw(NAMES[kind])[:600]
+    whole = kquant.PACK[t.qtype](np.asarray(raw))
+    monkeypatch.setattr(kquant, "PACK_ROWS", 128)
+    pieces = kquant.KQuantPart(t.qtype, raw, t.shape[1]).packed
+    assert whole.keys() == pieces.keys() and all(torch.equal(whole[k], pieces[k]) for k in whole)
+
+
 def test_fused_matrices_of_two_types_and_a_bias(target_file):
     """q/k/v fused where v is Q6_K and q, k are Q4_K (layer 0 of the target): one call, each part in its columns."""
     names = [f"blk.0.attn_{p}.weight" for p in "qkv"]

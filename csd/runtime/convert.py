@@ -218,8 +218,14 @@ def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[st
     rows = source.file.tensors[source.names[name]].shape[0] if isinstance(source, GGUFSource) \
         else source.state[name].shape[0]
     ids = np.arange(rows) if vocab_ids is None else vocab_ids.numpy()
-    parts = [_int8(source.tensor(name, ids[i:i + chunk]), "head") for i in range(0, len(ids), chunk)]
-    return {k: torch.cat([p[k] for p in parts]) for k in ("head.w", "head.s")}
+    out = {}
+    for i in range(0, len(ids), chunk):         # into arrays made once: a list joined at the end held the rows twice
+        part = _int8(source.tensor(name, ids[i:i + chunk]), "head")
+        for k, v in part.items():
+            if k not in out:
+                out[k] = torch.empty((len(ids), *v.shape[1:]), dtype=v.dtype)
+            out[k][i:i + len(v)] = v
+    return out
 
 
 def _nbits(w: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
@@ -271,6 +277,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
             write(i, w)
         in_threads(one, list(range(n_layers)))
         used = dict(maxima or {})
+    release_memory()            # the layers' float copies, freed in the threads' own heaps
     if progress:
         progress("converting to int8: the output layer", n_layers / (n_layers + 1))
     save_file({"norm": source.tensor("model.norm.weight").contiguous(), **_head(source, vocab_ids),
@@ -403,6 +410,7 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool | str,
             try:
                 with _building(path) as tmp, open_source() as source:
                     convert(source, config, tmp, key=key, progress=progress, **how)
+                    del source      # its file's mapped pages go before the converted model is read (a peak)
             except OSError as e:
                 from .pair import ModelLoadError
                 raise ModelLoadError(f"cannot write the int8 cache of {name} in {path.parent} ({e}); nothing "

@@ -106,6 +106,17 @@ def kernel_missing() -> str | None:
 # -- the product ------------------------------------------------------------------------------------
 
 
+PACK_ROWS = 2048       # rows repacked at a time: a large matrix's integers unpacked whole took a first start past 4 GB
+
+
+def _pack(qtype: int, raw) -> dict[str, torch.Tensor]:
+    """``PACK[qtype]`` of ``raw``'s rows, ``PACK_ROWS`` at a time (whole tiles), joined along the tiles."""
+    if raw.shape[0] <= PACK_ROWS:
+        return PACK[qtype](np.asarray(raw))
+    chunks = [PACK[qtype](np.asarray(raw[i:i + PACK_ROWS])) for i in range(0, raw.shape[0], PACK_ROWS)]
+    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+
+
 class KQuantPart:
     """One GGUF matrix in the kernel's layout: its type, packed blocks and shape."""
 
@@ -115,7 +126,7 @@ class KQuantPart:
         if in_features % BLOCK[qtype]:
             raise ValueError(f"{KNOWN[qtype]} rows hold whole blocks of {BLOCK[qtype]} values, not {in_features}")
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
-        self.packed = PACK[qtype](np.asarray(raw))
+        self.packed = _pack(qtype, raw)
         self.padded = self.out_features + (-self.out_features % TILE)
 
     def nbytes(self) -> int:
