@@ -107,23 +107,23 @@ def load_options(args):
 
 
 def app_draft_weights(args, concurrency: int | None) -> str:
-    """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is a draft whose steps batch where runs decode
-    together (``concurrency`` not 1; None: the app's default): gguf or q4_0 where prepare timed it fastest, else int8
-    (their steps are one pass for all runs, ort4's one call a run: 8 runs at once made 1.17-1.19x the tokens a second
-    with int8, docs/users.md); a run alone may take ``app_solo_draft``."""
-    from csd.runtime.models import GGUF_DRAFTS, resolve_device
-    from csd.runtime.profile import chosen_draft_weights
+    """The app's ``--draft-dtype``: as asked, but ``auto`` on the CPU is int8 where runs decode together
+    (``concurrency`` not 1; None: the app's default): its steps for all runs are one matrix product that fbgemm runs
+    well. ort4's are one call a run (8 runs at once made 1.17-1.19x the tokens a second with int8, docs/users.md),
+    and the k-quant kernel's blocks of 32 take many rows slower than fbgemm (8 runs at once: 30.5 tok/s with int8,
+    25.5 with q4_0, docs/cpu.md). A run alone drafts with the timed choice (``app_solo_draft``)."""
+    from csd.runtime.models import resolve_device
     cpu = resolve_device(args.device).type == "cpu"
     one_by_one = "hf" in (args.draft_impl, args.target_impl)       # the transformers path decodes runs one by one
     if args.draft_weights == "auto" and concurrency != 1 and cpu and not one_by_one:
-        chosen = chosen_draft_weights()
-        return chosen if chosen in GGUF_DRAFTS else "int8"
+        return "int8"
     return args.draft_weights
 
 
 def app_solo_draft(args, asked: str, pair, progress=None):
     """The batcher's draft for a run alone where the app drafts in int8 (``app_draft_weights``) though ``--draft-dtype
-    auto`` (``asked``) chose ort4 here (faster alone, docs/users.md): ``pair`` drafting with it, else None."""
+    auto`` (``asked``) chose another here (ort4, gguf or q4_0: faster alone, docs/users.md): ``pair`` drafting with it,
+    else None."""
     from csd.runtime.models import load_pair
     from csd.runtime.profile import chosen_draft_weights
     if asked != "auto" or args.draft_weights != "int8" or (r := chosen_draft_weights()) == "int8":

@@ -233,19 +233,17 @@ def test_runs_decode_together_by_default_where_they_can():
 
 
 def test_the_app_drafts_in_int8_where_runs_decode_together():
-    """An int8, gguf or q4_0 draft's steps for several runs are one batched pass, an ort4 draft's one call a run
-    (docs/users.md): the app's auto is int8 where runs may decode together on the CPU (gguf or q4_0 where prepare
-    timed it the fastest draft), prepare's timed choice where they go one at a time, and what was asked otherwise."""
+    """An int8 draft's steps for several runs are one batched pass that fbgemm runs well, an ort4 draft's one call a
+    run, the k-quant kernel's slower on many rows (docs/users.md, docs/cpu.md): the app's auto is int8 where runs
+    may decode together on the CPU, prepare's timed choice where they go one at a time, and what was asked otherwise."""
     import csd_app
     from csd.cli.common import app_draft_weights
-    from csd.runtime.profile import chosen_draft_weights
 
     def draft(*flags):
         args = csd_app.parse_args(["--device", "cpu", *flags])
         return app_draft_weights(args, args.concurrency)
-    batched = chosen_draft_weights() if chosen_draft_weights() in ("gguf", "q4_0") else "int8"
-    assert draft() == batched
-    assert draft("--concurrency", "4") == batched
+    assert draft() == "int8"
+    assert draft("--concurrency", "4") == "int8"
     assert draft("--concurrency", "1") == "auto"
     assert draft("--target-impl", "hf") == "auto"
     assert draft("--draft-dtype", "ort4") == "ort4"
@@ -254,8 +252,8 @@ def test_the_app_drafts_in_int8_where_runs_decode_together():
 
 
 def test_a_run_alone_drafts_with_ort4_where_prepare_chose_it_and_the_app_drafts_in_int8(monkeypatch):
-    """``app_solo_draft``: the real embedded draft in ort4 for the batcher's lone runs (csd.runtime.batch), only
-    where ``--draft-dtype auto`` met int8 for runs that decode together and prepare timed ort4 faster."""
+    """``app_solo_draft``: the real embedded draft in ort4 (or q4_0) for the batcher's lone runs (csd.runtime.batch),
+    only where ``--draft-dtype auto`` met int8 for runs that decode together and prepare timed that one faster."""
     import csd_app
     from csd.cli.common import app_draft_weights, app_solo_draft
     from csd.runtime import profile
@@ -274,6 +272,10 @@ def test_a_run_alone_drafts_with_ort4_where_prepare_chose_it_and_the_app_drafts_
     got = solo("ort4")
     assert got is None if ort_missing() else (got.rep.draft == "ort4" and isinstance(got.draft_lm, OrtLM)
                                               and got.target_lm is base.target_lm and got.rep.target == base.rep.target)
+    from csd.runtime.kquant import KQuantLM, kernel_missing
+    got = solo("q4_0")                   # the k-quant draft at 4 bits: faster alone, slower batched than int8
+    assert got is None if kernel_missing() else (got.rep.draft == "q4_0" and isinstance(got.draft_lm, KQuantLM)
+                                                 and got.target_lm is base.target_lm)
 
 
 def test_session_objects_are_per_user(services):
