@@ -42,14 +42,28 @@ def test_the_files_integers_and_scales_give_back_its_weights(target_file, kind):
     assert np.array_equal(dequantize(ints), target_file.dequantize(name, slice(0, 48)))
 
 
-@pytest.mark.parametrize("portable", [False, True])
+VARIANTS = ["native", "portable", "avx2"]       # the kernel for this CPU, its plain C loops, its AVX2 path
+
+
+def built(variant: str):
+    """The kernel ``variant`` built here; a CPU without AVX2 (or another architecture) cannot build "avx2"."""
+    try:
+        return kquant.library(variant)
+    except kquant.KernelUnavailable as e:
+        if variant == "avx2":
+            pytest.skip(f"no AVX2 build on this CPU: {e}")
+        raise
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kind", sorted(NAMES))
-def test_a_row_is_the_same_alone_or_in_a_pass_of_any_length(target_file, kind, portable):
+def test_a_row_is_the_same_alone_or_in_a_pass_of_any_length(target_file, kind, variant):
     name = NAMES[kind]
     t = target_file.tensors[name]
     rows = 64                                   # four tiles of 16 output rows keep the portable loops quick
     part = kquant.KQuantPart(t.qtype, target_file.raw(name)[:rows], t.shape[1])
-    lin = kquant.KQuantLinear([part], portable=portable)
+    built(variant)
+    lin = kquant.KQuantLinear([part], variant=variant)
     torch.manual_seed(0)
     x = torch.randn(11, t.shape[1]) * torch.logspace(-2, 2, 11)[:, None]      # rows of very different sizes
     alone = torch.cat([lin(x[i:i + 1]) for i in range(11)])
@@ -78,6 +92,25 @@ def test_a_large_matrix_is_repacked_in_pieces_as_it_would_be_whole(target_file, 
     monkeypatch.setattr(kquant, "PACK_ROWS", 128)
     pieces = kquant.KQuantPart(t.qtype, raw, t.shape[1]).packed
     assert whole.keys() == pieces.keys() and all(torch.equal(whole[k], pieces[k]) for k in whole)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_every_build_of_the_kernel_gives_the_same_bits(target_file, draft_file, kind):
+    """The AVX-512, AVX2 and plain C loops form the same integer sums and the same floating-point steps, lane for
+    lane, so a product's bits do not depend on which of them this CPU runs (a pass of 7 rows, some tiles)."""
+    if kind in NAMES:
+        t = target_file.tensors[NAMES[kind]]
+        qtype, raw = t.qtype, np.asarray(target_file.raw(NAMES[kind])[:48])
+        cols = t.shape[1]
+    else:
+        qtype, raw, ref_w = blocks_of_32(draft_file, kind)
+        cols = ref_w.shape[1]
+    torch.manual_seed(3)
+    x = torch.randn(7, cols) * torch.logspace(-2, 2, 7)[:, None]
+    outs = {v: kquant.KQuantLinear([kquant.KQuantPart(qtype, raw, cols)], variant=v)(x)
+            for v in VARIANTS if built(v) is not None}
+    assert all(torch.equal(outs["native"], y) for y in outs.values()), {v: float((y - outs["native"]).abs().max())
+                                                                        for v, y in outs.items()}
 
 
 def test_fused_matrices_of_two_types_and_a_bias(target_file):
@@ -133,13 +166,14 @@ def blocks_of_32(draft_file, kind: str) -> tuple[int, np.ndarray, np.ndarray]:
     return int(q4_0), raw, dequantize(raw, q4_0)
 
 
-@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kind", ["Q4_0", *sorted(DRAFT_NAMES)])
-def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind, portable):
+def test_the_drafts_blocks_of_32_read_back_and_keep_rows_apart(draft_file, kind, variant):
     qtype, raw, ref_w = blocks_of_32(draft_file, kind)
     assert np.array_equal(kblocks.b32_dequantize(qtype, kblocks.b32_unpack(qtype, raw)), ref_w)
+    built(variant)
     lin = kquant.KQuantLinear([kquant.KQuantPart(qtype, raw, raw.shape[1] // kblocks.B32_BYTES[qtype] * 32)],
-                              portable=portable)
+                              variant=variant)
     torch.manual_seed(1)
     x = torch.randn(9, ref_w.shape[1]) * torch.logspace(-2, 2, 9)[:, None]
     alone = torch.cat([lin(x[i:i + 1]) for i in range(9)])
@@ -167,11 +201,14 @@ def test_an_architecture_the_reader_does_not_know_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file):
+@pytest.mark.parametrize("variant", ["native", "avx2"])
+def test_the_real_target_verifies_a_block_exactly_as_it_steps(target_file, variant, monkeypatch):
     """The whole target (28 layers, the Q6_K output layer): a pass of 7 tokens, and passes of 3 + 4, give each token
-    the logits seven 1-token steps give it, bit for bit; so do two sequences' rows in one shared pass."""
+    the logits seven 1-token steps give it, bit for bit; so do two sequences' rows in one shared pass. On this
+    CPU's kernel, and on its AVX2 path as a CPU without AVX-512 runs it."""
     if kquant.kernel_missing():
         pytest.skip(kquant.kernel_missing())
+    monkeypatch.setitem(kquant._libs, "native", built(variant))      # the whole model on that build
     lm = kquant.lean_from_gguf(target_file.path)
     cache = lm.new_cache(256)
     lm.forward(cache, list(range(100, 160)), 1)
@@ -253,11 +290,12 @@ def test_a_four_bit_draft_moves_the_guesses_never_the_answer():
     assert sd.metrics.accepted > 0.5 * len(sd.token_ids)        # its guesses are still mostly the target's
 
 
-def test_the_attention_takes_each_query_as_a_step_would():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_attention_takes_each_query_as_a_step_would(variant):
     """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, and as PyTorch's attention does
-    to float precision (grouped heads, a causal block after cached keys)."""
+    to float precision (grouped heads, a causal block after cached keys), in every build of the kernel."""
     import torch.nn.functional as F
-    lib = kquant.library()
+    lib = built(variant)
     torch.manual_seed(0)
     heads, kv, d, cap, start, t = 12, 2, 128, 64, 40, 7
     k, v = torch.randn(1, kv, cap, d), torch.randn(1, kv, cap, d)

@@ -30,7 +30,10 @@ class KernelUnavailable(RuntimeError):
 
 
 # -- the compiled kernel -------------------------------------------------------------------------------
-_libs: dict[bool, ctypes.CDLL] = {}
+_libs: dict[str, ctypes.CDLL] = {}
+# how each build of the kernel is compiled: for this CPU (AVX-512 VNNI, else AVX2, else plain C), its plain C loops,
+# and its AVX2 path on a CPU that has AVX-512 too (the tests hold the three to the same rules and bits)
+VARIANTS = {"native": ["-march=native"], "portable": [], "avx2": ["-march=native", "-mno-avx512f"]}
 _lock = threading.Lock()
 
 
@@ -43,16 +46,16 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def library(portable: bool = False):
-    """The compiled kernel (built once per source and CPU into the cache), or KernelUnavailable. ``portable``:
-    its plain C loops, built without this CPU's vector instructions (the tests hold both to the same rules)."""
+def library(variant: str = "native"):
+    """The compiled kernel (built once per source and CPU into the cache), or KernelUnavailable. ``variant``: one of
+    ``VARIANTS``, "native" for the models."""
     with _lock:
-        if portable in _libs:
-            return _libs[portable]
+        if variant in _libs:
+            return _libs[variant]
         cc = _compiler()
         if cc is None:
             raise KernelUnavailable("no C compiler (cc or gcc) on PATH to build the k-quant kernel")
-        flags = ["-O3", "-fopenmp", "-shared", "-fPIC", *([] if portable else ["-march=native"])]
+        flags = ["-O3", "-fopenmp", "-shared", "-fPIC", *VARIANTS[variant]]
         key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags]).encode() + _cpu_flags().encode())
         out = _build_dir() / f"kquant-{key.hexdigest()[:16]}.so"
         if not out.exists():
@@ -72,7 +75,7 @@ def library(portable: bool = False):
                                  ctypes.c_float, i32]
         lib.kq_layer.restype = None
         lib.kq_linear.restype = None
-        _libs[portable] = lib
+        _libs[variant] = lib
         return lib
 
 
@@ -87,7 +90,8 @@ def _cpu_flags() -> str:
 
 
 def simd_width() -> int:
-    """512 where the kernel runs on AVX-512 VNNI, else 0 (its portable C loops: correct, slow)."""
+    """512 where the kernel runs on AVX-512 VNNI, 256 on AVX2 (with FMA and F16C), else 0 (its portable C loops:
+    correct, slow)."""
     return int(library().kq_simd())
 
 
@@ -98,8 +102,8 @@ def kernel_missing() -> str | None:
     except (KernelUnavailable, OSError) as e:
         return str(e)
     if width == 0 and not os.environ.get("CSD_KQUANT_PORTABLE"):
-        return ("this CPU has no AVX-512 VNNI, and the k-quant kernel's portable loops are slower than int8 "
-                "(CSD_KQUANT_PORTABLE=1 runs them anyway)")
+        return ("this CPU has neither AVX-512 VNNI nor AVX2, and the k-quant kernel's portable loops are slower than "
+                "int8 (CSD_KQUANT_PORTABLE=1 runs them anyway)")
     return None
 
 
@@ -151,7 +155,7 @@ class KQuantLinear(torch.nn.Module):
     """``y = x @ W.T + bias`` with W the rows of one or more GGUF matrices (fused q/k/v, gate/up), each held
     as the file's own Q4_K or Q6_K blocks. The activations are quantised once for all of them."""
 
-    def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, portable: bool = False):
+    def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, variant: str = "native"):
         super().__init__()
         if len({p.in_features for p in parts}) != 1:
             raise ValueError("fused k-quant matrices must take the same input width")
@@ -161,7 +165,7 @@ class KQuantLinear(torch.nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.padded = sum(p.padded for p in parts)
-        self.lib = library(portable)
+        self.lib = library(variant)
         # the parts as the kernel's records, made once: a call passes one address (biases padded to the tiles)
         biases = bias.to(torch.float32).split([p.out_features for p in parts]) if bias is not None else None
         self._biases, col = [], 0

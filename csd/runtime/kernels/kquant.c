@@ -24,6 +24,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define KQ_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KQ_AVX2 1           /* a CPU without AVX-512 (AMD Zen 2 and 3, older Intel): 8 rows of a tile at a time */
 #endif
 
 #define QK 256
@@ -57,15 +60,209 @@ static inline __attribute__((always_inline)) __m512i pairs_i8(const int8_t *a, c
 }
 #endif
 
+#if defined(KQ_AVX2)
+/* The same tiles, read as two halves of 8 output rows (32 of each 64 bytes) in 256-bit registers. Without
+ * vpdpbusd, a product of 4 weight bytes (0..63) and 4 activation bytes is vpmaddubsw (pairs, far from saturating)
+ * then vpmaddwd by ones. Every sum is the same integer the AVX-512 path forms, and the floating-point steps are the
+ * same, lane for lane, so the two paths give the same bits (tests/test_kquant.py). */
+#define KQ_ROWS2 4          /* 16 registers: each row holds three */
+static inline __attribute__((always_inline)) __m256i x4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) __m256i dot4_2(__m256i acc, __m256i w, const int8_t *x) {
+    __m256i pairs = _mm256_maddubs_epi16(w, x4(x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+/* signed weight bytes (Q8_0's q, -128..127): |q| times x with q's sign */
+static inline __attribute__((always_inline)) __m256i dot4_signed2(__m256i acc, __m256i q, const int8_t *x) {
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x4(x), q));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static inline __attribute__((always_inline)) __m256i pair16_2(const int16_t *s) {
+    int32_t w;
+    memcpy(&w, s, 4);
+    return _mm256_set1_epi32(w);
+}
+
+/* 8 bytes (one a row) of two groups a and b as 8 pairs of 16-bit integers (a[n], b[n]) */
+static inline __attribute__((always_inline)) __m256i pairs_u8_2(const uint8_t *a, const uint8_t *b) {
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)a),
+                                                  _mm_loadl_epi64((const __m128i *)b)));
+}
+
+static inline __attribute__((always_inline)) __m256i pairs_i8_2(const int8_t *a, const int8_t *b) {
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)a),
+                                                  _mm_loadl_epi64((const __m128i *)b)));
+}
+
+static inline __attribute__((always_inline)) __m256 halves_f16(const uint16_t *d) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+}
+
+/* Q4_K, rows r0 .. r0 + NR - 1, output rows 8h .. 8h + 7 of tile t */
+static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int h, int64_t t, int64_t r0, int64_t nsb,
+        int64_t K, const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
+        const int8_t *q, const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256 acc[KQ_ROWS2];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const int64_t tb = t * nsb + b;
+        const uint8_t *w = qw + tb * 2048 + 32 * h, *scb = sc + tb * 128 + 8 * h, *mb = mn + tb * 128 + 8 * h;
+        __m256i isc[KQ_ROWS2];
+        for (int r = 0; r < NR; r++) isc[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const int p = j >> 1, hi = j & 1;
+            __m256i acc_j[KQ_ROWS2];
+            for (int r = 0; r < NR; r++) acc_j[r] = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64));
+                __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
+                for (int r = 0; r < NR; r++)
+                    acc_j[r] = dot4_2(acc_j[r], wq, q + (r0 + r) * K + b * QK + 32 * j + 4 * i);
+            }
+            __m256i scj = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + j * 16)));
+            for (int r = 0; r < NR; r++) isc[r] = _mm256_add_epi32(isc[r], _mm256_mullo_epi32(acc_j[r], scj));
+        }
+        __m256 dv = halves_f16(d + tb * 16 + 8 * h), mv = halves_f16(dmin + tb * 16 + 8 * h);
+        for (int r = 0; r < NR; r++) {
+            const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
+            __m256i imn = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++)
+                imn = _mm256_add_epi32(imn, _mm256_madd_epi16(pairs_u8_2(mb + 2 * p * 16, mb + (2 * p + 1) * 16),
+                                                              pair16_2(sr + 2 * p)));
+            __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isc[r]), _mm256_mul_ps(dv, a), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imn), _mm256_mul_ps(mv, a), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+}
+
+static inline __attribute__((always_inline)) __m256i top2_2(__m256i top, int shift) {
+    const __m256i two = _mm256_set1_epi8(0x30);
+    switch (shift) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(top, 4), two);
+    case 2: return _mm256_and_si256(_mm256_slli_epi16(top, 2), two);
+    case 4: return _mm256_and_si256(top, two);
+    default: return _mm256_and_si256(_mm256_srli_epi16(top, 2), two);
+    }
+}
+
+/* Q6_K, as q4k_rows2 */
+static inline __attribute__((always_inline)) void q6k_rows2(const int NR, int h, int64_t t, int64_t r0, int64_t nsb,
+        int64_t K, const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, const int8_t *q,
+        const float *ascale, const int16_t *s16, float *y, int64_t ldy) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256 acc[KQ_ROWS2];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const int64_t tb = t * nsb + b;
+        const uint8_t *wl = qlo + tb * 2048 + 32 * h, *wh = qhi + tb * 1024 + 32 * h;
+        const int8_t *scb = sc + tb * 256 + 8 * h;
+        __m256i isc[KQ_ROWS2];
+        for (int r = 0; r < NR; r++) isc[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+                __m256i p[KQ_ROWS2];
+                for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    __m256i nib = _mm256_loadu_si256((const __m256i *)(wl + (c * 8 + i) * 64));
+                    __m256i top = _mm256_loadu_si256((const __m256i *)(wh + (c * 4 + (i & 3)) * 64));
+                    __m256i lo4 = _mm256_and_si256(hi ? _mm256_srli_epi16(nib, 4) : nib, low);
+                    __m256i u = _mm256_or_si256(lo4, top2_2(top, 2 * (i >> 2) + 4 * hi));
+                    for (int r = 0; r < NR; r++)
+                        p[r] = dot4_2(p[r], u, q + (r0 + r) * K + b * QK + 64 * c + 32 * hi + 4 * i);
+                    if ((i & 3) == 3) {
+                        const int g = 4 * c + 2 * hi + (i >> 2);
+                        __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scb + g * 16)));
+                        for (int r = 0; r < NR; r++) {
+                            isc[r] = _mm256_add_epi32(isc[r], _mm256_mullo_epi32(p[r], s));
+                            p[r] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+        }
+        __m256 dv = halves_f16(d + tb * 16 + 8 * h);
+        for (int r = 0; r < NR; r++) {
+            const int16_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
+            __m256i imn = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++)
+                imn = _mm256_add_epi32(imn, _mm256_madd_epi16(pairs_i8_2(scb + 2 * k * 16, scb + (2 * k + 1) * 16),
+                                                              pair16_2(sr + 2 * k)));
+            __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
+            __m256i tot = _mm256_sub_epi32(isc[r], _mm256_slli_epi32(imn, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dv, a), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+}
+
+/* Q4_0, Q5_0, Q8_0, as q4k_rows2; Q8_0's bytes are q + 128, read back as signed q, so no offset term */
+static inline __attribute__((always_inline)) void b32_rows2(const int NR, const int QT, int h, int64_t t, int64_t r0,
+        int64_t nblk, int64_t K, const uint8_t *qw, const uint8_t *hb, const uint16_t *d, const int8_t *q,
+        const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
+    const int off = QT == 6 ? 16 : 8;
+    const int64_t wbytes = QT == 8 ? 512 : 256;
+    const __m256i low = _mm256_set1_epi8(0x0f), five = _mm256_set1_epi8(0x10), flip = _mm256_set1_epi8((char)0x80);
+    /* the 5th bits: byte k of a half takes bit k of its 32-bit mask */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256 acc[KQ_ROWS2];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t tb = t * nblk + b;
+        const uint8_t *w = qw + tb * wbytes + 32 * h;
+        __m256i p[KQ_ROWS2];
+        for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            if (QT == 8) {
+                __m256i sq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * 64)), flip);
+                for (int r = 0; r < NR; r++) p[r] = dot4_signed2(p[r], sq, q + (r0 + r) * K + b * 32 + 4 * i);
+                continue;
+            }
+            __m256i nib = _mm256_loadu_si256((const __m256i *)(w + (i & 3) * 64));
+            __m256i u = _mm256_and_si256(i < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
+            if (QT == 6) {
+                uint32_t bits;
+                memcpy(&bits, hb + tb * 64 + i * 8 + 4 * h, 4);
+                __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
+                u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(m, bit), five));
+            }
+            for (int r = 0; r < NR; r++) p[r] = dot4_2(p[r], u, q + (r0 + r) * K + b * 32 + 4 * i);
+        }
+        __m256 dv = halves_f16(d + tb * 16 + 8 * h);
+        for (int r = 0; r < NR; r++) {
+            __m256i tot = QT == 8 ? p[r] : _mm256_sub_epi32(p[r], _mm256_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot),
+                                     _mm256_mul_ps(dv, _mm256_set1_ps(ascale[(r0 + r) * nblk + b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+}
+#endif
+
 int kq_simd(void) {
 #if defined(KQ_AVX512)
     return 512;
+#elif defined(KQ_AVX2)
+    return 256;
 #else
     return 0;
 #endif
 }
 
-#if !defined(KQ_AVX512)      /* the portable loops read f16 scales themselves */
+#if !defined(KQ_AVX512) && !defined(KQ_AVX2)       /* the portable loops read f16 scales themselves */
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
@@ -184,6 +381,15 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
 #undef KQ_CASE
         }
     }
+#elif defined(KQ_AVX2)
+    for (int h = 0; h < 2; h++)
+        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
+            switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
+#define KQ_CASE(n) case n: q4k_rows2(n, h, t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy); break;
+            KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+#undef KQ_CASE
+            }
+        }
 #else
     for (int64_t r = 0; r < R; r++) {
         float acc[16] = {0};
@@ -293,6 +499,15 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
 #undef KQ_CASE
         }
     }
+#elif defined(KQ_AVX2)
+    for (int h = 0; h < 2; h++)
+        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
+            switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
+#define KQ_CASE(n) case n: q6k_rows2(n, h, t, r0, nsb, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy); break;
+            KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+#undef KQ_CASE
+            }
+        }
 #else
     for (int64_t r = 0; r < R; r++) {
         float acc[16] = {0};
@@ -391,6 +606,18 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
 #undef KQ_CASE
         }
     }
+#elif defined(KQ_AVX2)
+    for (int h = 0; h < 2; h++)
+        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
+            const int nr = (int)(R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2);
+            switch (qtype * 16 + nr) {
+#define KQ_CASE(qt, n) case qt * 16 + n: b32_rows2(n, qt, h, t, r0, nblk, K, qw, hb, d, q, ascale, s32, y, ldy); break;
+#define KQ_TYPE(qt) KQ_CASE(qt, 1) KQ_CASE(qt, 2) KQ_CASE(qt, 3) KQ_CASE(qt, 4)
+            KQ_TYPE(2) KQ_TYPE(6) KQ_TYPE(8)
+#undef KQ_TYPE
+#undef KQ_CASE
+            }
+        }
 #else
     const int off = qtype == 8 ? 128 : qtype == 6 ? 16 : 8;
     const int64_t wbytes = qtype == 8 ? 512 : 256;
@@ -503,6 +730,14 @@ static float dot_d(const float *a, const float *b, int64_t D) {
         __m512 s = _mm512_setzero_ps();
         for (int64_t i = 0; i < D; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
         return _mm512_reduce_add_ps(s);
+    }
+#elif defined(KQ_AVX2)
+    if (D % 8 == 0) {
+        __m256 s = _mm256_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        h = _mm_hadd_ps(h, h);
+        return _mm_cvtss_f32(_mm_hadd_ps(h, h));
     }
 #endif
     float s = 0.f;
