@@ -290,6 +290,34 @@ def test_a_four_bit_draft_moves_the_guesses_never_the_answer():
     assert sd.metrics.accepted > 0.5 * len(sd.token_ids)        # its guesses are still mostly the target's
 
 
+def test_a_four_bit_draft_is_rounded_once_and_kept_by_its_bytes(draft_file, tmp_path, monkeypatch):
+    """``--draft-dtype q4_0`` rounds the draft's matrices once into the cache (``FourBitStore``); a later load reads
+    them back, and an entry whose digest no longer matches its file bytes is rounded again, never misread."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+    monkeypatch.setenv("CSD_CACHE_DIR", str(tmp_path))
+    vocab = torch.arange(512)
+
+    def packed(lm) -> list[torch.Tensor]:
+        mods = [m for layer in lm.layers for m in layer if isinstance(m, kquant.KQuantLinear)] + [lm.head]
+        return [t for m in mods for p in m.parts for t in p.packed.values()]
+
+    first = packed(kquant.lean_from_gguf(draft_file.path, vocab, four_bit=True))
+    [store] = (tmp_path / "q4_0").glob("*.safetensors")
+    name = "blk.0.attn_q.weight"
+    with safe_open(str(store), framework="np") as sf:
+        digests = sf.metadata()
+    entries = load_file(str(store))
+    assert name in entries and digests[name]
+    entries[name] = np.zeros_like(entries[name])                   # other bytes under the same digest: read back
+    save_file(entries, str(store), metadata=digests)
+    assert any(not torch.equal(a, b) for a, b in zip(first, packed(kquant.lean_from_gguf(draft_file.path, vocab,
+                                                                                         four_bit=True))))
+    save_file(entries, str(store), metadata={**digests, name: "another file's bytes"})     # rounded again
+    assert all(torch.equal(a, b) for a, b in zip(first, packed(kquant.lean_from_gguf(draft_file.path, vocab,
+                                                                                     four_bit=True))))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_attention_takes_each_query_as_a_step_would(variant):
     """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, and as PyTorch's attention does

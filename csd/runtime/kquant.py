@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from .kblocks import BLOCK, KNOWN, PACK, Q4_0, Q4_K, TILE
 from .lm import LeanLM
 
 SOURCE = Path(__file__).with_name("kernels") / "kquant.c"
+log = logging.getLogger(__name__)
 
 
 class KernelUnavailable(RuntimeError):
@@ -270,6 +272,54 @@ class KQuantLM(LeanLM):
         return out.transpose(1, 2)                                      # (1, H, t, D), as the callers read it
 
 FOUR_BIT = (Q4_0, Q4_K)         # what a four-bit draft keeps as the file has it
+
+
+class FourBitStore:
+    """A draft's matrices re-rounded to Q4_0, kept in the cache (one safetensors file a model): gguf's quantiser
+    took about 6 s a load for the embedded draft. Each entry holds a digest of the bytes it was rounded from, so a
+    matrix whose bytes (or kept rows) changed is rounded again, never misread."""
+
+    def __init__(self, f):
+        from ..fileio import cache_dir
+        self.path = cache_dir() / "q4_0" / f"{f.path.stem[:40]}-{f.digest('general.')[:16]}.safetensors"
+        self.have: dict[str, tuple[str, np.ndarray]] = {}
+        self.made: dict[str, tuple[str, np.ndarray]] = {}
+        try:
+            from safetensors import safe_open
+            with safe_open(str(self.path), framework="np") as sf:
+                digests = sf.metadata() or {}
+                self.have = {k: (digests.get(k, ""), sf.get_tensor(k)) for k in sf.keys()}
+        except Exception:           # none yet, or unreadable (a killed write, another format): rounded again
+            self.have = {}
+
+    def q4_0(self, name: str, raw: np.ndarray, weights) -> np.ndarray:
+        """``name``'s Q4_0 bytes for its file bytes ``raw``, from the store or rounded now from ``weights()``."""
+        import gguf
+        from gguf.quants import quantize
+        raw = np.ascontiguousarray(raw)
+        digest = f"{hashlib.blake2b(raw.data, digest_size=16).hexdigest()}-{raw.shape[0]}"
+        kept = self.have.get(name)
+        if kept is not None and kept[0] == digest:
+            return kept[1]
+        q = np.asarray(quantize(weights(), gguf.GGMLQuantizationType.Q4_0))
+        self.made[name] = (digest, q)
+        return q
+
+    def save(self) -> None:
+        """Write what was rounded now beside what still holds (one file, replaced whole)."""
+        if not self.made:
+            return
+        from safetensors.numpy import save_file
+        entries = self.have | self.made
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            save_file({k: np.ascontiguousarray(a) for k, (_, a) in entries.items()}, str(tmp),
+                      metadata={k: d for k, (d, _) in entries.items()})
+            os.replace(tmp, self.path)
+        except OSError as e:        # a full or read-only cache: the next load rounds again
+            tmp.unlink(missing_ok=True)
+            log.warning("cannot keep the 4-bit draft in %s (%s)", self.path.parent, e)
 ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
 
 
@@ -290,8 +340,6 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None, four_bit: bool =
     """The decoder of a GGUF file as a ``LeanLM`` whose products run on the file's own blocks; ``vocab_ids``: the
     output rows kept (a draft's reduced vocabulary). ``four_bit`` (a draft only): its matrices of more than 4 bits
     a weight re-rounded to Q4_0 by gguf's own quantiser, to read fewer bytes a step."""
-    import gguf
-
     from .embedded import gguf_config
     from .ggufile import GGUFFile
     from .pair import ModelLoadError
@@ -300,13 +348,13 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None, four_bit: bool =
         raise ModelLoadError(why)
     config = gguf_config(f)
 
+    store = FourBitStore(f) if four_bit else None
+
     def part(name: str, rows=None) -> KQuantPart:
         t = f.tensors[name]
-        if four_bit and t.qtype not in FOUR_BIT:
-            from gguf.quants import quantize
-            w = f.dequantize(name, rows)
-            return KQuantPart(Q4_0, quantize(w, gguf.GGMLQuantizationType.Q4_0), t.shape[1])
         raw = f.raw(name) if rows is None else f.raw(name)[rows]
+        if store is not None and t.qtype not in FOUR_BIT:
+            return KQuantPart(Q4_0, store.q4_0(name, raw, lambda: f.dequantize(name, rows)), t.shape[1])
         return KQuantPart(t.qtype, raw, t.shape[1])
 
     def floats(name: str) -> torch.Tensor | None:
@@ -320,9 +368,12 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None, four_bit: bool =
         return torch.cat([b if b is not None else torch.zeros(s) for b, s in zip(got, sizes)])
 
     try:
-        return _decoder(f, config, part, floats, biases, vocab_ids)
+        lm = _decoder(f, config, part, floats, biases, vocab_ids)
     except ValueError as e:       # a fused product of two block families, a row that is no whole number of blocks
         raise ModelLoadError(f"{f.path.name}: {e}") from None
+    if store is not None:
+        store.save()
+    return lm
 
 
 def _decoder(f, config, part, floats, biases, vocab_ids):
