@@ -1,10 +1,10 @@
-"""Products on a GGUF file's own k-quant blocks (Q4_K, Q6_K), one token's row at a time: the kernel
-``kernels/kquant.c``, compiled for this CPU on first use and called through ctypes.
+"""Products on a GGUF file's own blocks (Q4_K and Q6_K, and a small model's Q4_0, Q5_0 and Q8_0), one token's row
+at a time: the kernel ``kernels/kquant.c``, compiled for this CPU on first use and called through ctypes.
 
-A weight keeps the file's integers and scales (w = d * sc * q - dmin * m for Q4_K, w = d * sc * q for Q6_K);
-the activations are quantised per row and 256 columns to int8, as llama.cpp does. Every row of a product is
-computed by the same instructions whatever the number of rows or threads, so a verify pass gives each token
-exactly what a 1-token pass gives it (``tests/test_kquant.py``).
+A weight keeps the file's integers and scales (w = d * sc * q - dmin * m for Q4_K, w = d * sc * q for Q6_K,
+w = d * q for the blocks of 32); the activations are quantised per row and 256 columns (32 for the blocks of 32)
+to int8, as llama.cpp does. Every row of a product is computed by the same instructions whatever the number of
+rows or threads, so a verify pass gives each token exactly what a 1-token pass gives it (``tests/test_kquant.py``).
 """
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ class _LayerWeights(ctypes.Structure):
 
 class KQuantLinear(torch.nn.Module):
     """``y = x @ W.T + bias`` with W the rows of one or more GGUF matrices (fused q/k/v, gate/up), each held
-    as the file's own Q4_K or Q6_K blocks. The activations are quantised once for all of them."""
+    as the file's own blocks of one family (Q4_K/Q6_K, or Q4_0/Q5_0/Q8_0). The activations are quantised once for
+    all of them."""
 
     def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, variant: str = "native"):
         super().__init__()

@@ -1,4 +1,4 @@
-/* Products on a GGUF file's own k-quant blocks (Q4_K, Q6_K), one token's row at a time.
+/* Products on a GGUF file's own blocks (Q4_K, Q6_K; Q4_0, Q5_0, Q8_0 further down), one token's row at a time.
  *
  * Weights are the file's integers, repacked (csd/runtime/kquant.py) into tiles of 16 output rows so that one
  * 512-bit register holds 4 consecutive input columns of 16 rows:
