@@ -11,7 +11,8 @@
 #             representation and int8 kernels
 #   side      python -m csd.bench.llama_side beside llama.cpp (needs LLAMA_BENCH: docs/cpu.md builds it): the
 #             defaults, then each target of ALSO_DTYPE (int8,gguf), and their passes timed in turn
-#   solo      docs/bench/solo-draft-xeon/solo.py: the app's lone run with the int8 and the ort4 draft
+#   app       python -m csd.cli.app_runs: the app's models and batcher with its defaults, a CSD run alone and
+#             8 at once, beside llama.cpp's plain decoding where LLAMA_BENCH is given (`solo` is the same step)
 #   start     the app's first start with an empty cache: seconds to the address, resident and peak memory
 # ITEMS (humaneval:4,gsm8k:4; KEEP_ITEMS for keep: humaneval:8,gsm8k:8) and TOKENS (128) set the items and
 # new tokens. Each step's output lands in OUT_DIR/<step>; a failing step is logged and the next one runs.
@@ -62,7 +63,7 @@ first_start() {   # the app with an empty cache, until it prints its address
     kill "$pid"; wait "$pid" 2>/dev/null
     rm -rf "$cache"
 }
-for s in ${STEPS:-prepare profile keep bench side solo start}; do
+for s in ${STEPS:-prepare profile keep bench side app start}; do
     case $s in
         prepare) run prepare $py -m csd prepare ;;
         profile) run profile $py -m csd.bench.cpu_profile --out "$out/profile" ;;
@@ -73,7 +74,7 @@ for s in ${STEPS:-prepare profile keep bench side solo start}; do
                   --dataset "$items" --tokens "$tokens" --also-dtype "${ALSO_DTYPE:-int8,gguf}"
                   for d in "$out"/side/ours*; do tidy "$d"; done
               else echo "== side: skipped (no LLAMA_BENCH given)" | tee -a "$log"; fi ;;
-        solo) mkdir -p "$out/solo"; run solo sh -c "$py docs/bench/solo-draft-xeon/solo.py > '$out/solo/solo.json'" ;;
+        app|solo) run app $py -m csd.cli.app_runs --out "$out/app" ${llama:+--llama-bench "$llama"} ;;
         start) mkdir -p "$out/start"; run start first_start ;;
         *) echo "unknown step $s" | tee -a "$log" ;;
     esac

@@ -50,7 +50,7 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     copies = {"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted, "lookup_kept": mt.lookup_kept}
     return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards, *drafts,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
-                      token_ids=list(run.token_ids), **(copies if cfg.lookup else {})), run
+                      token_ids=list(run.token_ids), prefill_s=mt.prefill_s, **(copies if cfg.lookup else {})), run
 
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,

@@ -33,12 +33,22 @@ def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -
             "command": " ".join(cmd[:1] + ["-m", gguf.name] + cmd[3:])}
 
 
+def after_prompt(items: list[dict], method: str) -> float | None:
+    """Tokens a second of ``method``'s items once each prompt was read (wall time less its reading), as
+    llama-bench's tg figure times them; None where a run did not record its reading."""
+    rows = [it for it in items if it["method"] == method]
+    if not rows or any(it.get("prefill_s") is None for it in rows):
+        return None
+    return sum(it["new_tokens"] for it in rows) / sum(it["wall_s"] - it["prefill_s"] for it in rows)
+
+
 def ours(dataset: str, tokens: int, out: Path, *flags: str) -> dict:
     cmd = [sys.executable, "-m", "csd", "bench", "--dataset", dataset, "--methods", "ar,sd,csd",
            "--max-new-tokens", str(tokens), "--no-db", "--out", str(out), *flags]
     subprocess.run(cmd, check=True, timeout=7200)
     _, data = read_results_json(out)
-    return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"]}
+    return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"],
+            "after_prompt": {m: after_prompt(data["items"], m) for m in ("ar", "sd", "csd")}}
 
 
 def target_passes(reps: list[str], verify: int = 5, rounds: int = 15) -> dict:
@@ -79,6 +89,15 @@ def table(res: dict) -> str:
                   + "; ".join(f"{rep} {t['1']:.1f} ms a 1-token pass ({t['1'] / (1000 / base):.2f}x llama.cpp's "
                               f"token), {t[str(passes['verify'])]:.1f} ms a {passes['verify']}-token pass"
                               for rep, t in passes["ms"].items()) + "."]
+    after = []         # each run's tok/s once its prompts were read, where it recorded the reading
+    runs = {"": res["ours"], **{f", target {rep}": run for rep, run in res.get("also", {}).items()}}
+    for name, run in runs.items():
+        for m, t in (run.get("after_prompt") or {}).items():
+            if t is not None:
+                after.append(f"{m.upper()}{name} {t:.2f} ({t / base:.2f}x)")
+    if after:
+        lines += ["", "Once each prompt was read (a run's wall time less its reading of the prompt, which "
+                  "llama-bench's tg figure leaves out), tok/s and x llama.cpp: " + "; ".join(after) + "."]
     ar = mine["ar"]["tokens_per_s"]
     lines += ["", f"CSD over AR: {mine['csd']['tokens_per_s'] / ar:.2f}x; SD over AR: "
               f"{mine['sd']['tokens_per_s'] / ar:.2f}x; CSD over SD: "

@@ -59,6 +59,7 @@ class ItemResult:
     lookup_drafted: int | None = None
     lookup_kept: int | None = None
     leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
+    prefill_s: float | None = None     # reading the prompt (both models), inside wall_s (None for hf)
 
     @property
     def tokens_per_s(self) -> float:

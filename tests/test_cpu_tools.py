@@ -1,6 +1,7 @@
 """The CPU engine's measuring tools (issue 52): ``bench.cpu_profile`` sorts a real pass's ops by kind and counts
-them per layer; ``bench.llama_side`` refuses a missing llama-bench before running anything and reports its
-ratios against llama.cpp's plain decoding. Tiny in-process models; nothing here times anything."""
+them per layer; ``bench.llama_side`` and ``cli.app_runs`` refuse bad input before running anything; the side by
+side reports its ratios against llama.cpp's plain decoding; the app's runs load the real pair as the app does.
+Nothing here compares speeds."""
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,48 @@ def test_the_side_by_side_table_is_relative_to_llama_cpps_plain_decoding():
            "ours": {"command": "y",
                     "meta": {"representation": {"target": "int8", "draft": "ort4", "activations": "row"}},
                     "summary": {"ar": {"tokens_per_s": 10.0}, "sd": {"tokens_per_s": 16.0},
-                                "csd": {"tokens_per_s": 15.0}}}}
+                                "csd": {"tokens_per_s": 15.0}},
+                    "after_prompt": {"ar": 12.0, "sd": None, "csd": 18.0}}}
     md = table(res)
+    assert "tok/s and x llama.cpp: AR 12.00 (0.60x); CSD 18.00 (0.90x)." in md
     assert "| this project, CSD | 15.00 | 0.75x | 66.7 |" in md
     assert "CSD over AR: 1.50x; SD over AR: 1.60x; CSD over SD: 0.94x" in md
     assert "(its defaults: target int8, activations per token, draft ort4)" in md      # what ran, from its record
+
+
+def test_the_apps_runs_refuse_bad_input_before_loading_anything(tmp_path, capsys):
+    from csd.cli.app_runs import main
+    for argv, why in ((["--users", "1"], "--users at least 2"), (["--rounds", "0"], "at least 1"),
+                      (["--llama-bench", str(tmp_path / "nope")], "no such file")):
+        with pytest.raises(SystemExit) as e:
+            main(["--out", str(tmp_path / "o"), *argv])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_apps_runs_load_what_the_app_loads_and_time_each_way(tmp_path):
+    """The real pair, as ``python app.py`` loads it: a run alone on prepare's draft, runs at once on the app's
+    batched draft; every run decodes its tokens. Speeds are only checked to be there, never compared."""
+    import json
+    import subprocess
+    import sys
+
+    from csd.runtime.profile import chosen_draft_weights
+    out = tmp_path / "app"
+    subprocess.run([sys.executable, "-m", "csd.cli.app_runs", "--out", str(out), "--prompts", "1", "--rounds", "1",
+                    "--users", "2", "--tokens", "6"], check=True, timeout=900)
+    res = json.loads((out / "app_runs.json").read_text())
+    chosen = chosen_draft_weights()
+    assert res["draft alone"] == chosen                         # the timed choice drafts a run alone
+    assert res["representation"]["draft"] == "int8"             # runs at once draft in int8 on the CPU
+    assert [len(res["summary"][k]["all"]) for k in ("alone", "at once")] == [1, 1]
+    assert all(v["median"] > 0 for v in res["summary"].values())
+    md = (out / "app_runs.md").read_text()
+    assert "| a run alone (median of 1) |" in md and "| 2 runs at once, in all (median of 1) |" in md
+def test_the_tokens_after_the_prompt_leave_out_its_reading():
+    from csd.bench.llama_side import after_prompt
+    items = [{"method": "ar", "new_tokens": 10, "wall_s": 2.0, "prefill_s": 1.0},
+             {"method": "ar", "new_tokens": 30, "wall_s": 4.0, "prefill_s": 1.0},
+             {"method": "sd", "new_tokens": 30, "wall_s": 4.0, "prefill_s": None}]
+    assert after_prompt(items, "ar") == 40 / 4.0
+    assert after_prompt(items, "sd") is None and after_prompt(items, "csd") is None      # not recorded, not run

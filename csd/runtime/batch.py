@@ -76,6 +76,8 @@ class Batcher:
         self._in_flight: set[int] = set()   # the runs in flight (their target caches' ids)
         self._closed = False
         self.sizes: Counter = Counter()     # (model role, runs served) -> passes made
+        self.busy_s: Counter = Counter()    # model role -> seconds its passes took
+        self.rows: Counter = Counter()      # model role -> token rows its passes took
         ready = threading.Event()
         self.threads = torch.get_num_threads()     # the model thread's (its creator's count: csd.runtime.threads)
         self._thread = threading.Thread(target=self._serve, args=(self.threads, ready), name="csd-batcher",
@@ -170,7 +172,9 @@ class Batcher:
         try:
             if first.lm.is_target and first.lm.mode and first.lm.mode != self.pair.rep.activations:
                 self.pair.set_activations(first.lm.mode)
+            t0 = time.perf_counter()
             out = first.lm.lm.forward_many([c.cache for c in batch], [c.ids for c in batch], [c.keep for c in batch])
+            elapsed = time.perf_counter() - t0
         except Exception as e:
             if len(batch) > 1:
                 for c in batch:
@@ -179,13 +183,18 @@ class Batcher:
             log.exception("a model pass failed")
             first.done.set_exception(e)
             return
-        self.sizes[("target" if first.lm.is_target else "draft", len(batch))] += 1
+        role = "target" if first.lm.is_target else "draft"
+        self.sizes[(role, len(batch))] += 1
+        self.busy_s[role] += elapsed
+        self.rows[role] += sum(c.tokens for c in batch)
         for c, logits in zip(batch, out):
             c.done.set_result(logits)
 
     def stats(self) -> dict:
-        """Passes made and calls served per model: calls / passes is how many runs a pass served."""
-        out = {role: dict(passes=0, calls=0, widest=0) for role, _ in self.sizes}
+        """Per model: passes made, calls served (calls / passes is how many runs a pass served), the widest pass,
+        the token rows its passes took and the seconds they took on the model thread."""
+        out = {role: dict(passes=0, calls=0, widest=0, rows=self.rows[role], seconds=round(self.busy_s[role], 3))
+               for role, _ in self.sizes}
         for (role, n), k in self.sizes.items():
             d = out[role]
             d["passes"], d["calls"], d["widest"] = d["passes"] + k, d["calls"] + n * k, max(d["widest"], n)
