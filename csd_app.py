@@ -114,8 +114,8 @@ def main(argv=None) -> int:
         return 2
     print("CSD Explorer: loading models…", file=sys.stderr, flush=True)
     try:
-        choose_target(args, ConsoleProgress())     # int8 or the GGUF's own blocks, whichever runs faster here
-        choose_draft(args, ConsoleProgress())      # one run at a time: int8 or ort4, whichever runs faster here
+        choose_draft(args, ConsoleProgress())      # one run at a time: int8, ort4, gguf or q4_0, the fastest here
+        choose_target(args, ConsoleProgress())     # int8 or the GGUF's own blocks (kept loaded for the pair below)
         asked, args.draft_weights = args.draft_weights, app_draft_weights(args, args.concurrency)
         pair = load_from_args(args, progress=ConsoleProgress())
         args.concurrency = concurrency_for(args.concurrency, pair)
@@ -133,9 +133,9 @@ def main(argv=None) -> int:
         from csd.runtime.profile import cached_costs, costs_cached
         if not costs_cached(pair):
             print("CSD Explorer: measuring this machine once (about a minute)…", file=sys.stderr, flush=True)
-        cached_costs(pair, progress=ConsoleProgress())
-        if solo is not None:        # a run alone drafts with it (csd.runtime.batch): its costs too
-            cached_costs(solo, progress=ConsoleProgress())
+        costs = cached_costs(pair, progress=ConsoleProgress())
+        if solo is not None:        # a run alone drafts with it (csd.runtime.batch): its costs too, the same target's
+            cached_costs(solo, progress=ConsoleProgress(), target_of=costs)
     services = make_services(pair, store, Settings(queue_size=args.queue_size, concurrency=args.concurrency,
                                                    max_prompt_tokens=args.max_prompt_tokens,
                                                    shared_scope=args.shared_scope), solo=solo)

@@ -162,7 +162,7 @@ def choose_target(args, progress=None) -> None:
     """``--dtype auto`` on the CPU: where this machine has not yet measured whether the target runs faster in int8
     or on its GGUF file's own blocks, measure it once (``csd.runtime.profile.choose_target_dtype``), one target
     loaded and timed after the other."""
-    from csd.runtime.models import load_pair, resolve_device
+    from csd.runtime.models import keep_target_lm, load_pair, resolve_device
     from csd.runtime.profile import target_choice_file
     if args.dtype != "auto" or resolve_device(args.device).type != "cpu" or target_choice_file().exists():
         return
@@ -170,11 +170,20 @@ def choose_target(args, progress=None) -> None:
     print("CSD Explorer: timing the target in int8 and on its GGUF blocks once…", file=sys.stderr, flush=True)
     options = replace(load_options(args), activations="row")
 
+    timed = {}          # the target timed last, still loaded: the app's own load takes it (``keep_target_lm``)
+
     def load(r: str):
+        timed.clear()
         pair = load_pair(None, args.target, options=replace(options, dtype=r), progress=progress or tqdm_progress())
-        return pair.target_lm if pair.rep.target == r else None     # None: it fell back
+        if pair.rep.target != r:        # it fell back
+            return None
+        timed[r] = pair.target_lm
+        return pair.target_lm
 
     out = choose_target_dtype(load)
+    if out["choice"] == "gguf" and "gguf" in timed:
+        keep_target_lm(args.target, timed.pop("gguf"))
+    timed.clear()
     times = ", ".join(f"{r} {out['step_ms'][r]} ms a step and {out['verify_5_ms'][r]} ms a 5-token pass"
                       for r in out["step_ms"])
     print(f"target representation: {out['choice']} ({times})", file=sys.stderr, flush=True)

@@ -249,13 +249,16 @@ def cmd_prepare(args) -> int:
     defaults = argparse.ArgumentParser()
     add_model_args(defaults, store=False)
     default_args = defaults.parse_args([])
-    choose_target(default_args)     # --dtype auto: int8 or the GGUF's own blocks, whichever runs faster here
-    choose_draft(default_args)      # --draft-dtype auto: int8 or ort4, whichever runs faster here
+    choose_draft(default_args)      # --draft-dtype auto: int8, ort4, gguf or q4_0, whichever runs fastest here
+    choose_target(default_args)     # --dtype auto: int8 or the GGUF's own blocks (kept loaded for the pair below)
     pair = load_pair(progress=tqdm_progress())
     costs = cached_costs(pair, progress=tqdm_progress())      # gamma "auto" needs it; measured once
+    app_costs = costs if pair.rep.activations != "pass" else None     # the app's target: activations per token
     if pair.rep.target == "int8":     # the other activation scaling has its own costs (the app's: per token)
         pair.set_activations("pass" if pair.rep.activations == "row" else "row")
-        cached_costs(pair, progress=tqdm_progress())
+        other = cached_costs(pair, progress=tqdm_progress())
+        if pair.rep.activations == "row":
+            app_costs = other
     print(f"embedded models ready in {cache_dir()} ({time.perf_counter() - t0:.0f} s); target representation: "
           f"{pair.rep.target}; draft {costs.draft_ms:.0f} ms/token, target {costs.verify(1):.0f} ms per 1-token "
           f"pass; {pair.memory_gib} GiB resident", file=sys.stderr)
@@ -263,7 +266,7 @@ def cmd_prepare(args) -> int:
     if app_draft not in ("auto", pair.rep.draft):
         del pair
         cached_costs(load_pair(draft_weights=app_draft, activations="row", progress=tqdm_progress()),
-                     progress=tqdm_progress())
+                     progress=tqdm_progress(), target_of=app_costs)     # the same target: its passes are timed
     return 0
 
 

@@ -371,3 +371,22 @@ def test_auto_follows_prepares_timing_and_a_missing_kernel_falls_back(tmp_path, 
     assert pair.rep.target == "int8" and pair.rep.activations == "row"
     warned = [r.getMessage() for r in caplog.records if "GGUF blocks" in r.getMessage()]
     assert len(warned) == 1 and "int8" in warned[0] and "not a GGUF file" in warned[0]
+
+
+def test_a_target_timed_on_its_blocks_is_handed_to_the_next_load_once():
+    """A first start times the target on its GGUF blocks, then loads it for the app: the timed one is taken (the
+    file's blocks read once), by the next load of that target on its blocks, once."""
+    from csd.runtime import models
+
+    class Timed:        # stands for the timed target's LM: what the load hands on, it does not read
+        device = torch.device("cpu")
+        impl = "kquant"
+
+    timed = Timed()
+    models.keep_target_lm("embedded", timed)
+    try:
+        pair = models.load_pair(None, "embedded", dtype="gguf")
+        assert pair.target_lm is timed and pair.rep.target == "gguf"
+        assert models._kept_targets == {}          # taken once: a later load reads the file again
+    finally:
+        models._kept_targets.clear()

@@ -69,3 +69,16 @@ def test_auto_is_int8_on_the_cpu_without_timing_candidates(tmp_path, qwen_tokeni
     pair = load_pair(str(d), str(d))
     assert pair.rep.target == "int8" and pair.rep.draft == "int8" and pair.target_lm.impl == "lean"
     assert not (tmp_path / "cache" / "profiles").exists()
+
+
+def test_a_second_draft_beside_the_same_target_takes_its_passes_and_times_its_own_step(tiny_pair, qwen_tokenizer,
+                                                                                      cache, monkeypatch, one_thread):
+    first = profile.cached_costs(tiny_pair)
+    other = make_pair(qwen_tokenizer, tiny_pair.target, tiny_model(2, vocab=1200), pair_id="tiny-profile-2")
+    timed = []
+    real = profile.time_passes
+    monkeypatch.setattr(profile, "time_passes", lambda lm, *a, **k: timed.append(lm) or real(lm, *a, **k))
+    second = profile.cached_costs(other, target_of=first)
+    assert other.target_lm not in timed and other.draft_lm in timed     # the draft's step timed, not the target
+    assert second.verify_ms == first.verify_ms
+    assert second.draft_ms > 0 and len(list(cache.glob("costs-*.json"))) == 2

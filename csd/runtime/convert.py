@@ -218,13 +218,16 @@ def _head(source, vocab_ids: torch.Tensor | None, chunk: int = 16384) -> dict[st
     rows = source.file.tensors[source.names[name]].shape[0] if isinstance(source, GGUFSource) \
         else source.state[name].shape[0]
     ids = np.arange(rows) if vocab_ids is None else vocab_ids.numpy()
-    out = {}
-    for i in range(0, len(ids), chunk):         # into arrays made once: a list joined at the end held the rows twice
-        part = _int8(source.tensor(name, ids[i:i + chunk]), "head")
-        for k, v in part.items():
-            if k not in out:
-                out[k] = torch.empty((len(ids), *v.shape[1:]), dtype=v.dtype)
+    out = {}            # into arrays made once: a list joined at the end held the rows twice
+    first = _int8(source.tensor(name, ids[:chunk]), "head")
+    for k, v in first.items():
+        out[k] = torch.empty((len(ids), *v.shape[1:]), dtype=v.dtype)
+        out[k][:len(v)] = v
+
+    def one(i: int) -> None:        # a chunk of rows, a core each (dequantising and quantising release the GIL)
+        for k, v in _int8(source.tensor(name, ids[i:i + chunk]), "head").items():
             out[k][i:i + len(v)] = v
+    in_threads(one, list(range(chunk, len(ids), chunk)))
     return out
 
 
@@ -243,6 +246,11 @@ def _convert_layer(w: dict[str, torch.Tensor], bits: int | str = 8) -> dict[str,
             out[f"{name}.b"] = torch.cat([b if b is not None else torch.zeros(w[k].shape[0])
                                           for b, k in zip(biases, keys)])
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def layout(bits: int | str) -> str:
+    """What a conversion writes, in its progress messages."""
+    return "4-bit groups (ort4)" if bits == "ort4" else "int8"
 
 
 def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None = None,
@@ -270,7 +278,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
     else:                                                      # layers apart: one a core
         def one(i: int) -> None:
             if progress:
-                progress(f"converting to int8: layer {i + 1} of {n_layers}", i / (n_layers + 1))
+                progress(f"converting to {layout(bits)}: layer {i + 1} of {n_layers}", i / (n_layers + 1))
             w = layer_tensors(source, i)
             if maxima is not None:
                 smooth_layer(w, {k: maxima[f"{i}.{k}"] for k in PROJECTIONS}, *heads(config), ALPHA)
@@ -279,7 +287,7 @@ def convert(source, config, out: Path, *, smooth_prompts: list[list[int]] | None
         used = dict(maxima or {})
     release_memory()            # the layers' float copies, freed in the threads' own heaps
     if progress:
-        progress("converting to int8: the output layer", n_layers / (n_layers + 1))
+        progress(f"converting to {layout(bits)}: the output layer", n_layers / (n_layers + 1))
     save_file({"norm": source.tensor("model.norm.weight").contiguous(), **_head(source, vocab_ids),
                **({"vocab_ids": vocab_ids.to(torch.long).contiguous()} if vocab_ids is not None else {})},
               out / "head.safetensors")
@@ -406,7 +414,7 @@ def cached_lean(path: Path, key: dict, open_source, config, *, rows: bool | str,
             if path.exists():
                 log.warning("the int8 cache of %s is %s: converting it again", name, e)
             if progress:
-                progress(f"converting {name} to int8 ({e}; once)", 0.0)
+                progress(f"converting {name} to {layout(how.get('bits', 8))} ({e}; once)", 0.0)
             try:
                 with _building(path) as tmp, open_source() as source:
                     convert(source, config, tmp, key=key, progress=progress, **how)

@@ -273,6 +273,17 @@ def end_tokens(tok, path: str) -> tuple[int, ...]:
     return eos_ids
 
 
+_kept_targets: dict[str, object] = {}     # a target's identity -> its LM on its GGUF blocks, for its next load
+
+
+def keep_target_lm(target: str, lm) -> None:
+    """Hand ``lm``, the target that ``target`` names as loaded on its GGUF blocks, to the next ``load_pair`` that
+    loads that target on its blocks, once: a first start times the target, then loads it for the app, and the file's
+    1 GB of blocks is read and repacked once instead of twice. One target is kept at a time."""
+    _kept_targets.clear()
+    _kept_targets[resolve(target, "target", None, False).identity()] = lm
+
+
 def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress | None) -> Loaded:
     """The target: on its GGUF file's own blocks, int8 lean mapped from the cache, else the float model (quantised
     where asked)."""
@@ -280,10 +291,12 @@ def load_target(ref: ModelRef, config, tok, o: LoadOptions, progress: Progress |
         why = kquant.kernel_missing() or (None if (ref.embedded or ref.gguf) else
                                           f"{ref.disp!r} is not a GGUF file (the k-quant path reads GGUF files)")
         if why is None:
-            with ref.gguf_file(progress) as path:
-                if progress:
-                    progress(f"reading {ref.disp}'s Q4_K and Q6_K blocks", 0.5)
-                lm = kquant.lean_from_gguf(path)
+            lm = _kept_targets.pop(ref.identity(), None)
+            if lm is None:
+                with ref.gguf_file(progress) as path:
+                    if progress:
+                        progress(f"reading {ref.disp}'s Q4_K and Q6_K blocks", 0.5)
+                    lm = kquant.lean_from_gguf(path)
             return Loaded(lm, loader=lambda: ref.float_model(torch.float32, o.device), repr="gguf")
         log.warning("the target cannot run on its GGUF blocks here (%s): the int8 target runs, activations per "
                     "token", why)

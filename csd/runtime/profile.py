@@ -137,10 +137,12 @@ def _cache_file(kind: str, key: dict) -> Path:
     return cache_dir() / "profiles" / f"{kind}-{digest(key)}.json"
 
 
-def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None) -> CostModel:
-    """Time the target at each pass length and the draft per token (needs a loaded draft), then the
-    host's share of a plain step and of a one-token block (``host_overheads``)."""
-    verify = time_passes(pair.target_lm, lengths, reps, progress=progress, label="target ")
+def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None,
+            verify: dict[int, float] | None = None) -> CostModel:
+    """Time the target at each pass length (unless ``verify`` gives them) and the draft per token (needs a loaded
+    draft), then the host's share of a plain step and of a one-token block (``host_overheads``)."""
+    if verify is None:
+        verify = time_passes(pair.target_lm, lengths, reps, progress=progress, label="target ")
     draft = time_pass(pair.draft_lm, 1, max(reps, 5)) if pair.draft_lm is not None else float("nan")
     costs = CostModel(verify, draft, profile_key(pair), _now())
     if pair.draft_lm is not None:
@@ -192,8 +194,10 @@ def costs_cached(pair) -> bool:
     return _cache_file("costs", profile_key(pair)).exists()
 
 
-def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) -> CostModel:
-    """The pair's cost model on this machine: read from the cache, or measured once and cached."""
+def cached_costs(pair, refresh: bool = False, progress: Progress | None = None,
+                 target_of: CostModel | None = None) -> CostModel:
+    """The pair's cost model on this machine: read from the cache, or measured once and cached. ``target_of``: the
+    costs of a pair with the same target (another draft beside it), whose target passes are taken, not timed again."""
     key = profile_key(pair)
     path = _cache_file("costs", key)
     if not refresh and path.exists():
@@ -201,7 +205,7 @@ def cached_costs(pair, refresh: bool = False, progress: Progress | None = None) 
             return CostModel.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError) as e:
             log.warning("ignoring unreadable profile %s: %s", path, e)
-    costs = measure(pair, progress=progress)
+    costs = measure(pair, progress=progress, verify=target_of.verify_ms if target_of is not None else None)
     atomic_write(path, json.dumps(costs.to_dict(), indent=1).encode())
     return costs
 
