@@ -263,8 +263,8 @@ def test_the_model_thread_stops_with_the_app(int8_pair, one_thread):
 
 
 def test_runs_that_share_passes_plan_with_the_profile_not_with_their_waits(int8_pair, batchers, one_thread):
-    """A run's pass through the batcher holds other runs' rows and the wait for them: planning with its time
-    stopped every run drafting. So a run of a batcher's view learns no costs from its blocks, and keeps drafting."""
+    """A run's pass through the batcher holds other runs' rows and the wait for them, not the run's own cost: a
+    run of a batcher's view learns no costs from its blocks, and drafts as the profile says it pays."""
     from csd.costs import CostModel
     profile = CostModel({k: 1.0 + 0.01 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 0.01)
     decoder = Decoder(batchers(int8_pair).view(), costs=profile, online_costs=True)
