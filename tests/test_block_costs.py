@@ -162,7 +162,9 @@ def test_a_decoder_hands_what_it_measured_to_its_next_run(pair, one_thread):
     list(first)
     assert isinstance(decoder.learned, Learned) and decoder.learned.draft_ms is not None
     assert first.metrics.draft_forwards > 0
-    assert decoder.learned.extra_ms > 0.0      # the loop's host time between passes, from the wall times
+    # what the run measured is on the decoder (how much host time a block took is the machine's: not asserted;
+    # the synthetic blocks below check how it is learned)
+    assert {"verify_scale", "draft_ms"} <= set(decoder.learned.samples)
     second = decoder.run(PROMPT, cfg, CorrectionMemory(pair.pair_id))
     assert second.policy.learned is decoder.learned
     assert second.policy.draft_ms == decoder.learned.draft_ms
