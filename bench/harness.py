@@ -39,7 +39,8 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
                                         assisted=method.hf != "generate")
         stopped = "eos" if ids and ids[-1] in pair.eos_ids else "max_new_tokens"
         return ItemResult("", "", method.name, 0, wall, len(ids), tp, dp, stopped_by=stopped, token_ids=ids,
-                          text=pair.tokenizer.decode(ids, skip_special_tokens=True)), None
+                          text=pair.tokenizer.decode(ids, skip_special_tokens=True),
+                          prompt_tokens=len(prompt_ids)), None
     t0 = time.perf_counter()
     run = decoder.run(prompt_ids, cfg, memory)
     for _ in run:
@@ -50,7 +51,8 @@ def measure(pair, decoder, method: Method, prompt_ids: list[int], memory) -> tup
     copies = {"lookup_blocks": mt.lookup_blocks, "lookup_drafted": mt.lookup_drafted, "lookup_kept": mt.lookup_kept}
     return ItemResult("", "", method.name, 0, wall, mt.new_tokens, mt.target_forwards, mt.draft_forwards, *drafts,
                       mt.bookkeeping_s, mt.policy_s, mt.wall_s, mt.stopped_by, text=run.text,
-                      token_ids=list(run.token_ids), prefill_s=mt.prefill_s, **(copies if cfg.lookup else {})), run
+                      token_ids=list(run.token_ids), prefill_s=mt.prefill_s, prompt_tokens=len(prompt_ids),
+                      **(copies if cfg.lookup else {})), run
 
 
 def generate_hf(pair, prompt_ids: list[int], max_new_tokens: int, fixed_gamma: int | None = None,

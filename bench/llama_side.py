@@ -1,7 +1,8 @@
 """This project's AR, SD and CSD beside llama.cpp's plain decoding of the same GGUF files, on one machine in one
 run (issue 52). llama.cpp is not a dependency: build its ``llama-bench`` yourself (docs/cpu.md says how) and
 name it with ``--llama-bench``; it decodes ``--tokens`` tokens with no prompt pass, then ``python -m csd bench``
-runs AR, SD and CSD on the benchmark's items with the same new-token count.
+runs AR, SD and CSD on the benchmark's items with the same new-token count, and last llama.cpp reads a prompt of
+the items' mean length before it decodes the same count (``-pg``), the yardstick for tok/s that include the prompt.
 
     python -m csd.bench.llama_side --llama-bench PATH/llama-bench --out docs/bench/llama-side-NAME \\
         [--dataset humaneval:4,gsm8k:4] [--tokens 128] [--threads 2] [--reps 3]
@@ -20,17 +21,38 @@ from csd.representation import Representation
 from .io import command_line, now, read_results_json, write_outputs
 
 
-def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int) -> dict:
-    """llama-bench's token-generation figures for one GGUF file: mean and spread of tok/s over ``reps``."""
-    cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(tokens), "-r", str(reps), "-o", "json"]
+def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, reps: int, prompt: int = 0) -> dict:
+    """llama-bench's figures for one GGUF file: mean and spread of tok/s over ``reps``. With no ``prompt``, its
+    token generation alone (``-n tokens``: no prompt is read). With a ``prompt`` length, a prompt of that many tokens
+    read first, then ``tokens`` generated (``-pg prompt,tokens``); llama-bench counts both kinds of token in its
+    tok/s, so the figure returned is the new tokens a second with the prompt's reading inside the time, as this
+    project's benchmark counts them."""
+    shape = ["-p", "0", "-n", "0", "-pg", f"{prompt},{tokens}"] if prompt else ["-p", "0", "-n", str(tokens)]
+    cmd = [binary, "-m", str(gguf), "-t", str(threads), *shape, "-r", str(reps), "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
-    rows = [r for r in json.loads(out.stdout) if r.get("n_gen") == tokens]
+    return bench_row(json.loads(out.stdout), tokens, prompt) | {
+        "command": " ".join(cmd[:1] + ["-m", gguf.name] + cmd[3:])}
+
+
+def bench_row(rows: list[dict], tokens: int, prompt: int = 0) -> dict:
+    """The figures of llama-bench's JSON row for ``prompt`` tokens read and ``tokens`` generated."""
+    rows = [r for r in rows if r.get("n_gen") == tokens and r.get("n_prompt", 0) == prompt]
     if not rows:
-        raise RuntimeError(f"llama-bench printed no tg{tokens} row: {out.stdout[:300]}")
+        raise RuntimeError(f"llama-bench printed no {'pg' if prompt else 'tg'} row for {tokens} tokens")
     r = rows[0]
-    return {"tokens_per_s": r["avg_ts"], "stddev": r.get("stddev_ts"), "ms_per_token": 1000 / r["avg_ts"],
-            "build": r.get("build_commit"), "cpu": r.get("cpu_info"), "type": r.get("model_type"),
-            "command": " ".join(cmd[:1] + ["-m", gguf.name] + cmd[3:])}
+    new_share = tokens / (prompt + tokens)       # of llama-bench's tokens a second, the new ones
+    tok_s, spread = r["avg_ts"] * new_share, r.get("stddev_ts")
+    return {"tokens_per_s": tok_s, "stddev": None if spread is None else spread * new_share,
+            "ms_per_token": 1000 / tok_s, "prompt": prompt, "build": r.get("build_commit"), "cpu": r.get("cpu_info"),
+            "type": r.get("model_type")}
+
+
+def prompt_length(items: list[dict]) -> int | None:
+    """The items' mean prompt length in tokens (each item once), None where the run did not record it."""
+    lengths = {(it["dataset"], it["item_id"]): it.get("prompt_tokens") for it in items}
+    if not lengths or None in lengths.values():
+        return None
+    return round(sum(lengths.values()) / len(lengths))
 
 
 def after_prompt(items: list[dict], method: str) -> float | None:
@@ -48,7 +70,8 @@ def ours(dataset: str, tokens: int, out: Path, *flags: str) -> dict:
     subprocess.run(cmd, check=True, timeout=7200)
     _, data = read_results_json(out)
     return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"],
-            "after_prompt": {m: after_prompt(data["items"], m) for m in ("ar", "sd", "csd")}}
+            "after_prompt": {m: after_prompt(data["items"], m) for m in ("ar", "sd", "csd")},
+            "prompt_tokens": prompt_length(data["items"])}
 
 
 def target_passes(reps: list[str], verify: int = 5, rounds: int = 15) -> dict:
@@ -98,6 +121,14 @@ def table(res: dict) -> str:
     if after:
         lines += ["", "Once each prompt was read (a run's wall time less its reading of the prompt, which "
                   "llama-bench's tg figure leaves out), tok/s and x llama.cpp: " + "; ".join(after) + "."]
+    if pg := ll.get("target with prompt"):
+        rate = pg["tokens_per_s"]
+        with_prompt = [f"{m.upper()}{name} {run['summary'][m]['tokens_per_s'] / rate:.2f}x"
+                       for name, run in runs.items() for m in ("ar", "sd", "csd")]
+        lines += ["", f"With each prompt read, as this project's tok/s above count it: llama.cpp reading a "
+                  f"{pg['prompt']}-token prompt (the items' mean) and then generating {res.get('tokens', 128)} tokens "
+                  f"(`{pg['command']}`) made {rate:.2f} ± {pg.get('stddev') or 0:.2f} new tokens a second; this "
+                  "project's runs, x that: " + "; ".join(with_prompt) + "."]
     ar = mine["ar"]["tokens_per_s"]
     lines += ["", f"CSD over AR: {mine['csd']['tokens_per_s'] / ar:.2f}x; SD over AR: "
               f"{mine['sd']['tokens_per_s'] / ar:.2f}x; CSD over SD: "
@@ -124,15 +155,19 @@ def main(argv=None) -> int:
     from csd.runtime.profile import machine_name
     out = Path(args.out)
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.llama_side"),
-           "llama.cpp": {}}
+           "tokens": args.tokens, "llama.cpp": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for role in ("target", "draft"):
-            gguf = assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
+        files = {role: assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
+                 for role in ("target", "draft")}
+        for role, gguf in files.items():
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
-    res["ours"] = ours(args.dataset, args.tokens, out / "ours")
-    default = Representation.of(res["ours"]["meta"]).target
-    also = [r for r in args.also_dtype.split(",") if r and r != default]     # the defaults' own ran above
-    res["also"] = {r: ours(args.dataset, args.tokens, out / f"ours-{r}", "--dtype", r) for r in also}
+        res["ours"] = ours(args.dataset, args.tokens, out / "ours")
+        default = Representation.of(res["ours"]["meta"]).target
+        also = [r for r in args.also_dtype.split(",") if r and r != default]     # the defaults' own ran above
+        res["also"] = {r: ours(args.dataset, args.tokens, out / f"ours-{r}", "--dtype", r) for r in also}
+        if prompt := res["ours"]["prompt_tokens"]:       # llama.cpp reading a prompt of the items' length first
+            res["llama.cpp"]["target with prompt"] = llama_bench(args.llama_bench, files["target"], args.tokens,
+                                                                 args.threads, args.reps, prompt=prompt)
     timed = [default, *also]
     if len(timed) > 1:
         res["passes"] = target_passes(timed)

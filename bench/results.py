@@ -60,6 +60,7 @@ class ItemResult:
     lookup_kept: int | None = None
     leaves_sd_at: list | None = None   # [position, SD's token, this answer's token] where it first differs from SD's
     prefill_s: float | None = None     # reading the prompt (both models), inside wall_s (None for hf)
+    prompt_tokens: int | None = None   # the prompt's length in the target's tokens
 
     @property
     def tokens_per_s(self) -> float:

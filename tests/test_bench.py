@@ -407,6 +407,7 @@ def test_bench_smoke_real_pair(real_pair, tmp_path):
     assert len({tuple(o[m] for m in methods) for o in orders.values()}) > 1
     for it in items:
         assert it["wall_s"] > 0 and 1 <= it["new_tokens"] <= max_new
+        assert it["prompt_tokens"] in (93, 122)                    # the prompt's length, for llama.cpp's -pg
         assert it["correct"] in (True, False)                      # both datasets are graded
         if it["method"] == "ar":
             assert it["target_passes"] == it["new_tokens"] and it["identical_to_ar"] is True

@@ -82,3 +82,42 @@ def test_the_tokens_after_the_prompt_leave_out_its_reading():
              {"method": "sd", "new_tokens": 30, "wall_s": 4.0, "prefill_s": None}]
     assert after_prompt(items, "ar") == 40 / 4.0
     assert after_prompt(items, "sd") is None and after_prompt(items, "csd") is None      # not recorded, not run
+
+
+def test_llama_cpps_prompt_and_generation_row_counts_only_the_new_tokens():
+    """llama-bench's ``-pg 150,128`` counts the prompt's tokens and the new ones in its tok/s (this row is one it
+    printed on 2026-12-07); the yardstick keeps the new ones, with the prompt's reading inside the time."""
+    from csd.bench.llama_side import bench_row
+    rows = [{"n_prompt": 0, "n_gen": 128, "avg_ts": 27.97, "stddev_ts": 1.67},
+            {"n_prompt": 150, "n_gen": 128, "avg_ts": 38.592915, "stddev_ts": 1.82296, "avg_ns": 7211439793}]
+    pg = bench_row(rows, 128, prompt=150)
+    assert pg["tokens_per_s"] == pytest.approx(128 / 7.211439793, rel=0.01)
+    assert pg["stddev"] == pytest.approx(1.82296 * 128 / 278) and pg["prompt"] == 150
+    assert bench_row(rows, 128)["tokens_per_s"] == 27.97                      # tg alone: as llama-bench says
+    with pytest.raises(RuntimeError, match="no pg row for 64 tokens"):
+        bench_row(rows, 64, prompt=150)
+
+
+def test_the_items_prompt_length_is_their_mean_each_item_once():
+    from csd.bench.llama_side import prompt_length
+    items = [{"dataset": "h", "item_id": "1", "method": m, "prompt_tokens": 100} for m in ("ar", "sd", "csd")]
+    items.append({"dataset": "g", "item_id": "1", "method": "ar", "prompt_tokens": 151})
+    assert prompt_length(items) == 126                      # (100 + 151) / 2, not weighted by methods
+    assert prompt_length([{"dataset": "h", "item_id": "1", "prompt_tokens": None}]) is None      # an older record
+    assert prompt_length([]) is None
+
+
+def test_the_side_by_side_compares_whole_runs_with_llama_cpp_reading_the_prompt_too():
+    from csd.bench.llama_side import table
+    res = {"machine": "m", "date": "d", "command": "c", "tokens": 128,
+           "llama.cpp": {"target": {"tokens_per_s": 20.0, "stddev": 0.5, "command": "x", "build": "b"},
+                         "draft": {"tokens_per_s": 40.0, "ms_per_token": 25.0},
+                         "target with prompt": {"tokens_per_s": 16.0, "stddev": 1.0, "prompt": 150, "command": "z"}},
+           "ours": {"command": "y", "meta": {"representation": {"target": "gguf", "draft": "q4_0"}},
+                    "summary": {"ar": {"tokens_per_s": 16.0}, "sd": {"tokens_per_s": 24.0},
+                                "csd": {"tokens_per_s": 28.0}}}}
+    md = table(res)
+    assert "llama.cpp reading a 150-token prompt (the items' mean) and then generating 128 tokens (`z`) made " \
+           "16.00 ± 1.00 new tokens a second; this project's runs, x that: AR 1.00x; SD 1.50x; CSD 1.75x." in md
+    del res["llama.cpp"]["target with prompt"]
+    assert "reading a" not in table(res)                    # an older run's record: no such line
