@@ -390,3 +390,20 @@ def test_a_target_timed_on_its_blocks_is_handed_to_the_next_load_once():
         assert models._kept_targets == {}          # taken once: a later load reads the file again
     finally:
         models._kept_targets.clear()
+
+
+def test_the_environment_picks_the_kernels_build_and_the_profiles_follow(monkeypatch):
+    """``CSD_KQUANT_VARIANT`` runs the models on another build (the AVX2 path on an AVX-512 CPU, to measure it);
+    a name that is no build is refused by name, and the engine's digest, which keys every cached profile and
+    prepare's choices, tells the builds apart."""
+    from csd.runtime import profile
+    native = profile.engine_revision.__wrapped__()
+    monkeypatch.setenv(kquant.VARIANT_ENV, "portable")
+    assert kquant.library() is kquant.library("portable") and kquant.library().kq_simd() == 0
+    assert profile.engine_revision.__wrapped__() != native
+    monkeypatch.setenv(kquant.VARIANT_ENV, "avx512")
+    with pytest.raises(kquant.KernelUnavailable, match="CSD_KQUANT_VARIANT='avx512' names no build.*native, portable"):
+        kquant.library()
+    assert "names no build" in kquant.kernel_missing()      # so --dtype auto runs the target in int8, and says why
+    monkeypatch.delenv(kquant.VARIANT_ENV)
+    assert profile.engine_revision.__wrapped__() == native and kquant.library() is kquant.library("native")

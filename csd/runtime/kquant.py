@@ -36,6 +36,9 @@ _libs: dict[str, ctypes.CDLL] = {}
 # how each build of the kernel is compiled: for this CPU (AVX-512 VNNI, else AVX2, else plain C), its plain C loops,
 # and its AVX2 path on a CPU that has AVX-512 too (the tests hold the three to the same rules and bits)
 VARIANTS = {"native": ["-march=native"], "portable": [], "avx2": ["-march=native", "-mno-avx512f"]}
+# which build the models run on: "native" unless the environment asks for another, to measure the AVX2 path on a
+# CPU with AVX-512 (docs/cpu.md, "The AVX2 path"); the choice is part of the engine's digest (csd.runtime.profile)
+VARIANT_ENV = "CSD_KQUANT_VARIANT"
 _lock = threading.Lock()
 
 
@@ -48,9 +51,13 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def library(variant: str = "native"):
+def library(variant: str | None = None):
     """The compiled kernel (built once per source and CPU into the cache), or KernelUnavailable. ``variant``: one of
-    ``VARIANTS``, "native" for the models."""
+    ``VARIANTS``; by default ``CSD_KQUANT_VARIANT``, else "native"."""
+    variant = variant or os.environ.get(VARIANT_ENV) or "native"
+    if variant not in VARIANTS:
+        raise KernelUnavailable(f"{VARIANT_ENV}={variant!r} names no build of the k-quant kernel: one of "
+                                f"{', '.join(VARIANTS)}")
     with _lock:
         if variant in _libs:
             return _libs[variant]
@@ -158,7 +165,7 @@ class KQuantLinear(torch.nn.Module):
     as the file's own blocks of one family (Q4_K/Q6_K, or Q4_0/Q5_0/Q8_0). The activations are quantised once for
     all of them."""
 
-    def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, variant: str = "native"):
+    def __init__(self, parts: list[KQuantPart], bias: torch.Tensor | None = None, variant: str | None = None):
         super().__init__()
         if len({p.in_features for p in parts}) != 1:
             raise ValueError("fused k-quant matrices must take the same input width")
@@ -321,6 +328,8 @@ class FourBitStore:
         except OSError as e:        # a full or read-only cache: the next load rounds again
             tmp.unlink(missing_ok=True)
             log.warning("cannot keep the 4-bit draft in %s (%s)", self.path.parent, e)
+
+
 ARCHITECTURES = ("qwen2",)      # the tensor names and layouts this reader knows (llama permutes q and k rows)
 
 

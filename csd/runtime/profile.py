@@ -116,10 +116,13 @@ ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "kquant
 
 @functools.cache
 def engine_revision() -> str:
-    """A digest of the code whose speed a profile measures (``ENGINE_FILES``) and of the int8 kernel asked for
-    (``CSD_INT8_KERNEL``): a change re-times it."""
+    """A digest of the code whose speed a profile measures (``ENGINE_FILES``), of the int8 kernel asked for
+    (``CSD_INT8_KERNEL``) and of the k-quant kernel's build (``CSD_KQUANT_VARIANT``): a change re-times it."""
+    from .kquant import VARIANT_ENV
     from .quant import KERNEL
     h = hashlib.sha1(KERNEL.encode())
+    if variant := os.environ.get(VARIANT_ENV):      # none set: the digest the native build always had
+        h.update(variant.encode())
     for name in ENGINE_FILES:
         h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:12]
