@@ -41,6 +41,16 @@ def load_app_models():
     return pair, app_solo_draft(args, asked, pair)
 
 
+def llama_target(binary: str, tokens: int, prompt: int = 0) -> dict:
+    """llama-bench on the embedded target's file, 2 threads, 3 repetitions: ``tokens`` generated, after reading a
+    ``prompt`` of that many tokens where one is given (``csd.bench.llama_side.llama_bench``)."""
+    from csd.bench.llama_side import llama_bench
+    from csd.runtime.embedded import EMBEDDED, assemble_gguf
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = assemble_gguf(EMBEDDED["target"], Path(tmp) / f"{EMBEDDED['target'].name}.gguf")
+        return llama_bench(binary, gguf, tokens, 2, 3, prompt=prompt)
+
+
 def timed(runs) -> float:
     """Tokens a second of ``runs`` decoded together, each on its own thread as the app's handlers are."""
     workers = [threading.Thread(target=list, args=(r,)) for r in runs]
@@ -86,6 +96,12 @@ def table(res: dict) -> str:
         rows.insert(0, [f"llama.cpp, the target alone (plain decoding, tg{res['tokens']})",
                         f"{base:.2f} ± {ll.get('stddev') or 0:.2f}", "–", "1.00x"])
     lines += md_table(head, rows)
+    if pg := res.get("llama.cpp with prompt"):
+        rate = pg["tokens_per_s"]
+        lines += ["", f"With the prompt read, as the runs above count it: llama.cpp reading a {pg['prompt']}-token "
+                  f"prompt (the chats' mean) and then generating {res['tokens']} tokens (`{pg['command']}`) made "
+                  f"{rate:.2f} ± {pg.get('stddev') or 0:.2f} new tokens a second; a run alone {alone / rate:.2f}x "
+                  f"that, {res['users']} runs at once in all {together / rate:.2f}x."]
     bullets = []        # how the batcher's passes went while the runs decoded together
     for role, d in res.get("passes at once", {}).items():
         n = d["passes"]
@@ -122,11 +138,7 @@ def main(argv=None) -> int:
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.cli.app_runs"),
            "tokens": args.tokens, "users": args.users, "prompts": args.prompts, "lookup": default_lookup("csd")}
     if args.llama_bench:
-        from csd.bench.llama_side import llama_bench
-        from csd.runtime.embedded import EMBEDDED, assemble_gguf
-        with tempfile.TemporaryDirectory() as tmp:
-            gguf = assemble_gguf(EMBEDDED["target"], Path(tmp) / f"{EMBEDDED['target'].name}.gguf")
-            res["llama.cpp"] = llama_bench(args.llama_bench, gguf, args.tokens, 2, 3)
+        res["llama.cpp"] = llama_target(args.llama_bench, args.tokens)
     from csd.runtime.batch import Batcher
     pair, solo = load_app_models()
     batcher = Batcher(pair, solo=solo)
@@ -157,6 +169,9 @@ def main(argv=None) -> int:
         passes = since(before, batcher.stats())
     finally:
         batcher.close()
+    if args.llama_bench:        # llama.cpp reading a prompt of the chats' mean length first, as the runs above did
+        prompt = round(sum(map(len, prompts)) / len(prompts))
+        res["llama.cpp with prompt"] = llama_target(args.llama_bench, args.tokens, prompt)
     res |= {"representation": pair.rep.as_dict(), "draft alone": (solo or pair).rep.draft,
             "summary": {k: median_of(v) for k, v in speeds.items()}, "passes at once": passes,
             "draft_ms": {"alone": solo_costs.draft_ms, "at once": costs.draft_ms}, "pass_1_ms": costs.verify(1)}

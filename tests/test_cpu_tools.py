@@ -121,3 +121,18 @@ def test_the_side_by_side_compares_whole_runs_with_llama_cpp_reading_the_prompt_
            "16.00 ± 1.00 new tokens a second; this project's runs, x that: AR 1.00x; SD 1.50x; CSD 1.75x." in md
     del res["llama.cpp"]["target with prompt"]
     assert "reading a" not in table(res)                    # an older run's record: no such line
+
+
+def test_the_apps_runs_compare_with_llama_cpp_reading_the_chats_prompts_too():
+    from csd.cli.app_runs import table
+    res = {"machine": "m", "date": "d", "command": "c", "tokens": 128, "users": 8, "prompts": 6, "lookup": 16,
+           "representation": {"target": "gguf", "draft": "int8"}, "draft alone": "q4_0",
+           "summary": {"alone": {"median": 24.0, "all": [24.0]}, "at once": {"median": 30.0, "all": [30.0]}},
+           "llama.cpp": {"tokens_per_s": 25.0, "stddev": 1.0},
+           "llama.cpp with prompt": {"tokens_per_s": 20.0, "stddev": 0.5, "prompt": 140, "command": "pg"}}
+    md = table(res)
+    assert "| a run alone (median of 1) | 24.00 | 1.00x | 0.96x |" in md          # against tg128, no prompt
+    assert "reading a 140-token prompt (the chats' mean) and then generating 128 tokens (`pg`) made 20.00 ± 0.50 " \
+           "new tokens a second; a run alone 1.20x that, 8 runs at once in all 1.50x." in md
+    del res["llama.cpp with prompt"]
+    assert "reading a" not in table(res)
