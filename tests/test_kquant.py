@@ -347,6 +347,39 @@ def test_the_attention_takes_each_query_as_a_step_would(variant):
     assert torch.allclose(whole, ref[0].transpose(0, 1), atol=1e-5)
 
 
+def test_the_attention_gives_the_same_bits_in_every_build():
+    """``kq_attend`` adds each query's 16 running dot-product sums in one fixed order, so the AVX-512 build, the AVX2
+    build and the plain C loops give the same bits (an attention left to each instruction set's own reduction did
+    not: the AVX2 build's answers left the AVX-512 build's on 3 of 8 benchmark items)."""
+    torch.manual_seed(1)
+    heads, kv, d, cap, start, t = 14, 2, 64, 48, 30, 5
+    k, v, q = torch.randn(kv, cap, d), torch.randn(kv, cap, d), torch.randn(heads, t, d)
+    outs = {}
+    for variant in VARIANTS:
+        lib, out = built(variant), torch.empty(t, heads, d)
+        lib.kq_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv, t, d, cap, start,
+                      d ** -0.5, torch.get_num_threads())
+        outs[variant] = out
+    assert all(torch.equal(outs["native"], o) for o in outs.values()), {v: (o - outs["native"]).abs().max()
+                                                                        for v, o in outs.items()}
+
+
+@pytest.mark.slow
+def test_the_whole_draft_gives_the_same_logits_in_every_build(draft_file, monkeypatch):
+    """The embedded draft on its GGUF blocks, every step in the kernel (its layers, its last norm, its output layer):
+    the same logits, bit for bit, on the AVX-512 build, the AVX2 build and the plain C loops, so a CPU with AVX-512
+    and one without write the same greedy answers."""
+    logits = {}
+    for variant in VARIANTS:
+        monkeypatch.setitem(kquant._libs, "native", built(variant))       # the whole model on that build
+        lm = kquant.lean_from_gguf(draft_file.path)
+        cache = lm.new_cache(64)
+        lm.forward(cache, [9707, 11, 1879, 374, 264, 1273], 1)
+        logits[variant] = lm.forward(cache, [3405, 25], 2)
+    assert all(torch.equal(logits["native"], x) for x in logits.values()), {
+        v: (x - logits["native"]).abs().max().item() for v, x in logits.items()}
+
+
 def test_auto_follows_prepares_timing_and_a_missing_kernel_falls_back(tmp_path, monkeypatch, qwen_tokenizer, caplog):
     """``--dtype auto`` on the CPU reads prepare's record (gguf where it measured it faster), int8 where the kernel
     cannot run; ``--dtype gguf`` on a model that is no GGUF file loads the int8 target, with one warning saying so."""

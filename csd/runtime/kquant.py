@@ -64,7 +64,9 @@ def library(variant: str | None = None):
         cc = _compiler()
         if cc is None:
             raise KernelUnavailable("no C compiler (cc or gcc) on PATH to build the k-quant kernel")
-        flags = ["-O3", "-fopenmp", "-shared", "-fPIC", *VARIANTS[variant]]
+        # -ffp-contract=off: a multiply and an add stay two roundings in every build (one with FMA would fuse them
+        # where one without could not), so the builds give the same bits
+        flags = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", *VARIANTS[variant]]
         key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags]).encode() + _cpu_flags().encode())
         out = _build_dir() / f"kquant-{key.hexdigest()[:16]}.so"
         if not out.exists():
@@ -83,6 +85,8 @@ def library(variant: str | None = None):
         lib.kq_layer.argtypes = [p, i64, i64, p, i64, i64, i64, i64, i32, p, p, p, p, p, i64, p, ctypes.c_float,
                                  ctypes.c_float, i32]
         lib.kq_layer.restype = None
+        lib.kq_rms.argtypes = [p, p, p, i64, i64, ctypes.c_float]
+        lib.kq_rms.restype = None
         lib.kq_linear.restype = None
         _libs[variant] = lib
         return lib
@@ -269,6 +273,15 @@ class KQuantLM(LeanLM):
             return [self.logits(x, keeps[0])]
         rows = torch.cat([torch.arange(b - k, b, device=self._device) for b, k in zip(offs[1:], keeps)])
         return list(self.logits(x[:, rows], len(rows)).split(keeps))
+
+    def logits(self, x: torch.Tensor, keep: int) -> torch.Tensor:
+        """The last norm in the kernel (``kq_rms``, the layers' own), then the output layer on its blocks: no step of
+        the model is left to PyTorch's kernels, whose sums differ between AVX2 and AVX-512 CPUs."""
+        rows = x[0, -keep:].to(torch.float32).contiguous()
+        normed = torch.empty_like(rows)
+        norm = self.norm.to(torch.float32).contiguous()
+        library().kq_rms(rows.data_ptr(), norm.data_ptr(), normed.data_ptr(), rows.shape[0], rows.shape[1], self.eps)
+        return self.head(normed).float()
 
     def _attend(self, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, start: int) -> torch.Tensor:
         _, h, t, d = q.shape

@@ -16,6 +16,9 @@
  * Exactness: every row of x goes through the same instructions in the same order whatever the number of rows
  * or threads (rows are taken 4 at a time, each in its own registers; threads split output tiles), so a row's
  * result depends on that row alone. A verify pass of 7 tokens gives each token what a 1-token pass gives it.
+ * The builds agree too: the AVX-512 path, the AVX2 path and the plain C loops form the same integer sums and the
+ * same floating-point steps in the same order (no step is left to the compiler to fuse: csd/runtime/kquant.py
+ * builds with -ffp-contract=off), so a model on its blocks gives the same bits on every CPU it runs on.
  */
 #include <stdint.h>
 #include <string.h>
@@ -724,23 +727,33 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
  * holding those tokens; out (T, H, D). Query t of head h attends keys 0 .. start + t of KV head h / (H / KV):
  * dot products in a fixed order, the softmax, then the weighted sum of values, the same instructions for a
  * query whether it comes alone or with others, so a verify pass attends as 1-token steps do. */
+/* a . b over D floats: 16 running sums (element i goes to sum i % 16), each an FMA a step, then added in one fixed
+ * order. Every build (AVX-512, AVX2, plain C) forms the same 16 sums and adds them the same way, so an attention
+ * gives the same bits on every CPU (a reduction left to each instruction set would add its lanes in its own order). */
 static float dot_d(const float *a, const float *b, int64_t D) {
-#if defined(KQ_AVX512)
-    if (D % 16 == 0) {
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t i = 0; i < D; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
-        return _mm512_reduce_add_ps(s);
-    }
-#elif defined(KQ_AVX2)
-    if (D % 8 == 0) {
-        __m256 s = _mm256_setzero_ps();
-        for (int64_t i = 0; i < D; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_hadd_ps(h, h);
-        return _mm_cvtss_f32(_mm_hadd_ps(h, h));
-    }
-#endif
     float s = 0.f;
+    if (D % 16 == 0) {
+        float part[16];
+#if defined(KQ_AVX512)
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+        _mm512_storeu_ps(part, acc);
+#elif defined(KQ_AVX2)
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        for (int64_t i = 0; i < D; i += 16) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), hi);
+        }
+        _mm256_storeu_ps(part, lo);
+        _mm256_storeu_ps(part + 8, hi);
+#else
+        for (int k = 0; k < 16; k++) part[k] = 0.f;
+        for (int64_t i = 0; i < D; i += 16)
+            for (int k = 0; k < 16; k++) part[k] = fmaf(a[i + k], b[i + k], part[k]);
+#endif
+        for (int k = 0; k < 16; k++) s += part[k];
+        return s;
+    }
     for (int64_t i = 0; i < D; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
@@ -801,6 +814,11 @@ static void rms_rows(const float *x, const float *w, float *y, int64_t T, int64_
         float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
         for (int64_t i = 0; i < n; i++) y[t * n + i] = xr[i] * inv * w[i];
     }
+}
+
+/* the model's last norm, before its output layer: the layers' own, so that it too gives the same bits everywhere */
+void kq_rms(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
+    rms_rows(x, w, y, T, n, eps);
 }
 
 void kq_layer(float *x, int64_t T, int64_t hidden, const kq_layer_w *lw, int64_t H, int64_t KV, int64_t D,
