@@ -65,19 +65,15 @@ static inline __attribute__((always_inline)) __m512i pairs_i8(const int8_t *a, c
 
 #if defined(KQ_AVX2)
 /* The same tiles, read as two halves of 8 output rows (32 of each 64 bytes) in 256-bit registers. Without
- * vpdpbusd, a product of 4 weight bytes (0..63) and 4 activation bytes is vpmaddubsw (pairs, far from saturating)
- * then vpmaddwd by ones. Every sum is the same integer the AVX-512 path forms, and the floating-point steps are the
- * same, lane for lane, so the two paths give the same bits (tests/test_kquant.py). */
+ * vpdpbusd, a product of 4 weight bytes (0..63) and 4 activation bytes is vpmaddubsw: two 16-bit sums a row.
+ * As many of those as fit in 16 bits without saturating are added (vpaddw), then vpmaddwd widens them, by ones or
+ * by the group's scale (as llama.cpp's AVX2 loops do). Every sum is the same integer the AVX-512 path forms, and
+ * the floating-point steps are the same, lane for lane, so the two paths give the same bits (tests/test_kquant.py). */
 #define KQ_ROWS2 4          /* 16 registers: each row holds three */
 static inline __attribute__((always_inline)) __m256i x4(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
     return _mm256_set1_epi32(v);
-}
-
-static inline __attribute__((always_inline)) __m256i dot4_2(__m256i acc, __m256i w, const int8_t *x) {
-    __m256i pairs = _mm256_maddubs_epi16(w, x4(x));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
 /* signed weight bytes (Q8_0's q, -128..127): |q| times x with q's sign */
@@ -121,16 +117,21 @@ static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int h,
         for (int r = 0; r < NR; r++) isc[r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const int p = j >> 1, hi = j & 1;
+            /* the sub-block's products as 16-bit sums, two a row: each vpmaddubsw pair is at most 2 x 15 x 127, so
+             * eight of them (30,480) fit without saturating, and the integers are the AVX-512 path's */
             __m256i acc_j[KQ_ROWS2];
             for (int r = 0; r < NR; r++) acc_j[r] = _mm256_setzero_si256();
             for (int i = 0; i < 8; i++) {
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64));
                 __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
                 for (int r = 0; r < NR; r++)
-                    acc_j[r] = dot4_2(acc_j[r], wq, q + (r0 + r) * K + b * QK + 32 * j + 4 * i);
+                    acc_j[r] = _mm256_add_epi16(acc_j[r], _mm256_maddubs_epi16(
+                        wq, x4(q + (r0 + r) * K + b * QK + 32 * j + 4 * i)));
             }
+            /* each row's scale in both 16-bit halves of its lane: one vpmaddwd adds the row's two sums times it */
             __m256i scj = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + j * 16)));
-            for (int r = 0; r < NR; r++) isc[r] = _mm256_add_epi32(isc[r], _mm256_mullo_epi32(acc_j[r], scj));
+            scj = _mm256_or_si256(scj, _mm256_slli_epi32(scj, 16));
+            for (int r = 0; r < NR; r++) isc[r] = _mm256_add_epi32(isc[r], _mm256_madd_epi16(acc_j[r], scj));
         }
         __m256 dv = halves_f16(d + tb * 16 + 8 * h), mv = halves_f16(dmin + tb * 16 + 8 * h);
         for (int r = 0; r < NR; r++) {
@@ -181,13 +182,18 @@ static inline __attribute__((always_inline)) void q6k_rows2(const int NR, int h,
                     __m256i top = _mm256_loadu_si256((const __m256i *)(wh + (c * 4 + (i & 3)) * 64));
                     __m256i lo4 = _mm256_and_si256(hi ? _mm256_srli_epi16(nib, 4) : nib, low);
                     __m256i u = _mm256_or_si256(lo4, top2_2(top, 2 * (i >> 2) + 4 * hi));
+                    /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 63 x 127, so two fit */
                     for (int r = 0; r < NR; r++)
-                        p[r] = dot4_2(p[r], u, q + (r0 + r) * K + b * QK + 64 * c + 32 * hi + 4 * i);
-                    if ((i & 3) == 3) {
+                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(
+                            u, x4(q + (r0 + r) * K + b * QK + 64 * c + 32 * hi + 4 * i)));
+                    if (i & 1) {
+                        /* the group's scale (signed) in both 16-bit halves of each row's lane: one vpmaddwd adds
+                         * the row's two sums times it */
                         const int g = 4 * c + 2 * hi + (i >> 2);
                         __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scb + g * 16)));
+                        s = _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
                         for (int r = 0; r < NR; r++) {
-                            isc[r] = _mm256_add_epi32(isc[r], _mm256_mullo_epi32(p[r], s));
+                            isc[r] = _mm256_add_epi32(isc[r], _mm256_madd_epi16(p[r], s));
                             p[r] = _mm256_setzero_si256();
                         }
                     }
@@ -225,8 +231,8 @@ static inline __attribute__((always_inline)) void b32_rows2(const int NR, const 
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t tb = t * nblk + b;
         const uint8_t *w = qw + tb * wbytes + 32 * h;
-        __m256i p[KQ_ROWS2];
-        for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
+        __m256i p[KQ_ROWS2], p16[KQ_ROWS2];
+        for (int r = 0; r < NR; r++) p[r] = p16[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             if (QT == 8) {
@@ -242,7 +248,15 @@ static inline __attribute__((always_inline)) void b32_rows2(const int NR, const 
                 __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
                 u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(m, bit), five));
             }
-            for (int r = 0; r < NR; r++) p[r] = dot4_2(p[r], u, q + (r0 + r) * K + b * 32 + 4 * i);
+            /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 15 x 127 (Q4_0: eight fit in 16 bits) or
+             * 2 x 31 x 127 (Q5_0: four fit), then widened to the row's 32-bit sum */
+            for (int r = 0; r < NR; r++)
+                p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(u, x4(q + (r0 + r) * K + b * 32 + 4 * i)));
+            if (i == 7 || (QT == 6 && i == 3))
+                for (int r = 0; r < NR; r++) {
+                    p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(p16[r], _mm256_set1_epi16(1)));
+                    p16[r] = _mm256_setzero_si256();
+                }
         }
         __m256 dv = halves_f16(d + tb * 16 + 8 * h);
         for (int r = 0; r < NR; r++) {
