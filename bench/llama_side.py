@@ -13,7 +13,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from csd.representation import Representation
@@ -126,7 +125,7 @@ def table(res: dict) -> str:
         with_prompt = [f"{m.upper()}{name} {run['summary'][m]['tokens_per_s'] / rate:.2f}x"
                        for name, run in runs.items() for m in ("ar", "sd", "csd")]
         lines += ["", f"With each prompt read, as this project's tok/s above count it: llama.cpp reading a "
-                  f"{pg['prompt']}-token prompt (the items' mean) and then generating {res.get('tokens', 128)} tokens "
+                  f"{pg['prompt']}-token prompt (the items' mean) and then generating {res['tokens']} tokens "
                   f"(`{pg['command']}`) made {rate:.2f} ± {pg.get('stddev') or 0:.2f} new tokens a second; this "
                   "project's runs, x that: " + "; ".join(with_prompt) + "."]
     ar = mine["ar"]["tokens_per_s"]
@@ -151,14 +150,13 @@ def main(argv=None) -> int:
         p.error(f"--llama-bench {args.llama_bench}: no such file (build llama-bench first: docs/cpu.md)")
     if args.tokens < 1 or args.threads < 1 or args.reps < 1:
         p.error("--tokens, --threads and --reps must be at least 1")
-    from csd.runtime.embedded import EMBEDDED, assemble_gguf
+    from csd.runtime.embedded import assembled
     from csd.runtime.profile import machine_name
     out = Path(args.out)
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.bench.llama_side"),
            "tokens": args.tokens, "llama.cpp": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {role: assemble_gguf(EMBEDDED[role], Path(tmp) / f"{EMBEDDED[role].name}.gguf")
-                 for role in ("target", "draft")}
+    with assembled("target") as target, assembled("draft") as draft:
+        files = {"target": target, "draft": draft}
         for role, gguf in files.items():
             res["llama.cpp"][role] = llama_bench(args.llama_bench, gguf, args.tokens, args.threads, args.reps)
         res["ours"] = ours(args.dataset, args.tokens, out / "ours")

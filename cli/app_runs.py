@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from csd.bench.io import command_line, md_table, now, write_outputs
+from csd.bench.llama_side import llama_bench
 from csd.config import DEFAULT_LOOKUP
 
 from .common import add_model_args, app_draft_weights, app_solo_draft, choose_draft, choose_target, load_from_args
@@ -39,16 +39,6 @@ def load_app_models():
     if not can_batch(pair):
         raise SystemExit("the app serves one run at a time with these models (no batcher): nothing to time at once")
     return pair, app_solo_draft(args, asked, pair)
-
-
-def llama_target(binary: str, tokens: int, prompt: int = 0) -> dict:
-    """llama-bench on the embedded target's file, 2 threads, 3 repetitions: ``tokens`` generated, after reading a
-    ``prompt`` of that many tokens where one is given (``csd.bench.llama_side.llama_bench``)."""
-    from csd.bench.llama_side import llama_bench
-    from csd.runtime.embedded import EMBEDDED, assemble_gguf
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf = assemble_gguf(EMBEDDED["target"], Path(tmp) / f"{EMBEDDED['target'].name}.gguf")
-        return llama_bench(binary, gguf, tokens, 2, 3, prompt=prompt)
 
 
 def timed(runs) -> float:
@@ -130,6 +120,15 @@ def main(argv=None) -> int:
         p.error("--prompts, --rounds and --tokens must be at least 1, --users at least 2")
     if args.llama_bench and not Path(args.llama_bench).is_file():
         p.error(f"--llama-bench {args.llama_bench}: no such file (build llama-bench first: docs/cpu.md)")
+    if not args.llama_bench:
+        return measure(args, None)
+    from csd.runtime.embedded import assembled
+    with assembled("target") as target_gguf:        # assembled once for both llama-bench runs
+        return measure(args, target_gguf)
+
+
+def measure(args, target_gguf: Path | None) -> int:
+    """A run alone and runs at once, timed, beside llama-bench on ``target_gguf`` where given; writes the outputs."""
     from csd.config import CSDConfig, default_lookup
     from csd.evaluation.datasets import load_dataset
     from csd.runtime import threads
@@ -137,8 +136,8 @@ def main(argv=None) -> int:
 
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.cli.app_runs"),
            "tokens": args.tokens, "users": args.users, "prompts": args.prompts, "lookup": default_lookup("csd")}
-    if args.llama_bench:
-        res["llama.cpp"] = llama_target(args.llama_bench, args.tokens)
+    if target_gguf:       # llama.cpp's plain decoding, no prompt read (tg)
+        res["llama.cpp"] = llama_bench(args.llama_bench, target_gguf, args.tokens, 2, 3)
     from csd.runtime.batch import Batcher
     pair, solo = load_app_models()
     batcher = Batcher(pair, solo=solo)
@@ -169,9 +168,9 @@ def main(argv=None) -> int:
         passes = since(before, batcher.stats())
     finally:
         batcher.close()
-    if args.llama_bench:        # llama.cpp reading a prompt of the chats' mean length first, as the runs above did
+    if target_gguf:       # llama.cpp reading a prompt of the chats' mean length first, as the runs above did
         prompt = round(sum(map(len, prompts)) / len(prompts))
-        res["llama.cpp with prompt"] = llama_target(args.llama_bench, args.tokens, prompt)
+        res["llama.cpp with prompt"] = llama_bench(args.llama_bench, target_gguf, args.tokens, 2, 3, prompt=prompt)
     res |= {"representation": pair.rep.as_dict(), "draft alone": (solo or pair).rep.draft,
             "summary": {k: median_of(v) for k, v in speeds.items()}, "passes at once": passes,
             "draft_ms": {"alone": solo_costs.draft_ms, "at once": costs.draft_ms}, "pass_1_ms": costs.verify(1)}
