@@ -297,35 +297,6 @@ static float f16_to_f32(uint16_t h) {
 }
 #endif
 
-/* x (R, K) float -> q (R, K) int8 with one scale per ``qb`` columns (R, K/qb): 256 for the k-quants, as
- * llama.cpp's Q8_K, 32 for Q4_0, Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32),
- * as 16-bit integers (at most 32 * 127 in size), so that two of them are one 32-bit word for vpdpwssd. */
-void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t *q, float *scale, int16_t *s16,
-                        int16_t *s32) {
-    int64_t nb = K / qb;
-    for (int64_t r = 0; r < R; r++) {
-        for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + r * K + b * qb;
-            int8_t *qr = q + r * K + b * qb;
-            float amax = 0.f;
-            for (int64_t k = 0; k < qb; k++) amax = fmaxf(amax, fabsf(xb[k]));
-            float iscale = amax > 0.f ? 127.f / amax : 0.f;
-            scale[r * nb + b] = amax / 127.f;
-            for (int64_t k = 0; k < qb; k++) {
-                float v = nearbyintf(xb[k] * iscale);
-                qr[k] = (int8_t)(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
-            }
-        }
-        for (int64_t g = 0; g < K / 16; g++) {
-            int32_t s = 0;
-            for (int k = 0; k < 16; k++) s += q[r * K + 16 * g + k];
-            s16[r * (K / 16) + g] = (int16_t)s;
-        }
-        for (int64_t g = 0; g < K / 32; g++)
-            s32[r * (K / 32) + g] = (int16_t)(s16[r * (K / 16) + 2 * g] + s16[r * (K / 16) + 2 * g + 1]);
-    }
-}
-
 /* ---- the threads -----------------------------------------------------------------------------------------
  * A product is cut into chunks of output tiles (an attention into its queries), spread over the threads by
  * OpenMP (torch's own runtime, loaded first, so the two share one pool of threads). Which thread computes a
@@ -336,6 +307,50 @@ static void parallel_chunks(kq_chunk_fn fn, void *ctx, int64_t chunks, int nthre
     int nt = nthreads < 1 ? 1 : (chunks < nthreads ? (int)chunks : nthreads);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < chunks; i++) fn(ctx, i);
+}
+
+/* Elementwise and per-row steps (norms, rotations, the activations' quantisation) are split over the threads as
+ * well once there is enough of them: each element or row is computed by the same instructions whichever thread
+ * takes it, so the split changes no bit. */
+#define KQ_SPLIT 4096        /* elements below which a step stays on one thread (a team costs microseconds) */
+
+static inline int split_threads(int64_t work, int nthreads) {
+    return work < KQ_SPLIT || nthreads < 1 ? 1 : nthreads;
+}
+
+/* one block of ``qb`` columns of one row: its int8 values and scale, and its sums of each 16 and 32 columns */
+static void quantize_block(const float *xb, int64_t qb, int8_t *qr, float *scale, int16_t *s16, int16_t *s32) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < qb; k++) {
+        float a = fabsf(xb[k]);
+        amax = a > amax ? a : amax;          /* what fmaxf gives, NaN included, without its library call */
+    }
+    float iscale = amax > 0.f ? 127.f / amax : 0.f;
+    *scale = amax / 127.f;
+    for (int64_t k = 0; k < qb; k++) {
+        float v = nearbyintf(xb[k] * iscale);
+        qr[k] = (int8_t)(v > 127.f ? 127.f : (v < -127.f ? -127.f : v));
+    }
+    for (int64_t g = 0; g < qb / 16; g++) {
+        int32_t sum = 0;
+        for (int k = 0; k < 16; k++) sum += qr[16 * g + k];
+        s16[g] = (int16_t)sum;
+    }
+    for (int64_t g = 0; g < qb / 32; g++) s32[g] = (int16_t)(s16[2 * g] + s16[2 * g + 1]);
+}
+
+/* x (R, K) float -> q (R, K) int8 with one scale per ``qb`` columns (R, K/qb): 256 for the k-quants, as
+ * llama.cpp's Q8_K, 32 for Q4_0, Q5_0 and Q8_0, as its Q8_0; sums of each 16 columns (R, K/16) and 32 (R, K/32),
+ * as 16-bit integers (at most 32 * 127 in size), so that two of them are one 32-bit word for vpdpwssd. */
+void kq_quantize_blocks(const float *x, int64_t R, int64_t K, int64_t qb, int8_t *q, float *scale, int16_t *s16,
+                        int16_t *s32, int nthreads) {
+    const int64_t nb = K / qb;
+#pragma omp parallel for num_threads(split_threads(R * K, nthreads)) schedule(static)
+    for (int64_t i = 0; i < R * nb; i++) {
+        const int64_t r = i / nb, b = i % nb;
+        quantize_block(x + r * K + b * qb, qb, q + r * K + b * qb, scale + i, s16 + r * (K / 16) + b * (qb / 16),
+                       s32 + r * (K / 32) + b * (qb / 32));
+    }
 }
 
 /* ---- Q4_K ---------------------------------------------------------------------------------------- */
@@ -730,7 +745,7 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
     float *ascale = (float *)malloc(sizeof(float) * (size_t)(R * (K / qb)));
     int16_t *s16 = (int16_t *)malloc(sizeof(int16_t) * (size_t)(R * (K / 16)));
     int16_t *s32 = (int16_t *)malloc(sizeof(int16_t) * (size_t)(R * (K / 32)));
-    kq_quantize_blocks(x, R, K, qb, q, ascale, s16, s32);
+    kq_quantize_blocks(x, R, K, qb, q, ascale, s16, s32, nthreads);
     linear_job job = {parts, R, K, ldy, chunk_tiles(tiles, nthreads), tiles, q, ascale, s16, s32, y};
     parallel_chunks(linear_chunk, &job, (tiles + job.per - 1) / job.per, nthreads);
     free(q); free(ascale); free(s16); free(s32);
@@ -772,41 +787,133 @@ static float dot_d(const float *a, const float *b, int64_t D) {
     return s;
 }
 
+/* out[i] = dot_d(a, b + i * D, D) for the n keys at b: the same sums in the same order, 8 keys at a time so that
+ * their chains of FMAs and adds overlap (one key's chain alone waits on each step's latency). */
+#define KQ_KEYS 8
+static void dots(const float *a, const float *b, int64_t D, int64_t n, float *out) {
+    int64_t i = 0;
+    if (D % 16 == 0) {
+        for (; i + KQ_KEYS <= n; i += KQ_KEYS) {
+            const float *bk = b + i * D;
+            float part[KQ_KEYS][16];
+#if defined(KQ_AVX512)
+            __m512 acc[KQ_KEYS];
+            for (int g = 0; g < KQ_KEYS; g++) acc[g] = _mm512_setzero_ps();
+            for (int64_t e = 0; e < D; e += 16) {
+                const __m512 av = _mm512_loadu_ps(a + e);
+                for (int g = 0; g < KQ_KEYS; g++) acc[g] = _mm512_fmadd_ps(av, _mm512_loadu_ps(bk + g * D + e), acc[g]);
+            }
+            for (int g = 0; g < KQ_KEYS; g++) _mm512_storeu_ps(part[g], acc[g]);
+#elif defined(KQ_AVX2)
+            __m256 lo[KQ_KEYS], hi[KQ_KEYS];
+            for (int g = 0; g < KQ_KEYS; g++) lo[g] = hi[g] = _mm256_setzero_ps();
+            for (int64_t e = 0; e < D; e += 16) {
+                const __m256 al = _mm256_loadu_ps(a + e), ah = _mm256_loadu_ps(a + e + 8);
+                for (int g = 0; g < KQ_KEYS; g++) {
+                    lo[g] = _mm256_fmadd_ps(al, _mm256_loadu_ps(bk + g * D + e), lo[g]);
+                    hi[g] = _mm256_fmadd_ps(ah, _mm256_loadu_ps(bk + g * D + e + 8), hi[g]);
+                }
+            }
+            for (int g = 0; g < KQ_KEYS; g++) {
+                _mm256_storeu_ps(part[g], lo[g]);
+                _mm256_storeu_ps(part[g] + 8, hi[g]);
+            }
+#else
+            for (int g = 0; g < KQ_KEYS; g++) {
+                for (int k = 0; k < 16; k++) part[g][k] = 0.f;
+                for (int64_t e = 0; e < D; e += 16)
+                    for (int k = 0; k < 16; k++) part[g][k] = fmaf(a[e + k], bk[g * D + e + k], part[g][k]);
+            }
+#endif
+            float sum[KQ_KEYS] = {0.f};
+            for (int k = 0; k < 16; k++)
+                for (int g = 0; g < KQ_KEYS; g++) sum[g] += part[g][k];
+            for (int g = 0; g < KQ_KEYS; g++) out[i + g] = sum[g];
+        }
+    }
+    for (; i < n; i++) out[i] = dot_d(a, b + i * D, D);
+}
+
+/* o[e] = sum over the n values v[i] of c[i] * v[i][e], each element's FMAs in the order of i (as a loop over i
+ * around a loop over e would make them), a block of the row held in registers across all of i. */
+static void weighted_sum(const float *c, const float *v, int64_t D, int64_t n, float *o) {
+    int64_t e0 = 0;
+#if defined(KQ_AVX512)
+    for (; e0 + 64 <= D; e0 += 64) {
+        __m512 acc[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i++) {
+            const __m512 ci = _mm512_set1_ps(c[i]);
+            for (int k = 0; k < 4; k++) acc[k] = _mm512_fmadd_ps(ci, _mm512_loadu_ps(v + i * D + e0 + 16 * k), acc[k]);
+        }
+        for (int k = 0; k < 4; k++) _mm512_storeu_ps(o + e0 + 16 * k, acc[k]);
+    }
+#elif defined(KQ_AVX2)
+    for (; e0 + 32 <= D; e0 += 32) {
+        __m256 acc[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i++) {
+            const __m256 ci = _mm256_set1_ps(c[i]);
+            for (int k = 0; k < 4; k++) acc[k] = _mm256_fmadd_ps(ci, _mm256_loadu_ps(v + i * D + e0 + 8 * k), acc[k]);
+        }
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(o + e0 + 8 * k, acc[k]);
+    }
+#endif
+    for (int64_t e = e0; e < D; e++) o[e] = 0.f;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t e = e0; e < D; e++) o[e] = fmaf(c[i], v[i * D + e], o[e]);
+}
+
+/* The queries of one or more sequences: sequence s holds rows off[s] .. off[s + 1] - 1, its queries at q + off[s]
+ * * H * D as (H, n_s, D), its cache k[s], v[s] (KV, cap[s], D) for this layer, its first new token at position
+ * start[s]; out (rows, H, D). One job a query: which thread takes it, or which sequences share the pass, changes
+ * nothing it computes. */
 typedef struct {
-    const float *q, *k, *v;
+    const float *q;
+    const float *const *k, *const *v;
     float *out;
-    int64_t H, KV, T, D, cap, start;
+    int64_t H, KV, D, nseq;
+    const int64_t *off, *cap, *start;
     float scale;
 } attend_job;
 
 static void attend_query(void *ctx, int64_t job) {
     const attend_job *j = (const attend_job *)ctx;
-    const int64_t D = j->D, h = job / j->T, t = job % j->T, n = j->start + t + 1, group = j->H / j->KV;
-    const float *qr = j->q + (h * j->T + t) * D;
-    const float *kh = j->k + (h / group) * j->cap * D, *vh = j->v + (h / group) * j->cap * D;
+    const int64_t D = j->D, H = j->H, group = j->H / j->KV;
+    int64_t s = 0;
+    while (job >= H * j->off[s + 1]) s++;
+    const int64_t rows = j->off[s + 1] - j->off[s], local = job - H * j->off[s];
+    const int64_t h = local / rows, t = local % rows, n = j->start[s] + t + 1;
+    const float *qr = j->q + (H * j->off[s] + h * rows + t) * D;
+    const float *kh = j->k[s] + (h / group) * j->cap[s] * D, *vh = j->v[s] + (h / group) * j->cap[s] * D;
     float *w = (float *)malloc(sizeof(float) * (size_t)n);
     float m = -INFINITY, sum = 0.f;
+    dots(qr, kh, D, n, w);
     for (int64_t i = 0; i < n; i++) {
-        w[i] = dot_d(qr, kh + i * D, D) * j->scale;
-        m = fmaxf(m, w[i]);
+        w[i] *= j->scale;
+        m = w[i] > m ? w[i] : m;             /* fmaxf's result without its library call */
     }
     for (int64_t i = 0; i < n; i++) {
         w[i] = expf(w[i] - m);
         sum += w[i];
     }
-    float *o = j->out + (t * j->H + h) * D, inv = 1.f / sum;
-    for (int64_t i = 0; i < D; i++) o[i] = 0.f;
-    for (int64_t i = 0; i < n; i++) {
-        const float *vr = vh + i * D, c = w[i] * inv;
-        for (int64_t e = 0; e < D; e++) o[e] = fmaf(c, vr[e], o[e]);
-    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < n; i++) w[i] *= inv;
+    weighted_sum(w, vh, D, n, j->out + ((j->off[s] + t) * H + h) * D);
     free(w);
 }
 
+static void attend(const attend_job *job, int nthreads) {
+    parallel_chunks(attend_query, (void *)job, job->H * job->off[job->nseq], nthreads);
+}
+
+/* q (H, T, D) of T new tokens at positions start .. start + T - 1 of one sequence; k, v (KV, cap, D) a layer's
+ * cache, already holding those tokens; out (T, H, D). */
 void kq_attend(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t KV, int64_t T,
                int64_t D, int64_t cap, int64_t start, float scale, int nthreads) {
-    attend_job job = {q, k, v, out, H, KV, T, D, cap, start, scale};
-    parallel_chunks(attend_query, &job, H * T, nthreads);
+    const int64_t off[2] = {0, T};
+    attend_job job = {q, &k, &v, out, H, KV, D, 1, off, &cap, &start, scale};
+    attend(&job, nthreads);
 }
 
 /* ---- a whole decoder layer (Qwen2 / Llama), for one or more sequences in one pass ----------------------
@@ -820,7 +927,8 @@ typedef struct {
     int32_t n_qkv, n_o, n_gu, n_down;
 } kq_layer_w;
 
-static void rms_rows(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
+static void rms_rows(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps, int nthreads) {
+#pragma omp parallel for num_threads(split_threads(T * n, nthreads)) schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *xr = x + t * n;
         double ss = 0.0;
@@ -832,7 +940,59 @@ static void rms_rows(const float *x, const float *w, float *y, int64_t T, int64_
 
 /* the model's last norm, before its output layer: the layers' own, so that it too gives the same bits everywhere */
 void kq_rms(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
-    rms_rows(x, w, y, T, n, eps);
+    rms_rows(x, w, y, T, n, eps, 1);
+}
+
+/* x[i] += y[i] */
+static void add_rows(float *x, const float *y, int64_t n, int nthreads) {
+#pragma omp parallel for num_threads(split_threads(n, nthreads)) schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* g = silu(gate) * up, row by row, from gu (T, 2 * inter) = [gate | up] */
+static void silu_rows(const float *gu, float *g, int64_t T, int64_t inter, int nthreads) {
+#pragma omp parallel for num_threads(split_threads(T * inter, nthreads)) schedule(static)
+    for (int64_t i = 0; i < T * inter; i++) {
+        const int64_t t = i / inter, c = i % inter;
+        float a = gu[t * 2 * inter + c], b = gu[t * 2 * inter + inter + c];
+        g[i] = a / (1.f + expf(-a)) * b;
+    }
+}
+
+/* Each new row's queries and keys rotated (NEOX halves: element i with i + D / 2) at its position, its keys and
+ * values written into its sequence's cache, and its queries laid out (H, n_s, D) per sequence for ``attend``. The
+ * angles' cosines and sines are taken once a row for all heads. */
+static void rope_rows(float *qkv, float *q, int64_t T, int64_t H, int64_t KV, int64_t D, int nseq, const int64_t *off,
+                      const int64_t *start, float *const *kc, float *const *vc, const int64_t *cap,
+                      const float *inv_freq, int nthreads) {
+    const int64_t qs = H * D, ks = KV * D, width = qs + 2 * ks;
+#pragma omp parallel for num_threads(split_threads(T * width, nthreads)) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        int s = 0;
+        while (t >= off[s + 1]) s++;
+        const int64_t pos = start[s] + t - off[s], rows = off[s + 1] - off[s];
+        float *row = qkv + t * width;
+        float c[D / 2], sn[D / 2];
+        for (int64_t i = 0; i < D / 2; i++) {
+            float f = (float)pos * inv_freq[i];
+            c[i] = cosf(f);
+            sn[i] = sinf(f);
+        }
+        for (int64_t head = 0; head < H + KV; head++) {
+            float *v = row + head * D;
+            for (int64_t i = 0; i < D / 2; i++) {
+                float a = v[i], b = v[i + D / 2];
+                v[i] = a * c[i] - b * sn[i];
+                v[i + D / 2] = b * c[i] + a * sn[i];
+            }
+        }
+        for (int64_t kh = 0; kh < KV; kh++) {
+            memcpy(kc[s] + (kh * cap[s] + pos) * D, row + qs + kh * D, sizeof(float) * (size_t)D);
+            memcpy(vc[s] + (kh * cap[s] + pos) * D, row + qs + ks + kh * D, sizeof(float) * (size_t)D);
+        }
+        for (int64_t head = 0; head < H; head++)
+            memcpy(q + (H * off[s] + head * rows + t - off[s]) * D, row + head * D, sizeof(float) * (size_t)D);
+    }
 }
 
 void kq_layer(float *x, int64_t T, int64_t hidden, const kq_layer_w *lw, int64_t H, int64_t KV, int64_t D,
@@ -851,44 +1011,20 @@ void kq_layer(float *x, int64_t T, int64_t hidden, const kq_layer_w *lw, int64_t
     float *att = (float *)malloc(sizeof(float) * (size_t)(T * qs));
     float *g = (float *)malloc(sizeof(float) * (size_t)(T * inter));
     /* attention block */
-    rms_rows(x, lw->ln1, h, T, hidden, eps);
+    rms_rows(x, lw->ln1, h, T, hidden, eps, nthreads);
     kq_linear(h, T, hidden, lw->qkv, lw->n_qkv, qkv, width, nthreads);
-    for (int s = 0; s < nseq; s++) {
-        for (int64_t t = off[s]; t < off[s + 1]; t++) {
-            int64_t pos = start[s] + t - off[s];
-            float *row = qkv + t * width;
-            for (int64_t head = 0; head < H + KV; head++) {       /* queries and keys rotated (NEOX halves) */
-                float *v = row + head * D;
-                for (int64_t i = 0; i < D / 2; i++) {
-                    float f = (float)pos * inv_freq[i], c = cosf(f), sn = sinf(f);
-                    float a = v[i], b = v[i + D / 2];
-                    v[i] = a * c - b * sn;
-                    v[i + D / 2] = b * c + a * sn;
-                }
-            }
-            for (int64_t kh = 0; kh < KV; kh++) {
-                memcpy(kc[s] + (kh * cap[s] + pos) * D, row + qs + kh * D, sizeof(float) * (size_t)D);
-                memcpy(vc[s] + (kh * cap[s] + pos) * D, row + qs + ks + kh * D, sizeof(float) * (size_t)D);
-            }
-        }
-        int64_t n = off[s + 1] - off[s];
-        for (int64_t head = 0; head < H; head++)                    /* (H, n, D) for kq_attend */
-            for (int64_t t = 0; t < n; t++)
-                memcpy(q + (head * n + t) * D, qkv + (off[s] + t) * width + head * D, sizeof(float) * (size_t)D);
-        kq_attend(q, kc[s], vc[s], att + off[s] * qs, H, KV, n, D, cap[s], start[s], scale, nthreads);
-    }
+    rope_rows(qkv, q, T, H, KV, D, nseq, off, start, kc, vc, cap, inv_freq, nthreads);
+    attend_job job = {q, (const float *const *)kc, (const float *const *)vc, att, H, KV, D, nseq, off, cap, start,
+                      scale};
+    attend(&job, nthreads);
     kq_linear(att, T, qs, lw->o, lw->n_o, h, hidden, nthreads);
-    for (int64_t i = 0; i < T * hidden; i++) x[i] += h[i];
+    add_rows(x, h, T * hidden, nthreads);
     /* feed-forward block */
-    rms_rows(x, lw->ln2, h, T, hidden, eps);
+    rms_rows(x, lw->ln2, h, T, hidden, eps, nthreads);
     float *gu = (float *)malloc(sizeof(float) * (size_t)(T * 2 * inter));
     kq_linear(h, T, hidden, lw->gu, lw->n_gu, gu, 2 * inter, nthreads);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t i = 0; i < inter; i++) {
-            float a = gu[t * 2 * inter + i], b = gu[t * 2 * inter + inter + i];
-            g[t * inter + i] = a / (1.f + expf(-a)) * b;
-        }
+    silu_rows(gu, g, T, inter, nthreads);
     kq_linear(g, T, inter, lw->down, lw->n_down, h, hidden, nthreads);
-    for (int64_t i = 0; i < T * hidden; i++) x[i] += h[i];
+    add_rows(x, h, T * hidden, nthreads);
     free(h); free(qkv); free(q); free(att); free(g); free(gu);
 }
