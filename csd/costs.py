@@ -3,7 +3,7 @@ a block's time, the ideal speed-up bound at each block length, the expected one 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
@@ -65,6 +65,28 @@ class CostModel:
     def best_expected(self, acceptance: float, g_max: int = 32) -> tuple[int, float]:
         g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
         return g, self.expected(g, acceptance)
+
+    def row_ms(self) -> float:
+        """What one more token adds to a long pass: the slope between the two longest measured lengths (there a
+        pass is past its weights' reading and costs its rows' arithmetic)."""
+        ks = sorted(self.verify_ms)
+        if len(ks) < 2:
+            return 0.0
+        a, b = ks[-2], ks[-1]
+        return max(0.0, (self.verify_ms[b] - self.verify_ms[a]) / (b - a))
+
+    def shared(self, runs: int) -> CostModel:
+        """The costs one of ``runs`` runs pays where they share every pass (``csd.runtime.batch``): a pass's fixed
+        part (reading the weights, what a 1-token pass costs beyond one row's arithmetic) is split between them;
+        each of the run's rows still costs its arithmetic. The draft's step is split the same way, in the target's
+        proportion (the profile times the draft at one token only). One run: these costs."""
+        if runs <= 1:
+            return self
+        fixed = max(self.verify(1) - self.row_ms(), 0.0)
+        cut = fixed * (1.0 - 1.0 / runs)
+        draft_cut = self.draft_ms * fixed / self.verify(1) * (1.0 - 1.0 / runs) if self.verify(1) > 0 else 0.0
+        return replace(self, verify_ms={k: v - cut for k, v in self.verify_ms.items()},
+                       draft_ms=self.draft_ms - draft_cut)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -216,6 +216,11 @@ class Run:
         """One block. Copies from the context take the exact rule and teach the memory nothing: the output
         stays distributed as the target's."""
         t0, captures = time.perf_counter(), self._captures()
+        if self._shared:        # planned as one of the runs sharing the passes now (csd.costs.CostModel.shared)
+            runs = self.pair.target_lm.runs_sharing()
+            for planner in self._observers:
+                if hasattr(planner, "share"):
+                    planner.share(runs)
         block = self._propose()                                             # 1. propose
         self._check_stop()
         block.logits = self._verify(block)                                  # 2. the target scores the block

@@ -25,6 +25,7 @@ class Lookup:
         if not 1 <= n_min <= N_MAX:
             raise ValueError(f"n_min must be in 1..{N_MAX}, got {n_min}")
         self.max_len, self.costs, self.n_min = max_len, costs, n_min
+        self.base = costs                            # a run alone's costs (``share`` plans with a share of them)
         self._index: dict[int, dict[tuple, int]] = {n: {} for n in range(n_min, N_MAX + 1)}
         self._done = 0                               # positions whose n-grams ending there are indexed
         self._kept = [0.0] * (max_len + 1)           # per proposal position: kept / decided
@@ -80,6 +81,11 @@ class Lookup:
                 best_k, best = k, r
         model = self.model_tokens / self.model_ms if self.model_ms > 0 else 0.0
         return candidates[:best_k] if best > model else []
+
+    def share(self, runs: int) -> None:
+        """Weigh copies as one of ``runs`` runs that share every pass (``csd.costs.CostModel.shared``)."""
+        if self.base is not None:
+            self.costs = self.base.shared(runs)
 
     def observe(self, block: Block) -> None:
         """Copies teach the copy rates, draft-model blocks the rate the copies must beat."""

@@ -64,8 +64,12 @@ class Captures(Protocol):
 
 class SharedPasses(Protocol):
     """A model whose passes serve other runs too (the batcher's views): a pass's time is no one run's cost,
-    so the loop does not feed it to gamma auto's measured costs."""
+    so the loop does not feed it to gamma auto's measured costs, and plans each block as one of
+    ``runs_sharing()`` runs (``csd.costs.CostModel.shared``)."""
     shares_passes: bool
+
+    def runs_sharing(self) -> int:
+        """How many runs share the passes now (this one included)."""
 
 
 class Tokenizer(Protocol):

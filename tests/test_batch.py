@@ -274,3 +274,36 @@ def test_runs_that_share_passes_plan_with_the_profile_not_with_their_waits(int8_
     assert run.metrics.draft_forwards > 0
     learned = decoder.learned
     assert learned.verify_scale == 1.0 and learned.draft_ms in (None, profile.draft_ms) and not learned.samples
+
+
+def test_runs_at_once_plan_as_one_of_the_runs_in_flight(int8_pair, batchers, one_thread):
+    """A batcher's view says how many runs share its passes now, and gamma auto plans each block with that share of
+    the costs (``csd.costs.CostModel.shared``): on costs where a pass is mostly its fixed part alone and mostly rows
+    among four, four runs at once draft fewer tokens than the same four runs one at a time, and write the same."""
+    from csd.costs import CostModel
+    batcher = batchers(int8_pair, window_s=30.0)
+    view = batcher.view()
+    assert view.target_lm.runs_sharing() == 1               # none in flight: a run counts itself
+    caches = [view.target_lm.new_cache() for _ in range(3)]
+    for c in caches:
+        batcher.join(id(c))
+    assert view.target_lm.runs_sharing() == 3
+    for c in caches:
+        view.target_lm.release(c)
+    assert view.target_lm.runs_sharing() == 1
+    profile = CostModel({k: 40.0 + 20.0 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 1.0)
+    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=24, lookup=0)
+    alone = []
+    for p in PROMPTS:
+        run = Decoder(view, costs=profile).run(p, cfg, CorrectionMemory(int8_pair.pair_id))
+        list(run)
+        alone.append(run)
+    runs = [Decoder(view, costs=profile).run(p, cfg, CorrectionMemory(int8_pair.pair_id)) for p in PROMPTS]
+    threads = [threading.Thread(target=list, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [r.token_ids for r in runs] == [r.token_ids for r in alone]
+    drafted_alone = sum(r.metrics.drafted for r in alone)
+    assert sum(r.metrics.drafted for r in runs) < drafted_alone and drafted_alone > 0

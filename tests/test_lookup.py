@@ -82,6 +82,24 @@ def test_choice_weighs_the_verify_cost_against_the_drafts_rate():
     assert Lookup(4).choose([]) == []
 
 
+def test_one_of_many_runs_sharing_passes_copies_fewer_tokens():
+    """Copies kept at a rate that falls from 0.85 to 0.13 along the block, on a CPU whose passes are compute-bound
+    (20 ms of weights, 6.5 ms a row): a run alone copies several tokens a block; one of 8 runs that share every pass
+    pays an eighth of the 20 ms and all of its rows (``CostModel.shared``), so it copies fewer; alone again, as many
+    as before."""
+    rows = costs(lambda k: 20.0 + 6.5 * k, 8.0)
+    lk = Lookup(16, rows)
+    for i in range(50):
+        lk.observe_copies(16, i % 8)
+    cand = list(range(16))
+    alone = len(lk.choose(cand))
+    lk.share(8)
+    among = len(lk.choose(cand))
+    assert alone >= 3 and among < alone
+    lk.share(1)
+    assert len(lk.choose(cand)) == alone
+
+
 @pytest.mark.parametrize("method", ["sd", "csd"])
 @pytest.mark.parametrize("gamma,ngram", [(4, 3), ("auto", 3), ("auto", 1)])
 def test_copied_tokens_keep_greedy_output_and_are_never_rescued(pair, method, gamma, ngram):

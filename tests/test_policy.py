@@ -186,3 +186,42 @@ def test_an_untimed_block_leaves_the_costs_alone():
     b.draft_s = b.verify_s = None
     p.observe(b)
     assert p.draft_ms == CPU.draft_ms and p.verify_scale == 1.0
+
+
+# a CPU's costs where a pass of many rows is compute-bound: a 1-token pass is mostly the weights' reading (the fixed
+# 20 ms), and each row adds 6.5 ms of arithmetic (the embedded target on 2 cores of an AMD EPYC reads so)
+ROWS = CostModel({k: 20.0 + 6.5 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 8.0)
+
+
+def test_runs_that_share_passes_split_the_weights_reading_and_pay_their_rows():
+    """``CostModel.shared``: one run alone pays what the profile says; one of n runs pays 1/n of a pass's fixed part
+    (20 ms here) and all of its own rows' arithmetic, so each extra token of a block costs what it costs alone."""
+    assert ROWS.shared(1) is ROWS
+    eight = ROWS.shared(8)
+    assert ROWS.row_ms() == pytest.approx(6.5)
+    assert eight.verify(1) == pytest.approx(20.0 / 8 + 6.5)
+    for k in (1, 2, 5, 16):
+        assert eight.verify(k + 1) - eight.verify(k) == pytest.approx(ROWS.verify(k + 1) - ROWS.verify(k))
+    # the draft's step is split in the target's proportion: 20 of its 26.5 ms are the fixed part
+    assert eight.draft_ms == pytest.approx(8.0 - 8.0 * 20.0 / 26.5 * (1 - 1 / 8))
+    assert ROWS.verify(1) == pytest.approx(26.5)         # the profile itself is left as it was
+
+
+def test_a_run_among_eight_drafts_less_and_that_pays_among_eight():
+    """The same answers (the draft agrees 80% of the time), planned alone and as one of 8 runs that share every
+    pass: among 8, a drafted token's rows weigh more against a plain step's share, so the plan drafts less, and its
+    tokens a ms, counted at the shared costs, beat the plan made for a run alone."""
+    rng = random.Random(3)
+    agree = {i for i in range(500) if rng.random() < 0.8}
+    tr = trace(lambda i: i in agree, 500)
+    shared = ROWS.shared(8)
+    alone = replay(tr, AutoGamma(ROWS, 16), ROWS)
+    as_if_alone = replay(tr, AutoGamma(ROWS, 16), shared)          # a run among 8 that plans as if alone
+    among = AutoGamma(ROWS, 16)
+    among.share(8)
+    planned = replay(tr, among, shared)
+    assert planned["drafted"] < 0.6 * alone["drafted"]
+    assert planned["tokens"] / planned["ms"] > 1.05 * as_if_alone["tokens"] / as_if_alone["ms"]
+    assert planned["tokens"] / planned["ms"] > 0.98 / shared.verify(1)       # and no worse than plain steps
+    among.share(1)                                                  # alone again: the run's own costs
+    assert among.costs is ROWS and among.draft_ms == ROWS.draft_ms

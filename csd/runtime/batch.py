@@ -46,6 +46,10 @@ class BatchedLM:
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
+    def runs_sharing(self) -> int:
+        """How many runs are in flight now, this one included: what each of their blocks is planned for."""
+        return self.batcher.runs()
+
     def release(self, cache) -> None:
         """The run is over: it no longer counts as one that may call soon."""
         if self.is_target:
@@ -99,6 +103,11 @@ class Batcher:
         """How many calls wait for the model thread now."""
         with self._cond:
             return len(self._pending)
+
+    def runs(self) -> int:
+        """The runs in flight (at least one)."""
+        with self._cond:
+            return max(1, len(self._in_flight))
 
     def join(self, run: int) -> None:
         with self._cond:
