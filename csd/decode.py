@@ -204,23 +204,34 @@ class Run:
         return sum(getattr(lm, "captures", 0) for lm in (self.pair.target_lm, self.pair.draft_lm) if lm is not None)
 
     def _prefill(self) -> None:
-        """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks."""
+        """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks. A run that
+        shares passes with others leaves the draft's reading of the prompt to its first block that drafts, if
+        one ever does (the draft catches up on what its cache lacks): among many runs most blocks do not draft
+        (``csd.costs.CostModel.shared``), and a class's prompts read into a draft that never drafts cost 10% of
+        its time (8 runs at once on 2 cores, docs/design.md)."""
         body = self._seq[:-1]
+        models = [(self.pair.target_lm, self.tcache)]
+        if self.dcache is not None and not self._shared:
+            models.append((self.pair.draft_lm, self.dcache))
         with self.metrics.lap("prefill_s"):
-            for lm, cache in ((self.pair.target_lm, self.tcache), (self.pair.draft_lm, self.dcache)):
-                for a, b in prefill_spans(len(body)) if cache is not None else ():
+            for lm, cache in models:
+                for a, b in prefill_spans(len(body)):
                     self._check_stop()
                     lm.forward(cache, body[a:b], 1)
+
+    def _share(self) -> None:
+        """Plan the next block as one of the runs sharing the passes now (``csd.costs.CostModel.shared``)."""
+        runs = self.pair.target_lm.runs_sharing(self.tcache)
+        for planner in self._observers:
+            if hasattr(planner, "share"):
+                planner.share(runs)
 
     def _speculate(self) -> Iterator[TokenEvent]:
         """One block. Copies from the context take the exact rule and teach the memory nothing: the output
         stays distributed as the target's."""
         t0, captures = time.perf_counter(), self._captures()
-        if self._shared:        # planned as one of the runs sharing the passes now (csd.costs.CostModel.shared)
-            runs = self.pair.target_lm.runs_sharing()
-            for planner in self._observers:
-                if hasattr(planner, "share"):
-                    planner.share(runs)
+        if self._shared:
+            self._share()
         block = self._propose()                                             # 1. propose
         self._check_stop()
         block.logits = self._verify(block)                                  # 2. the target scores the block

@@ -68,8 +68,8 @@ class SharedPasses(Protocol):
     ``runs_sharing()`` runs (``csd.costs.CostModel.shared``)."""
     shares_passes: bool
 
-    def runs_sharing(self) -> int:
-        """How many runs share the passes now (this one included)."""
+    def runs_sharing(self, cache) -> int:
+        """How many runs share the passes now, the run of this target cache included."""
 
 
 class Tokenizer(Protocol):

@@ -283,14 +283,15 @@ def test_runs_at_once_plan_as_one_of_the_runs_in_flight(int8_pair, batchers, one
     from csd.costs import CostModel
     batcher = batchers(int8_pair, window_s=30.0)
     view = batcher.view()
-    assert view.target_lm.runs_sharing() == 1               # none in flight: a run counts itself
-    caches = [view.target_lm.new_cache() for _ in range(3)]
-    for c in caches:
+    caches = [view.target_lm.new_cache() for _ in range(4)]
+    assert view.target_lm.runs_sharing(caches[0]) == 1      # none in flight: a run counts itself
+    for c in caches[:3]:
         batcher.join(id(c))
-    assert view.target_lm.runs_sharing() == 3
-    for c in caches:
+    assert view.target_lm.runs_sharing(caches[0]) == 3
+    assert view.target_lm.runs_sharing(caches[3]) == 4      # one about to join counts itself too
+    for c in caches[:3]:
         view.target_lm.release(c)
-    assert view.target_lm.runs_sharing() == 1
+    assert view.target_lm.runs_sharing(caches[0]) == 1
     profile = CostModel({k: 40.0 + 20.0 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 1.0)
     cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=24, lookup=0)
     alone = []
@@ -307,3 +308,28 @@ def test_runs_at_once_plan_as_one_of_the_runs_in_flight(int8_pair, batchers, one
     assert [r.token_ids for r in runs] == [r.token_ids for r in alone]
     drafted_alone = sum(r.metrics.drafted for r in alone)
     assert sum(r.metrics.drafted for r in runs) < drafted_alone and drafted_alone > 0
+
+
+def test_a_run_that_shares_passes_reads_its_prompt_into_the_draft_only_to_draft(int8_pair, batchers, one_thread):
+    """Costs where drafting pays alone (a plain step 80 ms, a drafted token 50) but not as one of 4 runs (a plain
+    step's share 35 ms, a drafted token 33): a run of the batcher alone reads its prompt into the draft when it
+    first drafts; a run among 4 in flight never drafts, so its prompt is never read into the draft; it writes what
+    it writes alone."""
+    from csd.costs import CostModel
+    profile = CostModel({k: 60.0 + 20.0 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 30.0)
+    batcher = batchers(int8_pair, window_s=0.01)
+    view = batcher.view()
+    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=8, lookup=0)
+    prompt = PROMPTS[2]
+    alone = Decoder(view, costs=profile).run(prompt, cfg, CorrectionMemory(int8_pair.pair_id))
+    list(alone)
+    read_alone = batcher.stats()["draft"]["rows"]
+    assert read_alone >= len(prompt) - 1 and alone.metrics.drafted > 0
+    others = [view.target_lm.new_cache() for _ in range(3)]
+    for c in others:            # three runs in flight (their caches stand for them)
+        batcher.join(id(c))
+    among = Decoder(view, costs=profile).run(prompt, cfg, CorrectionMemory(int8_pair.pair_id))
+    list(among)
+    assert among.token_ids == alone.token_ids
+    assert among.metrics.drafted == 0
+    assert batcher.stats()["draft"]["rows"] == read_alone     # no draft pass at all: the prompt was not read

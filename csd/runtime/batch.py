@@ -46,9 +46,10 @@ class BatchedLM:
     def __getattr__(self, name):
         return getattr(self.lm, name)
 
-    def runs_sharing(self) -> int:
-        """How many runs are in flight now, this one included: what each of their blocks is planned for."""
-        return self.batcher.runs()
+    def runs_sharing(self, cache) -> int:
+        """How many runs are in flight now, the run of this target ``cache`` included (before its first pass too):
+        what each of their blocks is planned for."""
+        return self.batcher.runs(id(cache))
 
     def release(self, cache) -> None:
         """The run is over: it no longer counts as one that may call soon."""
@@ -104,10 +105,10 @@ class Batcher:
         with self._cond:
             return len(self._pending)
 
-    def runs(self) -> int:
-        """The runs in flight (at least one)."""
+    def runs(self, run: int) -> int:
+        """The runs in flight, ``run`` (a target cache's id) counted whether or not it has joined yet."""
         with self._cond:
-            return max(1, len(self._in_flight))
+            return len(self._in_flight | {run})
 
     def join(self, run: int) -> None:
         with self._cond:
@@ -166,10 +167,12 @@ class Batcher:
             first = next((c for c in self._pending if not c.lm.is_target), self._pending[0])
             # a target pass with one activation scale per pass is not merged with other runs' rows
             alone = first.lm.is_target and first.lm.mode == "pass" and self.pair.rep.target == "int8"
+            # the first call is always taken, even one of more rows than a pass's budget (a draft catching up on
+            # a long stretch it did not draft): a call that fitted no pass would never be served
             batch, tokens = [], 0
             for c in list(self._pending):
-                if c.lm.lm is first.lm.lm and c.lm.mode == first.lm.mode and tokens + c.tokens <= MAX_BATCH_TOKENS \
-                        and not (alone and batch):
+                fits = c is first or tokens + c.tokens <= MAX_BATCH_TOKENS
+                if c.lm.lm is first.lm.lm and c.lm.mode == first.lm.mode and fits and not (alone and batch):
                     batch.append(c)
                     tokens += c.tokens
                     self._pending.remove(c)

@@ -24,7 +24,7 @@ memory = runs_at_once.default_memory()
 shared = BatchedLM.runs_sharing
 SETTINGS = {"AR": (dict(method="ar"), shared),
             "CSD, planned as one of the runs in flight": (dict(method="csd", gamma="auto", lookup=default_lookup("csd")), shared),
-            "CSD, planned as a run alone": (dict(method="csd", gamma="auto", lookup=default_lookup("csd")), lambda self: 1)}
+            "CSD, planned as a run alone": (dict(method="csd", gamma="auto", lookup=default_lookup("csd")), lambda self, cache: 1)}
 res = {"machine": machine_name("cpu"), "representation": pair.rep.as_dict(), "users": 8, "tokens": 128,
        "prompt_tokens": [len(p) for p in prompts], "rounds": []}
 try:
