@@ -333,3 +333,20 @@ def test_a_run_that_shares_passes_reads_its_prompt_into_the_draft_only_to_draft(
     assert among.token_ids == alone.token_ids
     assert among.metrics.drafted == 0
     assert batcher.stats()["draft"]["rows"] == read_alone     # no draft pass at all: the prompt was not read
+
+
+def test_a_call_of_more_rows_than_a_pass_takes_is_served_alone(int8_pair, batchers, one_thread):
+    """A draft catching up on a long stretch it did not draft may hand the batcher more rows than a pass's budget:
+    it is served in a pass of its own (before, no pass took it and the model thread ended with the runs waiting)."""
+    from csd.runtime.batch import MAX_BATCH_TOKENS
+    batcher = batchers(int8_pair)
+    view = batcher.view()
+    cache = view.draft_lm.new_cache()
+    ids = [(7 * i) % 28 + 3 for i in range(MAX_BATCH_TOKENS + 40)]
+    got = []
+    call = threading.Thread(target=lambda: got.append(view.draft_lm.forward(cache, ids, 1)), daemon=True)
+    call.start()
+    call.join(60)
+    assert got, "the call was never served"
+    assert got[0].shape[0] == 1 and view.draft_lm.length(cache) == len(ids)
+    assert batcher.running and batcher.stats()["draft"]["rows"] == len(ids)
