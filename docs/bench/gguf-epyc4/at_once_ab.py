@@ -1,8 +1,10 @@
-"""The record of one run (2026-12-07, AMD EPYC Zen 4): 8 runs at once through the app's batcher, in turn, twice:
-AR; CSD with the app's settings, each block planned as one of the runs in flight (``CostModel.shared``); the same
-CSD planned as a run alone (``runs_sharing`` forced to 1, as before that change).
+"""The record of two runs (2026-12-07, AMD EPYC Zen 4): 8 runs at once through the app's batcher, in turn: AR; CSD
+with the app's settings, each block planned as one of the runs in flight (``CostModel.shared``); the same CSD
+planned as a run alone (``runs_sharing`` forced to 1, as before that change). Arguments: the output file, the
+batcher's gathering window in seconds (0.01, the default then) and the rounds (2).
 
     python docs/bench/gguf-epyc4/at_once_ab.py docs/bench/gguf-epyc4/at_once_ab.json
+    python docs/bench/gguf-epyc4/at_once_ab.py docs/bench/gguf-epyc4/window/window-0.04.json 0.04 1
 """
 import json
 import sys
@@ -15,7 +17,9 @@ from csd.runtime.batch import BatchedLM, Batcher
 from csd.runtime.profile import cached_costs, decoder, machine_name
 
 pair, solo = load_app_models()
-batcher = Batcher(pair, solo=solo)
+window_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.01
+rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+batcher = Batcher(pair, solo=solo, window_s=window_s)
 runs_at_once = decoder(batcher.view(pair.rep.activations, False), cached_costs(pair))
 threads.one_core()
 items = load_dataset("humaneval", limit=2) + load_dataset("gsm8k", limit=2)
@@ -28,7 +32,7 @@ SETTINGS = {"AR": (dict(method="ar"), shared),
 res = {"machine": machine_name("cpu"), "representation": pair.rep.as_dict(), "users": 8, "tokens": 128,
        "prompt_tokens": [len(p) for p in prompts], "rounds": []}
 try:
-    for _ in range(2):
+    for _ in range(rounds):
         for name, (fields, counter) in SETTINGS.items():
             BatchedLM.runs_sharing = counter
             cfg = CSDConfig(max_new_tokens=128, **fields)
