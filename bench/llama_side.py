@@ -68,7 +68,15 @@ def ours(dataset: str, tokens: int, out: Path, *flags: str) -> dict:
            "--max-new-tokens", str(tokens), "--no-db", "--out", str(out), *flags]
     subprocess.run(cmd, check=True, timeout=7200)
     _, data = read_results_json(out)
-    return {"command": " ".join(["python", *cmd[1:]]), "summary": data["summary"]["all"], "meta": data["meta"],
+    return {"command": " ".join(["python", *cmd[1:]]), **our_figures(data)}
+
+
+def our_figures(data: dict) -> dict:
+    """What the side by side reads from a results.json: the methods' figures over all its items (the "all" row, or
+    the only dataset's where ``--dataset`` named one), the tokens a second once each prompt was read, and the items'
+    mean prompt length."""
+    from .results import overall
+    return {"summary": overall(data["summary"]), "meta": data["meta"],
             "after_prompt": {m: after_prompt(data["items"], m) for m in ("ar", "sd", "csd")},
             "prompt_tokens": prompt_length(data["items"])}
 

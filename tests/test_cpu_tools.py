@@ -98,6 +98,20 @@ def test_llama_cpps_prompt_and_generation_row_counts_only_the_new_tokens():
         bench_row(rows, 64, prompt=150)
 
 
+def test_the_side_by_side_reads_a_run_of_one_dataset_as_of_several():
+    """``--dataset chat.txt`` alone: results.json's summary holds that dataset's row and no "all" row (the side by
+    side raised KeyError: 'all' there); several datasets: the "all" row."""
+    from csd.bench.llama_side import our_figures
+    items = [{"dataset": "chat", "item_id": "1", "method": m, "new_tokens": 8, "wall_s": 2.0, "prefill_s": 1.0,
+              "prompt_tokens": 50} for m in ("ar", "sd", "csd")]
+    one = our_figures({"summary": {"chat": {"csd": {"tokens_per_s": 4.0}}}, "meta": {}, "items": items})
+    assert one["summary"]["csd"]["tokens_per_s"] == 4.0
+    assert one["after_prompt"]["csd"] == 8.0 and one["prompt_tokens"] == 50
+    several = our_figures({"summary": {"h": {"csd": {"tokens_per_s": 1.0}}, "all": {"csd": {"tokens_per_s": 3.0}}},
+                           "meta": {}, "items": items})
+    assert several["summary"]["csd"]["tokens_per_s"] == 3.0
+
+
 def test_the_items_prompt_length_is_their_mean_each_item_once():
     from csd.bench.llama_side import prompt_length
     items = [{"dataset": "h", "item_id": "1", "method": m, "prompt_tokens": 100} for m in ("ar", "sd", "csd")]
