@@ -207,8 +207,7 @@ class Run:
         """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks. A run that
         shares passes with others leaves the draft's reading of the prompt to its first block that drafts, if
         one ever does (the draft catches up on what its cache lacks): among many runs most blocks do not draft
-        (``csd.costs.CostModel.shared``), and a class's prompts read into a draft that never drafts cost 10% of
-        its time (8 runs at once on 2 cores, docs/design.md)."""
+        (``csd.costs.CostModel.shared``), and a prompt read into a draft that never drafts is wasted work."""
         body = self._seq[:-1]
         models = [(self.pair.target_lm, self.tcache)]
         if self.dcache is not None and not self._shared:

@@ -123,7 +123,6 @@ class AutoGamma:
     def __init__(self, costs: CostModel, max_len: int = 16, floor: int = 0, fade: float = FADE,
                  online: bool = False, learned: Learned | None = None):
         self.costs = self.base = costs     # base: a run alone's; costs: what the next block is planned with
-        self._draft_cut = 0.0               # what sharing passes takes off a draft step (``share``)
         self._shares: dict[int, CostModel] = {}
         self.online = online
         self.learned = learned if learned is not None else Learned()
@@ -150,7 +149,8 @@ class AutoGamma:
     @property
     def draft_ms(self) -> float:
         """The draft's cost per token it plans with (moved if online; less where runs share the draft's steps)."""
-        return max(self.learned.draft_ms - self._draft_cut, 0.0)
+        shared_cut = self.base.draft_ms - self.costs.draft_ms
+        return max(self.learned.draft_ms - shared_cut, 0.0)
 
     def share(self, runs: int) -> None:
         """Plan the next blocks as one of ``runs`` runs that share every pass (``CostModel.shared``): the weights'
@@ -159,7 +159,6 @@ class AutoGamma:
         if runs not in self._shares:
             self._shares[runs] = self.base.shared(runs)
         self.costs = self._shares[runs]
-        self._draft_cut = self.base.draft_ms - self.costs.draft_ms
 
     def _step_ms(self, m: int) -> float:
         """What drafting the m-th token of a block adds: the step, the verify pass's longer length, and

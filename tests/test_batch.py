@@ -110,8 +110,8 @@ def test_a_float_model_batched_is_the_same_function(qwen_tokenizer):
 
 
 def _runs_at_once(pair, decoder, method: str, prompts, **cfg) -> list:
-    runs = [decoder.run(p, CSDConfig(method=method, gamma=4, max_new_tokens=24, lookup=0, **cfg),
-                        CorrectionMemory(pair.pair_id)) for p in prompts]
+    fields = {"gamma": 4, "max_new_tokens": 24, "lookup": 0, **cfg}
+    runs = [decoder.run(p, CSDConfig(method=method, **fields), CorrectionMemory(pair.pair_id)) for p in prompts]
     errors = []
 
     def go(run):
@@ -299,12 +299,7 @@ def test_runs_at_once_plan_as_one_of_the_runs_in_flight(int8_pair, batchers, one
         run = Decoder(view, costs=profile).run(p, cfg, CorrectionMemory(int8_pair.pair_id))
         list(run)
         alone.append(run)
-    runs = [Decoder(view, costs=profile).run(p, cfg, CorrectionMemory(int8_pair.pair_id)) for p in PROMPTS]
-    threads = [threading.Thread(target=list, args=(r,)) for r in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    runs = _runs_at_once(view, Decoder(view, costs=profile), "sd", PROMPTS, gamma="auto")
     assert [r.token_ids for r in runs] == [r.token_ids for r in alone]
     drafted_alone = sum(r.metrics.drafted for r in alone)
     assert sum(r.metrics.drafted for r in runs) < drafted_alone and drafted_alone > 0

@@ -70,9 +70,8 @@ def can_batch(pair) -> bool:
 class Batcher:
     """The one thread that runs a pair's model passes for every run of its views."""
 
-    # window_s: how long a pass waits for the calls of runs in flight that have none waiting yet. 40 ms gathered
-    # about 7 of 8 runs a pass where 10 ms gathered 4 (AMD EPYC, 2 cores: 8 runs at once made 59.4 against 54.5
-    # tok/s as AR, 55.7 against 49.7 as CSD; docs/bench/gguf-epyc4/README.md); a run alone never waits
+    # window_s: how long a pass waits for the calls of runs in flight that have none waiting yet (a run alone never
+    # waits); 40 ms gathered about 7 of 8 runs a pass where 10 ms gathered 4 (docs/bench/gguf-epyc4/README.md)
     def __init__(self, pair, window_s: float = 0.04, solo=None):
         if not can_batch(pair):
             raise ValueError("runs decode together on the lean path only (an eager LeanLM target and draft)")
