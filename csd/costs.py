@@ -66,27 +66,21 @@ class CostModel:
         g = max(range(1, g_max + 1), key=lambda x: self.expected(x, acceptance))
         return g, self.expected(g, acceptance)
 
-    def row_ms(self) -> float:
-        """What one more token adds to a long pass: the slope between the two longest measured lengths (there a
-        pass is past its weights' reading and costs its rows' arithmetic)."""
-        ks = sorted(self.verify_ms)
-        if len(ks) < 2:
-            return 0.0
-        a, b = ks[-2], ks[-1]
-        return max(0.0, (self.verify_ms[b] - self.verify_ms[a]) / (b - a))
-
     def shared(self, runs: int) -> CostModel:
-        """The costs one of ``runs`` runs pays where they share every pass (``csd.runtime.batch``): a pass's fixed
-        part (reading the weights, what a 1-token pass costs beyond one row's arithmetic) is split between them;
-        each of the run's rows still costs its arithmetic. The draft's step is split the same way, in the target's
-        proportion (the profile times the draft at one token only). One run: these costs."""
+        """The costs one of ``runs`` runs pays where they share every pass (``csd.runtime.batch``). If each run
+        brings a block of k tokens, a pass holds runs * k rows and a run's share of it is verify(runs * k) / runs:
+        the weights' reading is split between the runs, and each row costs what a row costs in a pass of that
+        many. On a CPU that is the arithmetic of a compute-bound pass: a small pass's cheap extra rows (hidden
+        behind the weights' reading) are not what a run's rows cost among 8. The draft's step is split the same
+        way, in the target's proportion (the profile times the draft at one token only). One run: these costs."""
         if runs <= 1:
             return self
-        fixed = max(self.verify(1) - self.row_ms(), 0.0)
-        cut = fixed * (1.0 - 1.0 / runs)
-        draft_cut = self.draft_ms * fixed / self.verify(1) * (1.0 - 1.0 / runs) if self.verify(1) > 0 else 0.0
-        return replace(self, verify_ms={k: v - cut for k, v in self.verify_ms.items()},
-                       draft_ms=self.draft_ms - draft_cut)
+        verify_ms = {k: self.verify(runs * k) / runs for k in self.verify_ms}
+        alone = self.verify(1)
+        draft_ms = self.draft_ms
+        if alone > 0:
+            draft_ms = self.draft_ms * (self.verify(runs) / runs) / alone      # what the run pays of one step
+        return replace(self, verify_ms=verify_ms, draft_ms=draft_ms)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -67,8 +67,8 @@ class Lookup:
         return self.rates(j)[-1]
 
     def choose(self, candidates: list[int]) -> list[int]:
-        """The prefix of ``candidates`` with the best expected tokens per ms, if that beats the draft
-        model's rate in this run (without a cost model: all of them)."""
+        """The prefix of ``candidates`` with the best expected tokens per ms, if that beats both a plain target
+        step and the draft model's rate in this run (without a cost model: all of them)."""
         if not candidates or self.costs is None:
             return candidates
         best_k, best = 0, 0.0
@@ -79,8 +79,9 @@ class Lookup:
             r = e / self.costs.verify(k + 1)
             if r > best:
                 best_k, best = k, r
+        plain = 1.0 / self.costs.verify(1)
         model = self.model_tokens / self.model_ms if self.model_ms > 0 else 0.0
-        return candidates[:best_k] if best > model else []
+        return candidates[:best_k] if best > max(plain, model) else []
 
     def share(self, runs: int) -> None:
         """Weigh copies as one of ``runs`` runs that share every pass (``csd.costs.CostModel.shared``)."""

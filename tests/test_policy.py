@@ -9,6 +9,7 @@ import pytest
 
 from csd.block import DRAFT, Block
 from csd.costs import CostModel
+from csd.lookup import Lookup
 from csd.policy import AutoGamma, FixedGamma
 from csd.rule import NO_RESCUE, BlockScores, decide
 
@@ -198,13 +199,45 @@ def test_runs_that_share_passes_split_the_weights_reading_and_pay_their_rows():
     (20 ms here) and all of its own rows' arithmetic, so each extra token of a block costs what it costs alone."""
     assert ROWS.shared(1) is ROWS
     eight = ROWS.shared(8)
-    assert ROWS.row_ms() == pytest.approx(6.5)
     assert eight.verify(1) == pytest.approx(20.0 / 8 + 6.5)
     for k in (1, 2, 5, 16):
         assert eight.verify(k + 1) - eight.verify(k) == pytest.approx(ROWS.verify(k + 1) - ROWS.verify(k))
     # the draft's step is split in the target's proportion: 20 of its 26.5 ms are the fixed part
     assert eight.draft_ms == pytest.approx(8.0 - 8.0 * 20.0 / 26.5 * (1 - 1 / 8))
     assert ROWS.verify(1) == pytest.approx(26.5)         # the profile itself is left as it was
+
+
+# a CPU whose small passes are the weights' reading (30 ms, their rows' arithmetic hidden behind it) and whose long
+# passes are compute-bound at 6.5 ms a row, as the gguf target's on 2 cores of an AMD EPYC (docs/bench/gguf-epyc5)
+READS = CostModel({k: max(30.0, 6.5 * k) for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 8.0)
+
+
+def test_one_of_eight_pays_the_rows_of_a_pass_of_eight_blocks():
+    """Among 8 runs a pass holds 8 blocks: a run's share of a k-token block is verify(8k) / 8, so on a CPU whose
+    small passes hide their rows behind the weights' reading, a run's extra token costs a whole compute-bound row
+    (6.5 ms), not the nothing it costs a run alone; the draft's step is split as a 1-token pass is."""
+    eight = READS.shared(8)
+    assert READS.verify(2) - READS.verify(1) == 0.0                   # alone, a second token is free
+    assert eight.verify(1) == pytest.approx(52.0 / 8)                 # a pass of 8 rows, split 8 ways
+    assert eight.verify(2) - eight.verify(1) == pytest.approx(6.5)    # among 8, it costs its row
+    assert eight.draft_ms == pytest.approx(8.0 * (52.0 / 8) / 30.0)
+    two = READS.shared(2)
+    assert two.verify(1) == pytest.approx(15.0) and two.verify(2) == pytest.approx(15.0)   # 4 rows hide too
+
+
+def test_copies_stop_where_a_pass_of_many_runs_is_compute_bound():
+    """Copies kept 3 times in 4: a run alone copies (a second token rides free on the weights' reading); one of 8
+    runs does not, since a copied token then costs a row of arithmetic and brings 0.75 of a token, less than a
+    plain step's share brings; one of 2 still does."""
+    lk = Lookup(8, READS)
+    for i in range(40):
+        lk.observe_copies(8, 8 if i % 4 else 0)
+    cand = list(range(8))
+    assert len(lk.choose(cand)) >= 2
+    lk.share(8)
+    assert lk.choose(cand) == []
+    lk.share(2)
+    assert len(lk.choose(cand)) >= 1
 
 
 def test_a_run_among_eight_drafts_less_and_that_pays_among_eight():
