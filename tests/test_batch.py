@@ -207,6 +207,30 @@ def test_a_run_that_starts_alone_drafts_with_the_solo_draft(int8_pair, one_threa
     batcher.close()
 
 
+def test_the_app_batches_the_runs_of_a_target_without_activation_scales(qwen_tokenizer, one_thread):
+    """The GGUF target, the app's default, has no int8 activation scales (its mode is ""). Its runs at once must
+    still go through the batcher's views: until 2026-12-07 ``decoder_for`` handed them the bare pair, so 8 users
+    each made their own passes and competed for the cores instead of sharing passes."""
+    from csd.runtime.batch import BatchedLM
+    from csd.ui.state import Settings, make_services
+    from csd.ui.tabs.common import decoder_for
+    target = tiny_model(2, hidden=64)
+    draft = perturbed(target, 0.3)
+    pair = make_pair(qwen_tokenizer, target, draft, draft_lm=LeanLM(draft), pair_id="tiny-float")
+    pair = replace(pair, target_lm=LeanLM(target))
+    assert pair.rep.activations == ""
+    services = make_services(pair, settings=Settings(concurrency=4))
+    try:
+        decoders = [decoder_for(services, None) for _ in range(3)]
+        assert all(isinstance(d.pair.target_lm, BatchedLM) for d in decoders)
+        assert decoders[0] is decoders[1]                       # one decoder a mode: their costs are shared
+        runs = _runs_at_once(decoders[0].pair, decoders[0], "sd", PROMPTS[:3])
+        assert all(r.metrics.new_tokens == 24 for r in runs)
+        assert services.batcher.stats()["target"]["widest"] >= 2      # the runs at once shared passes
+    finally:
+        services.batcher.close()
+
+
 def test_a_failing_call_fails_its_own_run_only(int8_pair, one_thread, batchers):
     batcher = batchers(int8_pair, window_s=0.05)
     lm = batcher.view("row").target_lm

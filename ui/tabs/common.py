@@ -88,10 +88,13 @@ def session_activations(services: Services, sess: Session | None) -> str:
 
 
 def decoder_for(services: Services, sess: Session):
-    """The decoder of this user's run, on a view of the shared pair in their activation scales (``csd.runtime.batch``
-    views when runs decode together, its solo draft if none is in flight, else ``ModelPair.with_activations``)."""
+    """The decoder of this user's run. Where runs decode together (a batcher), it runs on a ``csd.runtime.batch``
+    view in the user's activation scales, with the solo draft if no run is in flight; that holds for every target,
+    the GGUF one (which has no activation scales) included. Without a batcher: the shared pair's decoder, or
+    ``ModelPair.with_activations`` for an int8 target in another mode."""
     mode, b = session_activations(services, sess), services.batcher
-    if not (solo := bool(b and b.solo and b.idle())) and (not can_switch_exactness(services.pair) or not mode):
+    solo = bool(b and b.solo and b.idle())
+    if b is None and (not can_switch_exactness(services.pair) or not mode):
         return services.decoder
     if (mode, solo) not in services.decoders:
         from csd.runtime.profile import decoder as measured_decoder  # another mode: the view's own costs
