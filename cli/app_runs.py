@@ -99,6 +99,10 @@ def table(res: dict) -> str:
             bullets.append(f"- Runs at once, the {role}: {n:g} passes served {d['calls'] / n:.1f} runs and "
                          f"{d['rows'] / n:.1f} token rows each, {1000 * d['seconds'] / n:.1f} ms a pass, "
                          f"{d['seconds']:.1f} s in all")
+    if copied := res.get("prompt rows copied"):
+        bullets.append(f"- Prompt rows copied from another run's reading (`csd.runtime.prompt_rows`; none is kept "
+                       f"from one measurement to the next): alone {copied['alone']}, at once {copied['at once']} in "
+                       f"{len(res['summary']['at once']['all'])} rounds")
     if bullets:
         lines += ["", *bullets]
     lines += ["", "Each figure: " + "; ".join(f"{k} {', '.join(map(str, v['all']))}"
@@ -133,6 +137,7 @@ def measure(args, target_gguf: Path | None) -> int:
     from csd.evaluation.datasets import load_dataset
     from csd.runtime import threads
     from csd.runtime.profile import cached_costs, decoder, machine_name
+    from csd.runtime.prompt_rows import PromptRows
 
     res = {"machine": machine_name("cpu"), "date": now(), "command": command_line("csd.cli.app_runs"),
            "tokens": args.tokens, "users": args.users, "prompts": args.prompts, "lookup": default_lookup("csd")}
@@ -144,8 +149,9 @@ def measure(args, target_gguf: Path | None) -> int:
     mode = pair.rep.activations
     costs = cached_costs(pair)
     solo_costs = costs if solo is None else cached_costs(solo, target_of=costs)     # as the app: the same target's
-    together = decoder(batcher.view(mode, False), costs)
-    alone = decoder(batcher.view(mode, True), solo_costs)
+    shared_rows = PromptRows()      # as the app: its runs share the rows of prompts that begin alike
+    together = decoder(batcher.view(mode, False), costs, prompt_rows=shared_rows)
+    alone = decoder(batcher.view(mode, True), solo_costs, prompt_rows=shared_rows)
     threads.one_core()          # as the app: the batcher's thread has the cores
     half = (args.prompts + 1) // 2
     items = load_dataset("humaneval", limit=half)
@@ -156,14 +162,23 @@ def measure(args, target_gguf: Path | None) -> int:
     cfg = CSDConfig(method="csd", gamma="auto", max_new_tokens=args.tokens, lookup=default_lookup("csd"))  # the app's
     speeds = {"alone": [], "at once": []}
     try:
+        # each measurement starts with no prompt read before (a run alone would copy its own prompt's rows from
+        # the round before); runs at once still share what they read together (two of 8 have the same chat)
+        copied = {"alone": 0, "at once": 0}
         for rnd in range(args.rounds):
             for i, prompt in enumerate(prompts):
-                speeds["alone"].append(timed([alone.run(prompt, cfg, memory.copy())]))
+                shared_rows.clear()
+                run = alone.run(prompt, cfg, memory.copy())
+                speeds["alone"].append(timed([run]))
+                copied["alone"] += run.metrics.prompt_rows_copied
                 print(f"round {rnd} prompt {i} alone: {speeds['alone'][-1]:.2f} tok/s", file=sys.stderr, flush=True)
         before = batcher.stats()
         for rnd in range(args.rounds):
             many = (prompts * args.users)[:args.users]
-            speeds["at once"].append(timed([together.run(p, cfg, memory.copy()) for p in many]))
+            shared_rows.clear()
+            runs = [together.run(p, cfg, memory.copy()) for p in many]
+            speeds["at once"].append(timed(runs))
+            copied["at once"] += sum(r.metrics.prompt_rows_copied for r in runs)
             print(f"round {rnd}, {args.users} at once: {speeds['at once'][-1]:.2f} tok/s", file=sys.stderr, flush=True)
         passes = since(before, batcher.stats())
     finally:
@@ -173,6 +188,7 @@ def measure(args, target_gguf: Path | None) -> int:
         res["llama.cpp with prompt"] = llama_bench(args.llama_bench, target_gguf, args.tokens, 2, 3, prompt=prompt)
     res |= {"representation": pair.rep.as_dict(), "draft alone": (solo or pair).rep.draft,
             "summary": {k: median_of(v) for k, v in speeds.items()}, "passes at once": passes,
+            "prompt rows copied": copied,
             "draft_ms": {"alone": solo_costs.draft_ms, "at once": costs.draft_ms}, "pass_1_ms": costs.verify(1)}
     write_outputs(args.out, "app_runs", res, table(res))
     return 0

@@ -53,9 +53,12 @@ class Decoder:
     that gives it on first need (``csd.runtime.profile.decoder`` hands this machine's measured one)."""
 
     def __init__(self, pair: Pair, costs: CostModel | Callable[[], CostModel] | None = None,
-                 online_costs: bool = True):
+                 online_costs: bool = True, prompt_rows=None):
         self.pair, self._costs = pair, costs
         self.online_costs = online_costs          # gamma auto plans with the runs' measured costs
+        # the app's runs share the target's rows of prompts that begin alike (csd.runtime.prompt_rows.PromptRows:
+        # takes_part(lm), fill and done; the command line and the benchmark pass none)
+        self.prompt_rows = prompt_rows
         self.learned = Learned()                  # what this decoder's runs measured, handed to the next run
         self._default_memory: CorrectionMemory | None = None
 
@@ -103,7 +106,7 @@ class Decoder:
         if cfg.uses_draft:
             policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs,
                                learned=self.learned) if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
-        return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop)
+        return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop, self.prompt_rows)
 
 
 def check_room(pair: Pair, prompt_tokens: int, cfg: CSDConfig) -> None:
@@ -141,8 +144,9 @@ class Run:
     result. Stopping the iteration early (``close()``) cancels the run and keeps what it made."""
 
     def __init__(self, pair: Pair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
-                 policy: Policy | None, should_stop: Callable[[], bool] | None):
+                 policy: Policy | None, should_stop: Callable[[], bool] | None, prompt_rows=None):
         self.pair, self.cfg, self.memory, self.policy = pair, cfg, memory, policy
+        self.prompt_rows = prompt_rows if prompt_rows is not None and prompt_rows.takes_part(pair.target_lm) else None
         self.prompt_ids = prompt_ids
         self.should_stop = should_stop or (lambda: False)
         self.token_ids: list[int] = []
@@ -209,14 +213,32 @@ class Run:
         one ever does (the draft catches up on what its cache lacks): among many runs most blocks do not draft
         (``csd.costs.CostModel.shared``), and a prompt read into a draft that never drafts is wasted work."""
         body = self._seq[:-1]
-        models = [(self.pair.target_lm, self.tcache)]
-        if self.dcache is not None and not self._shared:
-            models.append((self.pair.draft_lm, self.dcache))
         with self.metrics.lap("prefill_s"):
-            for lm, cache in models:
-                for a, b in prefill_spans(len(body)):
-                    self._check_stop()
-                    lm.forward(cache, body[a:b], 1)
+            self._read_target(body)
+            if self.dcache is not None and not self._shared:
+                self._read(self.pair.draft_lm, self.dcache, body, 0)
+
+    def _read_target(self, body: list[int]) -> None:
+        """The target reads the prompt, copying the rows another run of the app read already
+        (``csd.runtime.prompt_rows``)."""
+        lm, shared = self.pair.target_lm, self.prompt_rows
+        if shared is None:
+            self._read(lm, self.tcache, body, 0)
+            return
+        start = shared.fill(lm, self.tcache, body, self._check_stop)
+        self.metrics.prompt_rows_copied = start
+        read = False
+        try:
+            self._read(lm, self.tcache, body, start)
+            read = True
+        finally:
+            shared.done(lm, self.tcache, body, read)
+
+    def _read(self, lm, cache, body: list[int], start: int) -> None:
+        """``lm`` reads ``body[start:]`` in chunks, a stop request seen between them."""
+        for a, b in prefill_spans(len(body) - start):
+            self._check_stop()
+            lm.forward(cache, body[start + a:start + b], 1)
 
     def _share(self) -> None:
         """Plan the next block as one of the runs sharing the passes now (``csd.costs.CostModel.shared``)."""

@@ -14,6 +14,7 @@ from csd.memory import CorrectionMemory
 from csd.runtime.batch import Batcher, can_batch
 from csd.runtime.pair import ModelPair
 from csd.runtime.profile import decoder as measured_decoder
+from csd.runtime.prompt_rows import PromptRows
 
 from .lane import KINDS, Job, Lane
 from .rules import RIVAL_FIELDS
@@ -87,7 +88,7 @@ class Services:
 def make_services(pair: ModelPair, store=None, settings: Settings | None = None, costs=None, solo=None) -> Services:
     """``costs``: the cost model of gamma "auto" (default: measured once, cached); ``solo``: the ``Batcher``'s."""
     settings = settings or Settings()
-    decoder = measured_decoder(pair, costs)
+    decoder = measured_decoder(pair, costs, prompt_rows=PromptRows())     # the runs share the prompts' rows
     batcher = Batcher(pair, solo=solo) if settings.concurrency > 1 and can_batch(pair) else None
     # the model's threads, counted before the app keeps its other threads to one (csd.runtime.threads.one_core)
     return Services(pair, decoder, store, settings, decoder.default_memory(),

@@ -333,6 +333,18 @@ class LeanLM(LM):
         half = x.shape[-1] // 2
         return x * cos + torch.cat((x[..., half:].neg(), x[..., :half]), -1) * sin
 
+    def rows(self, cache: LeanCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of the keys and values of the first ``n`` tokens ``cache`` holds (``csd.runtime.prompt_rows``)."""
+        return cache.k[:, :, :n].clone(), cache.v[:, :, :n].clone()
+
+    def load_rows(self, cache: LeanCache, k: torch.Tensor, v: torch.Tensor) -> None:
+        """An empty ``cache`` takes the keys and values ``rows`` gave, as if it had read their tokens."""
+        n = k.shape[2]
+        self._grow(cache, n)
+        cache.k[:, :, :n] = k
+        cache.v[:, :, :n] = v
+        cache.n = n
+
     def _grow(self, cache: LeanCache, need: int) -> None:
         cap = cache.k.shape[2]
         if need > cap:

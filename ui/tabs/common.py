@@ -100,7 +100,8 @@ def decoder_for(services: Services, sess: Session):
         from csd.runtime.profile import decoder as measured_decoder  # another mode: the view's own costs
         costs = services.decoder.cost_source if mode == services.default_activations and not solo else None
         view = b.view(mode, solo) if b is not None else services.pair.with_activations(mode)
-        services.decoders[mode, solo] = measured_decoder(view, costs, online_costs=services.decoder.online_costs)
+        services.decoders[mode, solo] = measured_decoder(view, costs, online_costs=services.decoder.online_costs,
+                                                         prompt_rows=services.decoder.prompt_rows)
     return services.decoders[mode, solo]
 
 

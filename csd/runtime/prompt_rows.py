@@ -1,0 +1,95 @@
+"""Prompts that begin alike read their beginning once: the app's runs keep the target's keys and values of the
+prompts they read, and a run whose prompt begins as a kept one copies those rows instead of computing them again.
+
+A class that sends the lecturer's example prompt reads it once, and every chat shares the template's first lines.
+A run whose whole prompt is being read by another run in flight waits for that reading and copies it (8 users who
+click at once send the same prompt at once). Only a target whose every row is computed on its own takes part (the
+GGUF blocks, ``csd.runtime.kquant``: a token's keys and values do not depend on which pass computed them), so a
+copied row is the row the run would have computed, bit for bit, and its answer does not change
+(``tests/test_prompt_rows.py``). The command line and the benchmark never share rows between runs: each run there
+reads its own prompt, as its timing assumes.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+
+import torch
+
+BUDGET_TOKENS = 4096    # prompt tokens kept at most (the embedded target's rows: 57 KB a token, about 235 MB)
+
+
+def common_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptRows:
+    """The target's rows of the prompts read lately (least recently used first out), shared by the app's runs."""
+
+    def __init__(self, budget_tokens: int = BUDGET_TOKENS):
+        self.budget = budget_tokens
+        self._cond = threading.Condition()
+        self._kept: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._reading: Counter[tuple[int, ...]] = Counter()     # prompts being read now, and by how many runs
+
+    @staticmethod
+    def takes_part(lm) -> bool:
+        """Whether ``lm`` (or the model behind a batcher's view) computes each row on its own: its rows can be
+        shared."""
+        inner = getattr(lm, "lm", lm)
+        return getattr(inner, "impl", "") == "kquant" and hasattr(inner, "load_rows")
+
+    def tokens(self) -> int:
+        with self._cond:
+            return sum(len(k) for k in self._kept)
+
+    def clear(self) -> None:
+        with self._cond:
+            self._kept.clear()
+
+    def fill(self, lm, cache, ids: list[int], check_stop: Callable[[], None]) -> int:
+        """Copy into the empty ``cache`` the kept rows of the longest beginning of ``ids``, after waiting for a run
+        in flight that reads the very same ``ids``; -> how many rows were copied. The run then counts as reading
+        ``ids`` until ``done``. ``check_stop`` raises where the run is stopped while it waits."""
+        key = tuple(ids)
+        with self._cond:
+            while self._reading[key] and key not in self._kept:
+                self._cond.wait(0.05)
+                check_stop()
+            n, rows = self._longest(key)
+            self._reading[key] += 1
+        if n:
+            k, v = rows
+            lm.load_rows(cache, k[:, :, :n], v[:, :, :n])
+        return n
+
+    def done(self, lm, cache, ids: list[int], read: bool) -> None:
+        """The run's reading of ``ids`` ended; ``read``: it completed, and ``cache`` holds their rows to keep."""
+        key = tuple(ids)
+        rows = lm.rows(cache, len(ids)) if read and ids else None
+        with self._cond:
+            self._reading[key] -= 1
+            if self._reading[key] <= 0:
+                del self._reading[key]
+            if rows is not None:
+                self._kept[key] = rows
+                self._kept.move_to_end(key)
+                while len(self._kept) > 1 and sum(len(k) for k in self._kept) > self.budget:
+                    self._kept.popitem(last=False)
+            self._cond.notify_all()
+
+    def _longest(self, key: tuple[int, ...]):
+        best, rows, hit = 0, None, None
+        for kept, r in self._kept.items():
+            n = common_length(kept, key)
+            if n > best:
+                best, rows, hit = n, r, kept
+        if hit is not None:
+            self._kept.move_to_end(hit)
+        return best, rows
