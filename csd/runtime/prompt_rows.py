@@ -17,16 +17,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..events import common_prefix
+
 BUDGET_TOKENS = 4096    # prompt tokens kept at most (the embedded target's rows: 57 KB a token, about 235 MB)
-
-
-def common_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class PromptRows:
@@ -87,7 +80,7 @@ class PromptRows:
     def _longest(self, key: tuple[int, ...]):
         best, rows, hit = 0, None, None
         for kept, r in self._kept.items():
-            n = common_length(kept, key)
+            n = common_prefix(kept, key)
             if n > best:
                 best, rows, hit = n, r, kept
         if hit is not None:
