@@ -89,9 +89,11 @@ class Decoder:
         return self._default_memory.copy()
 
     def run(self, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory | None = None,
-            should_stop: Callable[[], bool] | None = None) -> Run:
+            should_stop: Callable[[], bool] | None = None, owner: object = None) -> Run:
         """A run to iterate. ``memory``: what CSD reads and updates (default: a copy of the pair's
-        calibrated one). ``should_stop``: polled between prefill chunks, drafting and verifying."""
+        calibrated one). ``should_stop``: polled between prefill chunks, drafting and verifying. ``owner``: who
+        runs it (the app's session), where the decoder shares prompts' rows: a run copies none of its owner's (by
+        default each run is an owner of its own)."""
         cfg.validated(self.pair.context_limit, len(prompt_ids))
         check_room(self.pair, len(prompt_ids), cfg)     # a static KV cache refuses what it cannot hold
         if cfg.uses_draft and self.pair.draft_lm is None:
@@ -106,7 +108,7 @@ class Decoder:
         if cfg.uses_draft:
             policy = AutoGamma(self.costs, cfg.gamma_max, cfg.gamma_min, online=self.online_costs,
                                learned=self.learned) if cfg.gamma == GAMMA_AUTO else FixedGamma(cfg.gamma)
-        return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop, self.prompt_rows)
+        return Run(self.pair, list(prompt_ids), cfg, memory, policy, should_stop, self.prompt_rows, owner)
 
 
 def check_room(pair: Pair, prompt_tokens: int, cfg: CSDConfig) -> None:
@@ -144,9 +146,11 @@ class Run:
     result. Stopping the iteration early (``close()``) cancels the run and keeps what it made."""
 
     def __init__(self, pair: Pair, prompt_ids: list[int], cfg: CSDConfig, memory: CorrectionMemory,
-                 policy: Policy | None, should_stop: Callable[[], bool] | None, prompt_rows=None):
+                 policy: Policy | None, should_stop: Callable[[], bool] | None, prompt_rows=None,
+                 owner: object = None):
         self.pair, self.cfg, self.memory, self.policy = pair, cfg, memory, policy
         self.prompt_rows = prompt_rows if prompt_rows is not None and prompt_rows.takes_part(pair.target_lm) else None
+        self.owner = object() if owner is None else owner      # whose prompt rows this run never copies
         self.prompt_ids = prompt_ids
         self.should_stop = should_stop or (lambda: False)
         self.token_ids: list[int] = []
@@ -225,14 +229,14 @@ class Run:
         if shared is None:
             self._read(lm, self.tcache, body, 0)
             return
-        start = shared.fill(lm, self.tcache, body, self._check_stop)
+        start = shared.fill(lm, self.tcache, body, self._check_stop, self.owner)
         self.metrics.prompt_rows_copied = start
         read = False
         try:
             self._read(lm, self.tcache, body, start)
             read = True
         finally:
-            shared.done(lm, self.tcache, body, read)
+            shared.done(lm, self.tcache, body, read, self.owner)
 
     def _read(self, lm, cache, body: list[int], start: int) -> None:
         """``lm`` reads ``body[start:]`` in chunks, a stop request seen between them."""

@@ -27,49 +27,52 @@ def read(lm, ids):
     return cache
 
 
-def test_a_prompt_copies_the_longest_beginning_kept(lean):
+def test_a_prompt_copies_the_longest_beginning_another_user_read(lean):
     rows = PromptRows()
     first = [3, 7, 1, 4, 9, 2]
-    assert rows.fill(lean, lean.new_cache(), first, lambda: None) == 0       # nothing kept yet
-    rows.done(lean, read(lean, first), first, True)
+    assert rows.fill(lean, lean.new_cache(), first, lambda: None, "ann") == 0     # nothing kept yet
+    rows.done(lean, read(lean, first), first, True, "ann")
     cache = lean.new_cache()
-    assert rows.fill(lean, cache, [3, 7, 1, 5, 5], lambda: None) == 3        # 3, 7, 1 in common
+    assert rows.fill(lean, cache, [3, 7, 1, 5, 5], lambda: None, "bob") == 3     # 3, 7, 1 in common
     assert cache.n == 3
     whole = read(lean, first)
     assert torch.equal(cache.k[:, :, :3], whole.k[:, :, :3]) and torch.equal(cache.v[:, :, :3], whole.v[:, :, :3])
-    rows.done(lean, cache, [3, 7, 1, 5, 5], False)                           # a reading that did not end: not kept
+    rows.done(lean, cache, [3, 7, 1, 5, 5], False, "bob")                        # a reading that did not end
     assert rows.tokens() == 6
+    # Ann's own prompt again (AR, then CSD, in her Compare tab): she reads it herself, as her timing assumes
+    assert rows.fill(lean, lean.new_cache(), first, lambda: None, "ann") == 0
+    rows.done(lean, read(lean, first), first, True, "ann")
 
 
 def test_the_oldest_prompts_leave_first_past_the_budget(lean):
     rows = PromptRows(budget_tokens=10)
     for p in ([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]):
-        rows.fill(lean, lean.new_cache(), p, lambda: None)
-        rows.done(lean, read(lean, p), p, True)
+        rows.fill(lean, lean.new_cache(), p, lambda: None, "ann")
+        rows.done(lean, read(lean, p), p, True, "ann")
     assert rows.tokens() == 8
-    assert rows.fill(lean, lean.new_cache(), [1, 2, 3, 4], lambda: None) == 0     # the first left
-    assert rows.fill(lean, lean.new_cache(), [9, 10, 11, 12], lambda: None) == 4
+    assert rows.fill(lean, lean.new_cache(), [1, 2, 3, 4], lambda: None, "bob") == 0     # the first left
+    assert rows.fill(lean, lean.new_cache(), [9, 10, 11, 12], lambda: None, "bob") == 4
 
 
 def test_a_run_waits_for_the_same_prompt_read_by_another_and_can_be_stopped(lean):
     """Two runs that send one prompt at once: the second waits for the first's reading and copies it; a run
     stopped while it waits leaves at once, and a reading that fails lets the waiting run read for itself."""
     rows, prompt = PromptRows(), [4, 4, 2, 8, 1]
-    assert rows.fill(lean, lean.new_cache(), prompt, lambda: None) == 0          # the first run reads it now
+    assert rows.fill(lean, lean.new_cache(), prompt, lambda: None, "ann") == 0   # the first run reads it now
     got = {}
 
     def second():
-        got["n"] = rows.fill(lean, lean.new_cache(), prompt, lambda: None)
+        got["n"] = rows.fill(lean, lean.new_cache(), prompt, lambda: None, "bob")
     t = threading.Thread(target=second)
     t.start()
     time.sleep(0.3)
     assert t.is_alive()                                                          # waiting for the first
-    rows.done(lean, read(lean, prompt), prompt, True)
+    rows.done(lean, read(lean, prompt), prompt, True, "ann")
     t.join(5)
     assert got["n"] == 5
 
     other = [6, 6, 6]
-    rows.fill(lean, lean.new_cache(), other, lambda: None)
+    rows.fill(lean, lean.new_cache(), other, lambda: None, "ann")
     stop = threading.Event()
 
     def check():
@@ -79,7 +82,7 @@ def test_a_run_waits_for_the_same_prompt_read_by_another_and_can_be_stopped(lean
 
     def stopped_run():
         try:
-            rows.fill(lean, lean.new_cache(), other, check)
+            rows.fill(lean, lean.new_cache(), other, check, "bob")
         except Cancelled:
             errors.append("cancelled")
     waiter = threading.Thread(target=stopped_run)
@@ -88,8 +91,8 @@ def test_a_run_waits_for_the_same_prompt_read_by_another_and_can_be_stopped(lean
     stop.set()
     waiter.join(5)
     assert errors == ["cancelled"] and not waiter.is_alive()
-    rows.done(lean, lean.new_cache(), other, False)                              # the first run failed
-    assert rows.fill(lean, lean.new_cache(), other, lambda: None) == 0           # so the next reads it itself
+    rows.done(lean, lean.new_cache(), other, False, "ann")                       # the first run failed
+    assert rows.fill(lean, lean.new_cache(), other, lambda: None, "bob") == 0    # so the next reads it itself
 
 
 def test_only_a_target_that_computes_each_row_alone_takes_part(lean):

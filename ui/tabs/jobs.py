@@ -286,7 +286,8 @@ def start_run(services: Services, sess: Session, job: Job, prompt: str, chat: bo
               label: str = "") -> tuple[object, RunView]:
     ids = prompt_ids(services, prompt, chat, cfg)
     try:
-        run = (dec := job.decoder or services.decoder).run(ids, cfg, memory, should_stop=lambda: job.cancel)
+        run = (dec := job.decoder or services.decoder).run(ids, cfg, memory, should_stop=lambda: job.cancel,
+                                                           owner=sess.session_id)    # copies other users' prompts only
     except (ConfigError, ValueError) as e:
         raise error(str(e)) from None
     job.run, job.label, job.progress = run, label, ""
