@@ -210,6 +210,9 @@ def test_the_done_sentence_counts_in_words():
     assert jobs.done_sentence(view) == "Done: 1 token in 1 verify pass, 0.5 s."
     view.metrics = RunMetrics(new_tokens=5, target_forwards=2, wall_s=1.0)
     assert jobs.done_sentence(view) == "Done: 5 tokens in 2 verify passes, 1.0 s."
+    view.metrics = RunMetrics(new_tokens=5, target_forwards=2, wall_s=1.0, prompt_rows_copied=24)
+    assert jobs.done_sentence(view) == ("Done: 5 tokens in 2 verify passes, 1.0 s. Another user's run had read the "
+                                        "first 24 tokens of this prompt: this run copied them instead of reading them.")
 
 
 def test_copies_on_generate_keep_sd_output(services):

@@ -300,8 +300,12 @@ def done_sentence(view: RunView) -> str:
     if m is None:
         return "Done."
     head = "Stopped" if m.stopped_by == "cancelled" else "Done"
-    return f"{head}: {plural(m.new_tokens, 'token')} in {plural(m.target_forwards, 'verify pass', 'verify passes')}, " \
+    said = f"{head}: {plural(m.new_tokens, 'token')} in {plural(m.target_forwards, 'verify pass', 'verify passes')}, " \
            f"{m.wall_s:.1f} s."
+    if m.prompt_rows_copied:        # its time is shorter by the reading another user's run did for it
+        said += f" Another user's run had read the first {plural(m.prompt_rows_copied, 'token')} of this prompt: " \
+                "this run copied them instead of reading them."
+    return said
 
 
 def speculation_sentence(view: RunView, block, costs) -> str:
