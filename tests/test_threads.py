@@ -109,4 +109,7 @@ print(json.dumps(dict(start=start, end=settle(start + 1), seen=sorted(set(seen))
 """)
     assert r["seen"] == [[2, min(19, r["nice"] + 5)]]    # the loader's cores; the page's work first
     assert r["req"] == [1, 1] and r["main"] == 1
-    assert r["end"] == r["start"] + 1
+    # at most the batcher's thread and its one worker more than the loader's team: no team for each run or request.
+    # Usually exactly that; once (CI on an AMD EPYC, 2026-12-07) the count ended one lower, a worker already gone
+    # from /proc, which this test does not guard against
+    assert r["start"] <= r["end"] <= r["start"] + 1
