@@ -40,10 +40,13 @@
  * memory (docs/bench/gguf-epyc5). A pass of 1 or 2 rows runs at the memory's pace anyway and is left to the CPU's
  * prefetcher, which did as well or better there. A prefetch changes no value. */
 #define KQ_PF 2048
+#define KQ_PF_ROWS 3        /* the fewest rows of x a pass prefetches for */
 
-/* the line ``ahead`` bytes past p (a line past the end of the weights is a wasted prefetch: prefetches never fault) */
-static inline __attribute__((always_inline)) void prefetch(const uint8_t *p, int ahead) {
-    __builtin_prefetch(p + ahead, 0, 3);
+/* In a pass of NR rows, the line ``ahead`` bytes past p (a line past the end of the weights is a wasted prefetch:
+ * prefetches never fault). NR is a constant at each call, so a pass of fewer rows compiles to no instruction. */
+static inline __attribute__((always_inline)) void prefetch(const int NR, const uint8_t *p, int ahead) {
+    if (NR >= KQ_PF_ROWS)
+        __builtin_prefetch(p + ahead, 0, 3);
 }
 
 #if defined(KQ_AVX512)
@@ -135,7 +138,7 @@ static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int h,
             for (int r = 0; r < NR; r++) acc_j[r] = _mm256_setzero_si256();
             for (int i = 0; i < 8; i++) {
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64));
-                if (NR >= 3 && !h && !hi) prefetch(w + (p * 8 + i) * 64, KQ_PF);    /* the first of two reads */
+                if (!h && !hi) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);    /* the first of two reads */
                 __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
                 for (int r = 0; r < NR; r++)
                     acc_j[r] = _mm256_add_epi16(acc_j[r], _mm256_maddubs_epi16(
@@ -193,8 +196,8 @@ static inline __attribute__((always_inline)) void q6k_rows2(const int NR, int h,
                 for (int i = 0; i < 8; i++) {
                     __m256i nib = _mm256_loadu_si256((const __m256i *)(wl + (c * 8 + i) * 64));
                     __m256i top = _mm256_loadu_si256((const __m256i *)(wh + (c * 4 + (i & 3)) * 64));
-                    if (NR >= 3 && !h && !hi) prefetch(wl + (c * 8 + i) * 64, KQ_PF);
-                    if (NR >= 3 && !h && !hi && i < 4) prefetch(wh + (c * 4 + i) * 64, KQ_PF / 2);
+                    if (!h && !hi) prefetch(NR, wl + (c * 8 + i) * 64, KQ_PF);
+                    if (!h && !hi && i < 4) prefetch(NR, wh + (c * 4 + i) * 64, KQ_PF / 2);
                     __m256i lo4 = _mm256_and_si256(hi ? _mm256_srli_epi16(nib, 4) : nib, low);
                     __m256i u = _mm256_or_si256(lo4, top2_2(top, 2 * (i >> 2) + 4 * hi));
                     /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 63 x 127, so two fit */
@@ -252,12 +255,12 @@ static inline __attribute__((always_inline)) void b32_rows2(const int NR, const 
         for (int i = 0; i < 8; i++) {
             if (QT == 8) {
                 __m256i sq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * 64)), flip);
-                if (NR >= 3 && !h) prefetch(w + i * 64, KQ_PF);
+                if (!h) prefetch(NR, w + i * 64, KQ_PF);
                 for (int r = 0; r < NR; r++) p[r] = dot4_signed2(p[r], sq, q + (r0 + r) * K + b * 32 + 4 * i);
                 continue;
             }
             __m256i nib = _mm256_loadu_si256((const __m256i *)(w + (i & 3) * 64));
-            if (NR >= 3 && !h && i < 4) prefetch(w + i * 64, KQ_PF);
+            if (!h && i < 4) prefetch(NR, w + i * 64, KQ_PF);
             __m256i u = _mm256_and_si256(i < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
             if (QT == 6) {
                 uint32_t bits;
@@ -394,7 +397,7 @@ static inline __attribute__((always_inline)) void q4k_rows(const int NR, int64_t
             for (int r = 0; r < NR; r++) acc_j[r] = _mm512_setzero_si512();
             for (int i = 0; i < 8; i++) {
                 __m512i wv = _mm512_loadu_si512((const void *)(w + (p * 8 + i) * 64));
-                if (NR >= 3 && !h) prefetch(w + (p * 8 + i) * 64, KQ_PF);
+                if (!h) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);
                 __m512i wq = _mm512_and_si512(h ? _mm512_srli_epi16(wv, 4) : wv, low);
                 for (int r = 0; r < NR; r++)
                     acc_j[r] = dot4(acc_j[r], wq, q + (r0 + r) * K + b * QK + 32 * j + 4 * i);
@@ -504,8 +507,8 @@ static inline __attribute__((always_inline)) void q6k_rows(const int NR, int64_t
 #pragma GCC unroll 8
                 for (int i = 0; i < 8; i++) {
                     __m512i nib = _mm512_loadu_si512((const void *)(wl + (c * 8 + i) * 64));
-                    if (NR >= 3 && !h) prefetch(wl + (c * 8 + i) * 64, KQ_PF);
-                    if (NR >= 3 && !h && i < 4) prefetch(wh + (c * 4 + i) * 64, KQ_PF / 2);   /* half the bytes */
+                    if (!h) prefetch(NR, wl + (c * 8 + i) * 64, KQ_PF);
+                    if (!h && i < 4) prefetch(NR, wh + (c * 4 + i) * 64, KQ_PF / 2);   /* half the bytes */
                     __m512i top = _mm512_loadu_si512((const void *)(wh + (c * 4 + (i & 3)) * 64));
                     const int shift = 2 * (i >> 2) + 4 * h;         /* where this column's top 2 bits sit */
                     __m512i lo4 = _mm512_and_si512(h ? _mm512_srli_epi16(nib, 4) : nib, low);
@@ -621,9 +624,9 @@ static inline __attribute__((always_inline)) void b32_rows(const int NR, const i
             __m512i u;
             if (QT == 8) {
                 u = _mm512_loadu_si512((const void *)(w + i * 64));
-                if (NR >= 3) prefetch(w + i * 64, KQ_PF);
+                prefetch(NR, w + i * 64, KQ_PF);
             } else {
-                if (NR >= 3 && i < 4) prefetch(w + i * 64, KQ_PF);
+                if (i < 4) prefetch(NR, w + i * 64, KQ_PF);
                 __m512i nib = _mm512_loadu_si512((const void *)(w + (i & 3) * 64));
                 u = _mm512_and_si512(i < 4 ? nib : _mm512_srli_epi16(nib, 4), low);
                 if (QT == 6) {
