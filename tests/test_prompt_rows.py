@@ -42,6 +42,13 @@ def test_a_prompt_copies_the_longest_beginning_another_user_read(lean):
     # Ann's own prompt again (AR, then CSD, in her Compare tab): she reads it herself, as her timing assumes
     assert rows.fill(lean, lean.new_cache(), first, lambda: None, "ann") == 0
     rows.done(lean, read(lean, first), first, True, "ann")
+    # Bob sends it whole and copies it; it stays Ann's reading, so Ann still reads her own prompt herself
+    copied = lean.new_cache()
+    assert rows.fill(lean, copied, first, lambda: None, "bob") == 6
+    rows.done(lean, copied, first, True, "bob")
+    assert rows.fill(lean, lean.new_cache(), first, lambda: None, "ann") == 0
+    rows.done(lean, read(lean, first), first, True, "ann")
+    assert rows.tokens() == 6
 
 
 def test_the_oldest_prompts_leave_first_past_the_budget(lean):

@@ -41,7 +41,7 @@ class PromptRows:
         """Whether ``lm`` (or the model behind a batcher's view) computes each row on its own: its rows can be
         shared."""
         inner = getattr(lm, "lm", lm)
-        return getattr(inner, "impl", "") == "kquant" and hasattr(inner, "load_rows")
+        return getattr(inner, "impl", "") == "kquant"
 
     def tokens(self) -> int:
         with self._cond:
@@ -69,9 +69,13 @@ class PromptRows:
         return n
 
     def done(self, lm, cache, ids: list[int], read: bool, owner: object) -> None:
-        """The run's reading of ``ids`` ended; ``read``: it completed, and ``cache`` holds their rows to keep."""
+        """The run's reading of ``ids`` ended; ``read``: it completed, and ``cache`` holds their rows to keep. A
+        prompt kept already keeps its rows and its first reader (a run that copied it whole has nothing new, and
+        must not make the first reader's own prompt copyable to that reader)."""
         key = tuple(ids)
-        rows = lm.rows(cache, len(ids)) if read and ids else None
+        with self._cond:
+            kept = key in self._kept
+        rows = lm.rows(cache, len(ids)) if read and ids and not kept else None
         with self._cond:
             readers = self._reading[key]
             readers[owner] -= 1
@@ -79,8 +83,9 @@ class PromptRows:
                 del readers[owner]
             if not readers:
                 del self._reading[key]
-            if rows is not None:
+            if rows is not None and key not in self._kept:
                 self._kept[key] = (*rows, owner)
+            if key in self._kept:
                 self._kept.move_to_end(key)
                 while len(self._kept) > 1 and sum(len(k) for k in self._kept) > self.budget:
                     self._kept.popitem(last=False)
