@@ -83,8 +83,19 @@ static inline __attribute__((always_inline)) __m512i pairs_i8(const int8_t *a, c
  * vpdpbusd, a product of 4 weight bytes (0..63) and 4 activation bytes is vpmaddubsw: two 16-bit sums a row.
  * As many of those as fit in 16 bits without saturating are added (vpaddw), then vpmaddwd widens them, by ones or
  * by the group's scale (as llama.cpp's AVX2 loops do). Every sum is the same integer the AVX-512 path forms, and
- * the floating-point steps are the same, lane for lane, so the two paths give the same bits (tests/test_kquant.py). */
+ * the floating-point steps are the same, lane for lane, so the two paths give the same bits (tests/test_kquant.py).
+ * A group of one or two rows of x takes both halves of each 64-byte line together (NH = 2), so a decoding step
+ * reads its weights once, at the memory's pace; three or four rows need twelve registers a half, and take the
+ * halves one after the other (NH = 1), the second from the cache. */
 #define KQ_ROWS2 4          /* 16 registers: each row holds three */
+/* A running sum, kept as it is: GCC otherwise reorders the adds of a fully unrolled sub-block (integer adds
+ * commute, so it may) into a tree of products held on the stack, and a pass of several rows ran at two thirds
+ * of the speed. The empty asm changes no value. */
+static inline __attribute__((always_inline)) __m256i keep(__m256i acc) {
+    __asm__("" : "+x"(acc));
+    return acc;
+}
+
 static inline __attribute__((always_inline)) __m256i x4(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
@@ -118,50 +129,63 @@ static inline __attribute__((always_inline)) __m256 halves_f16(const uint16_t *d
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
 
-/* Q4_K, rows r0 .. r0 + NR - 1, output rows 8h .. 8h + 7 of tile t */
-static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int h, int64_t t, int64_t r0, int64_t nsb,
-        int64_t K, const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d, const uint16_t *dmin,
-        const int8_t *q, const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
+/* Q4_K, rows r0 .. r0 + NR - 1, output rows 8h .. 8h + 7 of tile t for each of NH halves h = h0 .. h0 + NH - 1.
+ * With NH = 2 (a pass of one or two rows) each 64-byte line of weights is read whole, once. */
+static inline __attribute__((always_inline)) void q4k_rows2(const int NR, const int NH, int h0, int64_t t, int64_t r0,
+        int64_t nsb, int64_t K, const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d,
+        const uint16_t *dmin, const int8_t *q, const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
     const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc[KQ_ROWS2];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[2][KQ_ROWS2];
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) acc[hh][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const int64_t tb = t * nsb + b;
-        const uint8_t *w = qw + tb * 2048 + 32 * h, *scb = sc + tb * 128 + 8 * h, *mb = mn + tb * 128 + 8 * h;
-        __m256i isc[KQ_ROWS2];
-        for (int r = 0; r < NR; r++) isc[r] = _mm256_setzero_si256();
+        const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
+        __m256i isc[2][KQ_ROWS2];
+        for (int hh = 0; hh < NH; hh++)
+            for (int r = 0; r < NR; r++) isc[hh][r] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const int p = j >> 1, hi = j & 1;
             /* the sub-block's products as 16-bit sums, two a row: each vpmaddubsw pair is at most 2 x 15 x 127, so
              * eight of them (30,480) fit without saturating, and the integers are the AVX-512 path's */
-            __m256i acc_j[KQ_ROWS2];
-            for (int r = 0; r < NR; r++) acc_j[r] = _mm256_setzero_si256();
+            __m256i acc_j[2][KQ_ROWS2];
+            for (int hh = 0; hh < NH; hh++)
+                for (int r = 0; r < NR; r++) acc_j[hh][r] = _mm256_setzero_si256();
             for (int i = 0; i < 8; i++) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64));
-                if (!h && !hi) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);    /* the first of two reads */
-                __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
-                for (int r = 0; r < NR; r++)
-                    acc_j[r] = _mm256_add_epi16(acc_j[r], _mm256_maddubs_epi16(
-                        wq, x4(q + (r0 + r) * K + b * QK + 32 * j + 4 * i)));
+                if (!h0 && !hi) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);    /* the first read of the line */
+                for (int hh = 0; hh < NH; hh++) {
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64 + 32 * (h0 + hh)));
+                    __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
+                    for (int r = 0; r < NR; r++)
+                        acc_j[hh][r] = keep(_mm256_add_epi16(acc_j[hh][r], _mm256_maddubs_epi16(
+                            wq, x4(q + (r0 + r) * K + b * QK + 32 * j + 4 * i))));
+                }
             }
             /* each row's scale in both 16-bit halves of its lane: one vpmaddwd adds the row's two sums times it */
-            __m256i scj = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + j * 16)));
-            scj = _mm256_or_si256(scj, _mm256_slli_epi32(scj, 16));
-            for (int r = 0; r < NR; r++) isc[r] = _mm256_add_epi32(isc[r], _mm256_madd_epi16(acc_j[r], scj));
+            for (int hh = 0; hh < NH; hh++) {
+                __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + j * 16 + 8 * (h0 + hh)));
+                __m256i scj = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+                for (int r = 0; r < NR; r++)
+                    isc[hh][r] = _mm256_add_epi32(isc[hh][r], _mm256_madd_epi16(acc_j[hh][r], scj));
+            }
         }
-        __m256 dv = halves_f16(d + tb * 16 + 8 * h), mv = halves_f16(dmin + tb * 16 + 8 * h);
-        for (int r = 0; r < NR; r++) {
-            const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
-            __m256i imn = _mm256_setzero_si256();
-            for (int p = 0; p < 4; p++)
-                imn = _mm256_add_epi32(imn, _mm256_madd_epi16(pairs_u8_2(mb + 2 * p * 16, mb + (2 * p + 1) * 16),
-                                                              pair16_2(sr + 2 * p)));
-            __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isc[r]), _mm256_mul_ps(dv, a), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imn), _mm256_mul_ps(mv, a), acc[r]);
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            __m256 dv = halves_f16(d + tb * 16 + 8 * h), mv = halves_f16(dmin + tb * 16 + 8 * h);
+            for (int r = 0; r < NR; r++) {
+                const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
+                __m256i imn = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++)
+                    imn = _mm256_add_epi32(imn, _mm256_madd_epi16(
+                        pairs_u8_2(mb + 2 * p * 16 + 8 * h, mb + (2 * p + 1) * 16 + 8 * h), pair16_2(sr + 2 * p)));
+                __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
+                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isc[hh][r]), _mm256_mul_ps(dv, a), acc[hh][r]);
+                acc[hh][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imn), _mm256_mul_ps(mv, a), acc[hh][r]);
+            }
         }
     }
-    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * (h0 + hh), acc[hh][r]);
 }
 
 static inline __attribute__((always_inline)) __m256i top2_2(__m256i top, int shift) {
@@ -175,67 +199,79 @@ static inline __attribute__((always_inline)) __m256i top2_2(__m256i top, int shi
 }
 
 /* Q6_K, as q4k_rows2 */
-static inline __attribute__((always_inline)) void q6k_rows2(const int NR, int h, int64_t t, int64_t r0, int64_t nsb,
-        int64_t K, const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d, const int8_t *q,
-        const float *ascale, const int16_t *s16, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void q6k_rows2(const int NR, const int NH, int h0, int64_t t, int64_t r0,
+        int64_t nsb, int64_t K, const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d,
+        const int8_t *q, const float *ascale, const int16_t *s16, float *y, int64_t ldy) {
     const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc[KQ_ROWS2];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[2][KQ_ROWS2];
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) acc[hh][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const int64_t tb = t * nsb + b;
-        const uint8_t *wl = qlo + tb * 2048 + 32 * h, *wh = qhi + tb * 1024 + 32 * h;
-        const int8_t *scb = sc + tb * 256 + 8 * h;
-        __m256i isc[KQ_ROWS2];
-        for (int r = 0; r < NR; r++) isc[r] = _mm256_setzero_si256();
+        const uint8_t *wl = qlo + tb * 2048, *wh = qhi + tb * 1024;
+        const int8_t *scb = sc + tb * 256;
+        __m256i isc[2][KQ_ROWS2];
+        for (int hh = 0; hh < NH; hh++)
+            for (int r = 0; r < NR; r++) isc[hh][r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
             for (int hi = 0; hi < 2; hi++) {
-                __m256i p[KQ_ROWS2];
-                for (int r = 0; r < NR; r++) p[r] = _mm256_setzero_si256();
+                __m256i p[2][KQ_ROWS2];
+                for (int hh = 0; hh < NH; hh++)
+                    for (int r = 0; r < NR; r++) p[hh][r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int i = 0; i < 8; i++) {
-                    __m256i nib = _mm256_loadu_si256((const __m256i *)(wl + (c * 8 + i) * 64));
-                    __m256i top = _mm256_loadu_si256((const __m256i *)(wh + (c * 4 + (i & 3)) * 64));
-                    if (!h && !hi) prefetch(NR, wl + (c * 8 + i) * 64, KQ_PF);
-                    if (!h && !hi && i < 4) prefetch(NR, wh + (c * 4 + i) * 64, KQ_PF / 2);
-                    __m256i lo4 = _mm256_and_si256(hi ? _mm256_srli_epi16(nib, 4) : nib, low);
-                    __m256i u = _mm256_or_si256(lo4, top2_2(top, 2 * (i >> 2) + 4 * hi));
-                    /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 63 x 127, so two fit */
-                    for (int r = 0; r < NR; r++)
-                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(
-                            u, x4(q + (r0 + r) * K + b * QK + 64 * c + 32 * hi + 4 * i)));
+                    if (!h0 && !hi) prefetch(NR, wl + (c * 8 + i) * 64, KQ_PF);
+                    if (!h0 && !hi && i < 4) prefetch(NR, wh + (c * 4 + i) * 64, KQ_PF / 2);
+                    for (int hh = 0; hh < NH; hh++) {
+                        const int h = h0 + hh;
+                        __m256i nib = _mm256_loadu_si256((const __m256i *)(wl + (c * 8 + i) * 64 + 32 * h));
+                        __m256i top = _mm256_loadu_si256((const __m256i *)(wh + (c * 4 + (i & 3)) * 64 + 32 * h));
+                        __m256i lo4 = _mm256_and_si256(hi ? _mm256_srli_epi16(nib, 4) : nib, low);
+                        __m256i u = _mm256_or_si256(lo4, top2_2(top, 2 * (i >> 2) + 4 * hi));
+                        /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 63 x 127, so two fit */
+                        for (int r = 0; r < NR; r++)
+                            p[hh][r] = keep(_mm256_add_epi16(p[hh][r], _mm256_maddubs_epi16(
+                                u, x4(q + (r0 + r) * K + b * QK + 64 * c + 32 * hi + 4 * i))));
+                    }
                     if (i & 1) {
                         /* the group's scale (signed) in both 16-bit halves of each row's lane: one vpmaddwd adds
                          * the row's two sums times it */
                         const int g = 4 * c + 2 * hi + (i >> 2);
-                        __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(scb + g * 16)));
-                        s = _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s, 16));
-                        for (int r = 0; r < NR; r++) {
-                            isc[r] = _mm256_add_epi32(isc[r], _mm256_madd_epi16(p[r], s));
-                            p[r] = _mm256_setzero_si256();
+                        for (int hh = 0; hh < NH; hh++) {
+                            __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + g * 16 + 8 * (h0 + hh)));
+                            __m256i s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+                            for (int r = 0; r < NR; r++) {
+                                isc[hh][r] = _mm256_add_epi32(isc[hh][r], _mm256_madd_epi16(p[hh][r], s));
+                                p[hh][r] = _mm256_setzero_si256();
+                            }
                         }
                     }
                 }
             }
         }
-        __m256 dv = halves_f16(d + tb * 16 + 8 * h);
-        for (int r = 0; r < NR; r++) {
-            const int16_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
-            __m256i imn = _mm256_setzero_si256();
-            for (int k = 0; k < 8; k++)
-                imn = _mm256_add_epi32(imn, _mm256_madd_epi16(pairs_i8_2(scb + 2 * k * 16, scb + (2 * k + 1) * 16),
-                                                              pair16_2(sr + 2 * k)));
-            __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
-            __m256i tot = _mm256_sub_epi32(isc[r], _mm256_slli_epi32(imn, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dv, a), acc[r]);
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            __m256 dv = halves_f16(d + tb * 16 + 8 * h);
+            for (int r = 0; r < NR; r++) {
+                const int16_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
+                __m256i imn = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k++)
+                    imn = _mm256_add_epi32(imn, _mm256_madd_epi16(
+                        pairs_i8_2(scb + 2 * k * 16 + 8 * h, scb + (2 * k + 1) * 16 + 8 * h), pair16_2(sr + 2 * k)));
+                __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
+                __m256i tot = _mm256_sub_epi32(isc[hh][r], _mm256_slli_epi32(imn, 5));
+                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dv, a), acc[hh][r]);
+            }
         }
     }
-    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * (h0 + hh), acc[hh][r]);
 }
 
 /* Q4_0, Q5_0, Q8_0, as q4k_rows2; Q8_0's bytes are q + 128, read back as signed q, so no offset term */
-static inline __attribute__((always_inline)) void b32_rows2(const int NR, const int QT, int h, int64_t t, int64_t r0,
-        int64_t nblk, int64_t K, const uint8_t *qw, const uint8_t *hb, const uint16_t *d, const int8_t *q,
+static inline __attribute__((always_inline)) void b32_rows2(const int NR, const int NH, const int QT, int h0, int64_t t,
+        int64_t r0, int64_t nblk, int64_t K, const uint8_t *qw, const uint8_t *hb, const uint16_t *d, const int8_t *q,
         const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
     const int off = QT == 6 ? 16 : 8;
     const int64_t wbytes = QT == 8 ? 512 : 256;
@@ -244,48 +280,62 @@ static inline __attribute__((always_inline)) void b32_rows2(const int NR, const 
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256 acc[KQ_ROWS2];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[2][KQ_ROWS2];
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) acc[hh][r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t tb = t * nblk + b;
-        const uint8_t *w = qw + tb * wbytes + 32 * h;
-        __m256i p[KQ_ROWS2], p16[KQ_ROWS2];
-        for (int r = 0; r < NR; r++) p[r] = p16[r] = _mm256_setzero_si256();
+        const uint8_t *w = qw + tb * wbytes;
+        __m256i p[2][KQ_ROWS2], p16[2][KQ_ROWS2];
+        for (int hh = 0; hh < NH; hh++)
+            for (int r = 0; r < NR; r++) p[hh][r] = p16[hh][r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             if (QT == 8) {
-                __m256i sq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * 64)), flip);
-                if (!h) prefetch(NR, w + i * 64, KQ_PF);
-                for (int r = 0; r < NR; r++) p[r] = dot4_signed2(p[r], sq, q + (r0 + r) * K + b * 32 + 4 * i);
+                if (!h0) prefetch(NR, w + i * 64, KQ_PF);
+                for (int hh = 0; hh < NH; hh++) {
+                    __m256i sq = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + i * 64 + 32 * (h0 + hh))),
+                                                  flip);
+                    for (int r = 0; r < NR; r++)
+                        p[hh][r] = keep(dot4_signed2(p[hh][r], sq, q + (r0 + r) * K + b * 32 + 4 * i));
+                }
                 continue;
             }
-            __m256i nib = _mm256_loadu_si256((const __m256i *)(w + (i & 3) * 64));
-            if (!h && i < 4) prefetch(NR, w + i * 64, KQ_PF);
-            __m256i u = _mm256_and_si256(i < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
-            if (QT == 6) {
-                uint32_t bits;
-                memcpy(&bits, hb + tb * 64 + i * 8 + 4 * h, 4);
-                __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
-                u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(m, bit), five));
-            }
-            /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 15 x 127 (Q4_0: eight fit in 16 bits) or
-             * 2 x 31 x 127 (Q5_0: four fit), then widened to the row's 32-bit sum */
-            for (int r = 0; r < NR; r++)
-                p16[r] = _mm256_add_epi16(p16[r], _mm256_maddubs_epi16(u, x4(q + (r0 + r) * K + b * 32 + 4 * i)));
-            if (i == 7 || (QT == 6 && i == 3))
-                for (int r = 0; r < NR; r++) {
-                    p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(p16[r], _mm256_set1_epi16(1)));
-                    p16[r] = _mm256_setzero_si256();
+            if (!h0 && i < 4) prefetch(NR, w + i * 64, KQ_PF);
+            for (int hh = 0; hh < NH; hh++) {
+                const int h = h0 + hh;
+                __m256i nib = _mm256_loadu_si256((const __m256i *)(w + (i & 3) * 64 + 32 * h));
+                __m256i u = _mm256_and_si256(i < 4 ? nib : _mm256_srli_epi16(nib, 4), low);
+                if (QT == 6) {
+                    uint32_t bits;
+                    memcpy(&bits, hb + tb * 64 + i * 8 + 4 * h, 4);
+                    __m256i m = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
+                    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(m, bit), five));
                 }
+                /* 16-bit sums, two a row: a vpmaddubsw pair is at most 2 x 15 x 127 (Q4_0: eight fit in 16 bits) or
+                 * 2 x 31 x 127 (Q5_0: four fit), then widened to the row's 32-bit sum */
+                for (int r = 0; r < NR; r++)
+                    p16[hh][r] = keep(_mm256_add_epi16(p16[hh][r],
+                                                       _mm256_maddubs_epi16(u, x4(q + (r0 + r) * K + b * 32 + 4 * i))));
+                if (i == 7 || (QT == 6 && i == 3))
+                    for (int r = 0; r < NR; r++) {
+                        p[hh][r] = _mm256_add_epi32(p[hh][r], _mm256_madd_epi16(p16[hh][r], _mm256_set1_epi16(1)));
+                        p16[hh][r] = _mm256_setzero_si256();
+                    }
+            }
         }
-        __m256 dv = halves_f16(d + tb * 16 + 8 * h);
-        for (int r = 0; r < NR; r++) {
-            __m256i tot = QT == 8 ? p[r] : _mm256_sub_epi32(p[r], _mm256_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot),
-                                     _mm256_mul_ps(dv, _mm256_set1_ps(ascale[(r0 + r) * nblk + b])), acc[r]);
+        for (int hh = 0; hh < NH; hh++) {
+            __m256 dv = halves_f16(d + tb * 16 + 8 * (h0 + hh));
+            for (int r = 0; r < NR; r++) {
+                __m256i tot = QT == 8 ? p[hh][r]
+                                      : _mm256_sub_epi32(p[hh][r], _mm256_set1_epi32(off * s32[(r0 + r) * (K / 32) + b]));
+                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot),
+                                             _mm256_mul_ps(dv, _mm256_set1_ps(ascale[(r0 + r) * nblk + b])), acc[hh][r]);
+            }
         }
     }
-    for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, acc[r]);
+    for (int hh = 0; hh < NH; hh++)
+        for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * (h0 + hh), acc[hh][r]);
 }
 #endif
 
@@ -435,14 +485,18 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         }
     }
 #elif defined(KQ_AVX2)
-    for (int h = 0; h < 2; h++)
-        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
-            switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
-#define KQ_CASE(n) case n: q4k_rows2(n, h, t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy); break;
-            KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
-#undef KQ_CASE
-            }
+    /* a group of one or two rows reads each line of the tile once, both halves together; a group of three or four
+     * (twelve registers a half) reads the tile twice, a half at a time */
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
+        switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
+#define KQ_ARGS t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy
+        case 1: q4k_rows2(1, 2, 0, KQ_ARGS); break;
+        case 2: q4k_rows2(2, 2, 0, KQ_ARGS); break;
+        case 3: for (int h = 0; h < 2; h++) q4k_rows2(3, 1, h, KQ_ARGS); break;
+        case 4: for (int h = 0; h < 2; h++) q4k_rows2(4, 1, h, KQ_ARGS); break;
+#undef KQ_ARGS
         }
+    }
 #else
     for (int64_t r = 0; r < R; r++) {
         float acc[16] = {0};
@@ -555,14 +609,16 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         }
     }
 #elif defined(KQ_AVX2)
-    for (int h = 0; h < 2; h++)
-        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
-            switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
-#define KQ_CASE(n) case n: q6k_rows2(n, h, t, r0, nsb, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy); break;
-            KQ_CASE(1) KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
-#undef KQ_CASE
-            }
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {          /* as q4k_tile */
+        switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
+#define KQ_ARGS t, r0, nsb, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy
+        case 1: q6k_rows2(1, 2, 0, KQ_ARGS); break;
+        case 2: q6k_rows2(2, 2, 0, KQ_ARGS); break;
+        case 3: for (int h = 0; h < 2; h++) q6k_rows2(3, 1, h, KQ_ARGS); break;
+        case 4: for (int h = 0; h < 2; h++) q6k_rows2(4, 1, h, KQ_ARGS); break;
+#undef KQ_ARGS
         }
+    }
 #else
     for (int64_t r = 0; r < R; r++) {
         float acc[16] = {0};
@@ -664,17 +720,20 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
         }
     }
 #elif defined(KQ_AVX2)
-    for (int h = 0; h < 2; h++)
-        for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
-            const int nr = (int)(R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2);
-            switch (qtype * 16 + nr) {
-#define KQ_CASE(qt, n) case qt * 16 + n: b32_rows2(n, qt, h, t, r0, nblk, K, qw, hb, d, q, ascale, s32, y, ldy); break;
-#define KQ_TYPE(qt) KQ_CASE(qt, 1) KQ_CASE(qt, 2) KQ_CASE(qt, 3) KQ_CASE(qt, 4)
-            KQ_TYPE(2) KQ_TYPE(6) KQ_TYPE(8)
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {          /* as q4k_tile */
+        const int nr = (int)(R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2);
+        switch (qtype * 16 + nr) {
+#define KQ_ARGS t, r0, nblk, K, qw, hb, d, q, ascale, s32, y, ldy
+#define KQ_TYPE(qt) \
+        case qt * 16 + 1: b32_rows2(1, 2, qt, 0, KQ_ARGS); break; \
+        case qt * 16 + 2: b32_rows2(2, 2, qt, 0, KQ_ARGS); break; \
+        case qt * 16 + 3: for (int h = 0; h < 2; h++) b32_rows2(3, 1, qt, h, KQ_ARGS); break; \
+        case qt * 16 + 4: for (int h = 0; h < 2; h++) b32_rows2(4, 1, qt, h, KQ_ARGS); break;
+        KQ_TYPE(2) KQ_TYPE(6) KQ_TYPE(8)
 #undef KQ_TYPE
-#undef KQ_CASE
-            }
+#undef KQ_ARGS
         }
+    }
 #else
     const int off = qtype == 8 ? 128 : qtype == 6 ? 16 : 8;
     const int64_t wbytes = qtype == 8 ? 512 : 256;

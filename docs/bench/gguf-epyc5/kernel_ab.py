@@ -4,6 +4,10 @@ kernel of git revision OLD and the working tree's. Each shape (the draft's 1-tok
 logits are compared between the builds (a change that moves no value must give the same bits).
 
     python docs/bench/gguf-epyc5/kernel_ab.py OLD OUT.json
+    CSD_KQUANT_VARIANT=avx2 python docs/bench/gguf-epyc5/kernel_ab.py OLD OUT.json   # the AVX2 builds
+
+Before 2026-12-07 (the runs in this folder) the output layer ran the working tree's kernel in both arms, so its
+share of a pass was not compared.
 
 Writes OUT.json: per shape, the median ms of each build, the median of the paired ratios NEW / OLD with its
 quartiles, and whether the logits were bit-equal.
@@ -39,6 +43,17 @@ def build(source: Path):
         kq._libs.update(saved)
 
 
+def use(lm, variant: str, lib) -> None:
+    """Run ``lm`` on ``lib``: the layers find it through kquant.library(), each product module holds its own."""
+    kq._libs[variant] = lib
+    for layer in getattr(lm, "layers", []):
+        for m in layer:
+            if isinstance(m, kq.KQuantLinear):
+                m.lib = lib
+    if isinstance(getattr(lm, "head", None), kq.KQuantLinear):
+        lm.head.lib = lib
+
+
 def main(old_rev: str, out: str) -> None:
     tree = kq.SOURCE
     old_text = subprocess.run(["git", "show", f"{old_rev}:csd/runtime/kernels/kquant.c"], check=True,
@@ -47,6 +62,7 @@ def main(old_rev: str, out: str) -> None:
         old_src = Path(tmp) / "kquant.c"
         old_src.write_text(old_text)
         libs = {"old": build(old_src), "new": build(tree)}
+    variant = os.environ.get(kq.VARIANT_ENV) or "native"
     kq.SOURCE = tree
     parser = __import__("argparse").ArgumentParser()
     add_model_args(parser, store=False)
@@ -54,7 +70,7 @@ def main(old_rev: str, out: str) -> None:
     choose_draft(args)
     choose_target(args)
     pair = load_from_args(args)
-    res = {"machine": machine_name("cpu"), "old": old_rev, "representation": pair.rep.as_dict(),
+    res = {"machine": machine_name("cpu"), "old": old_rev, "variant": variant, "representation": pair.rep.as_dict(),
            "threads": torch.get_num_threads(), "shapes": {}}
     for name, role, n, reps in SHAPES:
         lm = pair.draft_lm if role == "draft" else pair.target_lm
@@ -64,7 +80,7 @@ def main(old_rev: str, out: str) -> None:
         times, logits = {k: [] for k in libs}, {}
         for i in range(reps):
             for k, lib in libs.items():
-                kq._libs["native"] = lib
+                use(lm, variant, lib)
                 lm.crop(cache, base)
                 t0 = time.perf_counter()
                 got = lm.forward(cache, list(range(2000, 2000 + n)), n)
