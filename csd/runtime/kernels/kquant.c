@@ -163,8 +163,8 @@ static inline __attribute__((always_inline)) void q4k_rows2(const int NR, const 
             }
             /* each row's scale in both 16-bit halves of its lane: one vpmaddwd adds the row's two sums times it */
             for (int hh = 0; hh < NH; hh++) {
-                __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + j * 16 + 8 * (h0 + hh)));
-                __m256i scj = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+                const uint8_t *sj = scb + j * 16 + 8 * (h0 + hh);
+                __m256i scj = pairs_u8_2(sj, sj);
                 for (int r = 0; r < NR; r++)
                     isc[hh][r] = _mm256_add_epi32(isc[hh][r], _mm256_madd_epi16(acc_j[hh][r], scj));
             }
@@ -239,8 +239,8 @@ static inline __attribute__((always_inline)) void q6k_rows2(const int NR, const 
                          * the row's two sums times it */
                         const int g = 4 * c + 2 * hi + (i >> 2);
                         for (int hh = 0; hh < NH; hh++) {
-                            __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + g * 16 + 8 * (h0 + hh)));
-                            __m256i s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+                            const int8_t *sg = scb + g * 16 + 8 * (h0 + hh);
+                            __m256i s = pairs_i8_2(sg, sg);
                             for (int r = 0; r < NR; r++) {
                                 isc[hh][r] = _mm256_add_epi32(isc[hh][r], _mm256_madd_epi16(p[hh][r], s));
                                 p[hh][r] = _mm256_setzero_si256();
