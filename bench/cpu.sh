@@ -14,6 +14,10 @@
 #   app       python -m csd.cli.app_runs: the app's models and batcher with its defaults, a CSD run alone and
 #             8 at once, beside llama.cpp's plain decoding where LLAMA_BENCH is given (`solo` is the same step)
 #   start     the app's first start with an empty cache: seconds to the address, resident and peak memory
+#   avx2      (not in the default list) on a CPU with AVX-512, the kernel's AVX2 path as a stand-in for a CPU
+#             without it: prepare, side and app again with AVX-512 switched off on both sides (the kernel's AVX2
+#             build, PyTorch's AVX2 kernels), beside LLAMA_BENCH_AVX2, a llama-bench built without AVX-512
+#             (docs/cpu.md); output in OUT_DIR/avx2
 # ITEMS (humaneval:4,gsm8k:4; KEEP_ITEMS for keep: humaneval:8,gsm8k:8) and TOKENS (128) set the items and
 # new tokens. Each step's output lands in OUT_DIR/<step>; a failing step is logged and the next one runs.
 # Commit a benchmark run's results.json.gz and results.md, not its charts (docs/benchmarks.md). About 40
@@ -63,6 +67,16 @@ first_start() {   # the app with an empty cache, until it prints its address
     kill "$pid"; wait "$pid" 2>/dev/null
     rm -rf "$cache"
 }
+avx2_path() {   # prepare, side and app on the kernel's AVX2 build, beside an AVX2 build of llama-bench
+    local env=(env CSD_KQUANT_VARIANT=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+    mkdir -p "$out/avx2"
+    run avx2-prepare "${env[@]}" $py -m csd prepare
+    run avx2-side "${env[@]}" $py -m csd.bench.llama_side --llama-bench "$LLAMA_BENCH_AVX2" --out "$out/avx2/side" \
+        --dataset "$items" --tokens "$tokens"
+    tidy "$out/avx2/side/ours"
+    run avx2-app "${env[@]}" $py -m csd.cli.app_runs --out "$out/avx2/app" --llama-bench "$LLAMA_BENCH_AVX2"
+    run avx2-restore $py -m csd prepare        # the machine's own build's profiles again
+}
 for s in ${STEPS:-prepare profile keep bench side app start}; do
     case $s in
         prepare) run prepare $py -m csd prepare ;;
@@ -76,6 +90,8 @@ for s in ${STEPS:-prepare profile keep bench side app start}; do
               else echo "== side: skipped (no LLAMA_BENCH given)" | tee -a "$log"; fi ;;
         app|solo) run app $py -m csd.cli.app_runs --out "$out/app" ${llama:+--llama-bench "$llama"} ;;
         start) mkdir -p "$out/start"; run start first_start ;;
+        avx2) if [ -n "${LLAMA_BENCH_AVX2:-}" ]; then avx2_path
+              else echo "== avx2: skipped (no LLAMA_BENCH_AVX2 given)" | tee -a "$log"; fi ;;
         *) echo "unknown step $s" | tee -a "$log" ;;
     esac
 done
