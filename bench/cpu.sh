@@ -75,8 +75,7 @@ avx2_path() {   # prepare, side and app on the kernel's AVX2 build, beside an AV
         --dataset "$items" --tokens "$tokens"
     tidy "$out/avx2/side/ours"
     run avx2-app "${env[@]}" $py -m csd.cli.app_runs --out "$out/avx2/app" --llama-bench "$LLAMA_BENCH_AVX2"
-    run avx2-restore $py -m csd prepare        # the machine's own build's profiles again
-}
+}   # the AVX2 build's profiles and choices are kept apart from the native build's (its own engine digest)
 for s in ${STEPS:-prepare profile keep bench side app start}; do
     case $s in
         prepare) run prepare $py -m csd prepare ;;

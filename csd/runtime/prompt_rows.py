@@ -44,7 +44,8 @@ class PromptRows:
         return getattr(inner, "impl", "") == "kquant"
 
     def tokens(self) -> int:
-        with self._cond:
+        """Prompt tokens whose rows are kept."""
+        with self._cond:            # reentrant: done() asks while it holds the lock
             return sum(len(k) for k in self._kept)
 
     def clear(self) -> None:
@@ -87,7 +88,7 @@ class PromptRows:
                 self._kept[key] = (*rows, owner)
             if key in self._kept:
                 self._kept.move_to_end(key)
-                while len(self._kept) > 1 and sum(len(k) for k in self._kept) > self.budget:
+                while len(self._kept) > 1 and self.tokens() > self.budget:
                     self._kept.popitem(last=False)
             self._cond.notify_all()
 
