@@ -84,10 +84,14 @@ static inline __attribute__((always_inline)) __m512i pairs_i8(const int8_t *a, c
  * As many of those as fit in 16 bits without saturating are added (vpaddw), then vpmaddwd widens them, by ones or
  * by the group's scale (as llama.cpp's AVX2 loops do). Every sum is the same integer the AVX-512 path forms, and
  * the floating-point steps are the same, lane for lane, so the two paths give the same bits (tests/test_kquant.py).
- * A group of one or two rows of x takes both halves of each 64-byte line together (NH = 2), so a decoding step
- * reads its weights once, at the memory's pace; three or four rows need twelve registers a half, and take the
- * halves one after the other (NH = 1), the second from the cache. */
-#define KQ_ROWS2 4          /* 16 registers: each row holds three */
+ *
+ * Q4_K takes both halves of each 64-byte line of weights together, for a group of up to four rows of x: the tile
+ * is read once, so the memory streams while the rows compute. Its running sums fill 2 x 4 of the 16 registers, so
+ * each sub-block's scaled sums wait in memory and the float sums in y itself (q4k_rows2).
+ * Q6_K and the blocks of 32 do so for one or two rows (NH = 2); three or four rows take the halves one after the
+ * other (NH = 1), the second from the cache: Q6_K's unpacking needs more registers, and its whole-line version
+ * with the sums in memory measured no faster (docs/bench/avx2-epyc7). */
+#define KQ_ROWS2 4          /* 16 registers */
 /* A running sum, kept as it is: GCC otherwise reorders the adds of a fully unrolled sub-block (integer adds
  * commute, so it may) into a tree of products held on the stack, and a pass of several rows ran at two thirds
  * of the speed. The empty asm changes no value. */
@@ -129,63 +133,65 @@ static inline __attribute__((always_inline)) __m256 halves_f16(const uint16_t *d
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
 
-/* Q4_K, rows r0 .. r0 + NR - 1, output rows 8h .. 8h + 7 of tile t for each of NH halves h = h0 .. h0 + NH - 1.
- * With NH = 2 (a pass of one or two rows) each 64-byte line of weights is read whole, once. */
-static inline __attribute__((always_inline)) void q4k_rows2(const int NR, const int NH, int h0, int64_t t, int64_t r0,
+/* Q4_K, rows r0 .. r0 + NR - 1 of tile t, both halves of each 64-byte line of weights at once. A sub-block's
+ * running sums take 2 x NR registers; its sums times the scales wait in part (one a sub-block, added up in the
+ * integers when the superblock ends, so the same integer as the AVX-512 path's) and the float sums in y. */
+static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int64_t t, int64_t r0,
         int64_t nsb, int64_t K, const uint8_t *qw, const uint8_t *sc, const uint8_t *mn, const uint16_t *d,
         const uint16_t *dmin, const int8_t *q, const float *ascale, const int16_t *s32, float *y, int64_t ldy) {
     const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc[2][KQ_ROWS2];
-    for (int hh = 0; hh < NH; hh++)
-        for (int r = 0; r < NR; r++) acc[hh][r] = _mm256_setzero_ps();
+    for (int r = 0; r < NR; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * h, _mm256_setzero_ps());
     for (int64_t b = 0; b < nsb; b++) {
         const int64_t tb = t * nsb + b;
         const uint8_t *w = qw + tb * 2048, *scb = sc + tb * 128, *mb = mn + tb * 128;
-        __m256i isc[2][KQ_ROWS2];
-        for (int hh = 0; hh < NH; hh++)
-            for (int r = 0; r < NR; r++) isc[hh][r] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            const int p = j >> 1, hi = j & 1;
-            /* the sub-block's products as 16-bit sums, two a row: each vpmaddubsw pair is at most 2 x 15 x 127, so
-             * eight of them (30,480) fit without saturating, and the integers are the AVX-512 path's */
-            __m256i acc_j[2][KQ_ROWS2];
-            for (int hh = 0; hh < NH; hh++)
-                for (int r = 0; r < NR; r++) acc_j[hh][r] = _mm256_setzero_si256();
-            for (int i = 0; i < 8; i++) {
-                if (!h0 && !hi) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);    /* the first read of the line */
-                for (int hh = 0; hh < NH; hh++) {
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64 + 32 * (h0 + hh)));
-                    __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
-                    for (int r = 0; r < NR; r++)
-                        acc_j[hh][r] = keep(_mm256_add_epi16(acc_j[hh][r], _mm256_maddubs_epi16(
-                            wq, x4(q + (r0 + r) * K + b * QK + 32 * j + 4 * i))));
+        __m256i part[8][2][KQ_ROWS2];
+#pragma GCC unroll 1
+        for (int p = 0; p < 4; p++) {
+#pragma GCC unroll 2
+            for (int hi = 0; hi < 2; hi++) {
+                const int j = 2 * p + hi;
+                /* the sub-block's products as 16-bit sums, two a row: each vpmaddubsw pair is at most 2 x 15 x 127,
+                 * so eight of them (30,480) fit without saturating, and the integers are the AVX-512 path's */
+                __m256i acc_j[2][KQ_ROWS2];
+                for (int h = 0; h < 2; h++)
+                    for (int r = 0; r < NR; r++) acc_j[h][r] = _mm256_setzero_si256();
+                for (int i = 0; i < 8; i++) {
+                    if (!hi) prefetch(NR, w + (p * 8 + i) * 64, KQ_PF);     /* the first read of the line */
+                    for (int h = 0; h < 2; h++) {
+                        __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (p * 8 + i) * 64 + 32 * h));
+                        __m256i wq = _mm256_and_si256(hi ? _mm256_srli_epi16(wv, 4) : wv, low);
+                        for (int r = 0; r < NR; r++)
+                            acc_j[h][r] = keep(_mm256_add_epi16(acc_j[h][r], _mm256_maddubs_epi16(
+                                wq, x4(q + (r0 + r) * K + b * QK + 32 * j + 4 * i))));
+                    }
+                }
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *sj = scb + j * 16 + 8 * h;
+                    __m256i scj = pairs_u8_2(sj, sj);
+                    for (int r = 0; r < NR; r++) part[j][h][r] = _mm256_madd_epi16(acc_j[h][r], scj);
                 }
             }
-            /* each row's scale in both 16-bit halves of its lane: one vpmaddwd adds the row's two sums times it */
-            for (int hh = 0; hh < NH; hh++) {
-                const uint8_t *sj = scb + j * 16 + 8 * (h0 + hh);
-                __m256i scj = pairs_u8_2(sj, sj);
-                for (int r = 0; r < NR; r++)
-                    isc[hh][r] = _mm256_add_epi32(isc[hh][r], _mm256_madd_epi16(acc_j[hh][r], scj));
-            }
         }
-        for (int hh = 0; hh < NH; hh++) {
-            const int h = h0 + hh;
+        for (int h = 0; h < 2; h++) {
             __m256 dv = halves_f16(d + tb * 16 + 8 * h), mv = halves_f16(dmin + tb * 16 + 8 * h);
             for (int r = 0; r < NR; r++) {
+                __m256i isc = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) isc = _mm256_add_epi32(isc, part[j][h][r]);
                 const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
                 __m256i imn = _mm256_setzero_si256();
                 for (int p = 0; p < 4; p++)
                     imn = _mm256_add_epi32(imn, _mm256_madd_epi16(
                         pairs_u8_2(mb + 2 * p * 16 + 8 * h, mb + (2 * p + 1) * 16 + 8 * h), pair16_2(sr + 2 * p)));
                 __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
-                acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isc[hh][r]), _mm256_mul_ps(dv, a), acc[hh][r]);
-                acc[hh][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imn), _mm256_mul_ps(mv, a), acc[hh][r]);
+                float *yr = y + (r0 + r) * ldy + t * 16 + 8 * h;
+                __m256 acc = _mm256_loadu_ps(yr);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isc), _mm256_mul_ps(dv, a), acc);
+                acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imn), _mm256_mul_ps(mv, a), acc);
+                _mm256_storeu_ps(yr, acc);
             }
         }
     }
-    for (int hh = 0; hh < NH; hh++)
-        for (int r = 0; r < NR; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + t * 16 + 8 * (h0 + hh), acc[hh][r]);
 }
 
 static inline __attribute__((always_inline)) __m256i top2_2(__m256i top, int shift) {
@@ -198,7 +204,7 @@ static inline __attribute__((always_inline)) __m256i top2_2(__m256i top, int shi
     }
 }
 
-/* Q6_K, as q4k_rows2 */
+/* Q6_K, as q4k_rows2 but for NH halves h = h0 .. h0 + NH - 1 of the tile's output rows, its sums in registers */
 static inline __attribute__((always_inline)) void q6k_rows2(const int NR, const int NH, int h0, int64_t t, int64_t r0,
         int64_t nsb, int64_t K, const uint8_t *qlo, const uint8_t *qhi, const int8_t *sc, const uint16_t *d,
         const int8_t *q, const float *ascale, const int16_t *s16, float *y, int64_t ldy) {
@@ -485,15 +491,14 @@ static void q4k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         }
     }
 #elif defined(KQ_AVX2)
-    /* a group of one or two rows reads each line of the tile once, both halves together; a group of three or four
-     * (twelve registers a half) reads the tile twice, a half at a time */
+    /* groups of up to four rows, each reading every line of the tile whole */
     for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
         switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
 #define KQ_ARGS t, r0, nsb, K, qw, sc, mn, d, dmin, q, ascale, s32, y, ldy
-        case 1: q4k_rows2(1, 2, 0, KQ_ARGS); break;
-        case 2: q4k_rows2(2, 2, 0, KQ_ARGS); break;
-        case 3: for (int h = 0; h < 2; h++) q4k_rows2(3, 1, h, KQ_ARGS); break;
-        case 4: for (int h = 0; h < 2; h++) q4k_rows2(4, 1, h, KQ_ARGS); break;
+        case 1: q4k_rows2(1, KQ_ARGS); break;
+        case 2: q4k_rows2(2, KQ_ARGS); break;
+        case 3: q4k_rows2(3, KQ_ARGS); break;
+        case 4: q4k_rows2(4, KQ_ARGS); break;
 #undef KQ_ARGS
         }
     }
@@ -609,7 +614,9 @@ static void q6k_tile(int64_t t, int64_t nsb, int64_t R, int64_t K, const uint8_t
         }
     }
 #elif defined(KQ_AVX2)
-    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {          /* as q4k_tile */
+    /* a group of one or two rows reads each line of the tile once, both halves together; a group of three or four
+     * reads the tile twice, a half at a time */
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
         switch (R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2) {
 #define KQ_ARGS t, r0, nsb, K, qlo, qhi, sc, d, q, ascale, s16, y, ldy
         case 1: q6k_rows2(1, 2, 0, KQ_ARGS); break;
@@ -720,7 +727,9 @@ static void b32_tile(int qtype, int64_t t, int64_t nblk, int64_t R, int64_t K, c
         }
     }
 #elif defined(KQ_AVX2)
-    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {          /* as q4k_tile */
+    /* a group of one or two rows reads each line of the tile once, both halves together; a group of three or four
+     * reads the tile twice, a half at a time */
+    for (int64_t r0 = 0; r0 < R; r0 += KQ_ROWS2) {
         const int nr = (int)(R - r0 < KQ_ROWS2 ? R - r0 : KQ_ROWS2);
         switch (qtype * 16 + nr) {
 #define KQ_ARGS t, r0, nblk, K, qw, hb, d, q, ascale, s32, y, ldy
