@@ -76,9 +76,26 @@ def test_a_second_draft_beside_the_same_target_takes_its_passes_and_times_its_ow
     first = profile.cached_costs(tiny_pair)
     other = make_pair(qwen_tokenizer, tiny_pair.target, tiny_model(2, vocab=1200), pair_id="tiny-profile-2")
     timed = []
-    real = profile.time_passes
-    monkeypatch.setattr(profile, "time_passes", lambda lm, *a, **k: timed.append(lm) or real(lm, *a, **k))
+    real = profile.time_shapes
+    monkeypatch.setattr(profile, "time_shapes", lambda shapes, *a, **k: timed.extend(lm for lm, _ in shapes)
+                        or real(shapes, *a, **k))
     second = profile.cached_costs(other, target_of=first)
     assert other.target_lm not in timed and other.draft_lm in timed     # the draft's step timed, not the target
     assert second.verify_ms == first.verify_ms
     assert second.draft_ms > 0 and len(list(cache.glob("costs-*.json"))) == 2
+
+
+def test_the_passes_of_a_profile_take_turns(tiny_pair, one_thread):
+    """A slow spell of the host must fall on every shape alike, not on one: the shapes are timed in rounds, each
+    round one pass of each (the target at every length, then the draft), and the first round is not counted."""
+    calls = []
+    target, draft = tiny_pair.target_lm, tiny_pair.draft_lm
+    for name, lm in (("target", target), ("draft", draft)):
+        real = lm.forward
+        lm.forward = lambda cache, ids, n, real=real, name=name: calls.append((name, len(ids))) or real(cache, ids, n)
+    try:
+        ms = profile.time_shapes([(target, 1), (target, 3), (draft, 1)], reps=2, context=20)
+    finally:
+        del target.forward, draft.forward
+    assert calls == [("target", 20), ("draft", 20)] + [("target", 1), ("target", 3), ("draft", 1)] * 3
+    assert len(ms) == 3 and all(m > 0 for m in ms)

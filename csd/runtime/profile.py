@@ -52,36 +52,48 @@ def _now() -> str:
 
 
 @torch.inference_mode()
-def time_pass(lm, k: int, reps: int = 3, context: int = CONTEXT) -> float:
+def time_pass(lm, k: int, reps: int = 5, context: int = CONTEXT) -> float:
     """Median ms of a k-token forward of an ``csd.runtime.lm.LM`` after ``context`` cached tokens (fewer where a
     static KV cache holds fewer: its attention reads the whole capacity whatever it holds)."""
     return time_passes(lm, (k,), reps, context)[k]
 
 
-@torch.inference_mode()
-def time_passes(lm, lengths, reps: int = 3, context: int = CONTEXT, progress: Progress | None = None,
+def time_passes(lm, lengths, reps: int = 5, context: int = CONTEXT, progress: Progress | None = None,
                 label: str = "") -> dict[int, float]:
-    """``time_pass`` for each length, on one cache filled once."""
-    capacity = getattr(lm, "capacity", None)
-    if capacity is not None:
-        context = max(1, min(context, capacity - max(lengths)))
-    cache = lm.new_cache()
-    lm.forward(cache, [100 + (i % 1000) for i in range(context)], 1)
-    out = {}
-    for n, k in enumerate(lengths):
+    """``time_pass`` for each length, on one cache filled once, the lengths in turn (``time_shapes``)."""
+    return dict(zip(lengths, time_shapes([(lm, k) for k in lengths], reps, context, progress, label)))
+
+
+@torch.inference_mode()
+def time_shapes(shapes, reps: int = 5, context: int = CONTEXT, progress: Progress | None = None,
+                label: str = "") -> list[float]:
+    """Median ms of each (lm, k) in ``shapes``: a k-token forward after ``context`` cached tokens, on one cache a
+    model. The shapes take turns (1, 2, 3, ..., 1, 2, 3, ...), so that a spell of a busy or slow host falls on each
+    alike: gamma auto plans with their ratios. One shape at a time, three passes each, a 1-token target pass came
+    out at 25, 35 and 32 ms in three profiles of one machine (docs/bench/avx2-epyc7)."""
+    caches = {}                                # id(lm): its cache and the tokens cached before each pass
+    for lm, _ in shapes:
+        if id(lm) not in caches:
+            fill = context
+            if getattr(lm, "capacity", None) is not None:
+                longest = max(k for m, k in shapes if m is lm)
+                fill = max(1, min(context, lm.capacity - longest))
+            cache = lm.new_cache()
+            lm.forward(cache, [100 + (i % 1000) for i in range(fill)], 1)
+            caches[id(lm)] = (cache, fill)
+    times = [[] for _ in shapes]
+    for rnd in range(reps + 1):                # the first round warms each shape up and is not counted
         if progress:
-            progress(f"profiling: {label}pass of {k} tokens", n / (len(lengths) + 1))
-        lm.forward(cache, [7] * k, k)          # warm-up at this shape
-        lm.crop(cache, context)
-        times = []
-        for _ in range(reps):
+            progress(f"profiling: {label}round {rnd + 1} of {reps + 1}", rnd / (reps + 2))
+        for i, (lm, k) in enumerate(shapes):
+            cache, fill = caches[id(lm)]
             t0 = time.perf_counter()
             lm.forward(cache, [7] * k, k)
             _sync(lm.device)
-            times.append(1000 * (time.perf_counter() - t0))
-            lm.crop(cache, context)
-        out[k] = statistics.median(times)
-    return out
+            if rnd:
+                times[i].append(1000 * (time.perf_counter() - t0))
+            lm.crop(cache, fill)
+    return [statistics.median(t) for t in times]
 
 
 @torch.inference_mode()
@@ -140,56 +152,71 @@ def _cache_file(kind: str, key: dict) -> Path:
     return cache_dir() / "profiles" / f"{kind}-{digest(key)}.json"
 
 
-def measure(pair, lengths=PASS_LENGTHS, reps: int = 3, progress: Progress | None = None,
+def measure(pair, lengths=PASS_LENGTHS, reps: int = 5, progress: Progress | None = None,
             verify: dict[int, float] | None = None) -> CostModel:
     """Time the target at each pass length (unless ``verify`` gives them) and the draft per token (needs a loaded
-    draft), then the host's share of a plain step and of a one-token block (``host_overheads``)."""
+    draft), in turn, then the host's share of a plain step and of a one-token block (``host_overheads``)."""
+    target, draft = pair.target_lm, pair.draft_lm
+    shapes = [] if verify is not None else [(target, k) for k in lengths]
+    if draft is not None:
+        shapes.append((draft, 1))
+    ms = time_shapes(shapes, reps, progress=progress, label="target and draft ") if shapes else []
     if verify is None:
-        verify = time_passes(pair.target_lm, lengths, reps, progress=progress, label="target ")
-    draft = time_pass(pair.draft_lm, 1, max(reps, 5)) if pair.draft_lm is not None else float("nan")
-    costs = CostModel(verify, draft, profile_key(pair), _now())
-    if pair.draft_lm is not None:
-        costs.pass_overhead_ms, costs.draft_overhead_ms = host_overheads(pair, costs, max(reps, 5))
+        verify = dict(zip(lengths, ms))
+    costs = CostModel(verify, ms[-1] if draft is not None else float("nan"), profile_key(pair), _now())
+    if draft is not None:
+        costs.pass_overhead_ms, costs.draft_overhead_ms = host_overheads(pair)
     if progress:
         progress("profiling: done", 1.0)
     return costs
 
 
 @torch.inference_mode()
-def host_overheads(pair, costs: CostModel, reps: int = 5, context: int = 16) -> tuple[float, float]:
-    """Median ms beyond ``costs``' passes (launches, the transfer, the host's work between them) of (a) a plain
-    target step, its token back on the host, and (b) a one-token block drafted, verified, its scores on the host."""
+def host_overheads(pair, reps: int = 7, context: int = 16) -> tuple[float, float]:
+    """Median ms beyond the models' own passes (launches, the transfer, the host's work between them) of (a) a
+    plain target step, its token back on the host, and (b) a one-token block drafted, verified, its scores on the
+    host. Each is timed beside the same passes bare, in turn, and the median of the paired differences is kept:
+    the difference of two medians timed apart would carry the host's drift between them."""
     target, draft = pair.target_lm, pair.draft_lm
     tc, dc = target.new_cache(), draft.new_cache()
     prompt = [100 + i for i in range(context)]
     target.forward(tc, prompt, 1)
     draft.forward(dc, prompt, 1)
 
-    def plain():
-        target.forward(tc, [7], 1)[-1].argmax().tolist()
+    def step(host: bool):
+        logits = target.forward(tc, [7], 1)
+        if host:
+            logits[-1].argmax().tolist()
+        _sync(target.device)
         target.crop(tc, context)
 
-    def block():
-        x = draft.forward(dc, [7], 1)[-1].argmax().view(1)
-        if draft.vocab_ids is not None:
-            x = draft.vocab_ids[x]
-        ids = torch.cat([torch.tensor([7], device=x.device), x.to(torch.long)])
-        torch.stack([target.forward(tc, ids, 2).argmax(-1).float(), ids.float()]).tolist()
+    def block(host: bool):
+        logits = draft.forward(dc, [7], 1)
+        if host:
+            x = logits[-1].argmax().view(1)
+            if draft.vocab_ids is not None:
+                x = draft.vocab_ids[x]
+            ids = torch.cat([torch.tensor([7], device=x.device), x.to(torch.long)])
+            torch.stack([target.forward(tc, ids, 2).argmax(-1).float(), ids.float()]).tolist()
+        else:
+            target.forward(tc, [7, 8], 2)
+        _sync(target.device)
         target.crop(tc, context)
         draft.crop(dc, context)
 
-    out = []
-    for fn in (plain, block):
-        fn()                                           # warm-up
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1000 * (time.perf_counter() - t0))
-        out.append(statistics.median(times))
+    gaps = {step: [], block: []}
+    for rnd in range(reps + 1):                # the first round warms up and is not counted
+        for fn in (step, block):
+            t = []
+            for host in (True, False):
+                t0 = time.perf_counter()
+                fn(host)
+                t.append(1000 * (time.perf_counter() - t0))
+            if rnd:
+                gaps[fn].append(t[0] - t[1])
     target.release(tc)
-    step = max(out[0] - costs.verify(1), 0.0)
-    return step, max(out[1] - costs.draft_ms - costs.verify(2) - step, 0.0)
+    plain = max(statistics.median(gaps[step]), 0.0)
+    return plain, max(statistics.median(gaps[block]) - plain, 0.0)
 
 
 def costs_cached(pair) -> bool:
