@@ -129,6 +129,20 @@ static inline __attribute__((always_inline)) __m256i pairs_i8_2(const int8_t *a,
                                                   _mm_loadl_epi64((const __m128i *)b)));
 }
 
+/* Sum over n groups g of v[g] * sr[g], per output row of half h: v[g] is the group's 8 bytes for that half (at
+ * v + 16 g + 8 h; unsigned Q4_K mins or signed Q6_K scales), sr[g] the row of x's sum over the group. Groups go in
+ * pairs, one vpmaddwd a pair. */
+static inline __attribute__((always_inline)) __m256i groups_dot2(const int n, const int is_signed, const void *v,
+                                                                  int h, const int16_t *sr) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int k = 0; k < n; k += 2) {
+        const int8_t *a = (const int8_t *)v + k * 16 + 8 * h, *b = a + 16;
+        __m256i pairs = is_signed ? pairs_i8_2(a, b) : pairs_u8_2((const uint8_t *)a, (const uint8_t *)b);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, pair16_2(sr + k)));
+    }
+    return sum;
+}
+
 static inline __attribute__((always_inline)) __m256 halves_f16(const uint16_t *d) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
 }
@@ -179,10 +193,7 @@ static inline __attribute__((always_inline)) void q4k_rows2(const int NR, int64_
                 __m256i isc = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j++) isc = _mm256_add_epi32(isc, part[j][h][r]);
                 const int16_t *sr = s32 + (r0 + r) * (K / 32) + b * 8;
-                __m256i imn = _mm256_setzero_si256();
-                for (int p = 0; p < 4; p++)
-                    imn = _mm256_add_epi32(imn, _mm256_madd_epi16(
-                        pairs_u8_2(mb + 2 * p * 16 + 8 * h, mb + (2 * p + 1) * 16 + 8 * h), pair16_2(sr + 2 * p)));
+                __m256i imn = groups_dot2(8, 0, mb, h, sr);
                 __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
                 float *yr = y + (r0 + r) * ldy + t * 16 + 8 * h;
                 __m256 acc = _mm256_loadu_ps(yr);
@@ -261,10 +272,7 @@ static inline __attribute__((always_inline)) void q6k_rows2(const int NR, const 
             __m256 dv = halves_f16(d + tb * 16 + 8 * h);
             for (int r = 0; r < NR; r++) {
                 const int16_t *sr = s16 + (r0 + r) * (K / 16) + b * 16;
-                __m256i imn = _mm256_setzero_si256();
-                for (int k = 0; k < 8; k++)
-                    imn = _mm256_add_epi32(imn, _mm256_madd_epi16(
-                        pairs_i8_2(scb + 2 * k * 16 + 8 * h, scb + (2 * k + 1) * 16 + 8 * h), pair16_2(sr + 2 * k)));
+                __m256i imn = groups_dot2(16, 1, scb, h, sr);
                 __m256 a = _mm256_set1_ps(ascale[(r0 + r) * nsb + b]);
                 __m256i tot = _mm256_sub_epi32(isc[hh][r], _mm256_slli_epi32(imn, 5));
                 acc[hh][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(dv, a), acc[hh][r]);
