@@ -51,17 +51,10 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-@torch.inference_mode()
 def time_pass(lm, k: int, reps: int = 5, context: int = CONTEXT) -> float:
     """Median ms of a k-token forward of an ``csd.runtime.lm.LM`` after ``context`` cached tokens (fewer where a
     static KV cache holds fewer: its attention reads the whole capacity whatever it holds)."""
-    return time_passes(lm, (k,), reps, context)[k]
-
-
-def time_passes(lm, lengths, reps: int = 5, context: int = CONTEXT, progress: Progress | None = None,
-                label: str = "") -> dict[int, float]:
-    """``time_pass`` for each length, on one cache filled once, the lengths in turn (``time_shapes``)."""
-    return dict(zip(lengths, time_shapes([(lm, k) for k in lengths], reps, context, progress, label)))
+    return time_shapes([(lm, k)], reps, context)[0]
 
 
 @torch.inference_mode()
