@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from csd.runtime import kblocks, kquant
+from csd.runtime import hugepages, kblocks, kquant
 from csd.runtime.embedded import assembled
 from csd.runtime.ggufile import GGUFFile
 from csd.runtime.pair import ModelLoadError
@@ -82,15 +82,17 @@ def test_a_row_is_the_same_alone_or_in_a_pass_of_any_length(target_file, kind, v
     assert float(err.max()) < 0.03
 
 
+@pytest.mark.parametrize("in_arena", [False, True])
 @pytest.mark.parametrize("kind", sorted(NAMES))
-def test_a_large_matrix_is_repacked_in_pieces_as_it_would_be_whole(target_file, kind, monkeypatch):
+def test_a_large_matrix_is_repacked_in_pieces_as_it_would_be_whole(target_file, kind, in_arena, monkeypatch):
     """A matrix of more rows than ``PACK_ROWS`` is repacked a piece at a time (a first start stays within its memory),
-    into the very bytes one piece gives, its last tile padded as before."""
+    into the very bytes one piece gives, its last tile padded as before: in ordinary memory and in the huge-page
+    arena a model's matrices go to (``csd.runtime.hugepages``)."""
     t = target_file.tensors[NAMES[kind]]
     raw = target_file.raw(NAMES[kind])[:600]
     whole = kquant.PACK[t.qtype](np.asarray(raw))
     monkeypatch.setattr(kquant, "PACK_ROWS", 128)
-    pieces = kquant.KQuantPart(t.qtype, raw, t.shape[1]).packed
+    pieces = kquant.KQuantPart(t.qtype, raw, t.shape[1], hugepages.Arena() if in_arena else None).packed
     assert whole.keys() == pieces.keys() and all(torch.equal(whole[k], pieces[k]) for k in whole)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .hugepages import Arena
 from .kblocks import BLOCK, KNOWN, PACK, Q4_0, Q4_K, TILE
 from .lm import LeanLM
 
@@ -126,24 +127,39 @@ def kernel_missing() -> str | None:
 PACK_ROWS = 2048       # rows repacked at a time: a large matrix's integers unpacked whole took a first start past 4 GB
 
 
-def _pack(qtype: int, raw) -> dict[str, torch.Tensor]:
-    """``PACK[qtype]`` of ``raw``'s rows, ``PACK_ROWS`` at a time (whole tiles), joined along the tiles."""
-    if raw.shape[0] <= PACK_ROWS:
-        return PACK[qtype](np.asarray(raw))
-    chunks = [PACK[qtype](np.asarray(raw[i:i + PACK_ROWS])) for i in range(0, raw.shape[0], PACK_ROWS)]
-    return {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
+def _pack(qtype: int, raw, arena: Arena | None) -> dict[str, torch.Tensor]:
+    """``PACK[qtype]`` of ``raw``'s rows, ``PACK_ROWS`` at a time (whole tiles), each piece written straight into
+    its place in the arena (or in ordinary memory without one): a whole copy of the result never exists twice."""
+    n = raw.shape[0]
+    if n <= PACK_ROWS:
+        packed = PACK[qtype](np.asarray(raw))
+        return packed if arena is None else {k: arena.place(v) for k, v in packed.items()}
+    tiles = -(-n // TILE)
+    out: dict[str, torch.Tensor] = {}
+    at = 0                          # tiles written so far
+    for i in range(0, n, PACK_ROWS):
+        piece = PACK[qtype](np.asarray(raw[i:i + PACK_ROWS]))
+        step = -(-min(PACK_ROWS, n - i) // TILE)
+        for k, v in piece.items():  # every packed tensor holds its rows' tiles along its first dimension
+            if k not in out:
+                per_tile = v.shape[0] // step
+                shape = (tiles * per_tile, *v.shape[1:])
+                out[k] = arena.empty(shape, v.dtype) if arena is not None else torch.empty(shape, dtype=v.dtype)
+            out[k][at * v.shape[0] // step:(at + step) * v.shape[0] // step] = v
+        at += step
+    return out
 
 
 class KQuantPart:
     """One GGUF matrix in the kernel's layout: its type, packed blocks and shape."""
 
-    def __init__(self, qtype: int, raw: np.ndarray, in_features: int):
+    def __init__(self, qtype: int, raw: np.ndarray, in_features: int, arena: Arena | None = None):
         if qtype not in PACK:
             raise ValueError(f"the k-quant kernel takes {', '.join(KNOWN.values())}, not ggml type {qtype}")
         if in_features % BLOCK[qtype]:
             raise ValueError(f"{KNOWN[qtype]} rows hold whole blocks of {BLOCK[qtype]} values, not {in_features}")
         self.qtype, self.in_features, self.out_features = qtype, in_features, raw.shape[0]
-        self.packed = _pack(qtype, raw)
+        self.packed = _pack(qtype, raw, arena)      # in the arena: on 2 MB pages where Linux gives them
         self.padded = self.out_features + (-self.out_features % TILE)
 
     def nbytes(self) -> int:
@@ -372,13 +388,14 @@ def lean_from_gguf(path, vocab_ids: torch.Tensor | None = None, four_bit: bool =
     config = gguf_config(f)
 
     store = FourBitStore(f) if four_bit else None
+    arena = Arena()                 # every matrix of the model, one after another, on 2 MB pages where possible
 
     def part(name: str, rows=None) -> KQuantPart:
         t = f.tensors[name]
         raw = f.raw(name) if rows is None else f.raw(name)[rows]
         if store is not None and t.qtype not in FOUR_BIT:
-            return KQuantPart(Q4_0, store.q4_0(name, raw, lambda: f.dequantize(name, rows)), t.shape[1])
-        return KQuantPart(t.qtype, raw, t.shape[1])
+            return KQuantPart(Q4_0, store.q4_0(name, raw, lambda: f.dequantize(name, rows)), t.shape[1], arena)
+        return KQuantPart(t.qtype, raw, t.shape[1], arena)
 
     def floats(name: str) -> torch.Tensor | None:
         return torch.from_numpy(f.dequantize(name)) if name in f.tensors else None

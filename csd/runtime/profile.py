@@ -116,18 +116,23 @@ def _sync(device) -> None:
 
 
 ENGINE_FILES = ("lm.py", "static.py", "quant.py", "ortlm.py", "ovlm.py", "kquant.py", "kblocks.py", "kernels/kquant.c",
-                "profile.py")   # the passes, representations, how timed
+                "hugepages.py", "profile.py")   # the passes, representations, where the weights live, how timed
 
 
 @functools.cache
 def engine_revision() -> str:
     """A digest of the code whose speed a profile measures (``ENGINE_FILES``), of the int8 kernel asked for
-    (``CSD_INT8_KERNEL``) and of the k-quant kernel's build (``CSD_KQUANT_VARIANT``): a change re-times it."""
+    (``CSD_INT8_KERNEL``), of the k-quant kernel's build (``CSD_KQUANT_VARIANT``) and of whether the weights go on
+    huge pages (``CSD_HUGEPAGES``): a change re-times it."""
+    from .hugepages import ENV as HUGEPAGES_ENV
+    from .hugepages import supported
     from .kquant import VARIANT_ENV
     from .quant import KERNEL
     h = hashlib.sha1(KERNEL.encode())
     if variant := os.environ.get(VARIANT_ENV):      # none set: the digest the native build always had
         h.update(variant.encode())
+    if not supported():
+        h.update(f"{HUGEPAGES_ENV}=off".encode())
     for name in ENGINE_FILES:
         h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:12]
