@@ -34,6 +34,7 @@ class Block:
     draft_s: float | None = None                 # seconds the draft took for this block (None: not timed)
     verify_s: float | None = None                # seconds of the verify pass (None: not timed, e.g. on a GPU)
     wall_s: float | None = None                  # seconds from proposing to the decision, host and transfer included
+    catch_up_s: float = 0.0                      # seconds the draft first read the prompt (not the block's cost)
     pass_tokens: int = 0                         # tokens in the verify pass (the block, its bonus row, catch-up)
 
     @property

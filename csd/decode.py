@@ -124,10 +124,11 @@ def check_room(pair: Pair, prompt_tokens: int, cfg: CSDConfig) -> None:
 
 
 def proposers(pair: Pair, cfg: CSDConfig, policy: Policy | None, cache, metrics: RunMetrics,
-              gen: torch.Generator | None) -> list[Proposer]:
+              gen: torch.Generator | None, catch_up: Callable[[], float] | None = None) -> list[Proposer]:
     """Who proposes a block, in order: copies from the context where they pay, then the draft, on the
     device (greedy with a fixed gamma, or gamma auto where reading each confidence would wait for the
-    device) or on the host. AR: no one (its blocks are empty)."""
+    device) or on the host (``catch_up``: how the host's draft reads what its cache lacks before it drafts).
+    AR: no one (its blocks are empty)."""
     if policy is None:
         return []
     lm, copies = pair.draft_lm, []
@@ -138,7 +139,8 @@ def proposers(pair: Pair, cfg: CSDConfig, policy: Policy | None, cache, metrics:
         return copies + [DeviceDraft(lm, cache, policy, metrics, pair.target_lm.device)]
     vocab = pair.target_lm.vocab_size if cfg.temperature > 0 else 0
     return copies + [HostDraft(lm, cache, policy, metrics, frozenset(pair.eos_ids), cfg.temperature, gen, vocab,
-                               read_confidence=policy.reads_confidence or cfg.explain, explain=cfg.explain)]
+                               read_confidence=policy.reads_confidence or cfg.explain, explain=cfg.explain,
+                               catch_up=catch_up)]
 
 
 class Run:
@@ -170,7 +172,10 @@ class Run:
         self.tcache = pair.target_lm.new_cache()
         self.dcache = pair.draft_lm.new_cache() if cfg.uses_draft else None
         self.caches = (self.tcache, self.dcache)  # exposed for inspection (tests check them after rollbacks)
-        self.proposers = proposers(pair, cfg, policy, self.dcache, self.metrics, self.gen)
+        self.proposers = proposers(pair, cfg, policy, self.dcache, self.metrics, self.gen, self._draft_catch_up)
+        # the host's draft reads the prompt when it first drafts (HostDraft.catch_up), not before the first block:
+        # where the policy never drafts (copies, or blocks that do not pay) the reading is saved whole
+        self._draft_reads_late = any(isinstance(p, HostDraft) for p in self.proposers)
         copies = [p.lookup for p in self.proposers if isinstance(p, LookupCopy)]
         self._observers = [p for p in (policy, *copies) if p is not None]   # they learn from every block
         self._emit = EventBuilder(pair, cfg, self.metrics, len(prompt_ids))
@@ -212,15 +217,35 @@ class Run:
         return sum(getattr(lm, "captures", 0) for lm in (self.pair.target_lm, self.pair.draft_lm) if lm is not None)
 
     def _prefill(self) -> None:
-        """Feed all prompt tokens but the last (fed with the first block) to both models, in chunks. A run that
-        shares passes with others leaves the draft's reading of the prompt to its first block that drafts, if
-        one ever does (the draft catches up on what its cache lacks): among many runs most blocks do not draft
-        (``csd.costs.CostModel.shared``), and a prompt read into a draft that never drafts is wasted work."""
+        """Feed all prompt tokens but the last (fed with the first block) to the target, in chunks, and to the
+        draft where it drafts on the device. The host's draft leaves its reading of the prompt to its first
+        block that drafts, if one ever does (``_draft_catch_up``): where drafting does not pay (copies from the
+        context, a CPU whose verify rows are dear, many runs sharing passes: ``csd.costs.CostModel.shared``) a
+        prompt read into a draft that never drafts is wasted work."""
         body = self._seq[:-1]
         with self.metrics.lap("prefill_s"):
             self._read_target(body)
-            if self.dcache is not None and not self._shared:
+            if self.dcache is not None and not self._draft_reads_late:
                 self._read(self.pair.draft_lm, self.dcache, body, 0)
+
+    def _draft_catch_up(self) -> float:
+        """The first time the draft drafts, it reads what it has not: the prompt (which counts as reading the
+        prompt, ``prefill_s``) and the answer so far but its newest token (the draft's time, ``draft_s``). Returns
+        the seconds; the block's timing leaves them out (``Block.catch_up_s``), so that they never read as the cost
+        of a drafted token. Later, the tokens of the blocks since the draft last drafted go with its first step,
+        one pass for them all."""
+        lm, cache = self.pair.draft_lm, self.dcache
+        have, prompt_end, end = lm.length(cache), len(self.prompt_ids) - 1, len(self._seq) - 1
+        if have >= prompt_end:
+            return 0.0
+        t0 = time.perf_counter()
+        with self.metrics.lap("prefill_s"):
+            self._read(lm, cache, self._seq[:prompt_end], have)
+        with self.metrics.lap("draft_s"):
+            for a in range(prompt_end, end, PREFILL_CHUNK):
+                self._check_stop()
+                lm.forward(cache, self._seq[a:min(a + PREFILL_CHUNK, end)], 1)
+        return time.perf_counter() - t0
 
     def _read_target(self, body: list[int]) -> None:
         """The target reads the prompt, copying the rows another run of the app read already
@@ -266,7 +291,7 @@ class Run:
         # the whole block, its transfer included; not a cost where a pass waited for others (a shared pass)
         # or a graph was captured on the way (csd.runtime.static.StaticLM.draft_block)
         if not self._shared and self._captures() == captures:
-            block.wall_s = time.perf_counter() - t0
+            block.wall_s = time.perf_counter() - t0 - block.catch_up_s
         try:
             ended = yield from self._emit.drafts(block, self._seq)         # 5. the decided draft positions
             if not ended:

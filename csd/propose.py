@@ -7,6 +7,7 @@ a policy or the explain view needs) or on the device (``DeviceDraft``: greedy, n
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -49,16 +50,22 @@ class HostDraft:
 
     def __init__(self, lm: Model, cache, policy: Policy, metrics: RunMetrics, eos: frozenset[int],
                  temperature: float = 0.0, gen: torch.Generator | None = None, vocab: int = 0,
-                 read_confidence: bool = False, explain: bool = False):
+                 read_confidence: bool = False, explain: bool = False,
+                 catch_up: Callable[[], float] | None = None):
         self.lm, self.cache, self.policy, self.metrics, self.eos = lm, cache, policy, metrics, eos
         self.temperature, self.gen, self.vocab = temperature, gen, vocab
         self.read_confidence, self.explain = read_confidence, explain
+        # reads the prompt into the draft's cache and says how long it took (csd.decode.Run._draft_catch_up): the
+        # draft reads the prompt only when it first drafts, so a run that never drafts never reads it
+        self.catch_up = catch_up
 
     def propose(self, block: Block, seq: list[int], room: int) -> bool:
-        feed = seq[self.lm.length(self.cache):]
         with self.metrics.lap("policy_s"):
             self.policy.start()
             go = room > 0 and self.policy.more(0, 1.0)
+        if go and self.catch_up is not None:
+            block.catch_up_s = self.catch_up()
+        feed = seq[self.lm.length(self.cache):]
         block.draft_s = 0.0
         while go:
             with self.metrics.lap("draft_s") as lap:

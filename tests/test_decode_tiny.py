@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from csd.config import CSDConfig
+from csd.costs import CostModel
 from csd.decode import Decoder
 from csd.events import CORRECTED, REJECTED
 
@@ -147,3 +148,46 @@ def test_calibration_answers_stop_at_the_context(tiny_pair):
     run = Decoder(tiny_pair).run(short, CSDConfig(method="ar", max_new_tokens=6))
     list(run)
     assert answers[2] == run.token_ids
+
+
+def greedy_tokens(run) -> list[int]:
+    return [e.token_id for e in run if e.in_output]
+
+
+def test_a_draft_that_never_drafts_never_reads_the_prompt(tiny_pair, one_thread):
+    """Gamma auto on costs where drafting never pays: the host's draft leaves the prompt unread (it would read it
+    when it first drafts), the run does no draft step at all, and its answer is AR's."""
+    dear = CostModel({k: 10.0 * k for k in range(1, 18)}, draft_ms=1e6)
+    prompt = PROMPT * 6
+    run = Decoder(tiny_pair, costs=dear, online_costs=False).run(
+        prompt, CSDConfig(method="sd", gamma="auto", max_new_tokens=24))
+    tokens = greedy_tokens(run)
+    assert run.caches[1].get_seq_length() == 0
+    assert run.metrics.draft_forwards == 0
+    ar = Decoder(tiny_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=24))
+    assert tokens == greedy_tokens(ar)
+
+
+@pytest.mark.parametrize("method", ["sd", "csd"])
+def test_a_draft_reads_the_prompt_when_it_first_drafts(tiny_pair, one_thread, method):
+    """Gamma auto on costs where drafting pays: the draft reads the prompt before its first step, its cache then
+    gives what a fresh pass gives after every rejection, and greedy SD writes AR's answer."""
+    cheap = CostModel({k: 10.0 for k in range(1, 18)}, draft_ms=0.01)
+    prompt = PROMPT * 6
+    run = Decoder(tiny_pair, costs=cheap, online_costs=False).run(
+        prompt, CSDConfig(method=method, gamma="auto", max_new_tokens=40))
+    checked = 0
+    for ev in run:
+        if ev.status != CORRECTED:
+            continue
+        seq = prompt + [e.token_id for e in run.events if e.in_output]
+        dcache = run.caches[1]
+        assert len(prompt) - 1 <= dcache.get_seq_length() <= len(seq) - 1
+        torch.testing.assert_close(cached_next_logits(tiny_pair.draft, dcache, seq),
+                                   fresh_last_logits(tiny_pair.draft, seq), rtol=1e-4, atol=1e-4)
+        checked += 1
+    assert run.metrics.draft_forwards > 0 and checked >= 3
+    assert run.metrics.prefill_s > 0
+    if method == "sd":
+        ar = Decoder(tiny_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=40))
+        assert [e.token_id for e in run.events if e.in_output] == greedy_tokens(ar)

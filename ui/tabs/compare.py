@@ -131,8 +131,9 @@ def compare_note(views: dict[str, RunView | None]) -> str:
                      f"AR's {a.target_forwards} (**{saved} saved**, {m.mean_accepted_length:.2f} tokens per pass); "
                      f"one of its verify passes (a block of about {m.mean_block_len:.1f} draft tokens + 1) took "
                      f"{per:.3f} s against {step:.3f} s for an AR step (**{ratio:.1f}×**); drafting took "
-                     f"{m.draft_s:.2f} s in all, and reading the prompt {m.prefill_s:.2f} s with both models (AR: "
-                     f"{a.prefill_s:.2f} s, the target alone).")
+                     f"{m.draft_s:.2f} s in all, and reading the prompt {m.prefill_s:.2f} s (the target, and the draft "
+                     f"if it drafted at all: it reads the prompt when it first drafts; AR: {a.prefill_s:.2f} s, the "
+                     f"target alone).")
     faster = [k for k in done if k != "ar" and done[k].wall_s < a.wall_s]
     why = ("**Why speculative decoding can be slower than AR here.** On a GPU a verify pass over γ + 1 tokens costs "
            "about as much as one AR step, so every kept draft token is time saved. On a CPU, and more so a busy "
