@@ -31,10 +31,11 @@ class Block:
     probs: torch.Tensor | None = None            # the target's probabilities (sampling, explain)
     decision: Decision | None = None
     start: int = 0                               # sequence length before the block
-    draft_s: float | None = None                 # seconds the draft took for this block (None: not timed)
+    draft_s: float | None = None                 # seconds of the draft's 1-token steps in this block (None: not timed)
+    draft_steps: int = 0                         # the steps draft_s holds (a step that also read a lag is not one)
     verify_s: float | None = None                # seconds of the verify pass (None: not timed, e.g. on a GPU)
     wall_s: float | None = None                  # seconds from proposing to the decision, host and transfer included
-    catch_up_s: float = 0.0                      # seconds the draft first read the prompt (not the block's cost)
+    catch_up_s: float = 0.0                      # seconds the draft read what it lacked: the prompt, copied tokens
     pass_tokens: int = 0                         # tokens in the verify pass (the block, its bonus row, catch-up)
 
     @property

@@ -241,8 +241,10 @@ class AutoGamma:
             slow = max(1000 * block.verify_s / costs.verify(block.pass_tokens), 1e-3)
             c.note("verify_scale", slow, 1.0)
         drafted = block.source == DRAFT and block.size
-        if drafted and block.draft_s is not None:
-            c.note("draft_ms", 1000 * block.draft_s / block.size / slow, costs.draft_ms)
+        if drafted and block.draft_s is not None and block.draft_steps:
+            # the 1-token steps only: a step that also read the tokens copied since the draft last drafted costs
+            # more than a token (Block.catch_up_s), and taken for one it made the draft look 2-8x dearer
+            c.note("draft_ms", 1000 * block.draft_s / block.draft_steps / slow, costs.draft_ms)
         if block.wall_s is None or block.index == 0 or not block.pass_tokens:
             return
         if block.verify_s is not None:

@@ -70,7 +70,11 @@ class HostDraft:
         while go:
             with self.metrics.lap("draft_s") as lap:
                 logits = self.lm.forward(self.cache, feed, 1)[-1]              # (V,) or (|vocab subset|,)
-            block.draft_s += lap.s
+            if len(feed) == 1:
+                block.draft_s += lap.s
+                block.draft_steps += 1
+            else:       # its first step also read the tokens copied since it last drafted: no step's cost
+                block.catch_up_s += lap.s
             self.metrics.draft_forwards += 1
             x, conf = self._choose(block, logits)
             block.proposed.append(x)

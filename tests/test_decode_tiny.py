@@ -191,3 +191,21 @@ def test_a_draft_reads_the_prompt_when_it_first_drafts(tiny_pair, one_thread, me
     if method == "sd":
         ar = Decoder(tiny_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=40))
         assert [e.token_id for e in run.events if e.in_output] == greedy_tokens(ar)
+
+
+def test_a_step_that_reads_copied_tokens_is_kept_apart_from_the_draft_steps(tiny_pair, one_thread):
+    """The host's draft, 12 tokens behind the sequence (copies from the context came since it last drafted): its
+    first step reads them all, and that pass goes to the block's catch-up, not to its timed 1-token steps."""
+    from csd.block import Block
+    from csd.events import RunMetrics
+    from csd.policy import FixedGamma
+    from csd.propose import HostDraft
+    lm = tiny_pair.draft_lm
+    cache = lm.new_cache()
+    seq = PROMPT * 4
+    lm.forward(cache, seq[:4], 1)
+    block = Block(1, start=len(seq))
+    HostDraft(lm, cache, FixedGamma(3), RunMetrics(), frozenset()).propose(block, seq, 10)
+    assert block.size == 3 and block.draft_steps == 2
+    assert block.catch_up_s > 0 and block.draft_s > 0
+    assert lm.length(cache) == len(seq) + 2

@@ -157,7 +157,7 @@ def _block(size: int, draft_ms: float, verify_ms: float, kept: int):
                              5 if i < kept else 6, 1.0, 1.0 if i < kept else 2.0, 0)
                      for i in range(min(size, kept + 1)))
     b = Block(0, proposed=list(range(size)), confidences=[0.9] * size, draft_s=size * draft_ms / 1000,
-              verify_s=verify_ms / 1000, pass_tokens=size + 1)
+              draft_steps=size, verify_s=verify_ms / 1000, pass_tokens=size + 1)
     b.decision = Decision(verdicts=verdicts, n_kept=kept, next_token=6, bonus=kept == size, observed=())
     return b
 
@@ -178,6 +178,22 @@ def test_online_costs_follow_what_the_run_measures():
     offline = AutoGamma(CPU, 16)                            # the default: the profile alone
     offline.observe(_block(4, 4 * CPU.draft_ms, 1.5 * CPU.verify(5), 3))
     assert offline.draft_ms == CPU.draft_ms and offline.verify_scale == 1.0
+
+
+def test_a_step_that_also_read_copied_tokens_is_not_a_draft_tokens_cost():
+    """After blocks of copies from the context, the draft's first step also reads the copied tokens: a pass of many,
+    which the block keeps apart (``Block.catch_up_s``), so the draft's cost stays its 1-token steps'. Taken for
+    a token's cost (before 2026-12-07: 17-68 ms against an 8 ms step on the AVX2 path) it made gamma auto stop
+    drafting after a run or two; a block whose only step read copies teaches the draft's cost nothing."""
+    p = AutoGamma(CPU, 16, online=True)
+    for _ in range(30):
+        b = _block(4, CPU.draft_ms, CPU.verify(5), 3)
+        b.draft_s, b.draft_steps, b.catch_up_s = 3 * CPU.draft_ms / 1000, 3, 0.09
+        p.observe(b)
+        lone = _block(1, CPU.draft_ms, CPU.verify(2), 1)
+        lone.draft_s, lone.draft_steps, lone.catch_up_s = 0.0, 0, 0.09
+        p.observe(lone)
+    assert p.draft_ms == pytest.approx(CPU.draft_ms)
 
 
 def test_an_untimed_block_leaves_the_costs_alone():
