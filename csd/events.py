@@ -101,7 +101,7 @@ class RunMetrics:
     relaxed: int = 0
     divergences: int = 0             # decided draft positions where x~ != t* (rescued + relaxed + rejected)
     wall_s: float = 0.0
-    prefill_s: float = 0.0           # time to feed the prompt: the target's before the first block, the draft's when it first drafts
+    prefill_s: float = 0.0           # reading the prompt: the target before the first block, the draft when it drafts
     prompt_rows_copied: int = 0      # prompt tokens whose target rows another run read (csd.runtime.prompt_rows)
     draft_s: float = 0.0             # time in the draft's forward passes
     verify_s: float = 0.0            # time in the target's forward passes
