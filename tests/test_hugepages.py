@@ -86,7 +86,8 @@ def test_a_gguf_models_matrices_live_in_the_arena_and_give_the_same_logits(monke
     assert isinstance(qkv, kquant.KQuantLinear)
     assert "hg" in vm_flags(qkv.parts[0].packed["qw"].data_ptr())
     assert "hg" in vm_flags(models["1"].head.parts[0].packed["qw"].data_ptr())
-    assert "hg" not in vm_flags(models["0"].head.parts[0].packed["qw"].data_ptr())
+    # (no claim about the copy in ordinary memory: numpy advises its own arrays of 4 MB or more for huge pages, and
+    # heap memory it once advised keeps the flag for whatever is allocated there later)
     out = {}
     for env, lm in models.items():
         cache = lm.new_cache()
