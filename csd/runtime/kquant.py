@@ -141,11 +141,11 @@ def _pack(qtype: int, raw, arena: Arena | None) -> dict[str, torch.Tensor]:
         piece = PACK[qtype](np.asarray(raw[i:i + PACK_ROWS]))
         step = -(-min(PACK_ROWS, n - i) // TILE)
         for k, v in piece.items():  # every packed tensor holds its rows' tiles along its first dimension
+            per_tile = v.shape[0] // step
             if k not in out:
-                per_tile = v.shape[0] // step
                 shape = (tiles * per_tile, *v.shape[1:])
                 out[k] = arena.empty(shape, v.dtype) if arena is not None else torch.empty(shape, dtype=v.dtype)
-            out[k][at * v.shape[0] // step:(at + step) * v.shape[0] // step] = v
+            out[k][at * per_tile:(at + step) * per_tile] = v
         at += step
     return out
 
