@@ -9,7 +9,10 @@ fades (``FADE`` a block) while it is not tried, so it keeps exploring; ``online`
 run's measured costs. A block's cost is its whole cost: C_0 = verify_ms(1) + the host's share of a pass
 (a plain target step), and a block that drafts adds the drafting loop's host time; both are measured on
 the machine (``csd.runtime.profile``) and, ``online``, from each block's wall time, so where a block costs more
-than the plain steps it saves, ``plan`` and ``more`` answer 0 drafted tokens: plain target steps.
+than the plain steps it saves, ``plan`` and ``more`` answer 0 drafted tokens: plain target steps. Where the draft
+lacks tokens (the prompt, which a host's draft reads only when it first drafts, or tokens copied since it last
+drafted), the first drafted token of a block first reads them: that one-time cost, spread over the tokens left to
+write (``owe``), weighs on each token of a block that drafts, so a run drafts only where it pays for it.
 """
 from __future__ import annotations
 
@@ -43,6 +46,10 @@ class Policy(Protocol):
     def start(self) -> None:
         """A new block: nothing drafted yet."""
 
+    def owe(self, rows: int, tokens_left: int) -> None:
+        """This block's first drafted token would first make the draft read ``rows`` tokens it lacks, with
+        ``tokens_left`` tokens left to write in the run (called after ``start``)."""
+
     def more(self, j: int, confidence: float) -> bool:
         """After drafting j tokens (the last with this top-1 probability): draft another?"""
 
@@ -62,6 +69,9 @@ class FixedGamma:
         self.max_len = gamma
 
     def start(self) -> None:
+        pass
+
+    def owe(self, rows: int, tokens_left: int) -> None:
         pass
 
     def more(self, j: int, confidence: float) -> bool:
@@ -170,6 +180,21 @@ class AutoGamma:
         self._prod = 1.0              # chance that every token so far is kept
         self._e = 1.0                 # expected tokens if verified now (the target's own token)
         self._c = self.verify_scale * self.costs.verify(1) + self.learned.pass_ms    # a plain target step
+        self._owed = 0.0              # ms a token of a block that drafts carries of the draft's reading what it lacks
+
+    def owe(self, rows: int, tokens_left: int) -> None:
+        """Before the block's first drafted token the draft reads ``rows`` tokens it lacks. Their cost is paid once
+        and then serves every token the run writes while it drafts, so each of the ``tokens_left`` tokens carries
+        its share, on the blocks that draft only: ``more(0)`` weighs a plain step against drafting with this owed.
+        The reading's cost is a pass of that many rows, the draft's step scaled as the target's profile scales
+        from 1 token to that many (compute-bound rows, past its longest measured pass), at the run's own costs: in
+        a pass shared with other runs the draft's rows are not split (``CostModel.shared``)."""
+        if rows <= 0 or tokens_left <= 0:
+            self._owed = 0.0
+            return
+        base = self.base
+        reading_ms = self.learned.draft_ms * base.verify(rows) / base.verify(1)
+        self._owed = reading_ms / tokens_left
 
     def chance(self, confidence: float) -> float:
         b = min(BINS - 1, max(0, int(confidence * BINS)))
@@ -213,13 +238,15 @@ class AutoGamma:
 
     def _ahead(self, j: int, end: int):
         """(m, expected tokens, cost) of the blocks of m = j + 1..end tokens, the position rates standing in
-        for the chances of the tokens after the j drafted."""
+        for the chances of the tokens after the j drafted. Before the first drafted token (j = 0) each expected
+        token also carries its share of what the draft owes (``owe``); once drafting, that is paid."""
         e, c, prod = self._e, self._c, self._prod
+        owed = self._owed if j == 0 else 0.0
         for m in range(j, end):
             prod *= self.position_rate(m + 1)
             e += prod
             c += self._step_ms(m + 1)
-            yield m + 1, e, c
+            yield m + 1, e, c + e * owed
 
     # -- after the verify pass -------------------------------------------------------------------
     def observe(self, block: Block) -> None:

@@ -62,6 +62,9 @@ class HostDraft:
     def propose(self, block: Block, seq: list[int], room: int) -> bool:
         with self.metrics.lap("policy_s"):
             self.policy.start()
+            # the tokens the draft lacks beyond its first step's input (the prompt, tokens copied since it last
+            # drafted): its first step would read them first, a cost the policy weighs before drafting at all
+            self.policy.owe(len(seq) - 1 - self.lm.length(self.cache), room + 1)
             go = room > 0 and self.policy.more(0, 1.0)
         if go and self.catch_up is not None:
             block.catch_up_s = self.catch_up()

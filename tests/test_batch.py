@@ -332,13 +332,13 @@ def test_runs_at_once_plan_as_one_of_the_runs_in_flight(int8_pair, batchers, one
 def test_a_run_that_shares_passes_reads_its_prompt_into_the_draft_only_to_draft(int8_pair, batchers, one_thread):
     """Costs where drafting pays alone (a plain step 80 ms, a drafted token 50) but not as one of 4 runs (a plain
     step's share 35 ms, a drafted token 33): a run of the batcher alone reads its prompt into the draft when it
-    first drafts; a run among 4 in flight never drafts, so its prompt is never read into the draft; it writes what
-    it writes alone."""
+    first drafts (40 tokens to write spread that reading thin: ``AutoGamma.owe``); a run among 4 in flight never
+    drafts, so its prompt is never read into the draft; it writes what it writes alone."""
     from csd.costs import CostModel
     profile = CostModel({k: 60.0 + 20.0 * k for k in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33)}, 30.0)
     batcher = batchers(int8_pair, window_s=0.01)
     view = batcher.view()
-    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=8, lookup=0)
+    cfg = CSDConfig(method="sd", gamma="auto", max_new_tokens=40, lookup=0)
     prompt = PROMPTS[2]
     alone = Decoder(view, costs=profile).run(prompt, cfg, CorrectionMemory(int8_pair.pair_id))
     list(alone)

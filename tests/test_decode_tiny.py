@@ -168,6 +168,24 @@ def test_a_draft_that_never_drafts_never_reads_the_prompt(tiny_pair, one_thread)
     assert tokens == greedy_tokens(ar)
 
 
+def test_a_run_with_few_tokens_left_does_not_read_a_long_prompt_into_the_draft(tiny_pair, one_thread):
+    """Gamma auto where a drafted token pays for itself but the draft's first reading of the prompt (24 rows,
+    paid once) does not pay over 3 tokens: the run never drafts and its draft never reads the prompt; over 60
+    tokens the same reading is worth it and the run drafts."""
+    costs = CostModel({**{k: 10.0 for k in range(1, 9)}, 16: 80.0, 33: 250.0}, draft_ms=2.0)
+    prompt = PROMPT * 6
+    short = Decoder(tiny_pair, costs=costs, online_costs=False).run(
+        prompt, CSDConfig(method="sd", gamma="auto", max_new_tokens=3))
+    tokens = greedy_tokens(short)
+    assert short.metrics.draft_forwards == 0 and short.caches[1].get_seq_length() == 0
+    ar = Decoder(tiny_pair).run(prompt, CSDConfig(method="ar", max_new_tokens=3))
+    assert tokens == greedy_tokens(ar)
+    long = Decoder(tiny_pair, costs=costs, online_costs=False).run(
+        prompt, CSDConfig(method="sd", gamma="auto", max_new_tokens=60))
+    greedy_tokens(long)
+    assert long.metrics.draft_forwards > 0 and long.caches[1].get_seq_length() >= len(prompt) - 1
+
+
 @pytest.mark.parametrize("method", ["sd", "csd"])
 def test_a_draft_reads_the_prompt_when_it_first_drafts(tiny_pair, one_thread, method):
     """Gamma auto on costs where drafting pays: the draft reads the prompt before its first step, its cache then

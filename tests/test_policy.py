@@ -274,3 +274,75 @@ def test_a_run_among_eight_drafts_less_and_that_pays_among_eight():
     assert planned["tokens"] / planned["ms"] > 0.98 / shared.verify(1)       # and no worse than plain steps
     among.share(1)                                                  # alone again: the run's own costs
     assert among.costs is ROWS and among.draft_ms == ROWS.draft_ms
+
+
+# a pass of many rows is compute-bound at 4 ms a row past the 8th; a 1-token pass 30 ms, a draft step 10 ms
+LONG = CostModel({1: 30.0, 2: 31.0, 4: 33.0, 8: 37.0, 16: 69.0, 33: 137.0}, 10.0)
+
+
+def _keeps_well(p: AutoGamma) -> AutoGamma:
+    """A policy that has seen the draft kept at every position 9 times in 10."""
+    for i in range(30):
+        kept = [True] * 6 if i % 10 else [True] * 3 + [False]
+        p.learn([0.95] * len(kept), kept)
+    return p
+
+
+def test_the_drafts_first_reading_of_a_long_prompt_is_weighed_before_drafting():
+    """A host's draft reads the prompt only when it first drafts (csd.decode.Run._draft_catch_up). That reading is
+    a pass of the prompt's rows, paid once: with many tokens left to write it is a small share of each and drafting
+    pays; with few left, or a very long prompt, each token would carry too much of it and the block stays a plain
+    step. Once the draft has what it lacks (``owe`` of 0 rows) drafting pays again."""
+    p = _keeps_well(AutoGamma(LONG, 16))
+    p.start()
+    assert p.more(0, 1.0)                                  # nothing owed: drafting pays
+    p.start()
+    p.owe(150, 500)                                        # a 150-token prompt, 500 tokens to write
+    assert p.more(0, 1.0)
+    p.start()
+    p.owe(150, 4)                                          # the same prompt, 4 tokens left
+    assert not p.more(0, 1.0)
+    p.start()
+    p.owe(3000, 100)                                       # a very long prompt
+    assert not p.more(0, 1.0)
+    p.start()                                              # a new block forgets what the last one owed
+    assert p.more(0, 1.0)
+    p.start()
+    p.owe(0, 4)
+    assert p.more(0, 1.0)
+
+
+def test_what_the_draft_owes_scales_as_the_profiles_rows_and_weighs_on_the_first_token_only():
+    """The reading of n rows costs the draft's step times verify(n) / verify(1), at the run's own costs (a shared
+    pass does not split a run's rows), and once the block drafts, its later tokens weigh nothing owed."""
+    p = _keeps_well(AutoGamma(LONG, 16))
+    p.start()
+    p.owe(150, 100)
+    assert p._owed == pytest.approx(10.0 * LONG.verify(150) / LONG.verify(1) / 100)
+    p.share(8)
+    p.start()
+    p.owe(150, 100)
+    assert p._owed == pytest.approx(10.0 * LONG.verify(150) / LONG.verify(1) / 100)
+    p.share(1)
+    p.start()
+    p.owe(150, 10)
+    assert p.more(0, 1.0) is False
+    assert p.more(1, 0.95)                                 # drafting already: the reading is paid
+
+
+def test_a_run_among_eight_that_finds_itself_alone_for_a_moment_does_not_start_drafting():
+    """docs/bench/avx2-epyc8, native: a profile whose second token looked nearly free (37.9 and 38.8 ms) made a run
+    of 8 at once that was briefly alone draft, and its first drafting step read its whole prompt in a pass shared
+    with the others (8 at once made 1.01x one run). Alone with that profile and an int8 draft's 23.5 ms step,
+    the draft's first reading of a 150-token prompt, spread over the 120 tokens left, no longer pays."""
+    # docs/bench/avx2-epyc8/native/profile-slow-spell.json, rounded
+    slow = CostModel({1: 37.86, 2: 38.83, 3: 38.83, 4: 47.27, 5: 50.04, 6: 62.13, 7: 62.13, 8: 62.13, 10: 81.42,
+                      12: 88.32, 16: 112.0, 24: 166.62, 33: 227.79}, 23.46, pass_overhead_ms=0.86)
+    p = AutoGamma(slow, 16)
+    for i in range(50):                                    # the first position kept 64% of the time
+        p.learn([0.9], [i % 25 < 16])
+    p.start()
+    assert p.more(0, 1.0)                                  # without the reading it looks worth it
+    p.start()
+    p.owe(150, 120)
+    assert not p.more(0, 1.0)
