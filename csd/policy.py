@@ -189,10 +189,10 @@ class AutoGamma:
         The reading's cost is a pass of that many rows, the draft's step scaled as the target's profile scales
         from 1 token to that many (compute-bound rows, past its longest measured pass), at the run's own costs: in
         a pass shared with other runs the draft's rows are not split (``CostModel.shared``)."""
-        if rows <= 0 or tokens_left <= 0:
+        base = self.base
+        if rows <= 0 or tokens_left <= 0 or not base.verify(1) > 0:
             self._owed = 0.0
             return
-        base = self.base
         reading_ms = self.learned.draft_ms * base.verify(rows) / base.verify(1)
         self._owed = reading_ms / tokens_left
 
