@@ -162,6 +162,28 @@ def test_gguf_tensors_are_what_transformers_reads_from_the_file():
 
 
 @pytest.mark.slow
+def test_the_gguf_tokenizer_built_from_its_class_is_transformers_own(tmp_path, monkeypatch):
+    """``gguf_tokenizer`` names the model type, so that AutoTokenizer does not read the whole file with the gguf
+    package's reader to learn it (that reader refuses here): the files it saves are byte for byte those of
+    transformers' own route, on the shipped draft's file."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    from csd.runtime.embedded import assembled, gguf_tokenizer
+    with assembled("draft") as path:
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp_path / "searched")
+
+        def refuse(*a, **k):
+            raise AssertionError("the whole file was read to learn its model type")
+        monkeypatch.setattr(gguf, "GGUFReader", refuse)
+        gguf_tokenizer(path, "qwen2").save_pretrained(tmp_path / "direct")
+    names = sorted(p.name for p in (tmp_path / "searched").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "direct").iterdir()) and "tokenizer.json" in names
+    for name in names:
+        assert (tmp_path / "direct" / name).read_bytes() == (tmp_path / "searched" / name).read_bytes(), name
+
+
+@pytest.mark.slow
 def test_a_cache_of_an_earlier_version_is_emptied_and_leftovers_go(tmp_path, monkeypatch):
     """The first start of this version deletes what no path reads any more (the float32 weights of the
     earlier version, its maxima and representation choices) and the GGUF copy a killed process left."""
