@@ -324,48 +324,77 @@ def test_a_four_bit_draft_is_rounded_once_and_kept_by_its_bytes(draft_file, tmp_
                                                                                      four_bit=True))))
 
 
+# (heads, KV heads, head size, cache capacity, cached tokens, new tokens): the embedded target's and draft's heads
+# in a verify pass, a prompt's pass of several blocks of rows over several spans of keys (kquant.c's KQ_QROWS and
+# KQ_SPAN), and a head size of no whole 16 floats
+ATTENTION_SHAPES = [(12, 2, 128, 64, 40, 7), (14, 2, 64, 200, 150, 20), (6, 2, 24, 40, 17, 9)]
+
+
+def attend_with(lib, q, k, v, start, threads):
+    """``kq_attend`` of the queries q (H, T, D) at positions start .. over the cache k, v (KV, cap, D)."""
+    heads, t, d = q.shape
+    out = torch.empty(t, heads, d)
+    held = q.contiguous()                   # held while the kernel reads it
+    lib.kq_attend(held.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, k.shape[0], t, d, k.shape[1],
+                  start, d ** -0.5, threads)
+    return out
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_the_attention_takes_each_query_as_a_step_would(variant):
-    """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, and as PyTorch's attention does
-    to float precision (grouped heads, a causal block after cached keys), in every build of the kernel."""
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+def test_the_attention_takes_each_query_as_a_step_would(variant, shape):
+    """``kq_attend``: the queries of a pass attend as 1-token steps do, bit for bit, whatever the number of threads,
+    and as PyTorch's attention does to float precision (grouped heads, a causal block after cached keys), in every
+    build of the kernel."""
     import torch.nn.functional as F
     lib = built(variant)
     torch.manual_seed(0)
-    heads, kv, d, cap, start, t = 12, 2, 128, 64, 40, 7
-    k, v = torch.randn(1, kv, cap, d), torch.randn(1, kv, cap, d)
-    q = torch.randn(1, heads, t, d)
-
-    def attend(queries: torch.Tensor, at: int) -> torch.Tensor:
-        out = torch.empty(queries.shape[2], heads, d)
-        held = queries[0].contiguous()          # held while the kernel reads it
-        lib.kq_attend(held.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv, held.shape[1], d,
-                      cap, at, d ** -0.5, torch.get_num_threads())
-        return out
-
-    whole = attend(q, start)
-    steps = torch.cat([attend(q[:, :, i:i + 1], start + i) for i in range(t)])
+    heads, kv, d, cap, start, t = shape
+    k, v = torch.randn(kv, cap, d), torch.randn(kv, cap, d)
+    q = torch.randn(heads, t, d)
+    whole = attend_with(lib, q, k, v, start, torch.get_num_threads())
+    steps = torch.cat([attend_with(lib, q[:, i:i + 1], k, v, start + i, 1) for i in range(t)])
     assert torch.equal(whole, steps)
+    for threads in (1, 3, 16):              # jobs cut and shared out otherwise
+        assert torch.equal(attend_with(lib, q, k, v, start, threads), whole)
     mask = torch.ones(t, start + t, dtype=torch.bool).tril(start)
-    ref = F.scaled_dot_product_attention(q, k[:, :, :start + t], v[:, :, :start + t], attn_mask=mask,
+    ref = F.scaled_dot_product_attention(q[None], k[None, :, :start + t], v[None, :, :start + t], attn_mask=mask,
                                          scale=d ** -0.5, enable_gqa=True)
     assert torch.allclose(whole, ref[0].transpose(0, 1), atol=1e-5)
 
 
-def test_the_attention_gives_the_same_bits_in_every_build():
-    """``kq_attend`` adds each query's 16 running dot-product sums in one fixed order, so the AVX-512 build, the AVX2
-    build and the plain C loops give the same bits (an attention left to each instruction set's own reduction did
-    not: the AVX2 build's answers left the AVX-512 build's on 3 of 8 benchmark items)."""
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+def test_the_attention_gives_the_same_bits_in_every_build(shape):
+    """``kq_attend`` adds each query's 16 running dot-product sums in one fixed order, and computes its softmax's
+    exp itself, so the AVX-512 build, the AVX2 build and the plain C loops give the same bits (an attention left to
+    each instruction set's own reduction did not: the AVX2 build's answers left the AVX-512 build's on 3 of 8
+    benchmark items)."""
     torch.manual_seed(1)
-    heads, kv, d, cap, start, t = 14, 2, 64, 48, 30, 5
-    k, v, q = torch.randn(kv, cap, d), torch.randn(kv, cap, d), torch.randn(heads, t, d)
-    outs = {}
-    for variant in VARIANTS:
-        lib, out = built(variant), torch.empty(t, heads, d)
-        lib.kq_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv, t, d, cap, start,
-                      d ** -0.5, torch.get_num_threads())
-        outs[variant] = out
+    heads, kv, d, cap, start, t = shape
+    k, v, q = torch.randn(kv, cap, d), torch.randn(kv, cap, d), 4 * torch.randn(heads, t, d)
+    outs = {variant: attend_with(built(variant), q, k, v, start, torch.get_num_threads()) for variant in VARIANTS}
     assert all(torch.equal(outs["native"], o) for o in outs.values()), {v: (o - outs["native"]).abs().max()
                                                                         for v, o in outs.items()}
+
+
+def test_the_kernels_exp_is_within_two_ulp_and_the_same_in_every_build():
+    """The softmax's own exp (``kq_exp``), over all it is given (scores less their largest, so at most 0): within
+    2 units in the last place of the exact value down to -87, 0 below it and for a NaN, the same bits in every
+    build."""
+    x = torch.cat([torch.linspace(-87, 0, 1_000_003), torch.tensor([0.0, -0.0, -1e-30, -87.0, -87.01, -100.0,
+                                                                    -float("inf"), float("nan")])])
+    outs = {}
+    for variant in VARIANTS:
+        y = torch.empty_like(x)
+        built(variant).kq_exp(x.data_ptr(), y.data_ptr(), x.numel())
+        outs[variant] = y
+    y = outs["native"]
+    assert all(torch.equal(y, o) for o in outs.values())
+    live = x >= -87
+    exact = x[live].double().exp()
+    ulp = torch.from_numpy(np.spacing(exact.float().numpy())).double()
+    assert ((y[live].double() - exact).abs() / ulp).max() <= 2
+    assert (y[~live] == 0).all()
 
 
 @pytest.mark.slow

@@ -83,6 +83,8 @@ def library(variant: str | None = None):
         lib.kq_simd.restype = i32
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
         lib.kq_attend.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
+        lib.kq_exp.argtypes = [p, p, i64]
+        lib.kq_exp.restype = None
         lib.kq_layer.argtypes = [p, i64, i64, p, i64, i64, i64, i64, i32, p, p, p, p, p, i64, p, ctypes.c_float,
                                  ctypes.c_float, i32]
         lib.kq_layer.restype = None
@@ -237,8 +239,8 @@ class KQuantLinear(torch.nn.Module):
 
 # -- a whole decoder from a GGUF file -----------------------------------------------------------------
 class KQuantLM(LeanLM):
-    """A ``LeanLM`` whose products run on the GGUF's blocks and whose attention runs one query at a time in
-    the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
+    """A ``LeanLM`` whose products run on the GGUF's blocks and whose attention computes each query on its own
+    in the kernel (``kq_attend``): a pass of any length gives each token what a 1-token step gives it."""
 
     impl = "kquant"
 
@@ -438,5 +440,5 @@ def _decoder(f, config, part, floats, biases, vocab_ids):
                           gguf.GGMLQuantizationType(emb.qtype).name, emb.shape[1])
     lm = KQuantLM.from_parts(config, embed, layers, floats("output_norm.weight"), head, vocab_ids)
     lm.layer_records()
-    lm.per_row = True          # rows exact end to end (the attention is one query at a time whatever per_row says)
+    lm.per_row = True          # rows exact end to end (the kernel attends each query on its own whatever per_row says)
     return lm

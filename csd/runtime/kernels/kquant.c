@@ -852,14 +852,21 @@ void kq_linear(const float *x, int64_t R, int64_t K, const kq_part *parts, int n
     free(q); free(ascale); free(s16); free(s32);
 }
 
-/* ---- attention, one query at a time ------------------------------------------------------------------
+/* ---- attention, each query on its own ------------------------------------------------------------------
  * q (H, T, D) of T new tokens at positions start .. start + T - 1; k, v (KV, cap, D) a layer's cache, already
  * holding those tokens; out (T, H, D). Query t of head h attends keys 0 .. start + t of KV head h / (H / KV):
  * dot products in a fixed order, the softmax, then the weighted sum of values, the same instructions for a
  * query whether it comes alone or with others, so a verify pass attends as 1-token steps do. */
-/* a . b over D floats: 16 running sums (element i goes to sum i % 16), each an FMA a step, then added in one fixed
- * order. Every build (AVX-512, AVX2, plain C) forms the same 16 sums and adds them the same way, so an attention
- * gives the same bits on every CPU (a reduction left to each instruction set would add its lanes in its own order). */
+/* a . b over D floats: 16 running sums (element i goes to sum i % 16), each an FMA a step, then folded in halves:
+ * sum k gets sum k + 8, then k + 4, k + 2, k + 1 (``fold16``). Every build (AVX-512, AVX2, plain C) forms the same
+ * 16 sums and folds them the same way, so an attention gives the same bits on every CPU (a reduction left to each
+ * instruction set would add its lanes in its own order). */
+static float fold16(float part[16]) {
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) part[k] = part[k] + part[k + w];
+    return part[0];
+}
+
 static float dot_d(const float *a, const float *b, int64_t D) {
     float s = 0.f;
     if (D % 16 == 0) {
@@ -881,22 +888,21 @@ static float dot_d(const float *a, const float *b, int64_t D) {
         for (int64_t i = 0; i < D; i += 16)
             for (int k = 0; k < 16; k++) part[k] = fmaf(a[i + k], b[i + k], part[k]);
 #endif
-        for (int k = 0; k < 16; k++) s += part[k];
-        return s;
+        return fold16(part);
     }
     for (int64_t i = 0; i < D; i++) s = fmaf(a[i], b[i], s);
     return s;
 }
 
-/* out[i] = dot_d(a, b + i * D, D) for the n keys at b: the same sums in the same order, 8 keys at a time so that
- * their chains of FMAs and adds overlap (one key's chain alone waits on each step's latency). */
+/* out[i] = dot_d(a, b + i * D, D) for the n keys at b: the same sums folded the same way, 8 keys at a time so that
+ * their chains of FMAs overlap, and their folds are done in vector registers for the 8 together (each add of a fold
+ * adds the same two numbers fold16 adds, only more of them at once). */
 #define KQ_KEYS 8
 static void dots(const float *a, const float *b, int64_t D, int64_t n, float *out) {
     int64_t i = 0;
     if (D % 16 == 0) {
         for (; i + KQ_KEYS <= n; i += KQ_KEYS) {
             const float *bk = b + i * D;
-            float part[KQ_KEYS][16];
 #if defined(KQ_AVX512)
             __m512 acc[KQ_KEYS];
             for (int g = 0; g < KQ_KEYS; g++) acc[g] = _mm512_setzero_ps();
@@ -904,7 +910,24 @@ static void dots(const float *a, const float *b, int64_t D, int64_t n, float *ou
                 const __m512 av = _mm512_loadu_ps(a + e);
                 for (int g = 0; g < KQ_KEYS; g++) acc[g] = _mm512_fmadd_ps(av, _mm512_loadu_ps(bk + g * D + e), acc[g]);
             }
-            for (int g = 0; g < KQ_KEYS; g++) _mm512_storeu_ps(part[g], acc[g]);
+            /* k + 8: keys g and g + 1 side by side, each in one half */
+            __m512 f8[4], f4[2];
+            for (int g = 0; g < 4; g++)
+                f8[g] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * g], acc[2 * g + 1], 0x44),
+                                      _mm512_shuffle_f32x4(acc[2 * g], acc[2 * g + 1], 0xEE));
+            /* k + 4: one key a quarter, keys 0-3 in f4[0], 4-7 in f4[1] */
+            for (int g = 0; g < 2; g++)
+                f4[g] = _mm512_add_ps(_mm512_shuffle_f32x4(f8[2 * g], f8[2 * g + 1], 0x88),
+                                      _mm512_shuffle_f32x4(f8[2 * g], f8[2 * g + 1], 0xDD));
+            /* k + 2: quarter q holds key q's two sums, then key q + 4's */
+            const __m512 f2 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(f4[0]),
+                                                                                _mm512_castps_pd(f4[1]))),
+                                            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(f4[0]),
+                                                                                _mm512_castps_pd(f4[1]))));
+            /* k + 1: quarter q's lanes 0 and 1 hold keys q and q + 4 */
+            const __m512 f1 = _mm512_add_ps(_mm512_shuffle_ps(f2, f2, 0x88), _mm512_shuffle_ps(f2, f2, 0xDD));
+            const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+            _mm256_storeu_ps(out + i, _mm512_castps512_ps256(_mm512_permutexvar_ps(order, f1)));
 #elif defined(KQ_AVX2)
             __m256 lo[KQ_KEYS], hi[KQ_KEYS];
             for (int g = 0; g < KQ_KEYS; g++) lo[g] = hi[g] = _mm256_setzero_ps();
@@ -915,34 +938,37 @@ static void dots(const float *a, const float *b, int64_t D, int64_t n, float *ou
                     hi[g] = _mm256_fmadd_ps(ah, _mm256_loadu_ps(bk + g * D + e + 8), hi[g]);
                 }
             }
-            for (int g = 0; g < KQ_KEYS; g++) {
-                _mm256_storeu_ps(part[g], lo[g]);
-                _mm256_storeu_ps(part[g] + 8, hi[g]);
-            }
+            __m256 f8[KQ_KEYS], f4[4], f2[2];
+            for (int g = 0; g < KQ_KEYS; g++) f8[g] = _mm256_add_ps(lo[g], hi[g]);                  /* k + 8 */
+            for (int g = 0; g < 4; g++)                          /* k + 4: keys 2g and 2g + 1, one a half each */
+                f4[g] = _mm256_add_ps(_mm256_permute2f128_ps(f8[2 * g], f8[2 * g + 1], 0x20),
+                                      _mm256_permute2f128_ps(f8[2 * g], f8[2 * g + 1], 0x31));
+            for (int g = 0; g < 2; g++)                          /* k + 2: halves hold keys 4g, 4g + 2 | 4g + 1, 4g + 3 */
+                f2[g] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(f4[2 * g]),
+                                                                          _mm256_castps_pd(f4[2 * g + 1]))),
+                                      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(f4[2 * g]),
+                                                                          _mm256_castps_pd(f4[2 * g + 1]))));
+            /* k + 1: keys 0, 2, 4, 6 | 1, 3, 5, 7 */
+            const __m256 f1 = _mm256_add_ps(_mm256_shuffle_ps(f2[0], f2[1], 0x88), _mm256_shuffle_ps(f2[0], f2[1], 0xDD));
+            _mm256_storeu_ps(out + i, _mm256_permutevar8x32_ps(f1, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 #else
-            for (int g = 0; g < KQ_KEYS; g++) {
-                for (int k = 0; k < 16; k++) part[g][k] = 0.f;
-                for (int64_t e = 0; e < D; e += 16)
-                    for (int k = 0; k < 16; k++) part[g][k] = fmaf(a[e + k], bk[g * D + e + k], part[g][k]);
-            }
+            for (int g = 0; g < KQ_KEYS; g++) out[i + g] = dot_d(a, bk + g * D, D);
 #endif
-            float sum[KQ_KEYS] = {0.f};
-            for (int k = 0; k < 16; k++)
-                for (int g = 0; g < KQ_KEYS; g++) sum[g] += part[g][k];
-            for (int g = 0; g < KQ_KEYS; g++) out[i + g] = sum[g];
         }
     }
     for (; i < n; i++) out[i] = dot_d(a, b + i * D, D);
 }
 
 /* o[e] = sum over the n values v[i] of c[i] * v[i][e], each element's FMAs in the order of i (as a loop over i
- * around a loop over e would make them), a block of the row held in registers across all of i. */
-static void weighted_sum(const float *c, const float *v, int64_t D, int64_t n, float *o) {
+ * around a loop over e would make them), a block of the row held in registers across all of i. ``first``: o starts
+ * at zero; else the sums go on from what o holds, so that values taken in spans, one after the other, give the
+ * same bits as all of them at once. */
+static void weighted_sum(const float *c, const float *v, int64_t D, int64_t n, float *o, int first) {
     int64_t e0 = 0;
 #if defined(KQ_AVX512)
     for (; e0 + 64 <= D; e0 += 64) {
         __m512 acc[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
+        for (int k = 0; k < 4; k++) acc[k] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(o + e0 + 16 * k);
         for (int64_t i = 0; i < n; i++) {
             const __m512 ci = _mm512_set1_ps(c[i]);
             for (int k = 0; k < 4; k++) acc[k] = _mm512_fmadd_ps(ci, _mm512_loadu_ps(v + i * D + e0 + 16 * k), acc[k]);
@@ -952,7 +978,7 @@ static void weighted_sum(const float *c, const float *v, int64_t D, int64_t n, f
 #elif defined(KQ_AVX2)
     for (; e0 + 32 <= D; e0 += 32) {
         __m256 acc[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) acc[k] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + e0 + 8 * k);
         for (int64_t i = 0; i < n; i++) {
             const __m256 ci = _mm256_set1_ps(c[i]);
             for (int k = 0; k < 4; k++) acc[k] = _mm256_fmadd_ps(ci, _mm256_loadu_ps(v + i * D + e0 + 8 * k), acc[k]);
@@ -960,15 +986,159 @@ static void weighted_sum(const float *c, const float *v, int64_t D, int64_t n, f
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(o + e0 + 8 * k, acc[k]);
     }
 #endif
-    for (int64_t e = e0; e < D; e++) o[e] = 0.f;
+    if (first)
+        for (int64_t e = e0; e < D; e++) o[e] = 0.f;
     for (int64_t i = 0; i < n; i++)
         for (int64_t e = e0; e < D; e++) o[e] = fmaf(c[i], v[i * D + e], o[e]);
 }
 
+/* exp(x), as every build computes it: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 in two
+ * parts, Cody and Waite's), exp(r) by Cephes' expf polynomial, then times 2^n set in the exponent's bits. Each step
+ * is one IEEE operation (an FMA rounds once) in the same order in the AVX-512, AVX2 and plain C builds, so the three
+ * give the same bits, where the C library's expf might not on another CPU or library version. Below -87, where
+ * exp(x) < 1.7e-38 is nothing beside a softmax's largest term (exp(0) = 1), and for a NaN, it gives 0. Within
+ * 2 ulp of the exact value (tests/test_kquant.py checks it against the C library's). */
+#define KQ_EXP_MIN (-87.f)
+#define KQ_LOG2E 1.44269504088896341f
+#define KQ_ROUND 12582912.f               /* 1.5 * 2^23: x + it rounds x to an integer, held in the low bits */
+#define KQ_LN2_HI 0.693359375f
+#define KQ_LN2_LO (-2.12194440e-4f)
+static const float KQ_EXP_P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_one(float x) {
+    if (!(x >= KQ_EXP_MIN)) return 0.f;
+    const float n = fmaf(x, KQ_LOG2E, KQ_ROUND) - KQ_ROUND;
+    const float r = fmaf(n, -KQ_LN2_LO, fmaf(n, -KQ_LN2_HI, x)), z = r * r;
+    float p = KQ_EXP_P[0];
+    for (int k = 1; k < 6; k++) p = fmaf(p, r, KQ_EXP_P[k]);
+    union { uint32_t u; float f; } two = {(uint32_t)((int32_t)n + 127) << 23};
+    return (fmaf(p, z, r) + 1.f) * two.f;
+}
+
+#if defined(KQ_AVX512)
+static inline __m512 exp16(__m512 x) {
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(KQ_EXP_MIN), _CMP_GE_OQ);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(KQ_LOG2E), _mm512_set1_ps(KQ_ROUND)),
+                                   _mm512_set1_ps(KQ_ROUND));
+    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-KQ_LN2_LO),
+                                     _mm512_fmadd_ps(n, _mm512_set1_ps(-KQ_LN2_HI), x));
+    const __m512 z = _mm512_mul_ps(r, r);
+    __m512 p = _mm512_set1_ps(KQ_EXP_P[0]);
+    for (int k = 1; k < 6; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KQ_EXP_P[k]));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.f));
+    return _mm512_maskz_mov_ps(live, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
+#elif defined(KQ_AVX2)
+static inline __m256 exp8(__m256 x) {
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(KQ_EXP_MIN), _CMP_GE_OQ);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(KQ_LOG2E), _mm256_set1_ps(KQ_ROUND)),
+                                   _mm256_set1_ps(KQ_ROUND));
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-KQ_LN2_LO),
+                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-KQ_LN2_HI), x));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(KQ_EXP_P[0]);
+    for (int k = 1; k < 6; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KQ_EXP_P[k]));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.f));
+    return _mm256_and_ps(live, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
+/* y = exp(x) for n floats, as the softmax computes it (exported for the tests). */
+void kq_exp(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+#if defined(KQ_AVX512)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+#elif defined(KQ_AVX2)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = exp_one(x[i]);
+}
+
+/* One query's softmax over its n scores, in place: each score times ``scale``, the largest taken away, exp, and
+ * each divided by the sum, that sum kept as 16 running sums (score i goes to sum i % 16) added in one fixed order,
+ * as dot_d does, so every build gives the same bits. The largest score is the same whichever order finds it. */
+static void softmax(float *w, int64_t n, float scale) {
+    float m = -INFINITY, part[16], sum = 0.f;
+    int64_t i = 0;
+#if defined(KQ_AVX512)
+    __m512 top = _mm512_set1_ps(-INFINITY), acc = _mm512_setzero_ps();
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(w + i), sc);
+        _mm512_storeu_ps(w + i, x);
+        top = _mm512_max_ps(x, top);                 /* x where x > top, else top: a NaN is passed over */
+    }
+    _mm512_storeu_ps(part, top);
+#elif defined(KQ_AVX2)
+    __m256 top[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)}, acc[2];
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 2; k++) {
+            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(w + i + 8 * k), sc);
+            _mm256_storeu_ps(w + i + 8 * k, x);
+            top[k] = _mm256_max_ps(x, top[k]);
+        }
+    _mm256_storeu_ps(part, top[0]);
+    _mm256_storeu_ps(part + 8, top[1]);
+#else
+    for (int k = 0; k < 16; k++) part[k] = -INFINITY;
+#endif
+    for (int k = 0; k < 16; k++) m = part[k] > m ? part[k] : m;
+    for (; i < n; i++) {
+        w[i] *= scale;
+        m = w[i] > m ? w[i] : m;                     /* fmaxf's result without its library call */
+    }
+    i = 0;
+#if defined(KQ_AVX512)
+    const __m512 mv = _mm512_set1_ps(m);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(w + i), mv));
+        _mm512_storeu_ps(w + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    _mm512_storeu_ps(part, acc);
+#elif defined(KQ_AVX2)
+    const __m256 mv = _mm256_set1_ps(m);
+    acc[0] = acc[1] = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 2; k++) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i + 8 * k), mv));
+            _mm256_storeu_ps(w + i + 8 * k, e);
+            acc[k] = _mm256_add_ps(acc[k], e);
+        }
+    _mm256_storeu_ps(part, acc[0]);
+    _mm256_storeu_ps(part + 8, acc[1]);
+#else
+    for (int k = 0; k < 16; k++) part[k] = 0.f;
+#endif
+    for (; i < n; i++) {
+        w[i] = exp_one(w[i] - m);
+        part[i % 16] += w[i];
+    }
+    for (int k = 0; k < 16; k++) sum += part[k];
+    const float inv = 1.f / sum;
+    i = 0;
+#if defined(KQ_AVX512)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(w + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_set1_ps(inv)));
+#endif
+    for (; i < n; i++) w[i] *= inv;
+}
+
 /* The queries of one or more sequences: sequence s holds rows off[s] .. off[s + 1] - 1, its queries at q + off[s]
  * * H * D as (H, n_s, D), its cache k[s], v[s] (KV, cap[s], D) for this layer, its first new token at position
- * start[s]; out (rows, H, D). One job a query: which thread takes it, or which sequences share the pass, changes
- * nothing it computes. */
+ * start[s]; out (rows, H, D).
+ *
+ * A job takes the queries of up to KQ_QROWS rows of one sequence and of the heads that share one KV head (or a part
+ * of them, where there would be fewer jobs than threads), and reads its keys, then its values, KQ_SPAN at a time
+ * for all those queries together: the 6 or 7 heads of a group and the rows of a verify pass read each key once
+ * from memory instead of once each. Every query's dot products, softmax and weighted sum are still its own, in
+ * the same order, so which job, thread or pass takes a query changes nothing it computes. */
+#define KQ_QROWS 8
+#define KQ_SPAN 64          /* 64 keys of 128 floats: 32 KB, held in the L1 cache while each query reads them */
+
 typedef struct {
     const float *q;
     const float *const *k, *const *v;
@@ -976,36 +1146,64 @@ typedef struct {
     int64_t H, KV, D, nseq;
     const int64_t *off, *cap, *start;
     float scale;
+    int64_t parts;          /* the jobs each group of heads is cut into */
+    const int64_t *first;   /* sequence s's jobs are first[s] .. first[s + 1] - 1 */
 } attend_job;
 
-static void attend_query(void *ctx, int64_t job) {
+static int64_t row_blocks(int64_t rows) {
+    return (rows + KQ_QROWS - 1) / KQ_QROWS;
+}
+
+static void attend_block(void *ctx, int64_t job) {
     const attend_job *j = (const attend_job *)ctx;
-    const int64_t D = j->D, H = j->H, group = j->H / j->KV;
+    const int64_t D = j->D, H = j->H, group = j->H / j->KV, parts = j->parts;
     int64_t s = 0;
-    while (job >= H * j->off[s + 1]) s++;
-    const int64_t rows = j->off[s + 1] - j->off[s], local = job - H * j->off[s];
-    const int64_t h = local / rows, t = local % rows, n = j->start[s] + t + 1;
-    const float *qr = j->q + (H * j->off[s] + h * rows + t) * D;
-    const float *kh = j->k[s] + (h / group) * j->cap[s] * D, *vh = j->v[s] + (h / group) * j->cap[s] * D;
-    float *w = (float *)malloc(sizeof(float) * (size_t)n);
-    float m = -INFINITY, sum = 0.f;
-    dots(qr, kh, D, n, w);
-    for (int64_t i = 0; i < n; i++) {
-        w[i] *= j->scale;
-        m = w[i] > m ? w[i] : m;             /* fmaxf's result without its library call */
-    }
-    for (int64_t i = 0; i < n; i++) {
-        w[i] = expf(w[i] - m);
-        sum += w[i];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t i = 0; i < n; i++) w[i] *= inv;
-    weighted_sum(w, vh, D, n, j->out + ((j->off[s] + t) * H + h) * D);
+    while (job >= j->first[s + 1]) s++;
+    const int64_t rows = j->off[s + 1] - j->off[s], start = j->start[s], local = job - j->first[s];
+    /* the last rows (the most keys) first: the threads take jobs as they free up, the longest early */
+    const int64_t b = row_blocks(rows) - 1 - local / (j->KV * parts), kvh = local / parts % j->KV, p = local % parts;
+    const int64_t h0 = kvh * group + p * group / parts, h1 = kvh * group + (p + 1) * group / parts;
+    const int64_t t0 = b * KQ_QROWS, t1 = t0 + KQ_QROWS < rows ? t0 + KQ_QROWS : rows;
+    const int64_t nt = t1 - t0, width = start + t1;           /* the keys the last row attends */
+    const float *kh = j->k[s] + kvh * j->cap[s] * D, *vh = j->v[s] + kvh * j->cap[s] * D;
+    float *w = (float *)malloc(sizeof(float) * (size_t)((h1 - h0) * nt * width));
+#define KQ_QUERY(h, t) (w + (((h) - h0) * nt + (t) - t0) * width)
+    for (int64_t i0 = 0; i0 < width; i0 += KQ_SPAN)
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t n = start + t + 1, len = n - i0 < KQ_SPAN ? n - i0 : KQ_SPAN;
+                if (len > 0) dots(j->q + (H * j->off[s] + h * rows + t) * D, kh + i0 * D, D, len, KQ_QUERY(h, t) + i0);
+            }
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t t = t0; t < t1; t++) softmax(KQ_QUERY(h, t), start + t + 1, j->scale);
+    for (int64_t i0 = 0; i0 < width; i0 += KQ_SPAN)
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t n = start + t + 1, len = n - i0 < KQ_SPAN ? n - i0 : KQ_SPAN;
+                if (len > 0)
+                    weighted_sum(KQ_QUERY(h, t) + i0, vh + i0 * D, D, len, j->out + ((j->off[s] + t) * H + h) * D,
+                                 i0 == 0);
+            }
+#undef KQ_QUERY
     free(w);
 }
 
-static void attend(const attend_job *job, int nthreads) {
-    parallel_chunks(attend_query, (void *)job, job->H * job->off[job->nseq], nthreads);
+static void attend(attend_job *job, int nthreads) {
+    int64_t first[job->nseq + 1], blocks = 0;
+    for (int64_t s = 0; s < job->nseq; s++) blocks += row_blocks(job->off[s + 1] - job->off[s]);
+    /* a group's heads are cut into parts only where whole groups would not give each thread a job */
+    const int64_t group = job->H / job->KV, whole = blocks * job->KV;
+    job->parts = 1;
+    if (whole < nthreads) job->parts = (nthreads + whole - 1) / whole;
+    if (job->parts > group) job->parts = group;
+    first[0] = 0;
+    for (int64_t s = 0; s < job->nseq; s++)
+        first[s + 1] = first[s] + row_blocks(job->off[s + 1] - job->off[s]) * job->KV * job->parts;
+    job->first = first;
+    const int64_t jobs = first[job->nseq];
+    const int nt = nthreads < 1 ? 1 : (jobs < nthreads ? (int)jobs : nthreads);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t i = 0; i < jobs; i++) attend_block(job, i);
 }
 
 /* q (H, T, D) of T new tokens at positions start .. start + T - 1 of one sequence; k, v (KV, cap, D) a layer's
@@ -1013,7 +1211,7 @@ static void attend(const attend_job *job, int nthreads) {
 void kq_attend(const float *q, const float *k, const float *v, float *out, int64_t H, int64_t KV, int64_t T,
                int64_t D, int64_t cap, int64_t start, float scale, int nthreads) {
     const int64_t off[2] = {0, T};
-    attend_job job = {q, &k, &v, out, H, KV, D, 1, off, &cap, &start, scale};
+    attend_job job = {q, &k, &v, out, H, KV, D, 1, off, &cap, &start, scale, 1, NULL};
     attend(&job, nthreads);
 }
 
@@ -1116,7 +1314,7 @@ void kq_layer(float *x, int64_t T, int64_t hidden, const kq_layer_w *lw, int64_t
     kq_linear(h, T, hidden, lw->qkv, lw->n_qkv, qkv, width, nthreads);
     rope_rows(qkv, q, T, H, KV, D, nseq, off, start, kc, vc, cap, inv_freq, nthreads);
     attend_job job = {q, (const float *const *)kc, (const float *const *)vc, att, H, KV, D, nseq, off, cap, start,
-                      scale};
+                      scale, 1, NULL};
     attend(&job, nthreads);
     kq_linear(att, T, qs, lw->o, lw->n_o, h, hidden, nthreads);
     add_rows(x, h, T * hidden, nthreads);
