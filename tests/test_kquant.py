@@ -4,6 +4,8 @@ pass gives each token what a 1-token step gives it and greedy SD writes AR's ans
 files; the rules hold for the vector kernel and for its portable C loops alike."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -385,8 +387,9 @@ def test_the_kernels_exp_is_within_two_ulp_and_the_same_in_every_build():
                                                                     -float("inf"), float("nan")])])
     outs = {}
     for variant in VARIANTS:
-        y = torch.empty_like(x)
-        built(variant).kq_exp(x.data_ptr(), y.data_ptr(), x.numel())
+        y, kq_exp = torch.empty_like(x), built(variant).kq_exp
+        kq_exp.argtypes, kq_exp.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+        kq_exp(x.data_ptr(), y.data_ptr(), x.numel())
         outs[variant] = y
     y = outs["native"]
     assert all(torch.equal(y, o) for o in outs.values())

@@ -83,8 +83,6 @@ def library(variant: str | None = None):
         lib.kq_simd.restype = i32
         lib.kq_linear.argtypes = [p, i64, i64, p, i32, p, i64, i32]
         lib.kq_attend.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
-        lib.kq_exp.argtypes = [p, p, i64]
-        lib.kq_exp.restype = None
         lib.kq_layer.argtypes = [p, i64, i64, p, i64, i64, i64, i64, i32, p, p, p, p, p, i64, p, ctypes.c_float,
                                  ctypes.c_float, i32]
         lib.kq_layer.restype = None
