@@ -1058,8 +1058,9 @@ void kq_exp(const float *x, float *y, int64_t n) {
 }
 
 /* One query's softmax over its n scores, in place: each score times ``scale``, the largest taken away, exp, and
- * each divided by the sum, that sum kept as 16 running sums (score i goes to sum i % 16) added in one fixed order,
- * as dot_d does, so every build gives the same bits. The largest score is the same whichever order finds it. */
+ * each divided by the sum. That sum is kept as 16 running sums (score i goes to sum i % 16), then added from the
+ * first to the last, the same in every build, so every build gives the same bits. The largest score is the same
+ * whichever order finds it. */
 static void softmax(float *w, int64_t n, float scale) {
     float m = -INFINITY, part[16], sum = 0.f;
     int64_t i = 0;

@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--runs", default="gguf,int8,float32")
     ap.add_argument("--merge", default="", help="an earlier fidelity.json whose other runs' answers are kept")
     a = ap.parse_args()
-    from evaluation.datasets import load_dataset  # csd.evaluation until ace91cd
+    from csd.evaluation.datasets import load_dataset
     from csd.runtime.embedded import assembled
     from csd.runtime.models import load_pair
     out = Path(a.out)
